@@ -1,0 +1,204 @@
+"""Real OpenSSH sshd servers on 127.0.0.1, one per simulated TPU worker (own port, host key, user, home)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tpuops.transport.hostkeys import fingerprint_of_public_line
+
+SSHD = shutil.which("sshd", path="/usr/sbin:/usr/bin:/sbin:/bin") or "/usr/sbin/sshd"
+
+_CONFIG = """\
+ListenAddress 127.0.0.1
+Port {port}
+HostKey {dir}/ssh_host_ed25519_key
+PidFile {dir}/sshd.pid
+AuthorizedKeysFile {authorized_keys}
+StrictModes no
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+PermitRootLogin prohibit-password
+AllowUsers {user}
+Subsystem sftp internal-sftp
+PrintMotd no
+PrintLastLog no
+AcceptEnv NONE
+MaxSessions 200
+MaxStartups 200:30:400
+LogLevel ERROR
+"""
+
+
+def sshd_available() -> bool:
+    return Path(SSHD).exists() and shutil.which("ssh-keygen") is not None
+
+
+@dataclass
+class SshdWorker:
+    """One running sshd standing in for one TPU worker."""
+
+    index: int
+    user: str
+    home: Path
+    port: int
+    state_dir: Path
+    host_public_key: str  # "ssh-ed25519 AAAA..."
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint_of_public_line(self.host_public_key)
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        """(Re)start sshd on the same port with the same host key."""
+        if self.running:
+            return
+        log = (self.state_dir / "sshd.log").open("ab")
+        self.proc = subprocess.Popen(  # noqa: S603
+            [SSHD, "-D", "-e", "-f", str(self.state_dir / "sshd_config")],
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        _wait_listening(self.port, self.proc)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def kill_sessions(self) -> None:
+        """Drop every live SSH session of this worker (the daemon and its session children)."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, 9)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+            self.proc = None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sshd on port {port} exited with {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.01)
+    raise RuntimeError(f"sshd on port {port} did not start listening within {timeout}s")
+
+
+def ensure_user(name: str, home: Path) -> None:
+    """Create a Unix user with a plain /bin/sh login (fast logins: no rc files) if it is missing."""
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(  # noqa: S603
+            ["useradd", "--home-dir", str(home), "--no-create-home", "--shell", "/bin/sh", name],
+            check=True,
+            capture_output=True,
+        )
+    # A new account is locked ("!" in shadow) and sshd without PAM refuses locked accounts even for keys;
+    # "*" means "no password can match", which leaves key logins open.
+    shadow = Path("/etc/shadow").read_text().splitlines()
+    if not any(line.startswith(f"{name}:*:") for line in shadow):
+        subprocess.run(["usermod", "--password", "*", name], check=True, capture_output=True)  # noqa: S603
+
+
+def reset_home(name: str, home: Path) -> None:
+    """An empty home owned by the user: workers start from a clean filesystem."""
+    if home.exists():
+        shutil.rmtree(home)
+    home.mkdir(parents=True)
+    entry = pwd.getpwnam(name)
+    os.chown(home, entry.pw_uid, entry.pw_gid)
+    home.chmod(0o755)
+
+
+def start_worker(
+    index: int,
+    state_dir: Path,
+    authorized_key: str,
+    *,
+    user: str | None = None,
+    home_root: Path = Path("/home"),
+    port: int | None = None,
+) -> SshdWorker:
+    """Start one sshd. As root each worker gets its own user and home; otherwise all share this user."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    key = state_dir / "ssh_host_ed25519_key"
+    if not key.exists():
+        subprocess.run(  # noqa: S603
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"worker-{index}", "-f", str(key)],
+            check=True,
+        )
+    if os.geteuid() == 0:
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation directory
+        user = user or f"tpuops-w{index}"
+        home = home_root / user
+        ensure_user(user, home)
+        reset_home(user, home)
+        # sshd reads authorized_keys as the user, so it lives in the user's own home.
+        auth = home / ".ssh" / "authorized_keys"
+        auth.parent.mkdir(mode=0o700)
+        auth.write_text(authorized_key.strip() + "\n")
+        entry = pwd.getpwnam(user)
+        for p in (auth.parent, auth):
+            os.chown(p, entry.pw_uid, entry.pw_gid)
+    else:
+        user = pwd.getpwuid(os.geteuid()).pw_name
+        home = Path.home()
+        auth = state_dir / "authorized_keys"
+        auth.write_text(authorized_key.strip() + "\n")
+    port = port or free_port()
+    (state_dir / "sshd_config").write_text(
+        _CONFIG.format(port=port, dir=state_dir, user=user, authorized_keys=auth)
+    )
+    worker = SshdWorker(
+        index=index,
+        user=user,
+        home=home,
+        port=port,
+        state_dir=state_dir,
+        host_public_key=" ".join(Path(f"{key}.pub").read_text().split()[:2]),
+    )
+    worker.start()
+    return worker
+
+
+def client_keypair(directory: Path) -> tuple[Path, str]:
+    """An ed25519 client identity for tests and the emulator: (private key path, public key line)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    key = directory / "id_ed25519"
+    if not key.exists():
+        subprocess.run(  # noqa: S603
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tpuops", "-f", str(key)], check=True
+        )
+    return key, Path(f"{key}.pub").read_text().strip()

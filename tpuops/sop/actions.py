@@ -1,0 +1,80 @@
+"""What a step's plan is made of: commands, uploads and log-following, rendered the same for --dry-run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tpuops import shell
+
+
+@dataclass(frozen=True)
+class Command:
+    """A POSIX sh script for one worker. Env values travel over stdin; the plan shows names only."""
+
+    script: str
+    env: dict[str, str] = field(default_factory=dict)
+    secret_env: tuple[str, ...] = ()  # names whose values come from the local .env at execution time
+    timeout: float | None = None
+
+    def render(self) -> str:
+        names = [*self.env, *self.secret_env]
+        prefix = f"[env over stdin: {', '.join(names)}] " if names else ""
+        return prefix + self.script
+
+
+@dataclass(frozen=True)
+class Upload:
+    """Send a local file over SFTP (never on a command line), written with `mode` before any content."""
+
+    local: Path
+    remote: str
+    mode: int = 0o600
+    digest: str = ""  # short sha256 of what will be sent, shown instead of the content
+
+    def render(self) -> str:
+        return f"sftp put {self.local.name} -> {self.remote} (mode {self.mode:04o}, sha256 {self.digest})"
+
+
+@dataclass(frozen=True)
+class Follow:
+    """Stream worker logs from a byte offset until every exit file exists or the timeout passes."""
+
+    run_dir: str
+    stream: str = "all"  # "all" workers' lines, or "first" (process 0 only; all are still watched)
+    timeout: float = 3600.0
+    poll_s: float = 0.5
+
+    def render(self) -> str:
+        return f"follow {self.run_dir}/worker-<k>.log until worker-<k>.exit (timeout {self.timeout:g}s)"
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """Copy worker logs back to the local run directory."""
+
+    run_dir: str
+
+    def render(self) -> str:
+        return f"fetch {self.run_dir}/worker-<k>.log -> local run directory"
+
+
+Action = Command | Upload | Follow | Fetch
+
+
+def render_plan(plan: list[tuple[str, dict[int, list[Action]]]]) -> str:
+    """The exact per-worker plan as text (the --dry-run output and the golden files in tests)."""
+    lines: list[str] = []
+    for step_name, per_worker in plan:
+        lines.append(f"== {step_name}")
+        for worker, actions in sorted(per_worker.items()):
+            for action in actions:
+                text = action.render()
+                head, *rest = text.splitlines() or [""]
+                lines.append(f"[w{worker}] {head}")
+                lines.extend(f"[w{worker}]   {r}" for r in rest)
+    return "\n".join(lines) + "\n"
+
+
+def q(value: object) -> str:
+    return shell.quote(value)

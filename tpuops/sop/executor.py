@@ -1,0 +1,206 @@
+"""The one executor: runs a SOP's steps over a transport on all selected workers in parallel."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tpuops import secrets
+from tpuops.errors import TpuopsError
+from tpuops.shell import Redactor
+from tpuops.sop.actions import Action, Command, Fetch, Follow, Upload
+from tpuops.sop.loader import Sop
+from tpuops.sop.model import Outcome, PlanContext, Step
+from tpuops.transport.base import CmdResult, LineSink, Transport
+
+FAILED = {"failed", "busy", "timeout", "cancelled"}
+SKIP_REST = "tpuops: same"  # a check command printing this makes the rest of the step unnecessary
+
+Plan = list[tuple[str, dict[int, list[Action]]]]
+
+
+@dataclass
+class StepReport:
+    title: str
+    kind: str
+    outcomes: dict[int, Outcome] = field(default_factory=dict)
+    results: dict[int, list[CmdResult]] = field(default_factory=dict)
+    duration_s: float = 0.0
+    error_kind: dict[int, str] = field(default_factory=dict)  # worker -> TpuopsError.kind
+
+    @property
+    def failed(self) -> dict[int, Outcome]:
+        return {w: o for w, o in sorted(self.outcomes.items()) if o.status in FAILED}
+
+
+@dataclass
+class SopReport:
+    sop: str
+    run_id: str
+    transport: str
+    workers: list[int]
+    steps: list[StepReport] = field(default_factory=list)
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(not s.failed for s in self.steps)
+
+    def first_failure(self) -> tuple[StepReport, int, Outcome] | None:
+        for s in self.steps:
+            for w, o in s.failed.items():
+                if o.status != "cancelled":
+                    return s, w, o
+        return None
+
+
+@dataclass
+class Executor:
+    transport: Transport
+    parallel: int = 16
+    keep_going: bool = False
+    force: bool = False
+    local_dir: Path = field(default_factory=Path.cwd)
+    local_runs: Path | None = None  # where fetch_log writes; None = no local copies
+    redact: Redactor = field(default_factory=Redactor)
+    on_line: LineSink | None = None  # live output of follow steps, already redacted
+    on_step: Callable[[StepReport], None] | None = None
+
+    def plan(self, sop: Sop, values: dict[str, object], run_id: str, workers: list[int]) -> Plan:
+        n = len(self.transport.workers)
+        return [
+            (step.title, {w: step.plan(self._ctx(w, n, run_id, values)) for w in workers}) for step in sop.steps
+        ]
+
+    def _ctx(self, worker: int, n: int, run_id: str, values: dict[str, object]) -> PlanContext:
+        return PlanContext(worker, n, run_id, values, force=self.force, local_dir=self.local_dir)
+
+    def execute(self, sop: Sop, values: dict[str, object], run_id: str, workers: list[int]) -> SopReport:
+        t0 = time.monotonic()
+        report = SopReport(sop.name, run_id, self.transport.name, list(workers))
+        active = list(workers)
+        with ThreadPoolExecutor(max_workers=max(1, min(self.parallel, len(workers)))) as pool:
+            for step in sop.steps:
+                if not active:
+                    break
+                sr = self._run_step(pool, step, values, run_id, active)
+                report.steps.append(sr)
+                if self.on_step:
+                    self.on_step(sr)
+                if sr.failed:
+                    if not self.keep_going:
+                        break
+                    active = [w for w in active if w not in sr.failed]
+        report.duration_s = time.monotonic() - t0
+        return report
+
+    def _run_step(self, pool: ThreadPoolExecutor, step: Step, values: dict, run_id: str, workers: list[int]) -> StepReport:
+        t0 = time.monotonic()
+        sr = StepReport(step.title, step.kind)
+        cancel = threading.Event()
+        n = len(self.transport.workers)
+
+        def one(w: int) -> None:
+            try:
+                actions = step.plan(self._ctx(w, n, run_id, values))
+                results = self._run_actions(w, actions, cancel)
+                outcome = step.outcome(results) if results or not actions else Outcome("ok")
+                if any(isinstance(a, Follow) for a in actions):
+                    outcome = _follow_outcome(results[-1])
+                sr.results[w] = results
+            except TpuopsError as e:
+                outcome = Outcome("failed", self.redact(e.line()))
+                sr.error_kind[w] = e.kind
+            except Exception as e:  # noqa: BLE001 - one worker's surprise must not hide the others' results
+                outcome = Outcome("failed", self.redact(f"{type(e).__name__}: {e}"))
+            sr.outcomes[w] = outcome
+            if outcome.status in FAILED and not self.keep_going:
+                cancel.set()
+
+        list(pool.map(one, workers))
+        sr.duration_s = time.monotonic() - t0
+        return sr
+
+    def _run_actions(self, w: int, actions: list[Action], cancel: threading.Event) -> list[CmdResult]:
+        results: list[CmdResult] = []
+        for action in actions:
+            if isinstance(action, Command):
+                env = {**action.env, **self._secret_values(action.secret_env)}
+                r = self.transport.run(w, action.script, env=env, timeout=action.timeout, cancel=cancel)
+                results.append(r)
+                if not r.ok or SKIP_REST in r.stdout.splitlines():
+                    break
+            elif isinstance(action, Upload):
+                data = secrets.normalized_env_bytes(action.local)
+                self.redact.add(secrets.load(action.local).values.values())
+                self.transport.put_bytes(w, data, action.remote, mode=action.mode)
+                results.append(CmdResult(w, action.render(), 0))
+            elif isinstance(action, Follow):
+                results.append(self._follow(w, action, cancel))
+            elif isinstance(action, Fetch):
+                results.append(self._fetch(w, action))
+        return results
+
+    def _secret_values(self, names: tuple[str, ...]) -> dict[str, str]:
+        if not names:
+            return {}
+        env = secrets.load(self.local_dir / ".env").values if (self.local_dir / ".env").exists() else {}
+        missing = [n for n in names if n not in env]
+        if missing:
+            raise TpuopsError(f"the local .env has no {', '.join(missing)}", hint="add them to .env")
+        self.redact.add(env[n] for n in names)
+        return {n: env[n] for n in names}
+
+    def _follow(self, w: int, action: Follow, cancel: threading.Event) -> CmdResult:
+        """Poll the log from the last byte seen; reconnects keep the offset, so no line is lost or repeated."""
+        log, exit_file = f"{action.run_dir}/worker-{w}.log", f"{action.run_dir}/worker-{w}.exit"
+        offset, pending, t0, delay = 0, b"", time.monotonic(), action.poll_s
+        show = action.stream == "all" or w == 0
+        while True:
+            try:
+                code = self.transport.read_from(w, exit_file, 0)  # read before the log: no line left behind
+                chunk = self.transport.read_from(w, log, offset) or b""
+                delay = action.poll_s
+            except (OSError, EOFError, TpuopsError) as e:
+                if time.monotonic() - t0 > action.timeout:
+                    return CmdResult(w, action.render(), 255, error=f"lost connection: {e}")
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            offset += len(chunk)
+            *lines, pending = (pending + chunk).split(b"\n")
+            if show and self.on_line:
+                for line in lines:
+                    self.on_line(w, self.redact(line.decode(errors="replace")))
+            if code is not None and code.strip():
+                if show and self.on_line and pending:
+                    self.on_line(w, self.redact(pending.decode(errors="replace")))
+                return CmdResult(w, action.render(), 0, stdout=f"exit={int(code)}\noffset={offset}\n")
+            if cancel.is_set():
+                return CmdResult(w, action.render(), 130, error="cancelled: another worker failed")
+            if time.monotonic() - t0 > action.timeout:
+                return CmdResult(w, action.render(), 124, error=f"timed out after {action.timeout:g}s")
+            time.sleep(action.poll_s)
+
+    def _fetch(self, w: int, action: Fetch) -> CmdResult:
+        data = self.transport.read_from(w, f"{action.run_dir}/worker-{w}.log", 0)
+        if data is None:
+            return CmdResult(w, action.render(), 1, stderr="no log on the worker")
+        dest = None
+        if self.local_runs is not None:
+            dest = self.local_runs / action.run_dir.rstrip("/").rsplit("/", 1)[-1] / f"worker-{w}.log"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(self.redact(data.decode(errors="replace")).encode())
+        return CmdResult(w, action.render(), 0, stdout=f"tpuops: fetched bytes={len(data)} to={dest}\n")
+
+
+def _follow_outcome(r: CmdResult) -> Outcome:
+    if r.error:
+        return Outcome("timeout" if r.exit_code == 124 else "failed", r.error)
+    code = int(r.stdout.split("exit=")[1].split()[0])
+    status = "ok" if code == 0 else "failed"
+    return Outcome(status, f"job exited {code}", {"exit_code": code})

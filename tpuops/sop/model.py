@@ -1,0 +1,139 @@
+"""The SOP data model: typed parameters, template substitution, the step base, and the plan context."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from tpuops import shell
+from tpuops.errors import UsageError
+from tpuops.sop.actions import Action
+from tpuops.transport.base import CmdResult
+
+# `{name}` with a lower-case name is a parameter; `${NAME}` and `{{` stay shell text.
+TEMPLATE = re.compile(r"(?<![$\{])\{([a-z_][a-z0-9_]*)\}(?!\})")
+# Values every step can use without declaring them.
+BUILTINS = ("worker", "num_workers", "run_id")
+
+ParamType = Literal["str", "int", "float", "bool", "path"]
+_PY_TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool, "path": str}
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Param(Frozen):
+    """One SOP parameter: a type, a default (None = required), an optional list of choices."""
+
+    type: ParamType = "str"
+    default: Any = None
+    description: str = ""
+    choices: list[Any] | None = None
+
+    def coerce(self, name: str, raw: object) -> object:
+        """Parse a `--set` string (or a YAML/config value) into this parameter's type."""
+        want = _PY_TYPES[self.type]
+        if isinstance(raw, want) and not (want is int and isinstance(raw, bool)):
+            value: object = raw
+        else:
+            text = str(raw).strip()
+            try:
+                if want is bool:
+                    if text.lower() not in {"true", "false", "1", "0", "yes", "no"}:
+                        raise ValueError
+                    value = text.lower() in {"true", "1", "yes"}
+                else:
+                    value = want(text)
+            except ValueError:
+                raise UsageError(
+                    f"parameter {name} must be {self.type}, received {raw!r}",
+                    hint=f"for example --set {name}={self._example()}",
+                ) from None
+        if self.choices is not None and value not in self.choices:
+            raise UsageError(f"parameter {name} must be one of {self.choices}, received {raw!r}")
+        return value
+
+    def _example(self) -> str:
+        return {"int": "3", "float": "0.5", "bool": "true"}.get(self.type, "value")
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """Everything a pure plan() may look at. Per worker; no network, no clock."""
+
+    worker: int
+    num_workers: int
+    run_id: str
+    values: dict[str, object]
+    force: bool = False
+    local_dir: Path = field(default_factory=Path.cwd)
+
+    def builtins(self) -> dict[str, object]:
+        return {"worker": self.worker, "num_workers": self.num_workers, "run_id": self.run_id}
+
+    def raw(self, template: str) -> str:
+        """Substitute parameters verbatim (for typed fields the step quotes itself)."""
+        scope = {**self.values, **self.builtins()}
+        return TEMPLATE.sub(lambda m: str(scope[m.group(1)]), template)
+
+    def command(self, template: str) -> str:
+        """Substitute parameters into shell text, each value quoted: a value is data, never code."""
+        scope = {**self.values, **self.builtins()}
+        return TEMPLATE.sub(lambda m: shell.quote(scope[m.group(1)]), template)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One step's result on one worker."""
+
+    status: Literal["changed", "nothing", "ok", "failed", "busy", "skipped", "cancelled", "timeout"]
+    detail: str = ""
+    data: dict[str, object] = field(default_factory=dict)
+
+
+class Step(Frozen):
+    """Base of every step kind: a small frozen model with a pure plan()."""
+
+    kind: str
+    name: str | None = None
+    template_fields: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def title(self) -> str:
+        return self.name or self.kind
+
+    def plan(self, ctx: PlanContext) -> list[Action]:
+        raise NotImplementedError
+
+    def outcome(self, results: list[CmdResult]) -> Outcome:
+        """Turn this worker's command results into an outcome (steps parse their `tpuops:` lines)."""
+        last = results[-1] if results else None
+        if last is None:
+            return Outcome("ok")
+        if last.error:
+            status = "timeout" if last.timed_out else "cancelled" if "cancelled" in last.error else "failed"
+            return Outcome(status, last.error)
+        if not last.ok:
+            return Outcome("failed", _last_line(last.stderr or last.stdout) or f"exit {last.exit_code}")
+        return Outcome("ok", _last_line(last.stdout))
+
+
+def markers(stdout: str) -> list[dict[str, str]]:
+    """Parse `tpuops: key=value ...` lines a step script printed."""
+    found = []
+    for line in stdout.splitlines():
+        if line.startswith("tpuops: "):
+            fields = dict(part.split("=", 1) for part in line[8:].split() if "=" in part)
+            fields["_"] = line[8:]
+            found.append(fields)
+    return found
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else ""

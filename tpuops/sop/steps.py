@@ -1,0 +1,167 @@
+"""Step kinds that prepare a worker: git_sync, clear_lockfile, sync_env, shell."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from tpuops import shell
+from tpuops.sop.actions import Action, Command, Upload
+from tpuops.sop.model import Outcome, PlanContext, Step, markers
+from tpuops.transport.base import CmdResult
+
+# Exit code of a clear_lockfile script that found a holder and was not allowed to kill it.
+BUSY_EXIT = 75
+
+
+class GitSync(Step):
+    """Clone if missing, fetch, check out a branch or commit, reset --hard, clean (keeping .env and logs)."""
+
+    kind: Literal["git_sync"] = "git_sync"
+    repo: str
+    ref: str = "main"
+    dir: str = "~/tpuops/repo"
+    keep: list[str] = [".env", "runs/", ".venv/"]
+    timeout: float = 600.0
+    template_fields: ClassVar[tuple[str, ...]] = ("repo", "ref", "dir", "keep")
+
+    def plan(self, ctx: PlanContext) -> list[Action]:
+        excludes = " ".join(f"-e {shell.quote(ctx.raw(k))}" for k in self.keep)
+        script = f"""set -e
+dir={shell.path(ctx.raw(self.dir))}; repo={shell.quote(ctx.raw(self.repo))}; ref={shell.quote(ctx.raw(self.ref))}
+if [ ! -d "$dir/.git" ]; then mkdir -p "$(dirname "$dir")"; git clone --quiet -- "$repo" "$dir"; fi
+cd "$dir"
+git remote set-url origin "$repo"
+before=$(git rev-parse --verify --quiet HEAD || echo none)
+dirty=$(git status --porcelain --untracked-files=all -- . | grep -c . || true)
+git fetch --all --prune --quiet
+if git rev-parse --verify --quiet "refs/remotes/origin/$ref^{{commit}}" >/dev/null; then target="origin/$ref"
+else target=$(git rev-parse --verify --quiet "$ref^{{commit}}") || {{ echo "unknown branch or commit: $ref" >&2; exit 2; }}; fi
+git checkout --quiet --force --detach "$target"
+git reset --quiet --hard "$target"
+git clean -fdq {excludes}
+after=$(git rev-parse HEAD)
+changed=1; [ "$before" = "$after" ] && [ "$dirty" = 0 ] && changed=0
+echo "tpuops: sha=$(git rev-parse --short HEAD) changed=$changed"
+"""
+        return [Command(script, timeout=self.timeout)]
+
+    def outcome(self, results: list[CmdResult]) -> Outcome:
+        found = markers(results[-1].stdout) if results and results[-1].ok else []
+        if not found:
+            return super().outcome(results)
+        m = found[-1]
+        status = "changed" if m.get("changed") == "1" else "nothing"
+        return Outcome(status, f"at {m['sha']}", {"sha": m["sha"]})
+
+
+class ClearLockfile(Step):
+    """Report who holds the TPU; refuse while a holder runs unless forced; then kill, wait, remove the lock."""
+
+    kind: Literal["clear_lockfile"] = "clear_lockfile"
+    lockfile: str = "/tmp/libtpu_lockfile"
+    # Command lines that count as TPU holders even when they have no device open yet.
+    holder_pattern: str = "python[0-9.]* .*-m trainer[.]"
+    grace_s: float = 10.0
+    template_fields: ClassVar[tuple[str, ...]] = ("lockfile", "holder_pattern")
+
+    def plan(self, ctx: PlanContext) -> list[Action]:
+        force = "1" if ctx.force else "0"
+        script = f"""lock={shell.path(ctx.raw(self.lockfile))}; pattern={shell.quote(ctx.raw(self.holder_pattern))}
+force={force}; grace={int(self.grace_s * 10)}
+holders=""
+for p in /proc/[0-9]*; do
+  pid=${{p#/proc/}}; [ "$pid" = "$$" ] && continue
+  why=""
+  for fd in "$p"/fd/*; do
+    t=$(readlink "$fd" 2>/dev/null) || continue
+    case "$t" in /dev/accel*|/dev/vfio/*) why=device; break;; "$lock") why=lockfile; break;; esac
+  done
+  cmd=$(tr '\\0' ' ' < "$p/cmdline" 2>/dev/null) || continue
+  [ -z "$why" ] && printf '%s' "$cmd" | grep -Eq -- "$pattern" && why=trainer
+  [ -n "$why" ] || continue
+  holders="$holders $pid"
+  echo "tpuops: holder pid=$pid why=$why cmd=$(printf '%s' "$cmd" | cut -c1-120)"
+done
+if [ -e "$lock" ]; then echo "tpuops: lock age=$(( $(date +%s) - $(stat -c %Y "$lock") ))s"; fi
+if [ -z "$holders" ] && [ ! -e "$lock" ]; then echo "tpuops: nothing to do"; exit 0; fi
+if [ -n "$holders" ] && [ "$force" != 1 ]; then echo "TPU is held by pid$holders" >&2; exit {BUSY_EXIT}; fi
+if [ -n "$holders" ]; then
+  kill -TERM $holders 2>/dev/null
+  i=0; while [ $i -lt $grace ]; do alive=""; for h in $holders; do kill -0 "$h" 2>/dev/null && alive="$alive $h"; done
+    [ -z "$alive" ] && break; sleep 0.1; i=$((i+1)); done
+  for h in $holders; do kill -0 "$h" 2>/dev/null && kill -KILL "$h" 2>/dev/null; done
+  for h in $holders; do while kill -0 "$h" 2>/dev/null; do sleep 0.05; done; echo "tpuops: killed pid=$h"; done
+fi
+rm -f "$lock" && echo "tpuops: removed lock"
+"""
+        return [Command(script, timeout=self.grace_s + 30)]
+
+    def outcome(self, results: list[CmdResult]) -> Outcome:
+        r = results[-1]
+        found = markers(r.stdout)
+        holders = [m["_"] for m in found if m["_"].startswith("holder")]
+        if r.exit_code == BUSY_EXIT and not r.error:
+            return Outcome("busy", "; ".join(holders) + " (use --force to stop them)", {"holders": holders})
+        if not r.ok:
+            return super().outcome(results)
+        if any(m["_"] == "nothing to do" for m in found):
+            return Outcome("nothing", "no holder, no lockfile")
+        killed = [m["pid"] for m in found if "killed" in m["_"]]
+        detail = f"killed {', '.join(killed)}; " if killed else ""
+        return Outcome("changed", detail + "lockfile removed", {"killed": killed})
+
+
+class SyncEnv(Step):
+    """Send the local .env to each worker over SFTP with mode 0600 (nothing to do when already identical)."""
+
+    kind: Literal["sync_env"] = "sync_env"
+    source: str = ".env"
+    dest: str = "~/tpuops/repo/.env"
+    required: bool = False
+    template_fields: ClassVar[tuple[str, ...]] = ("source", "dest")
+
+    def local_path(self, ctx: PlanContext) -> Path:
+        p = Path(ctx.raw(self.source)).expanduser()
+        return p if p.is_absolute() else ctx.local_dir / p
+
+    def plan(self, ctx: PlanContext) -> list[Action]:
+        src = self.local_path(ctx)
+        if not src.exists():
+            return []
+        from tpuops.secrets import normalized_env_bytes  # light: python-dotenv only
+
+        digest = hashlib.sha256(normalized_env_bytes(src)).hexdigest()
+        dest = ctx.raw(self.dest)
+        check = Command(
+            f"if [ -f {shell.path(dest)} ] && [ \"$(sha256sum < {shell.path(dest)} | cut -c1-64)\" = {digest} ]; "
+            f"then echo 'tpuops: same'; fi"
+        )
+        return [check, Upload(src, dest, 0o600, digest[:12])]
+
+    def outcome(self, results: list[CmdResult]) -> Outcome:
+        if not results:
+            return Outcome("nothing", "no local .env")
+        if any(m["_"] == "same" for m in markers(results[0].stdout)):
+            return Outcome("nothing", "already identical")
+        return super().outcome(results) if not results[-1].ok else Outcome("changed", "sent (mode 0600)")
+
+
+class Shell(Step):
+    """A command with environment variables; values travel over stdin and are never echoed."""
+
+    kind: Literal["shell"] = "shell"
+    command: str
+    cwd: str | None = None
+    env: dict[str, str] = {}
+    secret_env: list[str] = []  # names taken from the local .env
+    timeout: float | None = 600.0
+    template_fields: ClassVar[tuple[str, ...]] = ("command", "cwd", "env")
+
+    def plan(self, ctx: PlanContext) -> list[Action]:
+        body = ctx.command(self.command)
+        if self.cwd:
+            body = f"cd {shell.path(ctx.raw(self.cwd))} && {body}"
+        env = {k: ctx.raw(v) for k, v in self.env.items()}
+        return [Command(body, env=env, secret_env=tuple(self.secret_env), timeout=self.timeout)]

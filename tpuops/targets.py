@@ -1,0 +1,121 @@
+"""Turn --local / --host / --vm options into a Transport (the only place that picks one)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tpuops.config import UserConfig, state_home
+from tpuops.errors import UsageError
+from tpuops.shell import Redactor
+from tpuops.transport.base import Transport, Worker
+
+_HOST = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>[A-Za-z0-9_.\-]+|\[[0-9a-fA-F:]+\])(?::(?P<port>\d+))?$")
+_FP = re.compile(r"^SHA256:[A-Za-z0-9+/]{43}$")
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """Where to run. Exactly one of: local (default), hosts, vm."""
+
+    local: bool = False
+    local_workers: int = 1
+    hosts: tuple[str, ...] = ()
+    hostkeys: tuple[str, ...] = ()
+    user: str | None = None
+    identity: str | None = None
+    vm: str | None = None
+    zone: str | None = None
+    project: str | None = None
+    internal_ip: bool = False
+    api_endpoint: str | None = None
+    connect_timeout: float = 10.0
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        if self.vm:
+            return "vm"
+        return "ssh" if self.hosts else "local"
+
+    def with_defaults(self, cfg: UserConfig) -> TargetSpec:
+        """Fill what the user left out from the config file (an explicit --local or --host wins)."""
+        vm = self.vm or (None if self.local or self.hosts else cfg.vm)
+        return TargetSpec(
+            local=self.local,
+            local_workers=self.local_workers,
+            hosts=self.hosts,
+            hostkeys=self.hostkeys,
+            user=self.user or cfg.user,
+            identity=self.identity or cfg.identity,
+            vm=vm,
+            zone=self.zone or cfg.zone,
+            project=self.project or cfg.project,
+            internal_ip=self.internal_ip or cfg.internal_ip,
+            api_endpoint=self.api_endpoint or cfg.api_endpoint,
+            connect_timeout=self.connect_timeout,
+        )
+
+
+def parse_hosts(hosts: tuple[str, ...], hostkeys: tuple[str, ...], user: str | None) -> list[Worker]:
+    for fp in hostkeys:
+        if not _FP.match(fp):
+            raise UsageError(
+                f"--hostkey {fp!r} is not an OpenSSH SHA256 fingerprint",
+                hint="expected SHA256: followed by 43 base64 characters, as `ssh-keygen -lf KEY.pub` prints",
+            )
+    if hostkeys and len(hostkeys) != len(hosts):
+        raise UsageError(f"got {len(hostkeys)} --hostkey for {len(hosts)} --host: give one per host, in order")
+    workers = []
+    for k, h in enumerate(hosts):
+        m = _HOST.match(h)
+        if not m:
+            raise UsageError(f"--host {h!r} is not user@host[:port]", hint="for example --host me@10.0.0.2:22")
+        workers.append(
+            Worker(
+                index=k,
+                host=m["host"].strip("[]"),
+                port=int(m["port"] or 22),
+                user=m["user"] or user,
+                hostkey=hostkeys[k] if hostkeys else None,
+            )
+        )
+    return workers
+
+
+def open_transport(spec: TargetSpec, redact: Redactor | None = None) -> Transport:
+    redact = redact or Redactor()
+    if spec.kind == "local":
+        from tpuops.transport.local import LocalTransport
+
+        return LocalTransport(state_home() / "local", num_workers=spec.local_workers, redact=redact)
+    if spec.kind == "vm":
+        from tpuops.cloud.locate import locate_workers
+
+        workers = locate_workers(spec)
+    else:
+        workers = parse_hosts(spec.hosts, spec.hostkeys, spec.user)
+    from tpuops.transport.ssh import SshTransport
+
+    return SshTransport(
+        workers,
+        known_hosts=state_home() / "known_hosts",
+        identity=Path(spec.identity).expanduser() if spec.identity else None,
+        connect_timeout=spec.connect_timeout,
+        redact=redact,
+    )
+
+
+def select_workers(selector: str, count: int) -> list[int]:
+    """`all`, `0`, or `0,2` -> worker indices, checked against the VM's worker count."""
+    if selector == "all":
+        return list(range(count))
+    try:
+        chosen = sorted({int(part) for part in selector.split(",")})
+    except ValueError:
+        raise UsageError(f"--worker {selector!r}: expected all, a number or a list like 0,2") from None
+    bad = [w for w in chosen if not 0 <= w < count]
+    if bad:
+        raise UsageError(f"--worker {selector!r}: this target has workers 0..{count - 1}, received {bad}")
+    return chosen

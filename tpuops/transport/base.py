@@ -1,0 +1,106 @@
+"""The Transport protocol, the per-command result and the per-worker fan-out result."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+# Exit code reported for a command that ran past its timeout (as coreutils' `timeout` does).
+TIMEOUT_EXIT = 124
+# Exit code reported for a command that was cancelled because another worker failed (fail-fast).
+CANCELLED_EXIT = 130
+
+LineSink = Callable[[int, str], None]  # (worker index, line) -> None
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One TPU worker (or one local scratch root standing in for it)."""
+
+    index: int
+    host: str = "localhost"
+    port: int = 22
+    user: str | None = None
+    hostkey: str | None = None  # pinned "SHA256:..." fingerprint, when known
+
+    @property
+    def label(self) -> str:
+        return f"w{self.index}"
+
+    @property
+    def address(self) -> str:
+        user = f"{self.user}@" if self.user else ""
+        return f"{user}{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class CmdResult:
+    """What one command did on one worker. `command` is already redacted."""
+
+    worker: int
+    command: str
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    duration_s: float = 0.0
+    error: str | None = None  # transport-level failure (connect, timeout, cancelled), if any
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and self.error is None
+
+    @property
+    def timed_out(self) -> bool:
+        return self.exit_code == TIMEOUT_EXIT and self.error is not None
+
+
+@dataclass
+class WorkerResults:
+    """Per-worker outcomes of one fan-out; a failure keeps the successes."""
+
+    results: dict[int, CmdResult] = field(default_factory=dict)
+
+    @property
+    def succeeded(self) -> dict[int, CmdResult]:
+        return {k: r for k, r in sorted(self.results.items()) if r.ok}
+
+    @property
+    def failed(self) -> dict[int, CmdResult]:
+        return {k: r for k, r in sorted(self.results.items()) if not r.ok}
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+class Transport(Protocol):
+    """Runs commands and moves files on workers. Implementations: LocalTransport, SshTransport."""
+
+    name: str
+    workers: list[Worker]
+
+    def connect(self, worker: int) -> None:
+        """Open (or check) the connection to one worker; raises ConnectError/HostKeyError."""
+
+    def run(
+        self,
+        worker: int,
+        command: str,
+        *,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        on_line: LineSink | None = None,
+        cancel: threading.Event | None = None,
+    ) -> CmdResult:
+        """Run a POSIX sh command; env values go over stdin, never on the command line."""
+
+    def put_bytes(self, worker: int, data: bytes, remote_path: str, *, mode: int = 0o600) -> None:
+        """Write a file atomically with `mode` set before any content is written."""
+
+    def read_from(self, worker: int, remote_path: str, offset: int) -> bytes | None:
+        """Bytes of a file from `offset` on (None if it does not exist)."""
+
+    def close(self) -> None:
+        """Close every connection."""

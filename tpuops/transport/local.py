@@ -1,0 +1,140 @@
+"""Local transport: each worker is a scratch root on this machine that stands in for a VM's filesystem."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from tpuops import shell
+from tpuops.transport.base import CANCELLED_EXIT, TIMEOUT_EXIT, CmdResult, LineSink, Worker
+
+
+class LocalTransport:
+    """Runs `sh -c` under <root>/w<k> with HOME pointing there, so `~/...` paths stay inside the scratch root."""
+
+    name = "local"
+
+    def __init__(self, root: Path, num_workers: int = 1, redact: shell.Redactor | None = None) -> None:
+        self.root = Path(root)
+        self.workers = [Worker(index=k, host="localhost", port=0) for k in range(num_workers)]
+        self._redact = redact or shell.Redactor()
+
+    def home(self, worker: int) -> Path:
+        return self.root / f"w{worker}"
+
+    def connect(self, worker: int) -> None:
+        self.home(worker).mkdir(parents=True, exist_ok=True)
+
+    def resolve(self, worker: int, remote_path: str) -> Path:
+        if remote_path == "~":
+            return self.home(worker)
+        if remote_path.startswith("~/"):
+            return self.home(worker) / remote_path[2:]
+        return Path(remote_path)
+
+    def run(
+        self,
+        worker: int,
+        command: str,
+        *,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        on_line: LineSink | None = None,
+        cancel: threading.Event | None = None,
+    ) -> CmdResult:
+        self.connect(worker)
+        home = self.home(worker)
+        proc_env = {**os.environ, "HOME": str(home)}
+        t0 = time.monotonic()
+        proc = subprocess.Popen(  # noqa: S603 - the command is built and quoted by tpuops.shell
+            ["/bin/sh", "-c", shell.with_stdin_env(command)],
+            cwd=home,
+            env=proc_env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # so a timeout can kill the whole process group
+        )
+        out: list[str] = []
+        err: list[str] = []
+        readers = [
+            threading.Thread(target=_pump, args=(proc.stdout, out, worker, on_line), daemon=True),
+            threading.Thread(target=_pump, args=(proc.stderr, err, worker, on_line), daemon=True),
+        ]
+        for t in readers:
+            t.start()
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(shell.env_script(env or {}))
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        error = None
+        while proc.poll() is None:
+            if timeout is not None and time.monotonic() - t0 > timeout:
+                error = f"timed out after {timeout:g}s"
+            elif cancel is not None and cancel.is_set():
+                error = "cancelled: another worker failed"
+            if error:
+                _kill_group(proc)
+                break
+            time.sleep(0.005)
+        proc.wait()
+        for t in readers:
+            t.join(timeout=5)
+        code = proc.returncode
+        if error:
+            code = TIMEOUT_EXIT if error.startswith("timed out") else CANCELLED_EXIT
+        return CmdResult(
+            worker=worker,
+            command=self._redact(command),
+            exit_code=code,
+            stdout=self._redact("".join(out)),
+            stderr=self._redact("".join(err)),
+            duration_s=time.monotonic() - t0,
+            error=error,
+        )
+
+    def put_bytes(self, worker: int, data: bytes, remote_path: str, *, mode: int = 0o600) -> None:
+        target = self.resolve(worker, remote_path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tpuops-tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        try:
+            os.fchmod(fd, mode)  # the umask must not widen or narrow what was asked for
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        tmp.replace(target)
+
+    def read_from(self, worker: int, remote_path: str, offset: int) -> bytes | None:
+        p = self.resolve(worker, remote_path)
+        try:
+            with p.open("rb") as f:
+                f.seek(offset)
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def close(self) -> None:
+        pass
+
+
+def _pump(stream, sink: list[str], worker: int, on_line: LineSink | None) -> None:  # noqa: ANN001
+    for raw in iter(stream.readline, b""):
+        line = raw.decode(errors="replace")
+        sink.append(line)
+        if on_line is not None:
+            on_line(worker, line.rstrip("\n"))
+    stream.close()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

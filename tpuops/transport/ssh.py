@@ -1,0 +1,262 @@
+"""SSH transport: one persistent paramiko connection per worker, verified host keys, env over stdin."""
+
+from __future__ import annotations
+
+import io
+import select
+import socket
+import threading
+import time
+from pathlib import Path
+
+import paramiko
+
+from tpuops import shell
+from tpuops.errors import ConnectError, HostKeyError
+from tpuops.transport.base import CANCELLED_EXIT, TIMEOUT_EXIT, CmdResult, LineSink, Worker
+from tpuops.transport.hostkeys import PinnedKeyPolicy, RejectWithAdvice, fingerprint, known_hosts_name
+
+
+class SshTransport:
+    """All workers of a VM over SSH. Connections open lazily, once, and stay open for the whole SOP."""
+
+    name = "ssh"
+
+    def __init__(
+        self,
+        workers: list[Worker],
+        *,
+        known_hosts: Path,
+        identity: Path | None = None,
+        connect_timeout: float = 10.0,
+        connect_retries: int = 3,
+        redact: shell.Redactor | None = None,
+    ) -> None:
+        self.workers = workers
+        self.known_hosts = known_hosts
+        self.identity = identity
+        self.connect_timeout = connect_timeout
+        self.connect_retries = connect_retries
+        self._redact = redact or shell.Redactor()
+        self._clients: dict[int, paramiko.SSHClient] = {}
+        self._locks = {w.index: threading.Lock() for w in workers}
+
+    # -- connections ---------------------------------------------------------------------------------
+    def connect(self, worker: int) -> None:
+        self._client(worker)
+
+    def _client(self, worker: int) -> paramiko.SSHClient:
+        with self._locks[worker]:
+            client = self._clients.get(worker)
+            if client is not None and client.get_transport() and client.get_transport().is_active():
+                return client
+            client = self._open(self.workers[worker])
+            self._clients[worker] = client
+            return client
+
+    def _open(self, w: Worker) -> paramiko.SSHClient:
+        delay = 0.5
+        last: Exception | None = None
+        for attempt in range(self.connect_retries):
+            client = paramiko.SSHClient()
+            if w.hostkey:
+                # A pinned fingerprint overrides the known_hosts file for this worker.
+                client.set_missing_host_key_policy(PinnedKeyPolicy(w.label, {w.hostkey}))
+            else:
+                if self.known_hosts.exists():
+                    client.load_host_keys(str(self.known_hosts))
+                client.set_missing_host_key_policy(RejectWithAdvice(w.label, self.known_hosts))
+            try:
+                # Without TCP_NODELAY, Nagle + delayed ACKs add ~40 ms to every other channel open.
+                sock = socket.create_connection((w.host, w.port), timeout=self.connect_timeout)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                client.connect(
+                    w.host,
+                    sock=sock,
+                    port=w.port,
+                    username=w.user,
+                    key_filename=str(self.identity) if self.identity else None,
+                    timeout=self.connect_timeout,
+                    banner_timeout=self.connect_timeout,
+                    auth_timeout=self.connect_timeout,
+                    allow_agent=self.identity is None,
+                    look_for_keys=self.identity is None,
+                )
+                return client
+            except HostKeyError:
+                client.close()
+                raise
+            except paramiko.BadHostKeyException as e:
+                client.close()
+                raise HostKeyError(
+                    f"host key of {w.label} ({w.address}) changed: got {fingerprint(e.key)}, "
+                    f"known_hosts has {fingerprint(e.expected_key)}",
+                    hint=f"if the VM was recreated, remove {known_hosts_name(w.host, w.port)} from "
+                    f"{self.known_hosts} after checking the new key",
+                ) from None
+            except paramiko.AuthenticationException as e:
+                client.close()
+                raise ConnectError(
+                    f"{w.label} ({w.address}) refused authentication: {e}",
+                    hint="check --user and --identity (or your ssh-agent)",
+                ) from None
+            except (OSError, paramiko.SSHException, EOFError) as e:
+                client.close()
+                last = e
+                if attempt + 1 < self.connect_retries:
+                    time.sleep(delay)
+                    delay *= 2
+        raise ConnectError(
+            f"cannot connect to {w.label} ({w.address}) after {self.connect_retries} tries: {last}",
+            hint="is the VM READY and the address reachable from here? (--internal-ip on the same network)",
+        )
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+
+    # -- commands ------------------------------------------------------------------------------------
+    def run(
+        self,
+        worker: int,
+        command: str,
+        *,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        on_line: LineSink | None = None,
+        cancel: threading.Event | None = None,
+    ) -> CmdResult:
+        t0 = time.monotonic()
+        redacted = self._redact(command)
+        try:
+            chan = self._client(worker).get_transport().open_session(timeout=self.connect_timeout)
+            chan.exec_command(shell.with_stdin_env(command))
+            chan.sendall(shell.env_script(env or {}))
+            chan.shutdown_write()
+        except (OSError, paramiko.SSHException, EOFError) as e:
+            self._drop(worker)
+            return CmdResult(worker, redacted, 255, error=f"connection lost: {e}", duration_s=0.0)
+        out, err = _Lines(worker, on_line), _Lines(worker, on_line)
+        error = None
+        while True:
+            if chan.recv_ready():
+                out.feed(chan.recv(65536))
+                continue
+            if chan.recv_stderr_ready():
+                err.feed(chan.recv_stderr(65536))
+                continue
+            if chan.exit_status_ready():
+                break
+            if timeout is not None and time.monotonic() - t0 > timeout:
+                error = f"timed out after {timeout:g}s"
+            elif cancel is not None and cancel.is_set():
+                error = "cancelled: another worker failed"
+            elif chan.closed or not chan.get_transport().is_active():
+                error = "connection lost"
+            if error:
+                chan.close()
+                break
+            select.select([chan], [], [], 0.005)
+        # Drain what arrived together with the exit status.
+        while chan.recv_ready():
+            out.feed(chan.recv(65536))
+        while chan.recv_stderr_ready():
+            err.feed(chan.recv_stderr(65536))
+        if error is None:
+            code = chan.recv_exit_status()
+        elif error.startswith("timed out"):
+            code = TIMEOUT_EXIT
+        elif error.startswith("cancelled"):
+            code = CANCELLED_EXIT
+        else:
+            code = 255
+        chan.close()
+        return CmdResult(
+            worker=worker,
+            command=redacted,
+            exit_code=code,
+            stdout=self._redact(out.text()),
+            stderr=self._redact(err.text()),
+            duration_s=time.monotonic() - t0,
+            error=error,
+        )
+
+    def _drop(self, worker: int) -> None:
+        client = self._clients.pop(worker, None)
+        if client is not None:
+            client.close()
+
+    # -- files ---------------------------------------------------------------------------------------
+    def _sftp(self, worker: int) -> paramiko.SFTPClient:
+        return self._client(worker).open_sftp()
+
+    def put_bytes(self, worker: int, data: bytes, remote_path: str, *, mode: int = 0o600) -> None:
+        path = _sftp_path(remote_path)
+        parent, _, name = path.rpartition("/")
+        tmp = f"{parent + '/' if parent else ''}.{name}.tpuops-tmp"
+        with self._sftp(worker) as sftp:
+            _makedirs(sftp, parent)
+            with sftp.open(tmp, "wb") as f:
+                f.chmod(mode)  # before any byte of content is written
+                f.write(data)
+            sftp.posix_rename(tmp, path)
+
+    def read_from(self, worker: int, remote_path: str, offset: int) -> bytes | None:
+        try:
+            with self._sftp(worker) as sftp, sftp.open(_sftp_path(remote_path), "rb") as f:
+                f.seek(offset)
+                buf = io.BytesIO()
+                while chunk := f.read(1 << 20):
+                    buf.write(chunk)
+                return buf.getvalue()
+        except FileNotFoundError:
+            return None
+        except (OSError, paramiko.SSHException, EOFError, socket.error):
+            self._drop(worker)
+            raise
+
+
+def _sftp_path(p: str) -> str:
+    # SFTP sessions start in the user's home: `~/x` is `x` there.
+    if p == "~":
+        return "."
+    return p[2:] if p.startswith("~/") else p
+
+
+def _makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
+    if not path:
+        return
+    parts = path.split("/")
+    for i in range(1, len(parts) + 1):
+        sub = "/".join(parts[:i])
+        if not sub:
+            continue
+        try:
+            sftp.stat(sub)
+        except FileNotFoundError:
+            sftp.mkdir(sub)
+
+
+class _Lines:
+    """Accumulates a byte stream; calls the sink once per complete line."""
+
+    def __init__(self, worker: int, sink: LineSink | None) -> None:
+        self.worker, self.sink = worker, sink
+        self.parts: list[bytes] = []
+        self.pending = b""
+
+    def feed(self, data: bytes) -> None:
+        self.parts.append(data)
+        if self.sink is None:
+            return
+        self.pending += data
+        *lines, self.pending = self.pending.split(b"\n")
+        for line in lines:
+            self.sink(self.worker, line.decode(errors="replace"))
+
+    def text(self) -> str:
+        if self.sink is not None and self.pending:
+            self.sink(self.worker, self.pending.decode(errors="replace"))
+            self.pending = b""
+        return b"".join(self.parts).decode(errors="replace")
