@@ -7,7 +7,9 @@ import typer
 from tpuops.cli import options as o
 from tpuops.cli.state import finish_json
 
-app = typer.Typer(help="List, show and run SOPs (procedures as YAML files in sops/).", no_args_is_help=True)
+app = typer.Typer(
+    help="List, show and run SOPs (procedures as YAML files in sops/).", no_args_is_help=True, rich_markup_mode=None
+)
 
 
 @app.command("list")

@@ -73,11 +73,13 @@ class Executor:
     def plan(self, sop: Sop, values: dict[str, object], run_id: str, workers: list[int]) -> Plan:
         n = len(self.transport.workers)
         return [
-            (step.title, {w: step.plan(self._ctx(w, n, run_id, values)) for w in workers}) for step in sop.steps
+            (step.title, {w: step.plan(self._ctx(sop, w, n, run_id, values)) for w in workers})
+            for step in sop.steps
         ]
 
-    def _ctx(self, worker: int, n: int, run_id: str, values: dict[str, object]) -> PlanContext:
-        return PlanContext(worker, n, run_id, values, force=self.force, local_dir=self.local_dir)
+    def _ctx(self, sop: Sop, worker: int, n: int, run_id: str, values: dict[str, object]) -> PlanContext:
+        paths = frozenset(k for k, p in sop.params.items() if p.type == "path")
+        return PlanContext(worker, n, run_id, values, self.force, self.local_dir, paths)
 
     def execute(self, sop: Sop, values: dict[str, object], run_id: str, workers: list[int]) -> SopReport:
         t0 = time.monotonic()
@@ -87,7 +89,7 @@ class Executor:
             for step in sop.steps:
                 if not active:
                     break
-                sr = self._run_step(pool, step, values, run_id, active)
+                sr = self._run_step(pool, sop, step, values, run_id, active)
                 report.steps.append(sr)
                 if self.on_step:
                     self.on_step(sr)
@@ -98,7 +100,9 @@ class Executor:
         report.duration_s = time.monotonic() - t0
         return report
 
-    def _run_step(self, pool: ThreadPoolExecutor, step: Step, values: dict, run_id: str, workers: list[int]) -> StepReport:
+    def _run_step(
+        self, pool: ThreadPoolExecutor, sop: Sop, step: Step, values: dict, run_id: str, workers: list[int]
+    ) -> StepReport:
         t0 = time.monotonic()
         sr = StepReport(step.title, step.kind)
         cancel = threading.Event()
@@ -106,7 +110,7 @@ class Executor:
 
         def one(w: int) -> None:
             try:
-                actions = step.plan(self._ctx(w, n, run_id, values))
+                actions = step.plan(self._ctx(sop, w, n, run_id, values))
                 results = self._run_actions(w, actions, cancel)
                 outcome = step.outcome(results) if results or not actions else Outcome("ok")
                 if any(isinstance(a, Follow) for a in actions):

@@ -72,6 +72,7 @@ class PlanContext:
     values: dict[str, object]
     force: bool = False
     local_dir: Path = field(default_factory=Path.cwd)
+    paths: frozenset[str] = frozenset()  # parameters of type path: `~/` keeps meaning the worker's home
 
     def builtins(self) -> dict[str, object]:
         return {"worker": self.worker, "num_workers": self.num_workers, "run_id": self.run_id}
@@ -84,7 +85,12 @@ class PlanContext:
     def command(self, template: str) -> str:
         """Substitute parameters into shell text, each value quoted: a value is data, never code."""
         scope = {**self.values, **self.builtins()}
-        return TEMPLATE.sub(lambda m: shell.quote(scope[m.group(1)]), template)
+
+        def sub(m: re.Match[str]) -> str:
+            name = m.group(1)
+            return shell.path(str(scope[name])) if name in self.paths else shell.quote(scope[name])
+
+        return TEMPLATE.sub(sub, template)
 
 
 @dataclass(frozen=True)

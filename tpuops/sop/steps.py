@@ -27,14 +27,17 @@ class GitSync(Step):
     template_fields: ClassVar[tuple[str, ...]] = ("repo", "ref", "dir", "keep")
 
     def plan(self, ctx: PlanContext) -> list[Action]:
-        excludes = " ".join(f"-e {shell.quote(ctx.raw(k))}" for k in self.keep)
+        keep = [ctx.raw(k) for k in self.keep]
+        excludes = " ".join(f"-e {shell.quote(k)}" for k in keep)
+        kept = " ".join(shell.quote(f":(exclude){k}") for k in keep)
         script = f"""set -e
 dir={shell.path(ctx.raw(self.dir))}; repo={shell.quote(ctx.raw(self.repo))}; ref={shell.quote(ctx.raw(self.ref))}
-if [ ! -d "$dir/.git" ]; then mkdir -p "$(dirname "$dir")"; git clone --quiet -- "$repo" "$dir"; fi
+cloned=0
+if [ ! -d "$dir/.git" ]; then mkdir -p "$(dirname "$dir")"; git clone --quiet -- "$repo" "$dir"; cloned=1; fi
 cd "$dir"
 git remote set-url origin "$repo"
 before=$(git rev-parse --verify --quiet HEAD || echo none)
-dirty=$(git status --porcelain --untracked-files=all -- . | grep -c . || true)
+dirty=$(git status --porcelain --untracked-files=all -- . {kept} | grep -c . || true)
 git fetch --all --prune --quiet
 if git rev-parse --verify --quiet "refs/remotes/origin/$ref^{{commit}}" >/dev/null; then target="origin/$ref"
 else target=$(git rev-parse --verify --quiet "$ref^{{commit}}") || {{ echo "unknown branch or commit: $ref" >&2; exit 2; }}; fi
@@ -42,7 +45,7 @@ git checkout --quiet --force --detach "$target"
 git reset --quiet --hard "$target"
 git clean -fdq {excludes}
 after=$(git rev-parse HEAD)
-changed=1; [ "$before" = "$after" ] && [ "$dirty" = 0 ] && changed=0
+changed=1; [ "$cloned" = 0 ] && [ "$before" = "$after" ] && [ "$dirty" = 0 ] && changed=0
 echo "tpuops: sha=$(git rev-parse --short HEAD) changed=$changed"
 """
         return [Command(script, timeout=self.timeout)]

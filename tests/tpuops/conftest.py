@@ -1,0 +1,117 @@
+"""Fixtures that start the real parts: sshd servers on loopback (one per worker), a bare git remote."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tpuops.cloud.emulator.sshd import SshdWorker, client_keypair, sshd_available, start_worker
+from tpuops.transport.base import Worker
+from tpuops.transport.ssh import SshTransport
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def tpuops_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own tpuops state (known_hosts, runs, local scratch) and config-free cwd."""
+    home = tmp_path / "tpuops-home"
+    monkeypatch.setenv("TPUOPS_HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    return home
+
+
+@dataclass
+class SshdPool:
+    """Up to N running sshd workers shared by the session; `take(n)` hands out clean ones."""
+
+    base: Path
+    key: Path
+    public: str
+    workers: list[SshdWorker]
+
+    def take(self, n: int) -> list[SshdWorker]:
+        while len(self.workers) < n:
+            k = len(self.workers)
+            self.workers.append(start_worker(k, self.base / f"w{k}", self.public))
+        chosen = self.workers[:n]
+        for w in chosen:
+            w.start()  # a test may have stopped it
+            _clean(w)
+        return chosen
+
+    def transport(self, workers: list[SshdWorker], **kw: object) -> SshTransport:
+        return SshTransport(
+            [Worker(i, "127.0.0.1", w.port, w.user, w.fingerprint) for i, w in enumerate(workers)],
+            known_hosts=Path(os.environ["TPUOPS_HOME"]) / "known_hosts",
+            identity=self.key,
+            **kw,
+        )
+
+    def host_args(self, workers: list[SshdWorker]) -> list[str]:
+        args: list[str] = []
+        for w in workers:
+            args += ["--host", f"{w.user}@127.0.0.1:{w.port}", "--hostkey", w.fingerprint]
+        return [*args, "--identity", str(self.key)]
+
+
+def _clean(w: SshdWorker) -> None:
+    """Stop the worker user's leftover processes and empty its home (keeping its authorized key)."""
+    if os.geteuid() != 0:
+        return
+    subprocess.run(["pkill", "-KILL", "-u", w.user], check=False, capture_output=True)  # noqa: S607
+    for child in w.home.iterdir():
+        if child.name != ".ssh":
+            subprocess.run(["rm", "-rf", str(child)], check=True)  # noqa: S607
+    # The test remote is a bare repo owned by root; on a VM it would be GitHub. Let git read it.
+    (w.home / ".gitconfig").write_text("[safe]\n\tdirectory = *\n")
+
+
+@pytest.fixture(scope="session")
+def sshd_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdPool]:
+    if not sshd_available():
+        pytest.fail("Debian's openssh-server is required (the README's test command installs it)")
+    base = tmp_path_factory.mktemp("sshd")
+    base.chmod(0o755)
+    key, public = client_keypair(base / "client")
+    pool = SshdPool(base, key, public, [])
+    yield pool
+    for w in pool.workers:
+        w.stop()
+
+
+@pytest.fixture
+def git_remote(tmp_path: Path) -> tuple[Path, str]:
+    """A bare repository with one commit on main, readable by every worker user: (path, first sha)."""
+    src, bare = tmp_path / "src", Path("/tmp") / f"tpuops-remote-{os.getpid()}-{tmp_path.name}.git"
+    subprocess.run(["rm", "-rf", str(bare)], check=True)  # noqa: S607
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
+    subprocess.run([*git, "init", "-q", str(src)], check=True)
+    (src / "train.py").write_text("print('hello')\n")
+    (src / ".gitignore").write_text(".env\n")
+    subprocess.run([*git, "-C", str(src), "add", "-A"], check=True)
+    subprocess.run([*git, "-C", str(src), "commit", "-qm", "first"], check=True)
+    subprocess.run([*git, "clone", "-q", "--bare", str(src), str(bare)], check=True)
+    subprocess.run(["chmod", "-R", "a+rX", str(bare)], check=True)  # noqa: S607
+    sha = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+    yield bare, sha.stdout.strip()
+    subprocess.run(["rm", "-rf", str(bare)], check=True)  # noqa: S607
+
+
+def commit_to(bare: Path, tmp: Path, name: str, content: str) -> str:
+    """Push one more commit to the bare remote; returns its sha."""
+    work = tmp / f"push-{name}"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "clone", "-q", str(bare), str(work)], check=True)
+    (work / name).write_text(content)
+    subprocess.run([*git, "-C", str(work), "add", "-A"], check=True)
+    subprocess.run([*git, "-C", str(work), "commit", "-qm", name], check=True)
+    subprocess.run([*git, "-C", str(work), "push", "-q", "origin", "HEAD:main"], check=True)
+    subprocess.run(["chmod", "-R", "a+rX", str(bare)], check=True)  # noqa: S607
+    out = subprocess.run(["git", "-C", str(work), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+    return out.stdout.strip()

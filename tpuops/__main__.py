@@ -1,0 +1,5 @@
+"""`python -m tpuops` runs the CLI."""
+
+from tpuops.cli import main
+
+main()
