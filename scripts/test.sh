@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install what the tests need (Debian's openssh-server and chromium when missing, the Python extras) and
+# run the whole suite. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+missing=()
+[ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+python3 -m pip install -q -e '.[trainer,test]'
+exec python3 -m pytest "$@"

@@ -1,0 +1,84 @@
+"""Fixtures for the cloud tests: one in-process TPU API emulator per session, a client, unique VM names."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tpuops.cloud.client import Api, connect
+from tpuops.cloud.emulator.server import Emulator
+from tpuops.cloud.emulator.sshd import client_keypair, sshd_available
+
+ZONES = ["us-central1-a", "us-east1-d", "us-east5-a", "europe-west4-a"]
+_names = itertools.count()
+
+
+@dataclass
+class Cloud:
+    """The running emulator, a client for it, and the SSH identity its VMs accept."""
+
+    emu: Emulator
+    url: str
+    identity: Path
+    public: str
+    notes: list[str] = field(default_factory=list)
+
+    def api(self) -> Api:
+        self.notes.clear()
+        return connect(None, self.url, self.notes.append)
+
+    def cli(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "tpuops", *args],
+            cwd=cwd,
+            check=False,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "TPUOPS_TPU_API": self.url},
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
+
+
+@pytest.fixture(scope="session")
+def cloud_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
+    if not sshd_available():
+        pytest.fail("Debian's openssh-server is required (the README's test command installs it)")
+    base = tmp_path_factory.mktemp("emulator")
+    base.chmod(0o755)
+    identity, public = client_keypair(base / "client")
+    emu = Emulator(base / "state", zones=ZONES, authorized_key=public)
+    url = emu.start()
+    yield Cloud(emu, url, identity, public)
+    emu.stop()
+
+
+@pytest.fixture
+def cloud(cloud_session: Cloud, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cloud]:
+    """The session emulator with no pending faults; VMs a test made are deleted after it."""
+    monkeypatch.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
+    monkeypatch.delenv("CLOUDSDK_CORE_PROJECT", raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(Path(os.environ["TPUOPS_HOME"]) / "no-gcloud"))
+    model = cloud_session.emu.model
+    before = set(model.nodes)
+    yield cloud_session
+    with model.lock:
+        model.faults.unavailable = 0
+        model.faults.capacity.clear()
+        made = [model.nodes[n] for n in set(model.nodes) - before]
+    for rec in made:
+        model._teardown(rec, None)
+    with model.lock:
+        model.qrs.clear()
+
+
+@pytest.fixture
+def vm_name() -> str:
+    return f"t{os.getpid() % 1000}-{next(_names)}"

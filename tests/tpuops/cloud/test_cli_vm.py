@@ -1,0 +1,226 @@
+"""`tpuops vm`, `tpuops emulator` and `tpuops sop run --vm` as users call them, against the emulator."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.tpuops.cloud.conftest import Cloud
+from tpuops.errors import ExitCode
+
+
+def _json(proc: subprocess.CompletedProcess[str]) -> dict:
+    assert proc.stdout, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_vm_lifecycle_and_a_sop_on_a_two_worker_vm(cloud: Cloud, vm_name: str) -> None:
+    key = f"{cloud.identity}.pub"
+    create = ["vm", "create", vm_name, "--type", "v4-16", "--zone", "us-east5-a", "--runtime-version", "base"]
+    created = cloud.cli(*create, "--ssh-public-key", key, "--wait", "--json")
+    assert created.returncode == 0, created.stderr
+    vm = _json(created)["vm"]
+    assert (vm["state"], vm["worker_count"], vm["zone"]) == ("READY", 2, "us-east5-a")
+
+    listed = _json(cloud.cli("vm", "list", "--json"))
+    assert len(listed["zones_searched"]) == 4
+    assert [v["name"] for v in listed["vms"] if v["name"] == vm_name] == [vm_name]
+
+    described = _json(cloud.cli("vm", "describe", vm_name, "--json"))["vm"]  # no --zone: searched
+    assert [(w["internal_ip"], w["external_ip"]) for w in described["workers"]] == [
+        ("127.0.0.1", "127.0.0.2")
+    ] * 2
+
+    ran = cloud.cli(
+        "sop",
+        "run",
+        "exec",
+        "--vm",
+        vm_name,
+        "--identity",
+        str(cloud.identity),
+        "--set",
+        "cmd=whoami",
+        "--json",
+    )
+    assert ran.returncode == 0, ran.stderr
+    report = _json(ran)
+    users = [w.user for w in next(r for k, r in cloud.emu.model.nodes.items() if k.endswith(vm_name)).workers]
+    (step,) = report["steps"]
+    assert report["ok"] and sorted(step["workers"]) == ["0", "1"]
+    assert [step["workers"][str(i)]["detail"] for i in (0, 1)] == users
+
+    refused = cloud.cli("vm", "delete", vm_name)
+    assert refused.returncode == ExitCode.USAGE and "pass --yes" in refused.stderr
+    deleted = _json(cloud.cli("vm", "delete", vm_name, "--yes", "--json"))
+    assert deleted == {"ok": True, "action": "deleted", "name": vm_name, "zone": "us-east5-a"}
+    gone = _json(cloud.cli("vm", "wait", vm_name, "--zone", "us-east5-a", "--state", "DELETED", "--json"))
+    assert gone["state"] == "DELETED"
+
+
+def test_errors_exit_codes_and_json(cloud: Cloud, vm_name: str) -> None:
+    created = cloud.cli(
+        "vm", "create", vm_name, "--type", "v4-8", "--zone", "us-east1-d", "--runtime-version", "r"
+    )
+    assert created.returncode == 0, created.stderr
+    missing = cloud.cli("vm", "describe", vm_name[:-1] + "z", "--json")
+    assert missing.returncode == ExitCode.CLOUD
+    err = _json(missing)
+    assert err["error"] == "cloud" and f"did you mean {vm_name} (us-east1-d)?" in err["message"]
+
+    preempt = cloud.cli("emulator", "fault", "preempt", vm_name, "--json")
+    assert (
+        _json(preempt)["nodes"][f"projects/tpuops-emulator/locations/us-east1-d/nodes/{vm_name}"]
+        == "PREEMPTED"
+    )
+    sop = cloud.cli("sop", "run", "exec", "--vm", vm_name, "--set", "cmd=true", "--json")
+    assert sop.returncode == ExitCode.PREEMPTED
+    assert _json(sop)["error"] == "preempted" and "recreate it" in _json(sop)["message"]
+    waited = cloud.cli("vm", "wait", vm_name, "--state", "READY", "--timeout", "5")
+    assert waited.returncode == ExitCode.PREEMPTED and "was preempted" in waited.stderr
+
+    cloud.cli("emulator", "fault", "capacity", "*", "--count", "2")
+    full = cloud.cli(
+        "vm",
+        "create",
+        vm_name + "b",
+        "--type",
+        "v6e-8",
+        "--zone",
+        "us-east1-d",
+        "--zone",
+        "us-central1-a",
+        "--runtime-version",
+        "r",
+    )
+    assert full.returncode == ExitCode.CLOUD
+    assert "no capacity for v6e-8 in us-east1-d, us-central1-a" in full.stderr
+
+
+def test_serve_prints_the_export_line_applies_faults_and_stops_cleanly(tmp_path: Path) -> None:
+    state = tmp_path / "emu"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tpuops",
+            "emulator",
+            "serve",
+            "--state-dir",
+            str(state),
+            "--unavailable",
+            "1",
+            "--zone",
+            "us-east1-d",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline().strip()  # type: ignore[union-attr]
+        assert line.startswith("export TPUOPS_TPU_API=http://127.0.0.1:")
+        url = line.split("=", 1)[1]
+        env = {**os.environ, "TPUOPS_TPU_API": url}
+        run = [sys.executable, "-m", "tpuops"]
+        listed = subprocess.run(
+            [*run, "vm", "list", "--json"], check=False, capture_output=True, text=True, env=env, timeout=60
+        )
+        assert listed.returncode == 0, listed.stderr
+        assert _json(listed) == {"ok": True, "zones_searched": ["us-east1-d"], "vms": []}
+        assert "503 The service is currently unavailable.; retry 1/5" in listed.stderr
+        created = subprocess.run(
+            [
+                *run,
+                "vm",
+                "create",
+                "x1",
+                "--type",
+                "v4-8",
+                "--zone",
+                "us-east1-d",
+                "--runtime-version",
+                "r",
+                "--json",
+            ],
+            check=False,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert created.returncode == 0, created.stderr  # the emulator's own key is the default authorized key
+        ran = subprocess.run(
+            [
+                *run,
+                "sop",
+                "run",
+                "exec",
+                "--vm",
+                "x1",
+                "--identity",
+                str(state / "client" / "id_ed25519"),
+                "--set",
+                "cmd=echo hi",
+                "--json",
+            ],
+            check=False,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert ran.returncode == 0, ran.stderr
+        assert _json(ran)["steps"][0]["workers"]["0"]["detail"] == "hi"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    sshd_pids = list(state.glob("nodes/*/w*/sshd.pid"))
+    assert sshd_pids, "the VM had an sshd"
+    for pidfile in sshd_pids:
+        assert not Path(f"/proc/{pidfile.read_text().strip()}").exists()
+
+
+def test_sync_sop_over_vm_checks_out_the_repo_on_every_worker(
+    cloud: Cloud, vm_name: str, git_remote: tuple[Path, str], tmp_path: Path
+) -> None:
+    bare, sha = git_remote
+    create = [
+        "vm",
+        "create",
+        vm_name,
+        "--type",
+        "v4-16",
+        "--zone",
+        "us-central1-a",
+        "--runtime-version",
+        "base",
+    ]
+    assert cloud.cli(*create).returncode == 0
+    sync = [
+        "sop",
+        "run",
+        "sync",
+        "--vm",
+        vm_name,
+        "--zone",
+        "us-central1-a",
+        "--identity",
+        str(cloud.identity),
+    ]
+    ran = cloud.cli(*sync, "--set", f"repo_url={bare}", "--set", "lockfile=~/lock", "--json", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert _json(ran)["ok"]
+    rec = next(r for k, r in cloud.emu.model.nodes.items() if k.endswith(f"/{vm_name}"))
+    for w in rec.workers:
+        head = subprocess.run(
+            ["git", "-c", "safe.directory=*", "-C", str(w.home / "tpuops" / "repo"), "rev-parse", "HEAD"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        assert head.stdout.strip() == sha
