@@ -39,6 +39,8 @@ class SshTransport:
         self.connect_retries = connect_retries
         self._redact = redact or shell.Redactor()
         self._clients: dict[int, paramiko.SSHClient] = {}
+        self._sftps: dict[int, paramiko.SFTPClient] = {}
+        self._homes: dict[int, str] = {}
         self._locks = {w.index: threading.Lock() for w in workers}
 
     # -- connections ---------------------------------------------------------------------------------
@@ -115,6 +117,7 @@ class SshTransport:
         for client in self._clients.values():
             client.close()
         self._clients.clear()
+        self._sftps.clear()
 
     # -- commands ------------------------------------------------------------------------------------
     def run(
@@ -183,28 +186,46 @@ class SshTransport:
         )
 
     def _drop(self, worker: int) -> None:
+        self._sftps.pop(worker, None)
         client = self._clients.pop(worker, None)
         if client is not None:
             client.close()
 
     # -- files ---------------------------------------------------------------------------------------
     def _sftp(self, worker: int) -> paramiko.SFTPClient:
-        return self._client(worker).open_sftp()
+        """One SFTP session per worker, kept open (follow polls through it twice a second)."""
+        sftp = self._sftps.get(worker)
+        if sftp is None or sftp.sock.closed:
+            sftp = self._client(worker).open_sftp()
+            self._sftps[worker] = sftp
+        return sftp
+
+    def _path(self, worker: int, p: str) -> str:
+        """`~/x` -> an absolute path under the login's $HOME (asked once: SFTP servers differ in where they start)."""
+        if not (p == "~" or p.startswith("~/")):
+            return p
+        if worker not in self._homes:
+            r = self.run(worker, 'printf %s "$HOME"')
+            if not r.ok or not r.stdout.startswith("/"):
+                raise ConnectError(f"cannot read $HOME on {self.workers[worker].label}: {r.error or r.stderr}")
+            self._homes[worker] = r.stdout
+        return self._homes[worker] + p[1:]
 
     def put_bytes(self, worker: int, data: bytes, remote_path: str, *, mode: int = 0o600) -> None:
-        path = _sftp_path(remote_path)
+        path = self._path(worker, remote_path)
         parent, _, name = path.rpartition("/")
-        tmp = f"{parent + '/' if parent else ''}.{name}.tpuops-tmp"
-        with self._sftp(worker) as sftp:
-            _makedirs(sftp, parent)
-            with sftp.open(tmp, "wb") as f:
-                f.chmod(mode)  # before any byte of content is written
-                f.write(data)
-            sftp.posix_rename(tmp, path)
+        tmp = f"{parent}/.{name}.tpuops-tmp"
+        sftp = self._sftp(worker)
+        _makedirs(sftp, parent)
+        with sftp.open(tmp, "wb") as f:
+            f.chmod(mode)  # before any byte of content is written
+            f.write(data)
+        sftp.posix_rename(tmp, path)
 
     def read_from(self, worker: int, remote_path: str, offset: int) -> bytes | None:
+        path = self._path(worker, remote_path)
         try:
-            with self._sftp(worker) as sftp, sftp.open(_sftp_path(remote_path), "rb") as f:
+            with self._sftp(worker).open(path, "rb") as f:
                 f.seek(offset)
                 buf = io.BytesIO()
                 while chunk := f.read(1 << 20):
@@ -217,20 +238,13 @@ class SshTransport:
             raise
 
 
-def _sftp_path(p: str) -> str:
-    # SFTP sessions start in the user's home: `~/x` is `x` there.
-    if p == "~":
-        return "."
-    return p[2:] if p.startswith("~/") else p
-
-
 def _makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
     if not path:
         return
     parts = path.split("/")
     for i in range(1, len(parts) + 1):
         sub = "/".join(parts[:i])
-        if not sub:
+        if not sub:  # the root of an absolute path
             continue
         try:
             sftp.stat(sub)
