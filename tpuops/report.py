@@ -32,7 +32,7 @@ def step_done(step: Any) -> None:  # noqa: ANN401 - StepReport, imported lazily 
 
 def sop_report(report: Any, code: int, as_json: bool) -> None:  # noqa: ANN401
     if as_json:
-        out.print_json(json.dumps(sop_report_dict(report, code)))
+        out.print_json(json.dumps(report.to_dict(code), default=str))
         return
     table = Table(title=f"{report.sop}  run {report.run_id}  ({report.transport})", title_justify="left")
     table.add_column("step")
@@ -49,33 +49,11 @@ def sop_report(report: Any, code: int, as_json: bool) -> None:  # noqa: ANN401
     if failure:
         step, worker, outcome = failure
         err.print(f"[bold red]failed[/]: step {step.title} on w{worker}: {_escape(outcome.detail)}")
-    err.print(f"done in {report.duration_s:.2f}s, exit code {code}")
+    if report.log is not None:
+        from tpuops import report_log
 
-
-def sop_report_dict(report: Any, code: int) -> dict[str, Any]:  # noqa: ANN401
-    failure = report.first_failure()
-    return {
-        "sop": report.sop,
-        "run_id": report.run_id,
-        "transport": report.transport,
-        "ok": report.ok,
-        "exit_code": code,
-        "failure": None
-        if failure is None
-        else {"step": failure[0].title, "worker": failure[1], "status": failure[2].status, "detail": failure[2].detail},
-        "duration_s": round(report.duration_s, 3),
-        "steps": [
-            {
-                "title": s.title,
-                "kind": s.kind,
-                "duration_s": round(s.duration_s, 3),
-                "workers": {
-                    str(w): {"status": o.status, "detail": o.detail, **o.data} for w, o in sorted(s.outcomes.items())
-                },
-            }
-            for s in report.steps
-        ],
-    }
+        report_log.render(report.log, code, False, None, None)
+    err.print(f"done in {report.duration_s:.2f}s, run {report.run_id}, exit code {code}")
 
 
 def dry_run(dr: Any, as_json: bool) -> None:  # noqa: ANN401
@@ -131,3 +109,32 @@ def _escape(text: str) -> str:
     from rich.markup import escape
 
     return escape(text)
+
+
+def runs_table(records: list[Any], as_json: bool) -> None:
+    import time
+
+    rows = []
+    for r in records:
+        res = r.result or {}
+        status = "running or interrupted" if not res else ("ok" if res.get("ok") else f"failed ({res.get('exit_code')})")
+        where = r.target.get("vm") or ",".join(r.target.get("hosts") or []) or "local"
+        rows.append({"run_id": r.run_id, "sop": r.sop, "target": where, "workers": r.workers,
+                     "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)), "status": status})
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    table = Table("run", "SOP", "target", "workers", "started", "status")
+    for row in rows:
+        table.add_row(row["run_id"], row["sop"], row["target"], str(row["workers"]), row["started"], row["status"])
+    out.print(table)
+
+
+def stop_table(run_id: str, results: dict[int, Any], as_json: bool) -> None:
+    data = {str(w): {"ok": r.ok, "detail": r.stdout.replace("tpuops: ", "").strip().replace("\n", "; ") or r.stderr.strip()}
+            for w, r in sorted(results.items())}
+    if as_json:
+        out.print_json(json.dumps({"run_id": run_id, "workers": data}))
+        return
+    for w, d in data.items():
+        err.print(f"[cyan]\\[w{w}][/cyan] {'stopped' if d['ok'] else '[red]failed[/]'}: {_escape(d['detail'])}")

@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpuops import config as user_config
-from tpuops.errors import ConnectError, ExitCode, TpuopsError
+from tpuops.errors import ConnectError, ExitCode, TpuopsError, UsageError
 from tpuops.shell import Redactor
 from tpuops.sop import loader
 from tpuops.sop.executor import Executor, Plan, SopReport, StepReport
+from tpuops.sop.model import TEMPLATE
 from tpuops.targets import TargetSpec, open_transport, select_workers
 from tpuops.transport.base import LineSink
 
@@ -59,8 +60,9 @@ def run(
     cfg = user_config.load(cwd)
     sop = loader.load(loader.find(req.sop))
     target = req.target.with_defaults(cfg)
-    defaults = {**_context_defaults(sop.params, target, cwd), **cfg.params}
-    values = sop.resolve(req.sets, defaults)
+    context = {} if "repo_url" in req.sets or "repo_url" in cfg.params else _context_defaults(sop.params, target, cwd)
+    values = sop.resolve(req.sets, {**context, **cfg.params})
+    _preflight(sop, values)
     redact = Redactor()
     transport = open_transport(target, redact)
     workers = select_workers(req.worker, len(transport.workers))
@@ -80,23 +82,82 @@ def run(
         return DryRun(sop.name, transport.name, workers, values, plan)
     run_id = req.run_id or new_run_id(sop.name)
     _record(run_id, sop.name, target, workers, values)
+    from tpuops.runs import OffsetWriter, save_result
+
+    executor.on_offset = OffsetWriter(run_id)
     try:
         _connect_all(transport, workers, executor.parallel)
-        return executor.execute(sop, values, run_id, workers)
+        report = executor.execute(sop, values, run_id, workers)
     finally:
         transport.close()
+    if sop.scan is not None:
+        warmup = int(values.get("warmup", sop.scan.warmup))  # type: ignore[arg-type]
+        report.log = _scan(sop, report, user_config.state_home() / "runs" / run_id, warmup)
+    save_result(run_id, report.to_dict(int(exit_code(report))))
+    return report
 
 
 def exit_code(report: SopReport) -> ExitCode:
     """The process exit code for a finished SOP (see README: Exit codes)."""
     failure = report.first_failure()
+    log = report.log
     if failure is None:
+        if log is not None and log.failures:
+            return _LOG_FAILURE_CODES.get(log.failures[0].kind, ExitCode.FAILED)
+        if log is not None and report.fail_on_recompile and log.recompiled:
+            return ExitCode.RECOMPILE
         return ExitCode.OK
     step, worker, outcome = failure
     kind = step.error_kind.get(worker)
     if kind in {"connect", "host_key"}:
         return ExitCode.CONNECT
     return {"busy": ExitCode.TPU_BUSY, "timeout": ExitCode.TIMEOUT}.get(outcome.status, ExitCode.FAILED)
+
+
+_LOG_FAILURE_CODES = {"oom": ExitCode.OOM, "tpu_busy": ExitCode.TPU_BUSY}
+
+
+def _preflight(sop: loader.Sop, values: dict[str, object]) -> None:
+    """Local checks that must pass before any remote command (e.g. the trainer validating its --set keys)."""
+    import sys
+
+    scope = {**values, "local_python": sys.executable}
+    for check in sop.preflight:
+        argv: list[str] = []
+        for word in check.argv:
+            whole = TEMPLATE.fullmatch(word)
+            if whole and isinstance(scope.get(whole.group(1)), list):
+                argv.extend(scope[whole.group(1)])  # a list parameter splices in as separate words
+            else:
+                argv.append(TEMPLATE.sub(lambda m: str(scope[m.group(1)]), word))
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)  # noqa: S603
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise UsageError(f"{check.what} check could not run: {e}") from None
+        if r.returncode != 0:
+            lines = [ln for ln in (r.stderr or r.stdout).strip().splitlines() if ln.strip()]
+            raise UsageError(f"{check.what}: {lines[-1] if lines else f'exit {r.returncode}'}")
+
+
+def _scan(sop: loader.Sop, report: SopReport, local_run: Path, warmup: int):  # noqa: ANN202 - a LogReport
+    """Read what the run left (fetched logs, or each worker's stdout) with the log parser."""
+    from tpuops import logscan
+
+    assert sop.scan is not None
+    report.fail_on_recompile = sop.scan.fail_on_recompile
+    if sop.scan.source == "log":
+        if not logscan.run_logs(local_run):
+            return None
+        return logscan.scan_run(local_run, warmup)
+    parts = []
+    for step in report.steps:
+        for w, results in sorted(step.results.items()):
+            scanner = logscan.LogScanner(warmup=warmup, worker=w)
+            for r in results:
+                for line in r.stdout.splitlines():
+                    scanner.feed(line)
+            parts.append(scanner.close())
+    return logscan.merge(parts) if parts else None
 
 
 def _connect_all(transport, workers: list[int], parallel: int) -> None:  # noqa: ANN001
@@ -123,14 +184,21 @@ def _connect_all(transport, workers: list[int], parallel: int) -> None:  # noqa:
 def _context_defaults(params: dict, target: TargetSpec, cwd: Path) -> dict[str, object]:
     """Defaults taken from where tpuops runs: the repository to sync is this checkout (locally, its path)."""
     found: dict[str, object] = {}
-    if "repo_url" in params and target.kind == "local":
-        top = _git(cwd, "rev-parse", "--show-toplevel")
-        if top:
-            found["repo_url"] = top
-    if "repo_url" in params and target.kind != "local":
-        url = _git(cwd, "remote", "get-url", "origin")
-        if url:
-            found["repo_url"] = url
+    if "repo_url" not in params:
+        return found
+    url = _git(cwd, "rev-parse", "--show-toplevel") if target.kind == "local" else _git(cwd, "remote", "get-url", "origin")
+    if not url:
+        return found
+    found["repo_url"] = url
+    head = _git(cwd, "rev-parse", "HEAD")
+    if "branch" in params and head:
+        # The workers run exactly this commit; remotely that needs it pushed (locally the checkout is the remote).
+        if target.kind != "local" and not _git(cwd, "branch", "-r", "--contains", head):
+            raise UsageError(
+                f"this checkout's HEAD {head[:7]} is not on any remote branch, so the workers cannot fetch it",
+                hint="git push it, or pass --set branch=NAME",
+            )
+        found["branch"] = head
     return found
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tpuops import secrets
 from tpuops.errors import TpuopsError
@@ -45,10 +46,38 @@ class SopReport:
     workers: list[int]
     steps: list[StepReport] = field(default_factory=list)
     duration_s: float = 0.0
+    log: Any = None  # tpuops.logscan.LogReport when the SOP scans its logs
+    fail_on_recompile: bool = False
 
     @property
     def ok(self) -> bool:
         return all(not s.failed for s in self.steps)
+
+    def to_dict(self, code: int) -> dict[str, Any]:
+        """The --json report (and the run's saved result); holds no secret: details are redacted."""
+        failure = self.first_failure()
+        return {
+            "sop": self.sop,
+            "run_id": self.run_id,
+            "transport": self.transport,
+            "workers": self.workers,
+            "ok": code == 0,
+            "exit_code": code,
+            "failure": None
+            if failure is None
+            else {"step": failure[0].title, "worker": failure[1], "status": failure[2].status, "detail": failure[2].detail},
+            "duration_s": round(self.duration_s, 3),
+            "steps": [
+                {
+                    "title": s.title,
+                    "kind": s.kind,
+                    "duration_s": round(s.duration_s, 3),
+                    "workers": {str(w): {"status": o.status, "detail": o.detail, **o.data} for w, o in sorted(s.outcomes.items())},
+                }
+                for s in self.steps
+            ],
+            "log": None if self.log is None else self.log.to_dict(),
+        }
 
     def first_failure(self) -> tuple[StepReport, int, Outcome] | None:
         for s in self.steps:
@@ -69,6 +98,9 @@ class Executor:
     redact: Redactor = field(default_factory=Redactor)
     on_line: LineSink | None = None  # live output of follow steps, already redacted
     on_step: Callable[[StepReport], None] | None = None
+    # Bytes of each worker's log already shown; follow starts there and keeps it current (for attach).
+    offsets: dict[int, int] = field(default_factory=dict)
+    on_offset: Callable[[dict[int, int]], None] | None = None
 
     def plan(self, sop: Sop, values: dict[str, object], run_id: str, workers: list[int]) -> Plan:
         n = len(self.transport.workers)
@@ -79,7 +111,9 @@ class Executor:
 
     def _ctx(self, sop: Sop, worker: int, n: int, run_id: str, values: dict[str, object]) -> PlanContext:
         paths = frozenset(k for k, p in sop.params.items() if p.type == "path")
-        return PlanContext(worker, n, run_id, values, self.force, self.local_dir, paths)
+        first = self.transport.workers[0]
+        coordinator = first.internal_host or (first.host if first.host != "localhost" else "127.0.0.1")
+        return PlanContext(worker, n, run_id, values, self.force, self.local_dir, paths, coordinator)
 
     def execute(self, sop: Sop, values: dict[str, object], run_id: str, workers: list[int]) -> SopReport:
         t0 = time.monotonic()
@@ -162,7 +196,7 @@ class Executor:
     def _follow(self, w: int, action: Follow, cancel: threading.Event) -> CmdResult:
         """Poll the log from the last byte seen; reconnects keep the offset, so no line is lost or repeated."""
         log, exit_file = f"{action.run_dir}/worker-{w}.log", f"{action.run_dir}/worker-{w}.exit"
-        offset, pending, t0, delay = 0, b"", time.monotonic(), action.poll_s
+        offset, pending, t0, delay = self.offsets.get(w, 0), b"", time.monotonic(), action.poll_s
         show = action.stream == "all" or w == 0
         while True:
             try:
@@ -175,12 +209,18 @@ class Executor:
                 time.sleep(delay)
                 delay = min(delay * 2, 10.0)
                 continue
-            offset += len(chunk)
             *lines, pending = (pending + chunk).split(b"\n")
+            offset += len(chunk)
+            if lines:
+                # Only whole lines count as shown: a reattach resumes at the start of a partial line.
+                self.offsets[w] = offset - len(pending)
+                if self.on_offset:
+                    self.on_offset(self.offsets)
             if show and self.on_line:
                 for line in lines:
                     self.on_line(w, self.redact(line.decode(errors="replace")))
             if code is not None and code.strip():
+                self.offsets[w] = offset
                 if show and self.on_line and pending:
                     self.on_line(w, self.redact(pending.decode(errors="replace")))
                 return CmdResult(w, action.render(), 0, stdout=f"exit={int(code)}\noffset={offset}\n")

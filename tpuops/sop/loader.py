@@ -4,20 +4,38 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError
 
 from tpuops.errors import UsageError
 from tpuops.sop.model import BUILTINS, TEMPLATE, Frozen, Param
+from tpuops.sop.pyenv import PythonEnv
 from tpuops.sop.runs import FetchLog, FollowStep, Run
 from tpuops.sop.steps import ClearLockfile, GitSync, Shell, SyncEnv
 
-STEP_KINDS = {cls.model_fields["kind"].default: cls for cls in (GitSync, ClearLockfile, SyncEnv, Shell, Run, FollowStep, FetchLog)}
+_KINDS = (GitSync, PythonEnv, ClearLockfile, SyncEnv, Shell, Run, FollowStep, FetchLog)
+STEP_KINDS = {cls.model_fields["kind"].default: cls for cls in _KINDS}
 AnyStep = Annotated[
-    GitSync | ClearLockfile | SyncEnv | Shell | Run | FollowStep | FetchLog, Field(discriminator="kind")
+    GitSync | PythonEnv | ClearLockfile | SyncEnv | Shell | Run | FollowStep | FetchLog,
+    Field(discriminator="kind"),
 ]
+
+
+class Validate(Frozen):
+    """A local command that must succeed before anything runs remotely (e.g. the trainer checking --set)."""
+
+    argv: list[str]
+    what: str = "validation"
+
+
+class Scan(Frozen):
+    """After the steps: read the fetched logs (or the steps' stdout) with logscan and judge the run."""
+
+    source: Literal["log", "stdout"] = "log"
+    warmup: int = 1
+    fail_on_recompile: bool = False
 
 
 class Sop(Frozen):
@@ -26,10 +44,21 @@ class Sop(Frozen):
     name: str
     description: str = ""
     params: dict[str, Param] = {}
+    # Dotted --set keys (train.lr=1e-5) are collected into this list parameter as `key=value` items.
+    overrides: str | None = None
+    preflight: list[Validate] = []
+    scan: Scan | None = None
     steps: list[AnyStep]
 
     def resolve(self, sets: dict[str, str], defaults: dict[str, Any] | None = None) -> dict[str, object]:
         """Typed parameter values: --set beats user-config defaults beats the SOP's own defaults."""
+        sets = dict(sets)
+        if self.overrides:
+            dotted = [f"{k}={v}" for k, v in sets.items() if "." in k]
+            sets = {k: v for k, v in sets.items() if "." not in k}
+            if dotted:
+                # `--set=k=v` items: one argv word each, whatever the value holds.
+                sets[self.overrides] = [f"--set={d}" for d in dotted]  # type: ignore[assignment]
         for key in sets:
             if key not in self.params:
                 raise UsageError(f"unknown parameter {key!r} for SOP {self.name}{_suggest(key, self.params)}")
@@ -79,6 +108,8 @@ def load(path: Path) -> Sop:
         raise UsageError(f"{path}{where}: invalid YAML: {getattr(e, 'problem', e)}") from None
     if not isinstance(data, dict):
         raise UsageError(f"{path}: a SOP file is a mapping with name, description, params and steps")
+    if "extends" in data:
+        data = _extend(path, data)
     _check_kinds(path, text, data)
     try:
         sop = Sop.model_validate(data)
@@ -86,6 +117,19 @@ def load(path: Path) -> Sop:
         raise UsageError(_explain(path, text, data, e)) from None
     _check_templates(path, sop)
     return sop
+
+
+def _extend(path: Path, data: dict) -> dict:
+    """`extends: NAME`: start from that SOP's YAML; params merge by name, other keys replace."""
+    base_path = find(str(data["extends"]), [path.parent, sops_dir()])
+    base = yaml.safe_load(base_path.read_text())
+    if "extends" in base:
+        base = _extend(base_path, base)
+    child = {k: v for k, v in data.items() if k != "extends"}
+    params = dict(base.get("params") or {})
+    for name, override in (child.pop("params", None) or {}).items():
+        params[name] = {**params.get(name, {}), **override}
+    return {**base, **child, "params": params}
 
 
 def _check_kinds(path: Path, text: str, data: dict) -> None:
@@ -121,7 +165,12 @@ def _model_at(data: dict, loc: list) -> list[str]:
 
 
 def _check_templates(path: Path, sop: Sop) -> None:
-    known = set(sop.params) | set(BUILTINS)
+    known = set(sop.params) | set(BUILTINS) | {"local_python"}
+    for check in sop.preflight:
+        for word in check.argv:
+            for m in TEMPLATE.finditer(word):
+                if m.group(1) not in known:
+                    raise UsageError(f"{path}: preflight uses {{{m.group(1)}}}, which is not a parameter")
     for i, step in enumerate(sop.steps):
         for fname in step.template_fields:
             for text in _strings(getattr(step, fname)):

@@ -17,10 +17,11 @@ from tpuops.transport.base import CmdResult
 # `{name}` with a lower-case name is a parameter; `${NAME}` and `{{` stay shell text.
 TEMPLATE = re.compile(r"(?<![$\{])\{([a-z_][a-z0-9_]*)\}(?!\})")
 # Values every step can use without declaring them.
-BUILTINS = ("worker", "num_workers", "run_id")
+BUILTINS = ("worker", "num_workers", "run_id", "coordinator_host")
 
-ParamType = Literal["str", "int", "float", "bool", "path"]
-_PY_TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool, "path": str}
+# `list` holds strings; in a command template each item becomes its own quoted word.
+ParamType = Literal["str", "int", "float", "bool", "path", "list"]
+_PY_TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool, "path": str, "list": list}
 
 
 class Frozen(BaseModel):
@@ -38,6 +39,9 @@ class Param(Frozen):
     def coerce(self, name: str, raw: object) -> object:
         """Parse a `--set` string (or a YAML/config value) into this parameter's type."""
         want = _PY_TYPES[self.type]
+        if want is list:
+            items = raw if isinstance(raw, list) else [raw]
+            return [str(item) for item in items]
         if isinstance(raw, want) and not (want is int and isinstance(raw, bool)):
             value: object = raw
         else:
@@ -73,22 +77,30 @@ class PlanContext:
     force: bool = False
     local_dir: Path = field(default_factory=Path.cwd)
     paths: frozenset[str] = frozenset()  # parameters of type path: `~/` keeps meaning the worker's home
+    coordinator_host: str = "127.0.0.1"  # worker 0's address as the other workers see it
 
     def builtins(self) -> dict[str, object]:
-        return {"worker": self.worker, "num_workers": self.num_workers, "run_id": self.run_id}
+        return {
+            "worker": self.worker,
+            "num_workers": self.num_workers,
+            "run_id": self.run_id,
+            "coordinator_host": self.coordinator_host,
+        }
 
     def raw(self, template: str) -> str:
         """Substitute parameters verbatim (for typed fields the step quotes itself)."""
         scope = {**self.values, **self.builtins()}
-        return TEMPLATE.sub(lambda m: str(scope[m.group(1)]), template)
+        return TEMPLATE.sub(lambda m: _text(scope[m.group(1)]), template)
 
     def command(self, template: str) -> str:
         """Substitute parameters into shell text, each value quoted: a value is data, never code."""
         scope = {**self.values, **self.builtins()}
 
         def sub(m: re.Match[str]) -> str:
-            name = m.group(1)
-            return shell.path(str(scope[name])) if name in self.paths else shell.quote(scope[name])
+            name, value = m.group(1), scope[m.group(1)]
+            if isinstance(value, list):
+                return " ".join(shell.quote(v) for v in value)
+            return shell.path(str(value)) if name in self.paths else shell.quote(value)
 
         return TEMPLATE.sub(sub, template)
 
@@ -138,6 +150,10 @@ def markers(stdout: str) -> list[dict[str, str]]:
             fields["_"] = line[8:]
             found.append(fields)
     return found
+
+
+def _text(value: object) -> str:
+    return " ".join(value) if isinstance(value, list) else str(value)
 
 
 def _last_line(text: str) -> str:

@@ -65,11 +65,13 @@ class FollowStep(Step):
     kind: Literal["follow"] = "follow"
     runs_dir: str = "~/tpuops/runs"
     stream: Literal["all", "first"] = "all"
-    timeout: float = 3600.0
-    template_fields: ClassVar[tuple[str, ...]] = ("runs_dir",)
+    timeout: float | str = 3600.0  # seconds, or a template such as "{timeout}"
+    poll_s: float = 0.5
+    template_fields: ClassVar[tuple[str, ...]] = ("runs_dir", "timeout")
 
     def plan(self, ctx: PlanContext) -> list[Action]:
-        return [Follow(run_dir(ctx.raw(self.runs_dir), ctx.run_id), self.stream, self.timeout)]
+        timeout = float(ctx.raw(self.timeout)) if isinstance(self.timeout, str) else self.timeout
+        return [Follow(run_dir(ctx.raw(self.runs_dir), ctx.run_id), self.stream, timeout, self.poll_s)]
 
 
 class FetchLog(Step):

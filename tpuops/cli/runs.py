@@ -1,0 +1,167 @@
+"""Top-level commands users type: `run NAME`, `recompile-check`, `gradcheck`, `microbench`, and detached runs."""
+
+# No `from __future__ import annotations` here: the generated commands need real annotation objects
+# for Typer (their signatures are assembled at import time).
+from collections.abc import Callable
+from typing import Annotated
+
+import typer
+
+from tpuops.cli import options as o
+from tpuops.cli.state import finish_json, run_sop
+
+
+def _sop_command(sop_name: str | None, doc: str, fixed: Callable[..., dict[str, str]] | None = None) -> Callable:
+    """A command that runs one SOP with every shared target option (sop_name None: the SOP is an argument)."""
+
+    def command(
+        set_: o.SetOpt = None,
+        worker: o.WorkerOpt = "all",
+        dry_run: o.DryRunOpt = False,
+        json: o.JsonOpt = False,
+        force: o.ForceOpt = False,
+        keep_going: o.KeepGoingOpt = False,
+        parallel: o.ParallelOpt = None,
+        vm: o.VmOpt = None,
+        zone: o.ZoneOpt = None,
+        project: o.ProjectOpt = None,
+        host: o.HostOpt = None,
+        hostkey: o.HostKeyOpt = None,
+        user: o.UserOpt = None,
+        identity: o.IdentityOpt = None,
+        local: o.LocalOpt = False,
+        local_workers: o.LocalWorkersOpt = 1,
+        internal_ip: o.InternalIpOpt = False,
+        api_endpoint: o.ApiEndpointOpt = None,
+        **extra: str,
+    ) -> None:
+        spec = o.target(
+            vm=vm, zone=zone, project=project, host=host, hostkey=hostkey, user=user, identity=identity,
+            local=local, local_workers=local_workers, internal_ip=internal_ip, api_endpoint=api_endpoint,
+        )
+        name = sop_name or extra.pop("name")
+        sets = {**(fixed(**extra) if fixed else {}), **o.parse_sets(set_)}
+        run_sop(name, sets, spec, worker=worker, dry_run=dry_run, json=json, force=force,
+                keep_going=keep_going, parallel=parallel)
+
+    command.__doc__ = doc
+    return command
+
+
+def register(app: typer.Typer) -> None:
+    """Add the everyday commands to the top-level app."""
+    import inspect
+
+    def with_args(fn: Callable, *params: inspect.Parameter) -> Callable:
+        sig = inspect.signature(fn)
+        kept = [p for p in sig.parameters.values() if p.kind != p.VAR_KEYWORD]
+        fn.__signature__ = sig.replace(parameters=[*params, *kept])  # type: ignore[attr-defined]
+        return fn
+
+    name_arg = inspect.Parameter(
+        "name", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        annotation=Annotated[str, typer.Argument(help="SOP name (tpuops sop list), e.g. grpo.")],
+    )
+    app.command("run", context_settings={"help_option_names": ["-h", "--help"]})(with_args(_sop_command(
+        None,
+        """Run a SOP by name; `--set a.b=c` (with a dot) goes to the trainer, checked before anything runs.
+
+        \b
+        Examples:
+          tpuops run grpo --vm mllm-jax-v6e-8 --zone us-east1-d --set steps=20
+          tpuops run grpo --local --set steps=3 --set rollout.max_new_tokens=16
+          tpuops run grpo --dry-run --json
+        """,
+    ), name_arg))
+    app.command("recompile-check")(_sop_command(
+        "recompile-check",
+        """A few GRPO steps with JAX compile logging; exit 7 if anything compiles after the warm-up.
+
+        \b
+        Examples:
+          tpuops recompile-check                       # the VM from tpuops.toml
+          tpuops recompile-check --local --set steps=4 --json
+        """,
+    ))
+    loss_arg = inspect.Parameter(
+        "loss", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        annotation=Annotated[str, typer.Argument(help="Which loss: grpo or ce.")], default="grpo",
+    )
+    app.command("gradcheck")(with_args(_sop_command(
+        "gradcheck",
+        """Every loss implementation against the float32 reference (loss, dlogits); exit 1 beyond tolerance.
+
+        \b
+        Examples:
+          tpuops gradcheck ce --vm mllm-jax-v6e-8
+          tpuops gradcheck grpo --local --set venv=none --set python=python3
+        """,
+        fixed=lambda loss: {"loss": loss},
+    ), loss_arg))
+    app.command("microbench")(_sop_command(
+        "microbench",
+        """Forward+backward time and peak memory of one loss implementation (--set impl=chunked T=4096 ...).
+
+        \b
+        Examples:
+          tpuops microbench --vm mllm-jax-v6e-8 --set impl=pallas
+          tpuops microbench --local --set venv=none --set T=1024 --set iters=5
+        """,
+    ))
+
+
+RunIdArg = Annotated[str, typer.Argument(help="A run id (tpuops runs).")]
+
+
+def runs(json: o.JsonOpt = False) -> None:
+    """List the runs started from this machine (newest first) with their outcome."""
+    from tpuops import report
+    from tpuops import runs as library
+
+    finish_json(json)
+    report.runs_table(library.list_runs(), json)
+
+
+def attach(
+    run_id: RunIdArg,
+    json: o.JsonOpt = False,
+    from_start: Annotated[bool, typer.Option("--from-start", help="Replay the log from its first line.")] = False,
+    all_workers: Annotated[bool, typer.Option("--all-workers", help="Show every worker's lines, not only w0.")] = False,
+) -> None:
+    """Resume following a detached run from where the last follow stopped; then fetch logs and report."""
+    from tpuops import logscan, report, report_log
+    from tpuops import runs as library
+
+    finish_json(json)
+    results = library.attach(run_id, on_line=report.line, stream="all" if all_workers else "first", from_start=from_start)
+    log = logscan.scan_run(library.load(run_id).local_dir)
+    codes = {w: r.stdout for w, r in results.items()}
+    code = report_log.exit_code(log)
+    if any(not r.ok for r in results.values()):
+        code = max(code, 1)
+    report_log.render(log, code, json, None, None)
+    del codes
+    raise typer.Exit(code)
+
+
+def logs(
+    run_id: RunIdArg,
+    worker: o.WorkerOpt = "0",
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until the run ends.")] = False,
+) -> None:
+    """Print a run's worker logs (from the workers; from the local copy when it is complete)."""
+    from tpuops import report
+    from tpuops import runs as library
+
+    library.logs(run_id, worker, follow=follow, on_line=report.line)
+
+
+def stop(run_id: RunIdArg, json: o.JsonOpt = False) -> None:
+    """Stop a run on every worker: SIGTERM, then SIGKILL after a grace period, then clear the TPU lock."""
+    from tpuops import report
+    from tpuops import runs as library
+
+    finish_json(json)
+    results = library.stop(run_id)
+    report.stop_table(run_id, results, json)
+    raise typer.Exit(0 if all(r.ok for r in results.values()) else 1)

@@ -1,0 +1,184 @@
+"""Detached runs after the fact: list, attach (resume following), logs, stop; from the local run records."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tpuops import config as user_config
+from tpuops import shell
+from tpuops.errors import UsageError
+from tpuops.shell import Redactor
+from tpuops.sop.actions import Fetch, Follow
+from tpuops.sop.executor import Executor
+from tpuops.sop.runs import run_dir
+from tpuops.targets import TargetSpec, open_transport, select_workers
+from tpuops.transport.base import CmdResult, LineSink
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run_id: str
+    sop: str
+    target: dict[str, Any]
+    workers: list[int]
+    values: dict[str, Any]
+    started: float
+    result: dict[str, Any] | None = None  # the JSON report once the SOP finished
+
+    @property
+    def local_dir(self) -> Path:
+        return user_config.state_home() / "runs" / self.run_id
+
+    @property
+    def remote_dir(self) -> str:
+        return run_dir(str(self.values.get("runs_dir", "~/tpuops/runs")), self.run_id)
+
+    def spec(self) -> TargetSpec:
+        t = {k: tuple(v) if isinstance(v, list) else v for k, v in self.target.items()}
+        return TargetSpec(**t)
+
+
+def load(run_id: str) -> RunRecord:
+    d = user_config.state_home() / "runs" / run_id
+    if not (d / "run.json").exists():
+        known = [r.run_id for r in list_runs()[:5]]
+        raise UsageError(f"no run {run_id!r} in {d.parent}", hint=f"recent: {', '.join(known) or 'none'}")
+    data = json.loads((d / "run.json").read_text())
+    result = json.loads((d / "result.json").read_text()) if (d / "result.json").exists() else None
+    return RunRecord(**{k: data[k] for k in ("run_id", "sop", "target", "workers", "values", "started")}, result=result)
+
+
+def list_runs() -> list[RunRecord]:
+    root = user_config.state_home() / "runs"
+    ids = sorted((p.parent.name for p in root.glob("*/run.json")), reverse=True) if root.exists() else []
+    return [load(i) for i in ids]
+
+
+def offsets_path(run_id: str) -> Path:
+    return user_config.state_home() / "runs" / run_id / "follow.json"
+
+
+class OffsetWriter:
+    """Persists how far each worker's log was shown, so `attach` resumes exactly there."""
+
+    def __init__(self, run_id: str) -> None:
+        self.path = offsets_path(run_id)
+        self.lock = threading.Lock()
+
+    def __call__(self, offsets: dict[int, int]) -> None:
+        with self.lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({str(k): v for k, v in offsets.items()}))
+            tmp.replace(self.path)
+
+
+def saved_offsets(run_id: str) -> dict[int, int]:
+    p = offsets_path(run_id)
+    return {int(k): v for k, v in json.loads(p.read_text()).items()} if p.exists() else {}
+
+
+def attach(
+    run_id: str, *, on_line: LineSink | None, stream: str = "first", timeout: float = 86400.0, from_start: bool = False
+) -> dict[int, CmdResult]:
+    """Follow a detached run from the byte offset already shown, then fetch its logs."""
+    rec = load(run_id)
+    transport = open_transport(rec.spec(), Redactor())
+    offsets = {} if from_start else saved_offsets(run_id)
+    ex = Executor(
+        transport,
+        local_runs=user_config.state_home() / "runs",
+        on_line=on_line,
+        offsets=dict(offsets),
+        on_offset=None if from_start else OffsetWriter(run_id),
+    )
+    follow = Follow(rec.remote_dir, stream=stream, timeout=timeout)
+    results: dict[int, CmdResult] = {}
+    try:
+        cancel = threading.Event()
+        threads = []
+        for w in rec.workers:
+
+            def one(w: int = w) -> None:
+                results[w] = ex._follow(w, follow, cancel)
+
+            t = threading.Thread(target=one, daemon=True)
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join()
+        for w in rec.workers:
+            ex._fetch(w, Fetch(rec.remote_dir))
+    finally:
+        transport.close()
+    return results
+
+
+def logs(run_id: str, worker: str, *, follow: bool, on_line: LineSink) -> None:
+    """Print worker logs (the remote file; the local copy when the VM is gone)."""
+    rec = load(run_id)
+    chosen = select_workers(worker, max(rec.workers) + 1)
+    local = [rec.local_dir / f"worker-{w}.log" for w in chosen]
+    if not follow and all(p.exists() for p in local):
+        for w, p in zip(chosen, local, strict=True):
+            for line in p.read_text(errors="replace").splitlines():
+                on_line(w, line)
+        return
+    transport = open_transport(rec.spec(), Redactor())
+    try:
+        if not follow:
+            for w in chosen:
+                data = transport.read_from(w, f"{rec.remote_dir}/worker-{w}.log", 0) or b""
+                for line in data.decode(errors="replace").splitlines():
+                    on_line(w, line)
+            return
+        ex = Executor(transport, on_line=on_line)
+        cancel = threading.Event()
+        threads = [
+            threading.Thread(target=ex._follow, args=(w, Follow(rec.remote_dir, "all", 86400.0), cancel), daemon=True)
+            for w in chosen
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        transport.close()
+
+
+def stop(run_id: str, *, grace_s: float = 10.0) -> dict[int, CmdResult]:
+    """Stop a run on every worker: SIGTERM to its process group, then SIGKILL, then clear the TPU lock."""
+    rec = load(run_id)
+    lock = str(rec.values.get("lockfile", "/tmp/libtpu_lockfile"))
+    rd = shell.path(rec.remote_dir)
+    transport = open_transport(rec.spec(), Redactor())
+    results: dict[int, CmdResult] = {}
+    try:
+        for w in rec.workers:
+            script = f"""rd={rd}; k={w}; lock={shell.path(lock)}
+[ -f "$rd/worker-$k.pid" ] || {{ echo "tpuops: no pid file"; exit 0; }}
+pid=$(cat "$rd/worker-$k.pid")
+if ! kill -0 "$pid" 2>/dev/null; then echo "tpuops: not running"; else
+  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid"
+  i=0; while kill -0 "$pid" 2>/dev/null && [ $i -lt {int(grace_s * 10)} ]; do sleep 0.1; i=$((i+1)); done
+  if kill -0 "$pid" 2>/dev/null; then kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid"; echo "tpuops: killed"; else echo "tpuops: terminated"; fi
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+fi
+[ -f "$rd/worker-$k.exit" ] || echo 143 > "$rd/worker-$k.exit"
+rm -f "$lock" && echo "tpuops: lock cleared"
+"""
+            results[w] = transport.run(w, script, timeout=grace_s + 30)
+    finally:
+        transport.close()
+    return results
+
+
+def save_result(run_id: str, data: dict[str, Any]) -> None:
+    d = user_config.state_home() / "runs" / run_id
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "result.json").write_text(json.dumps({**data, "finished": time.time()}, default=str))
