@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -103,6 +104,7 @@ def main() -> None:
         )
     finally:
         emu.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
 
     print(
         f"{len(zones)} emulated zones, a 2-worker VM; medians of {n} rounds in-process, {n_cli} of CLI runs"

@@ -7,7 +7,8 @@ import sys
 
 import typer
 
-from tpuops.cli import sop
+from tpuops.cli import emulator, runs, sop, vm
+from tpuops.cli.report import report
 from tpuops.cli.state import JSON_MODE
 
 app = typer.Typer(
@@ -19,6 +20,14 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(sop.app, name="sop")
+runs.register(app)
+app.command("runs")(runs.runs)
+app.command("attach")(runs.attach)
+app.command("logs")(runs.logs)
+app.command("stop")(runs.stop)
+app.add_typer(vm.app, name="vm")
+app.add_typer(emulator.app, name="emulator")
+app.command("report")(report)
 
 
 def main() -> None:
@@ -28,7 +37,8 @@ def main() -> None:
     from tpuops.errors import ExitCode, TpuopsError
 
     try:
-        app(standalone_mode=False)
+        # Without standalone mode click returns a command's typer.Exit code instead of exiting.
+        code = app(standalone_mode=False)
     except TpuopsError as e:
         if os.environ.get("TPUOPS_DEBUG") == "1":
             raise
@@ -45,4 +55,4 @@ def main() -> None:
         sys.exit(int(ExitCode.FAILED))
     except KeyboardInterrupt:
         sys.exit(130)
-    sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -58,5 +58,7 @@ def worker_count(accelerator_type: str) -> int:
     if size <= fam.single_host_max:
         return 1
     if size % fam.per_host:
-        raise UsageError(f"accelerator type {accelerator_type!r}: {size} {fam.unit} is not a whole number of hosts")
+        raise UsageError(
+            f"accelerator type {accelerator_type!r}: {size} {fam.unit} is not a whole number of hosts"
+        )
     return size // fam.per_host

@@ -131,3 +131,17 @@ def test_guest_attributes_carry_each_workers_host_key(cloud: Cloud, vm_name: str
     assert len(attrs) == 2
     for per, worker in zip(attrs, rec.workers, strict=True):
         assert f"ssh-ed25519 {per['hostkeys']['ssh-ed25519']}" == worker.host_public_key
+
+
+def test_queued_without_wait_returns_the_queue_state_then_the_node_comes_up(
+    cloud: Cloud, vm_name: str
+) -> None:
+    vm = _create(cloud, vm_name, zone="us-east5-a", queued=True)
+    assert vm.state in ("QUEUED:ACCEPTED", "QUEUED:PROVISIONING", "QUEUED:ACTIVE")
+    assert vm.workers == () and vm.queued_resource.endswith(f"/queuedResources/{vm_name}")
+    deadline = time.monotonic() + 10
+    while not any(n.endswith(f"/nodes/{vm_name}") for n in cloud.emu.model.nodes):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    ready = tpu_api.wait_vm(cloud.api(), "us-east5-a", vm_name, "READY", timeout=10)
+    assert ready is not None and len(ready.workers) == 1

@@ -17,7 +17,7 @@ SSHD = shutil.which("sshd", path="/usr/sbin:/usr/bin:/sbin:/bin") or "/usr/sbin/
 
 _CONFIG = """\
 ListenAddress 127.0.0.1
-Port {port}
+{extra_listen}Port {port}
 HostKey {dir}/ssh_host_ed25519_key
 PidFile {dir}/sshd.pid
 AuthorizedKeysFile {authorized_keys}
@@ -67,7 +67,7 @@ class SshdWorker:
         if self.running:
             return
         log = (self.state_dir / "sshd.log").open("ab")
-        self.proc = subprocess.Popen(  # noqa: S603
+        self.proc = subprocess.Popen(
             [SSHD, "-D", "-e", "-f", str(self.state_dir / "sshd_config")],
             stdout=log,
             stderr=log,
@@ -85,6 +85,19 @@ class SshdWorker:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+
+    def regenerate_host_key(self) -> None:
+        """Replace the host key and restart (the emulator's "changed host key" fault)."""
+        self.stop()
+        key = self.state_dir / "ssh_host_ed25519_key"
+        for p in (key, Path(f"{key}.pub")):
+            p.unlink(missing_ok=True)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"worker-{self.index}", "-f", str(key)],
+            check=True,
+        )
+        self.host_public_key = " ".join(Path(f"{key}.pub").read_text().split()[:2])
+        self.start()
 
     def kill_sessions(self) -> None:
         """Drop every live SSH session of this worker (the daemon and its session children)."""
@@ -120,7 +133,7 @@ def ensure_user(name: str, home: Path) -> None:
     try:
         pwd.getpwnam(name)
     except KeyError:
-        subprocess.run(  # noqa: S603
+        subprocess.run(
             ["useradd", "--home-dir", str(home), "--no-create-home", "--shell", "/bin/sh", name],
             check=True,
             capture_output=True,
@@ -129,7 +142,7 @@ def ensure_user(name: str, home: Path) -> None:
     # "*" means "no password can match", which leaves key logins open.
     shadow = Path("/etc/shadow").read_text().splitlines()
     if not any(line.startswith(f"{name}:*:") for line in shadow):
-        subprocess.run(["usermod", "--password", "*", name], check=True, capture_output=True)  # noqa: S603
+        subprocess.run(["usermod", "--password", "*", name], check=True, capture_output=True)
 
 
 def reset_home(name: str, home: Path) -> None:
@@ -150,12 +163,16 @@ def start_worker(
     user: str | None = None,
     home_root: Path = Path("/home"),
     port: int | None = None,
+    extra_listen: tuple[str, ...] = (),
 ) -> SshdWorker:
-    """Start one sshd. As root each worker gets its own user and home; otherwise all share this user."""
+    """Start one sshd. As root each worker gets its own user and home; otherwise all share this user.
+
+    `extra_listen`: more loopback addresses to listen on (the emulator's "external IPs", e.g. 127.0.0.2).
+    """
     state_dir.mkdir(parents=True, exist_ok=True)
     key = state_dir / "ssh_host_ed25519_key"
     if not key.exists():
-        subprocess.run(  # noqa: S603
+        subprocess.run(
             ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"worker-{index}", "-f", str(key)],
             check=True,
         )
@@ -179,7 +196,13 @@ def start_worker(
         auth.write_text(authorized_key.strip() + "\n")
     port = port or free_port()
     (state_dir / "sshd_config").write_text(
-        _CONFIG.format(port=port, dir=state_dir, user=user, authorized_keys=auth)
+        _CONFIG.format(
+            port=port,
+            dir=state_dir,
+            user=user,
+            authorized_keys=auth,
+            extra_listen="".join(f"ListenAddress {a}\n" for a in extra_listen),
+        )
     )
     worker = SshdWorker(
         index=index,
@@ -198,7 +221,7 @@ def client_keypair(directory: Path) -> tuple[Path, str]:
     directory.mkdir(parents=True, exist_ok=True)
     key = directory / "id_ed25519"
     if not key.exists():
-        subprocess.run(  # noqa: S603
+        subprocess.run(
             ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tpuops", "-f", str(key)], check=True
         )
     return key, Path(f"{key}.pub").read_text().strip()

@@ -1,0 +1,120 @@
+"""`tpuops emulator serve|fault|state`: the local TPU API emulator (real sshd per worker) and its faults."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from tpuops.cli import options as o
+from tpuops.cli.state import finish_json
+
+app = typer.Typer(
+    help="A local TPU API emulator: rehearse SOPs against VMs backed by real sshd servers.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+fault = typer.Typer(
+    help="Inject a fault into a running emulator.", no_args_is_help=True, rich_markup_mode=None
+)
+app.add_typer(fault, name="fault")
+
+NodeArg = Annotated[str, typer.Argument(help="VM name, ZONE/NAME, or projects/.../nodes/NAME.")]
+
+
+@app.command("serve")
+def serve(
+    *,
+    port: Annotated[int, typer.Option("--port", help="Port on 127.0.0.1 (0: any free port).")] = 0,
+    state_dir: Annotated[
+        str | None, typer.Option("--state-dir", help="Host keys, sshd configs, client key.")
+    ] = None,
+    zone: Annotated[list[str] | None, typer.Option("--zone", help="Zones it offers (repeatable).")] = None,
+    authorized_key: Annotated[
+        str | None, typer.Option("--authorized-key", help="Public key file for VMs created without ssh-keys.")
+    ] = None,
+    create_delay: Annotated[float, typer.Option("--create-delay", help="Seconds a create takes.")] = 0.0,
+    unavailable: Annotated[int, typer.Option("--unavailable", help="Answer 503 to the first N calls.")] = 0,
+    no_capacity: Annotated[
+        list[str] | None, typer.Option("--no-capacity", help="The first create in ZONE fails for capacity.")
+    ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Log every request to stderr.")] = False,
+) -> None:
+    """Serve the TPU v2 REST API on loopback until Ctrl-C; prints the `export TPUOPS_TPU_API=...` line."""
+    from pathlib import Path
+
+    from tpuops import report_cloud
+    from tpuops.cloud.emulator import control
+    from tpuops.config import state_home
+
+    where = Path(state_dir) if state_dir else state_home() / "emulator"
+    faults: dict = {"unavailable": unavailable} if unavailable else {}
+    if no_capacity:
+        faults["capacity"] = {z: no_capacity.count(z) for z in no_capacity}
+
+    def ready(url: str, identity: str, zones: list[str]) -> None:
+        report_cloud.emulator_started(url, identity, zones, str(where))
+
+    control.serve(
+        where,
+        port=port,
+        zones=zone,
+        authorized_key_file=authorized_key,
+        create_delay=create_delay,
+        faults=faults,
+        verbose=verbose,
+        on_ready=ready,
+    )
+
+
+def _admin(api_endpoint: str | None, action: str, body: dict, json: bool) -> None:
+    from tpuops import report_cloud
+    from tpuops.cloud.emulator import control
+
+    finish_json(json)
+    report_cloud.emulator_state(control.admin(api_endpoint, action, body), json)
+
+
+@fault.command("preempt")
+def preempt(node: NodeArg, api_endpoint: o.ApiEndpointOpt = None, json: o.JsonOpt = False) -> None:
+    """The VM becomes PREEMPTED and its sshd servers stop."""
+    _admin(api_endpoint, "preempt", {"node": node}, json)
+
+
+@fault.command("swap-host-key")
+def swap_host_key(
+    node: NodeArg,
+    worker: Annotated[int, typer.Option("--worker", help="Worker index.")] = 0,
+    api_endpoint: o.ApiEndpointOpt = None,
+    json: o.JsonOpt = False,
+) -> None:
+    """The worker's sshd gets a new host key; guest attributes keep the old one (tpuops must refuse it)."""
+    _admin(api_endpoint, "swap-host-key", {"node": node, "worker": worker}, json)
+
+
+@fault.command("unavailable")
+def unavailable(
+    count: Annotated[int, typer.Argument(help="How many API calls fail.")],
+    code: Annotated[int, typer.Option("--code", help="503 or 429.")] = 503,
+    api_endpoint: o.ApiEndpointOpt = None,
+    json: o.JsonOpt = False,
+) -> None:
+    """The next COUNT API calls answer 503 (or 429)."""
+    _admin(api_endpoint, "faults", {"unavailable": count, "code": code}, json)
+
+
+@fault.command("capacity")
+def capacity(
+    zone: Annotated[str, typer.Argument(help="Zone, or * for every zone.")],
+    count: Annotated[int, typer.Option("--count", help="How many creates fail.")] = 1,
+    api_endpoint: o.ApiEndpointOpt = None,
+    json: o.JsonOpt = False,
+) -> None:
+    """The next COUNT creates in ZONE fail for capacity (plain) or wait for resources (queued)."""
+    _admin(api_endpoint, "faults", {"capacity": {zone: count}}, json)
+
+
+@app.command("state")
+def state(api_endpoint: o.ApiEndpointOpt = None, json: o.JsonOpt = False) -> None:
+    """The emulator's VMs, queued resources and pending faults."""
+    _admin(api_endpoint, "state", {}, json)

@@ -1,0 +1,56 @@
+"""`tpuops report LOGFILE|RUN_ID`: steps, compiles, failures and evals of a log as a table, JSON or a page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tpuops.cli import options as o
+from tpuops.cli.state import finish_json
+
+TargetArg = Annotated[
+    str,
+    typer.Argument(help="A log file, a run directory, or a RUN_ID (the local copy in $TPUOPS_HOME/runs)."),
+]
+WarmupOpt = Annotated[
+    int, typer.Option("--warmup", min=0, help="Steps at the start that may compile (excluded from dt stats).")
+]
+HtmlOpt = Annotated[
+    Path | None, typer.Option("--html", help="Also write a self-contained HTML page with plots.")
+]
+BaselineOpt = Annotated[
+    Path | None, typer.Option("--baseline", help="A saved `tpuops report --json` output to compare with.")
+]
+ThresholdOpt = Annotated[
+    float, typer.Option("--threshold", min=0.0, help="Relative change counted as a regression (0.1 = 10%).")
+]
+
+
+def report(
+    target: TargetArg,
+    *,
+    warmup: WarmupOpt = 1,
+    json: o.JsonOpt = False,
+    html: HtmlOpt = None,
+    baseline: BaselineOpt = None,
+    threshold: ThresholdOpt = 0.1,
+) -> None:
+    """Report a training log (exit 0 ok, 1 failures or a baseline regression, 7 recompiles after warm-up).
+
+    Examples:
+      tpuops report ~/.tpuops/runs/20260101-grpo/worker-0.log
+      tpuops report 20260101-grpo --warmup 2 --html report.html
+      tpuops report run.log --json --baseline baseline.json --threshold 0.05
+    """
+    from tpuops import logscan, report_log
+
+    finish_json(json)
+    result = logscan.scan_target(target, warmup)
+    deltas = None if baseline is None else report_log.load_baseline(baseline, result, threshold)
+    code = report_log.exit_code(result, deltas)
+    if html is not None:
+        report_log.write_html(result, html, deltas)
+    report_log.render(result, code, json, deltas, html)
+    raise typer.Exit(code)

@@ -1,0 +1,156 @@
+"""`tpuops vm list|describe|create|delete|wait`: TPU VMs through the TPU API."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from tpuops.cli import options as o
+from tpuops.cli.state import finish_json
+
+app = typer.Typer(
+    help="Find, describe, create, delete and wait for TPU VMs.", no_args_is_help=True, rich_markup_mode=None
+)
+
+ZonesOpt = Annotated[
+    list[str] | None, typer.Option("--zone", help="Zone (repeatable); all zones when omitted.")
+]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", min=1, help="Seconds before the wait gives up.")]
+
+
+def _target(project: str | None, api_endpoint: str | None, zone: str | None = None):
+    from tpuops.cloud.vms import ApiTarget
+
+    return ApiTarget(project=project, api_endpoint=api_endpoint, zone=zone)
+
+
+@app.command("list")
+def list_(
+    zone: ZonesOpt = None,
+    project: o.ProjectOpt = None,
+    api_endpoint: o.ApiEndpointOpt = None,
+    json: o.JsonOpt = False,
+) -> None:
+    """List TPU VMs; without --zone every TPU zone is searched in parallel."""
+    from tpuops import report_cloud
+    from tpuops.cloud import vms
+
+    finish_json(json)
+    found, zones = vms.list_(_target(project, api_endpoint), zone or [], report_cloud.note)
+    report_cloud.vm_list(found, zones, json)
+
+
+@app.command("describe")
+def describe(
+    name: str,
+    *,
+    zone: o.ZoneOpt = None,
+    project: o.ProjectOpt = None,
+    api_endpoint: o.ApiEndpointOpt = None,
+    json: o.JsonOpt = False,
+) -> None:
+    """State, health, type, runtime, spot, and each worker's internal and external IP."""
+    from tpuops import report_cloud
+    from tpuops.cloud import vms
+
+    finish_json(json)
+    report_cloud.vm_describe(
+        vms.describe(_target(project, api_endpoint, zone), name, report_cloud.note), json
+    )
+
+
+@app.command("create")
+def create(
+    name: str,
+    *,
+    type_: Annotated[str, typer.Option("--type", help="Accelerator type: v4-8, v5litepod-16, v6e-8, ...")],
+    runtime_version: Annotated[str, typer.Option("--runtime-version", help="e.g. v2-alpha-tpuv6e")],
+    zone: ZonesOpt = None,
+    spot: Annotated[bool, typer.Option("--spot", help="Spot capacity (cheaper, preemptible).")] = False,
+    queued: Annotated[bool, typer.Option("--queued", help="Through the queued-resources API.")] = False,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Wait until READY (queued: ACTIVE then READY).")
+    ] = False,
+    timeout: TimeoutOpt = 1800.0,
+    ssh_public_key: Annotated[
+        str | None, typer.Option("--ssh-public-key", help="Public key for the VM's ssh-keys metadata.")
+    ] = None,
+    user: o.UserOpt = None,
+    project: o.ProjectOpt = None,
+    api_endpoint: o.ApiEndpointOpt = None,
+    json: o.JsonOpt = False,
+) -> None:
+    """Create a TPU VM. Several --zone are tried in turn when a zone has no capacity.
+
+    Example:
+      tpuops vm create mllm-jax-v6e-8 --type v6e-8 --zone us-east1-d --runtime-version v2-alpha-tpuv6e --wait
+    """
+    from tpuops import report_cloud
+    from tpuops.cloud import vms
+
+    finish_json(json)
+    vm = vms.create(
+        _target(project, api_endpoint),
+        name,
+        accelerator_type=type_,
+        runtime_version=runtime_version,
+        zones=zone or [],
+        spot=spot,
+        queued=queued,
+        wait=wait,
+        timeout=timeout,
+        ssh_public_key=ssh_public_key,
+        user=user,
+        notify=report_cloud.note,
+    )
+    report_cloud.vm_describe(vm, json, verb="created")
+
+
+@app.command("delete")
+def delete(
+    name: str,
+    *,
+    zone: o.ZoneOpt = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    timeout: TimeoutOpt = 900.0,
+    project: o.ProjectOpt = None,
+    api_endpoint: o.ApiEndpointOpt = None,
+    json: o.JsonOpt = False,
+) -> None:
+    """Delete a TPU VM (and its queued resource, if it came from one)."""
+    from tpuops import report_cloud
+    from tpuops.cloud import vms
+    from tpuops.errors import UsageError
+
+    finish_json(json)
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UsageError(f"deleting {name} needs confirmation", hint="pass --yes")
+        typer.confirm(f"delete TPU VM {name}?", abort=True)
+    vm = vms.delete(_target(project, api_endpoint, zone), name, timeout, report_cloud.note)
+    report_cloud.vm_deleted(vm.name, vm.zone, json)
+
+
+@app.command("wait")
+def wait(
+    name: str,
+    *,
+    state: Annotated[str, typer.Option("--state", help="READY, STOPPED, ... or DELETED (gone).")] = "READY",
+    timeout: TimeoutOpt = 1800.0,
+    zone: o.ZoneOpt = None,
+    project: o.ProjectOpt = None,
+    api_endpoint: o.ApiEndpointOpt = None,
+    json: o.JsonOpt = False,
+) -> None:
+    """Wait until the VM reaches a state; exits 5 on timeout and 8 if it was preempted."""
+    from tpuops import report_cloud
+    from tpuops.cloud import vms
+
+    finish_json(json)
+    vm, where = vms.wait(_target(project, api_endpoint, zone), name, state, timeout, report_cloud.note)
+    if vm is None:
+        report_cloud.vm_gone(name, where, json)
+    else:
+        report_cloud.vm_describe(vm, json, verb="waited")

@@ -1,0 +1,178 @@
+"""The google-cloud-tpu v2 client over REST: project, credentials, endpoint, bounded retries on 429/503."""
+
+from __future__ import annotations
+
+import configparser
+import os
+import random
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tpuops.errors import CloudError, UsageError
+
+T = TypeVar("T")
+EMULATOR_PROJECT = "tpuops-emulator"  # used with --api-endpoint when no project is configured anywhere
+Notify = Callable[[str], None]
+
+
+def gcloud_config_project() -> str | None:
+    """gcloud's own `core/project` from its active configuration file (read, never by running gcloud)."""
+    root = Path(os.environ.get("CLOUDSDK_CONFIG") or Path.home() / ".config" / "gcloud")
+    active = root / "active_config"
+    name = active.read_text().strip() if active.is_file() else "default"
+    parser = configparser.ConfigParser()
+    try:
+        parser.read(root / "configurations" / f"config_{name or 'default'}")
+    except configparser.Error:
+        return None
+    return parser.get("core", "project", fallback=None) or None
+
+
+def resolve_project(flag: str | None, endpoint: str | None) -> tuple[str, str]:
+    """(project, where it came from): --project/config, then the environment, then gcloud's config file."""
+    if flag:
+        return flag, "--project or tpuops config"
+    for var in ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT"):
+        if os.environ.get(var):
+            return os.environ[var], var
+    project = gcloud_config_project()
+    if project:
+        return project, "gcloud config"
+    if endpoint:
+        return EMULATOR_PROJECT, "emulator default"
+    raise UsageError(
+        "no Google Cloud project: none given and none configured",
+        hint="pass --project, set it in tpuops.toml, export GOOGLE_CLOUD_PROJECT, or run gcloud config set",
+    )
+
+
+class ApiNotFoundError(CloudError):
+    """The API answered 404 for this resource (callers turn it into "not found, did you mean ...")."""
+
+
+def _transient() -> tuple[type[BaseException], ...]:
+    import requests
+    from google.api_core import exceptions as gexc
+
+    return (gexc.ServiceUnavailable, gexc.TooManyRequests, gexc.GatewayTimeout, requests.ConnectionError)
+
+
+@dataclass
+class Api:
+    """One TPU API client for one project, with a retrying `call`. Build it with `connect()`."""
+
+    client: Any  # google.cloud.tpu_v2.TpuClient, imported lazily (~0.9 s)
+    project: str
+    endpoint: str | None = None
+    notify: Notify = field(default=lambda _msg: None)
+    retries: int = 5
+    backoff_s: float = 0.2
+    timeout_s: float = 30.0
+
+    def parent(self, zone: str) -> str:
+        return f"projects/{self.project}/locations/{zone}"
+
+    def call(self, what: str, fn: Callable[..., T], /, **kw: Any) -> T:
+        """`fn(**kw, retry=None, timeout=...)`, retried with exponential backoff and jitter on 429/503/504 and
+        refused connections; every retry is reported through `notify`; other API errors become CloudError."""
+        transient = _transient()
+        for attempt in range(self.retries + 1):
+            try:
+                return fn(**kw, retry=None, timeout=self.timeout_s)
+            except transient as e:
+                if attempt == self.retries:
+                    raise CloudError(
+                        f"TPU API {what}: still failing after {self.retries} retries: {_short(e)}",
+                        hint=f"{self.endpoint or 'tpu.googleapis.com'} is unavailable; try again later",
+                    ) from None
+                delay = min(8.0, self.backoff_s * 2**attempt) * (0.5 + random.random() / 2)
+                self.notify(
+                    f"TPU API {what}: {_short(e)}; retry {attempt + 1}/{self.retries} in {delay:.1f}s"
+                )
+                time.sleep(delay)
+            except Exception as e:
+                raise api_error(what, e) from None
+        raise AssertionError("unreachable")
+
+    def zones(self) -> list[str]:
+        """Every location of the TPU API for this project (one call; the zone search fans out over these)."""
+        from google.cloud.location import locations_pb2
+
+        req = locations_pb2.ListLocationsRequest(name=f"projects/{self.project}")
+        resp = self.call("list zones", self.client.list_locations, request=req)
+        return sorted(loc.location_id for loc in resp.locations)
+
+
+def api_error(what: str, e: Exception) -> Exception:
+    """An API exception -> a TpuopsError with a next step; anything else is returned unchanged."""
+    from google.api_core import exceptions as gexc
+
+    if isinstance(e, gexc.NotFound):
+        return ApiNotFoundError(f"TPU API {what}: not found: {e.message}")
+    if isinstance(e, gexc.PermissionDenied | gexc.Unauthenticated):
+        return CloudError(
+            f"TPU API {what}: {e.message}",
+            hint="check the project and `gcloud auth application-default login`",
+        )
+    if isinstance(e, gexc.ResourceExhausted):
+        return CloudError(
+            f"TPU API {what}: capacity or quota exhausted: {e.message}",
+            hint="try another zone (--zone, repeatable)",
+        )
+    if isinstance(e, gexc.GoogleAPICallError):
+        return CloudError(f"TPU API {what}: {e.code} {e.message}")
+    return e
+
+
+def _short(e: BaseException) -> str:
+    from google.api_core import exceptions as gexc
+
+    if isinstance(e, gexc.GoogleAPICallError):
+        # The REST transport prefixes "GET http://...: "; the method and URL add nothing for the user.
+        message = re.sub(r"^[A-Z]+ \S+: ", "", e.message or "")
+        return f"{e.code} {message}".strip()
+    return type(e).__name__
+
+
+def connect(project: str | None, endpoint: str | None, notify: Notify | None = None) -> Api:
+    """A REST client: anonymous credentials against `endpoint` (the emulator), else Application Default
+    Credentials against tpu.googleapis.com."""
+    from google.api_core.client_options import ClientOptions
+    from google.cloud import tpu_v2
+
+    proj, _ = resolve_project(project, endpoint)
+    if endpoint:
+        from google.auth.credentials import AnonymousCredentials
+
+        client = tpu_v2.TpuClient(
+            transport="rest",
+            credentials=AnonymousCredentials(),
+            client_options=ClientOptions(api_endpoint=endpoint),
+        )
+    else:
+        import google.auth.exceptions
+
+        try:
+            client = tpu_v2.TpuClient(transport="rest")
+        except google.auth.exceptions.DefaultCredentialsError as e:
+            raise CloudError(
+                f"no Google credentials: {str(e).splitlines()[0]}",
+                hint="run `gcloud auth application-default login`, or use the emulator with --api-endpoint",
+            ) from None
+    _widen_pool(client)
+    return Api(client, proj, endpoint, notify or (lambda _msg: None))
+
+
+def _widen_pool(client: Any) -> None:
+    """The zone search sends ~one request per zone at once; requests' default pool keeps only 10 sockets."""
+    import requests.adapters
+
+    session = getattr(client.transport, "_session", None)
+    if session is not None:
+        adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=64)
+        session.mount("https://", adapter)
+        session.mount("http://", adapter)

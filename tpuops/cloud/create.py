@@ -1,0 +1,131 @@
+"""Create a TPU VM: directly (trying a list of zones in turn on capacity errors) or as a queued resource."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from tpuops.cloud.client import Api
+from tpuops.cloud.tpu_api import VmInfo, get_vm, wait_op, wait_vm
+from tpuops.errors import CloudError, TimeoutError_, UsageError
+
+_CAPACITY = 8  # google.rpc.Code.RESOURCE_EXHAUSTED: no capacity in the zone, or quota
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    name: str
+    accelerator_type: str
+    runtime_version: str
+    zones: tuple[str, ...]
+    spot: bool = False
+    queued: bool = False
+    wait: bool = False
+    timeout: float = 1800.0
+    ssh_keys: str = ""  # GCP `ssh-keys` metadata: "user:ssh-ed25519 AAAA... comment" lines
+
+
+def _node(api: Api, req: CreateRequest) -> dict:
+    node: dict = {"accelerator_type": req.accelerator_type, "runtime_version": req.runtime_version}
+    if req.spot and not req.queued:
+        node["scheduling_config"] = {"spot": True}
+    if req.ssh_keys:
+        node["metadata"] = {"ssh-keys": req.ssh_keys}
+    return node
+
+
+def create_vm(api: Api, req: CreateRequest) -> VmInfo:
+    """Plain: one create per zone until one has capacity (each operation is awaited, as gcloud does).
+    Queued: a queued resource in the one zone, awaited to ACTIVE with --wait."""
+    if not req.zones:
+        raise UsageError("vm create needs --zone (repeat it to try several zones in turn)")
+    if req.queued:
+        if len(req.zones) > 1:
+            raise UsageError("--queued takes one --zone: a queued resource waits for capacity in its zone")
+        return _create_queued(api, req, req.zones[0])
+    refused: list[str] = []
+    for zone in req.zones:
+        op = api.call(
+            f"create {req.name} in {zone}",
+            api.client.create_node,
+            parent=api.parent(zone),
+            node_id=req.name,
+            node=_node(api, req),
+        )
+        raw = wait_op(api, op, f"create {req.name} in {zone}", req.timeout)
+        if raw.error.code == _CAPACITY:
+            refused.append(zone)
+            api.notify(f"{zone}: {raw.error.message}")
+            continue
+        if raw.error.code:
+            raise CloudError(f"create {req.name} in {zone}: {raw.error.message}")
+        if req.wait:
+            wait_vm(api, zone, req.name, "READY", req.timeout)
+        return get_vm(api, zone, req.name)
+    raise CloudError(
+        f"no capacity for {req.accelerator_type} in {', '.join(refused)}",
+        hint="try other zones (--zone A --zone B ...), --spot, or --queued to wait for capacity",
+    )
+
+
+def _create_queued(api: Api, req: CreateRequest, zone: str) -> VmInfo:
+    parent = api.parent(zone)
+    qr: dict = {"tpu": {"node_spec": [{"parent": parent, "node_id": req.name, "node": _node(api, req)}]}}
+    if req.spot:
+        qr["spot"] = {}
+    op = api.call(
+        f"queue {req.name} in {zone}",
+        api.client.create_queued_resource,
+        parent=parent,
+        queued_resource_id=req.name,
+        queued_resource=qr,
+    )
+    raw = wait_op(api, op, f"queue {req.name}", min(req.timeout, 300))
+    if raw.error.code:
+        raise CloudError(f"queue {req.name} in {zone}: {raw.error.message}")
+    qr_name = f"{parent}/queuedResources/{req.name}"
+    state = _qr_state(api, qr_name)
+    if not req.wait:
+        api.notify(f"queued resource {req.name}: {state}")
+        return _placeholder(api, req, zone, state)
+    start, interval, seen = time.monotonic(), 0.05, ""
+    while state != "ACTIVE":
+        if state != seen:
+            api.notify(f"queued resource {req.name}: {state} after {time.monotonic() - start:.1f}s")
+            seen = state
+        if state in ("FAILED", "SUSPENDED"):
+            raise CloudError(
+                f"queued resource {req.name} in {zone} is {state}", hint="delete it and queue again"
+            )
+        if time.monotonic() - start > req.timeout:
+            raise TimeoutError_(
+                f"queued resource {req.name} still {state} after {req.timeout:.0f}s",
+                hint="it stays queued; check later with tpuops vm describe",
+            )
+        time.sleep(interval)
+        interval = min(5.0, interval * 1.5)
+        state = _qr_state(api, qr_name)
+    return wait_vm(
+        api, zone, req.name, "READY", max(1.0, req.timeout - (time.monotonic() - start))
+    ) or get_vm(api, zone, req.name)
+
+
+def _qr_state(api: Api, name: str) -> str:
+    return api.call(f"get {name}", api.client.get_queued_resource, name=name).state.state.name
+
+
+def _placeholder(api: Api, req: CreateRequest, zone: str, state: str) -> VmInfo:
+    """A queued VM has no node yet: describe it by its queued resource's state."""
+    return VmInfo(
+        name=req.name,
+        zone=zone,
+        project=api.project,
+        state=f"QUEUED:{state}",
+        health="",
+        accelerator_type=req.accelerator_type,
+        runtime_version=req.runtime_version,
+        spot=req.spot,
+        preemptible=False,
+        workers=(),
+        queued_resource=f"{api.parent(zone)}/queuedResources/{req.name}",
+    )

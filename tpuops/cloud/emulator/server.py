@@ -1,0 +1,225 @@
+"""The emulator's HTTP side: the TPU v2 REST routes tpuops uses, plus /admin/* fault injection."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from tpuops.cloud.emulator import queued
+from tpuops.cloud.emulator.model import ApiError, Model
+
+DEFAULT_ZONES = [
+    "us-central1-a",
+    "us-central1-b",
+    "us-central2-b",
+    "us-east1-d",
+    "us-east5-a",
+    "us-east5-b",
+    "us-south1-a",
+    "us-west4-a",
+    "europe-west4-a",
+    "europe-west4-b",
+    "asia-northeast1-b",
+    "asia-southeast1-b",
+]
+_LOC = r"/v2/projects/(?P<p>[^/]+)/locations"
+_ZONE = _LOC + r"/(?P<z>[^/:]+)"
+_STATUS = {503: "UNAVAILABLE", 429: "RESOURCE_EXHAUSTED"}
+
+
+def _route(m: Model, method: str, path: str, q: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
+    """One API call -> the JSON answer (raises ApiError)."""
+    if method == "GET" and (r := re.fullmatch(_LOC, path)):
+        return {"locations": [{"name": f"projects/{r['p']}/locations/{z}", "locationId": z} for z in m.zones]}
+    if not (r := re.match(_ZONE, path)):
+        raise ApiError(404, "NOT_FOUND", f"no route for {method} {path}")
+    parent, rest = m.check_zone(r["p"], r["z"]), path[r.end() :]
+    name = parent + rest
+    if rest == "" and method == "GET":
+        return {"name": parent, "locationId": r["z"]}
+    if rest == "/nodes" and method == "GET":
+        with m.lock:
+            nodes = [n.to_json() for k, n in sorted(m.nodes.items()) if k.startswith(parent + "/")]
+        return {"nodes": nodes}
+    if rest == "/nodes" and method == "POST":
+        return m.create_node(parent, _id(q, "nodeId"), body)
+    if re.fullmatch(r"/nodes/[^/:]+", rest):
+        if method == "GET":
+            with m.lock:
+                return m.node(name).to_json()
+        if method == "DELETE":
+            return m.delete_node(name)
+    if rest.endswith(":getGuestAttributes") and method == "POST":
+        return m.guest_attributes(
+            name.removesuffix(":getGuestAttributes"),
+            body.get("queryPath", ""),
+            list(body.get("workerIds", [])),
+        )
+    if rest == "/queuedResources":
+        if method == "GET":
+            return queued.list_(m, parent)
+        if method == "POST":
+            return queued.create(m, parent, _id(q, "queuedResourceId"), body)
+    if re.fullmatch(r"/queuedResources/[^/:]+", rest):
+        if method == "GET":
+            return queued.get(m, name)
+        if method == "DELETE":
+            return queued.delete(m, name, q.get("force", "false").lower() == "true")
+    if re.fullmatch(r"/operations/[^/:]+", rest) and method == "GET":
+        with m.lock:
+            if name not in m.ops:
+                raise ApiError(404, "NOT_FOUND", f"Operation '{name}' was not found")
+            return json.loads(json.dumps(m.ops[name]))
+    raise ApiError(404, "NOT_FOUND", f"no route for {method} {path}")
+
+
+def _id(q: dict[str, str], key: str) -> str:
+    value = q.get(key, "")
+    if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", value):
+        raise ApiError(400, "INVALID_ARGUMENT", f"{key} {value!r} must match [a-z]([-a-z0-9]*[a-z0-9])?")
+    return value
+
+
+def admin(m: Model, action: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Fault injection: preempt, swap-host-key, faults (unavailable N + code, capacity {zone: N}), state."""
+    if action == "preempt":
+        m.preempt(_node_name(m, body["node"]))
+    elif action == "swap-host-key":
+        m.swap_host_key(_node_name(m, body["node"]), int(body.get("worker", 0)))
+    elif action == "faults":
+        with m.lock:
+            if "unavailable" in body:
+                m.faults.unavailable = int(body["unavailable"])
+                m.faults.unavailable_code = int(body.get("code", 503))
+            for zone, n in body.get("capacity", {}).items():
+                m.faults.capacity[zone] = int(n)
+    elif action != "state":
+        raise ApiError(404, "NOT_FOUND", f"unknown admin action {action!r}")
+    with m.lock:
+        return {
+            "nodes": {k: n.state for k, n in m.nodes.items()},
+            "queuedResources": {k: q["state"]["state"] for k, q in m.qrs.items()},
+            "faults": {"unavailable": m.faults.unavailable, "capacity": dict(m.faults.capacity)},
+            "requests": len(m.requests),
+        }
+
+
+def _node_name(m: Model, ref: str) -> str:
+    """A full node name, or `zone/name`, or a bare name when it is unique."""
+    if ref.startswith("projects/"):
+        return ref
+    zone, _, node = ref.rpartition("/")
+    suffix = f"/locations/{zone}/nodes/{node}" if zone else f"/nodes/{node}"
+    hits = [k for k in m.nodes if k.endswith(suffix)]
+    if len(hits) != 1:
+        raise ApiError(400, "INVALID_ARGUMENT", f"node {ref!r} matches {len(hits)} nodes")
+    return hits[0]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"  # keep-alive: the client reuses connections
+    disable_nagle_algorithm = True  # headers and body go out as two writes: Nagle + delayed ACK cost 40 ms
+
+    def _serve(self) -> None:
+        url = urlsplit(self.path)
+        q = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        m = self.server.model
+        try:
+            body = json.loads(raw) if raw else {}
+            if url.path.startswith("/admin/"):
+                answer = admin(m, url.path.removeprefix("/admin/"), body)
+            else:
+                with m.lock:
+                    m.requests.append(f"{self.command} {url.path}")
+                    code = m.faults.unavailable_code if m.faults.unavailable > 0 else 0
+                    m.faults.unavailable = max(0, m.faults.unavailable - 1)
+                if code:
+                    raise ApiError(
+                        code, _STATUS.get(code, "UNAVAILABLE"), "The service is currently unavailable."
+                    )
+                answer = _route(m, self.command, url.path, q, body)
+            self._send(200, answer)
+        except ApiError as e:
+            self._send(e.http, {"error": {"code": e.http, "message": e.message, "status": e.status}})
+        except (ValueError, KeyError) as e:
+            self._send(
+                400, {"error": {"code": 400, "message": f"bad request: {e}", "status": "INVALID_ARGUMENT"}}
+            )
+
+    def _send(self, code: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_DELETE = do_PATCH = _serve  # noqa: N815 - http.server's naming
+
+    def log_message(self, format: str, *args: Any) -> None:
+        if self.server.verbose:
+            sys.stderr.write(f"emulator: {format % args}\n")
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    model: Model
+    verbose: bool
+
+
+class Emulator:
+    """The TPU API emulator, in-process: `start()` returns the endpoint URL, `stop()` stops every sshd."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        port: int = 0,
+        zones: list[str] | None = None,
+        authorized_key: str = "",
+        user_prefix: str = "tpuops-e",
+        create_delay: float = 0.0,
+        verbose: bool = False,
+    ) -> None:
+        self.model = Model(
+            state_dir,
+            zones or DEFAULT_ZONES,
+            authorized_key=authorized_key,
+            user_prefix=user_prefix,
+            create_delay=create_delay,
+        )
+        self._port, self._verbose = port, verbose
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "start() first"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> str:
+        self.model.state_dir.mkdir(parents=True, exist_ok=True)
+        self._server = _Server(("127.0.0.1", self._port), _Handler)
+        self._server.model, self._server.verbose = self.model, self._verbose
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        return self.url
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        self.model.stop_all()
+
+    def admin(self, action: str, **body: Any) -> dict[str, Any]:
+        """The same fault injection as POST /admin/ACTION, in-process."""
+        return admin(self.model, action, body)

@@ -1,0 +1,40 @@
+"""Unix user names for emulated workers, leased with flock so concurrent emulators never share one."""
+
+from __future__ import annotations
+
+import fcntl
+import itertools
+import os
+import tempfile
+from pathlib import Path
+
+
+class UserLeases:
+    """Unix user names for emulated workers (prefix + number), each held with flock while in use, so two
+    emulators on one machine (a user's and the tests') never hand out the same user and home."""
+
+    def __init__(self, prefix: str, lock_dir: Path | None = None) -> None:
+        self.prefix = prefix
+        self.lock_dir = lock_dir or Path(tempfile.gettempdir()) / "tpuops-emulator-users"
+        self.held: dict[str, int] = {}
+
+    def take(self) -> str:
+        self.lock_dir.mkdir(mode=0o1777, parents=True, exist_ok=True)
+        for k in itertools.count():
+            name = f"{self.prefix}{k}"
+            if name in self.held:
+                continue
+            fd = os.open(self.lock_dir / f"{name}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self.held[name] = fd
+            return name
+        raise AssertionError("unreachable")
+
+    def give_back(self, name: str) -> None:
+        fd = self.held.pop(name, None)
+        if fd is not None:
+            os.close(fd)

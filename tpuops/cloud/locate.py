@@ -1,0 +1,155 @@
+"""`--vm NAME [--zone Z]` -> one Worker per TPU host, host keys pinned from the node's guest attributes."""
+
+from __future__ import annotations
+
+import difflib
+import getpass
+import json
+import time
+from pathlib import Path
+
+from tpuops.cloud.client import Api, ApiNotFoundError, Notify, connect
+from tpuops.cloud.tpu_api import VmInfo, get_vm, host_keys, list_vms, list_zone
+from tpuops.config import state_home
+from tpuops.errors import CloudError, PreemptedError, UsageError
+from tpuops.targets import TargetSpec
+from tpuops.transport.base import Worker
+
+CACHE_TTL_S = 600.0  # a VM does not move zones; the entry is dropped as soon as the VM is not found there
+_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ssh-rsa")  # paramiko's preference order
+
+
+def _cache_path() -> Path:
+    return state_home() / "zone-cache.json"
+
+
+def _cache_key(api: Api, name: str) -> str:
+    return f"{api.endpoint or 'tpu.googleapis.com'}|{api.project}|{name}"
+
+
+def cached_zone(api: Api, name: str) -> str | None:
+    try:
+        entry = json.loads(_cache_path().read_text()).get(_cache_key(api, name))
+    except (OSError, ValueError):
+        return None
+    return entry["zone"] if entry and time.time() - entry["t"] < CACHE_TTL_S else None
+
+
+def remember_zone(api: Api, name: str, zone: str | None) -> None:
+    """Record (or with zone=None forget) where a VM lives; expired entries are dropped on every write."""
+    path = _cache_path()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        data = {}
+    now = time.time()
+    data = {k: v for k, v in data.items() if now - v["t"] < CACHE_TTL_S}
+    if zone:
+        data[_cache_key(api, name)] = {"zone": zone, "t": now}
+    else:
+        data.pop(_cache_key(api, name), None)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+
+
+def _not_found(name: str, where: str, vms: list[VmInfo], hint_zone: bool) -> CloudError:
+    names = sorted({v.name for v in vms})
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    if close:
+        zones = {v.name: v.zone for v in vms}
+        hint = "did you mean " + ", ".join(f"{c} ({zones[c]})" for c in close) + "?"
+    else:
+        hint = f"VMs there: {', '.join(names[:8])}" if names else "no TPU VMs there"
+    if hint_zone:
+        hint += "; omit --zone to search every zone"
+    return CloudError(f"TPU VM {name!r} not found in {where}", hint=hint)
+
+
+def find_vm(api: Api, name: str, zone: str | None) -> VmInfo:
+    """Get the VM in `zone`; without one use the cached zone, else search every zone at once."""
+    if zone:
+        try:
+            return get_vm(api, zone, name)
+        except ApiNotFoundError:
+            raise _not_found(name, f"zone {zone}", list_zone(api, zone), hint_zone=True) from None
+    cached = cached_zone(api, name)
+    if cached:
+        try:
+            return get_vm(api, cached, name)
+        except ApiNotFoundError:
+            remember_zone(api, name, None)
+    vms, zones = list_vms(api)
+    hits = [v for v in vms if v.name == name]
+    if not hits:
+        raise _not_found(name, f"any of {len(zones)} zones of project {api.project}", vms, hint_zone=False)
+    if len(hits) > 1:
+        where = ", ".join(v.zone for v in hits)
+        raise UsageError(
+            f"TPU VM {name!r} exists in several zones: {where}", hint=f"pass --zone {hits[0].zone}"
+        )
+    remember_zone(api, name, hits[0].zone)
+    return hits[0]
+
+
+def check_ready(vm: VmInfo) -> None:
+    if vm.state == "READY":
+        return
+    if vm.state == "PREEMPTED":
+        raise PreemptedError(
+            f"TPU VM {vm.name} in {vm.zone} was preempted",
+            hint=f"recreate it: tpuops vm delete {vm.name} --zone {vm.zone} --yes, then tpuops vm create",
+        )
+    raise CloudError(
+        f"TPU VM {vm.name} in {vm.zone} is {vm.state}, not READY",
+        hint=f"wait for it: tpuops vm wait {vm.name} --zone {vm.zone} --state READY",
+    )
+
+
+def pinned_fingerprints(attrs: list[dict[str, dict[str, str]]]) -> list[str | None]:
+    """Each worker's host key fingerprint from guest attributes namespace `hostkeys` (None if absent)."""
+    from tpuops.transport.hostkeys import fingerprint_of_public_line  # paramiko: only when connecting
+
+    out: list[str | None] = []
+    for per in attrs:
+        keys = per.get("hostkeys", {})
+        kind = next((k for k in _KEY_TYPES if k in keys), None)
+        out.append(fingerprint_of_public_line(f"{kind} {keys[kind].split()[-1]}") if kind else None)
+    return out
+
+
+def workers_of(
+    vm: VmInfo, attrs: list[dict[str, dict[str, str]]], spec: TargetSpec, notify: Notify
+) -> list[Worker]:
+    """Workers in index order. A user-given fingerprint (spec.hostkeys) overrides the guest attributes;
+    with an emulator endpoint the emulator's namespace supplies each worker's sshd port and user."""
+    if spec.hostkeys and len(spec.hostkeys) != len(vm.workers):
+        raise UsageError(f"got {len(spec.hostkeys)} host keys for {vm.name}'s {len(vm.workers)} workers")
+    pins = list(spec.hostkeys) if spec.hostkeys else pinned_fingerprints(attrs)
+    pins += [None] * (len(vm.workers) - len(pins))
+    workers = []
+    for w, pin in zip(vm.workers, pins, strict=True):
+        extra = (
+            attrs[w.index].get("tpuops-emulator", {}) if spec.api_endpoint and w.index < len(attrs) else {}
+        )
+        host = w.internal_ip if spec.internal_ip or not w.external_ip else w.external_ip
+        if not spec.internal_ip and not w.external_ip:
+            notify(f"{vm.name} w{w.index} has no external IP; using its internal IP {w.internal_ip}")
+        user = spec.user or extra.get("ssh-user") or getpass.getuser()
+        workers.append(Worker(w.index, host, int(extra.get("ssh-port", 22)), user, pin))
+    return workers
+
+
+def locate_workers(spec: TargetSpec, notify: Notify | None = None) -> list[Worker]:
+    """The SOP target for `--vm`: find the VM (zone searched and cached when omitted), require READY,
+    and pin each worker's host key from the node's guest attributes."""
+    if notify is None:
+        from tpuops.report_cloud import note as notify
+    if not spec.vm:
+        raise UsageError("locate_workers needs --vm NAME")
+    api = connect(spec.project, spec.api_endpoint, notify)
+    vm = find_vm(api, spec.vm, spec.zone)
+    check_ready(vm)
+    attrs = host_keys(api, vm.zone, vm.name)
+    return workers_of(vm, attrs, spec, notify)

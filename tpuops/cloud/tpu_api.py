@@ -1,0 +1,176 @@
+"""TPU VMs through the TPU API: list (zones in parallel), get, delete, wait for a state, guest attributes."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tpuops.cloud.client import Api, ApiNotFoundError
+from tpuops.errors import CloudError, PreemptedError, TimeoutError_
+
+
+@dataclass(frozen=True)
+class WorkerAddr:
+    index: int
+    internal_ip: str
+    external_ip: str | None
+    port: int  # the API's network-endpoint port (the emulator puts each worker's sshd port here)
+
+
+@dataclass(frozen=True)
+class VmInfo:
+    """What tpuops needs of a TPU node, copied out of the API's message right after the call."""
+
+    name: str
+    zone: str
+    project: str
+    state: str
+    health: str
+    accelerator_type: str
+    runtime_version: str
+    spot: bool
+    preemptible: bool
+    workers: tuple[WorkerAddr, ...]
+    queued_resource: str = ""
+    create_time: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "worker_count": len(self.workers)}
+
+
+def vm_from_node(node: Any) -> VmInfo:
+    _, project, _, zone, _, name = node.name.split("/")
+    return VmInfo(
+        name=name,
+        zone=zone,
+        project=project,
+        state=node.state.name,
+        health=node.health.name,
+        accelerator_type=node.accelerator_type,
+        runtime_version=node.runtime_version,
+        spot=bool(node.scheduling_config.spot),
+        preemptible=bool(node.scheduling_config.preemptible),
+        workers=tuple(
+            WorkerAddr(i, ep.ip_address, ep.access_config.external_ip or None, ep.port)
+            for i, ep in enumerate(node.network_endpoints)
+        ),
+        queued_resource=node.queued_resource,
+        create_time=node.create_time.isoformat() if node.create_time else "",
+    )
+
+
+def node_name(api: Api, zone: str, name: str) -> str:
+    return f"{api.parent(zone)}/nodes/{name}"
+
+
+def list_zone(api: Api, zone: str) -> list[VmInfo]:
+    def pages(parent: str, retry: Any, timeout: float) -> list[Any]:
+        return list(api.client.list_nodes(parent=parent, retry=retry, timeout=timeout))
+
+    return [vm_from_node(n) for n in api.call(f"list nodes in {zone}", pages, parent=api.parent(zone))]
+
+
+def list_vms(api: Api, zones: list[str] | None = None) -> tuple[list[VmInfo], list[str]]:
+    """(VMs, zones searched). Without zones every TPU location is listed at once, one thread per zone;
+    a zone that fails is reported and skipped unless every zone fails."""
+    zones = zones or api.zones()
+    if len(zones) == 1:
+        return list_zone(api, zones[0]), zones
+    vms: list[VmInfo] = []
+    errors: list[str] = []
+    with ThreadPoolExecutor(max_workers=min(32, len(zones))) as pool:
+        futures = {z: pool.submit(list_zone, api, z) for z in zones}
+        for zone, fut in futures.items():
+            try:
+                vms += fut.result()
+            except CloudError as e:
+                errors.append(f"{zone}: {e.message}")
+    if errors and len(errors) == len(zones):
+        raise CloudError(f"listing TPU VMs failed in every zone; first: {errors[0]}")
+    for err in errors:
+        api.notify(f"skipped zone {err}")
+    return sorted(vms, key=lambda v: (v.zone, v.name)), zones
+
+
+def get_vm(api: Api, zone: str, name: str) -> VmInfo:
+    return vm_from_node(
+        api.call(f"get {name} in {zone}", api.client.get_node, name=node_name(api, zone, name))
+    )
+
+
+def host_keys(api: Api, zone: str, name: str) -> list[dict[str, dict[str, str]]]:
+    """Per worker, in worker order: {namespace: {key: value}} of its guest attributes (as gcloud reads them:
+    namespace `hostkeys`, key = key type such as ssh-ed25519, value = the base64 key blob)."""
+    resp = api.call(
+        f"guest attributes of {name}",
+        api.client.get_guest_attributes,
+        request={"name": node_name(api, zone, name)},
+    )
+    out: list[dict[str, dict[str, str]]] = []
+    for ga in resp.guest_attributes:
+        per: dict[str, dict[str, str]] = {}
+        for item in ga.query_value.items:
+            per.setdefault(item.namespace, {})[item.key] = item.value
+        out.append(per)
+    return out
+
+
+def wait_op(api: Api, op: Any, what: str, timeout: float) -> Any:
+    """Poll a long-running operation until done or `timeout`; returns the raw operations_pb2.Operation."""
+    deadline, interval = time.monotonic() + timeout, 0.05
+    while not api.call(f"poll {what}", lambda retry, timeout: op.done(retry=retry)):
+        if time.monotonic() > deadline:
+            raise TimeoutError_(
+                f"{what}: operation {op.operation.name} not done after {timeout:.0f}s",
+                hint="it may still finish: check with `tpuops vm describe`",
+            )
+        time.sleep(interval)
+        interval = min(5.0, interval * 1.5)
+    return op.operation
+
+
+def wait_vm(api: Api, zone: str, name: str, state: str, timeout: float) -> VmInfo | None:
+    """Poll until the VM is in `state` (DELETED: gone), reporting each change; PREEMPTED ends a wait for
+    READY; the wait is bounded by `timeout` and the error names the state it was last seen in."""
+    start = time.monotonic()
+    deadline, interval, seen = start + timeout, 0.05, ""
+    while True:
+        try:
+            vm: VmInfo | None = get_vm(api, zone, name)
+        except ApiNotFoundError:
+            if state != "DELETED":
+                raise
+            vm = None
+        now = vm.state if vm else "DELETED"
+        if now != seen:
+            api.notify(f"{name}: {now} after {time.monotonic() - start:.1f}s")
+            seen = now
+        if now == state:
+            return vm
+        if now == "PREEMPTED" and state == "READY":
+            raise PreemptedError(
+                f"{name} in {zone} was preempted",
+                hint=f"recreate it: tpuops vm delete {name} && tpuops vm create {name} ...",
+            )
+        if time.monotonic() > deadline:
+            raise TimeoutError_(f"{name} still {now} after {timeout:.0f}s (waiting for {state})")
+        time.sleep(interval)
+        interval = min(5.0, interval * 1.5)
+
+
+def delete_vm(api: Api, zone: str, name: str, timeout: float) -> None:
+    """Delete the node, or its queued resource (force) when it came from one; waits for the operation."""
+    vm = get_vm(api, zone, name)
+    if vm.queued_resource:
+        op = api.call(
+            f"delete {vm.queued_resource}",
+            api.client.delete_queued_resource,
+            request={"name": vm.queued_resource, "force": True},
+        )
+    else:
+        op = api.call(f"delete {name}", api.client.delete_node, name=node_name(api, zone, name))
+    raw = wait_op(api, op, f"delete {name}", timeout)
+    if raw.error.code:
+        raise CloudError(f"delete {name}: {raw.error.message}")

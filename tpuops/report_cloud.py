@@ -1,0 +1,98 @@
+"""Rendering for `tpuops vm` and `tpuops emulator` (report.py's sibling): tables on stderr, JSON on stdout."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.table import Table
+
+from tpuops.report import _escape, err, out
+
+
+def note(message: str) -> None:
+    """A progress line from the cloud layer (retries, state changes, skipped zones)."""
+    err.print(f"[dim]tpu-api[/dim] {_escape(message)}")
+
+
+def _json(data: Any) -> None:
+    out.print_json(json.dumps(data, default=str))
+
+
+def _ips(vm: Any) -> str:
+    return ", ".join(f"w{w.index} {w.internal_ip}/{w.external_ip or '-'}" for w in vm.workers)
+
+
+def vm_list(vms: list[Any], zones: list[str], as_json: bool) -> None:
+    if as_json:
+        _json({"ok": True, "zones_searched": zones, "vms": [v.to_dict() for v in vms]})
+        return
+    table = Table(title=f"{len(vms)} TPU VMs in {len(zones)} zones", title_justify="left")
+    for col in ("name", "zone", "type", "state", "health", "spot", "workers"):
+        table.add_column(col)
+    for v in vms:
+        spot = "spot" if v.spot else "preemptible" if v.preemptible else ""
+        table.add_row(v.name, v.zone, v.accelerator_type, v.state, v.health, spot, str(len(v.workers)))
+    err.print(table)
+
+
+def vm_describe(vm: Any, as_json: bool, verb: str = "") -> None:
+    if as_json:
+        _json({"ok": True, **({"action": verb} if verb else {}), "vm": vm.to_dict()})
+        return
+    rows = [
+        ("name", vm.name),
+        ("zone", vm.zone),
+        ("project", vm.project),
+        ("state", vm.state),
+        ("health", vm.health),
+        ("accelerator type", vm.accelerator_type),
+        ("runtime version", vm.runtime_version),
+        ("spot / preemptible", f"{'yes' if vm.spot else 'no'} / {'yes' if vm.preemptible else 'no'}"),
+        ("queued resource", vm.queued_resource or "-"),
+        ("workers", str(len(vm.workers))),
+    ]
+    table = Table(title=f"{verb + ' ' if verb else ''}{vm.name}", title_justify="left", show_header=False)
+    table.add_column("field")
+    table.add_column("value")
+    for k, v in rows:
+        table.add_row(k, _escape(v))
+    for w in vm.workers:
+        table.add_row(f"w{w.index}", f"internal {w.internal_ip}  external {w.external_ip or '-'}")
+    err.print(table)
+
+
+def vm_deleted(name: str, zone: str, as_json: bool) -> None:
+    if as_json:
+        _json({"ok": True, "action": "deleted", "name": name, "zone": zone})
+        return
+    err.print(f"deleted {name} in {zone}")
+
+
+def vm_gone(name: str, zone: str, as_json: bool) -> None:
+    if as_json:
+        _json({"ok": True, "action": "waited", "name": name, "zone": zone, "state": "DELETED"})
+        return
+    err.print(f"{name} in {zone} is gone")
+
+
+def emulator_started(url: str, identity: str, zones: list[str], state_dir: str) -> None:
+    """What to paste: the export line on stdout (so `eval $(tpuops emulator serve ...)` style use works)."""
+    out.print(f"export TPUOPS_TPU_API={url}", highlight=False)
+    err.print(f"TPU API emulator on {url} (state in {state_dir}); zones: {', '.join(zones)}")
+    err.print(f"SSH identity for its VMs: --identity {identity}")
+    err.print("create a VM: tpuops vm create demo --type v4-16 --zone us-east1-d --runtime-version base")
+    err.print("Ctrl-C stops it and every emulated worker.")
+
+
+def emulator_state(state: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        _json({"ok": True, **state})
+        return
+    table = Table(title="emulator", title_justify="left")
+    table.add_column("resource")
+    table.add_column("state")
+    for name, st in {**state["nodes"], **state["queuedResources"]}.items():
+        table.add_row(name, st)
+    err.print(table)
+    err.print(f"pending faults: {state['faults']}")
