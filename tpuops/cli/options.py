@@ -18,7 +18,7 @@ HostOpt = Annotated[
 ]
 HostKeyOpt = Annotated[
     list[str] | None,
-    typer.Option("--hostkey", help="Pinned host key SHA256:... for each --host, in order (repeatable)."),
+    typer.Option("--hostkey", help="Pinned host key SHA256:... per worker, in order (overrides a VM's own keys)."),
 ]
 UserOpt = Annotated[str | None, typer.Option("--user", help="SSH user (default: from --host or config).")]
 IdentityOpt = Annotated[str | None, typer.Option("--identity", "-i", help="SSH private key file.")]
@@ -68,8 +68,8 @@ def target(
     chosen = [name for name, on in (("--vm", vm), ("--host", host), ("--local", local)) if on]
     if len(chosen) > 1:
         raise UsageError(f"{' and '.join(chosen)} were both given: choose one target")
-    if hostkey and not host:
-        raise UsageError("--hostkey needs --host (for --vm, keys come from the VM's guest attributes)")
+    if hostkey and not (host or vm):
+        raise UsageError("--hostkey needs --host or --vm (with --vm it overrides the guest-attribute keys)")
     return TargetSpec(
         local=local,
         local_workers=local_workers,
