@@ -60,7 +60,7 @@ def run(
     cfg = user_config.load(cwd)
     sop = loader.load(loader.find(req.sop))
     target = req.target.with_defaults(cfg)
-    context = {} if "repo_url" in req.sets or "repo_url" in cfg.params else _context_defaults(sop.params, target, cwd)
+    context = _context_defaults(sop.params, target, cwd, skip_repo="repo_url" in req.sets or "repo_url" in cfg.params)
     values = sop.resolve(req.sets, {**context, **cfg.params})
     _preflight(sop, values)
     redact = Redactor()
@@ -111,7 +111,10 @@ def exit_code(report: SopReport) -> ExitCode:
     kind = step.error_kind.get(worker)
     if kind in {"connect", "host_key"}:
         return ExitCode.CONNECT
-    return {"busy": ExitCode.TPU_BUSY, "timeout": ExitCode.TIMEOUT}.get(outcome.status, ExitCode.FAILED)
+    codes = {"busy": ExitCode.TPU_BUSY, "timeout": ExitCode.TIMEOUT, "hang": ExitCode.HANG}
+    if outcome.status == "failed" and log is not None and log.failures:
+        return _LOG_FAILURE_CODES.get(log.failures[0].kind, ExitCode.FAILED)
+    return codes.get(outcome.status, ExitCode.FAILED)
 
 
 _LOG_FAILURE_CODES = {"oom": ExitCode.OOM, "tpu_busy": ExitCode.TPU_BUSY}
@@ -181,10 +184,15 @@ def _connect_all(transport, workers: list[int], parallel: int) -> None:  # noqa:
         raise first
 
 
-def _context_defaults(params: dict, target: TargetSpec, cwd: Path) -> dict[str, object]:
+def _context_defaults(params: dict, target: TargetSpec, cwd: Path, *, skip_repo: bool) -> dict[str, object]:
     """Defaults taken from where tpuops runs: the repository to sync is this checkout (locally, its path)."""
     found: dict[str, object] = {}
-    if "repo_url" not in params:
+    if target.kind == "local" and "venv" in params:
+        # Locally the trainer runs in this very interpreter (installed with the trainer extra): no new venv.
+        import sys
+
+        found.update({"venv": "none", "python": sys.executable})
+    if "repo_url" not in params or skip_repo:
         return found
     url = _git(cwd, "rev-parse", "--show-toplevel") if target.kind == "local" else _git(cwd, "remote", "get-url", "origin")
     if not url:

@@ -44,9 +44,17 @@ class Follow:
     stream: str = "all"  # "all" workers' lines, or "first" (process 0 only; all are still watched)
     timeout: float = 3600.0
     poll_s: float = 0.5
+    # Hang detection on process 0's `step=` lines: no new one within hang_factor x the median interval
+    # (after hang_warmup steps, and never sooner than hang_min_s). 0 turns it off.
+    hang_factor: float = 0.0
+    hang_warmup: int = 2
+    hang_min_s: float = 60.0
+    on_hang: str = "stop"  # stop: fail the step; wait: report and keep following
+    py_spy: bool = False  # on a hang, collect `py-spy dump` of the job's Python process
 
     def render(self) -> str:
-        return f"follow {self.run_dir}/worker-<k>.log until worker-<k>.exit (timeout {self.timeout:g}s)"
+        hang = f", hang after {self.hang_factor:g}x median step (min {self.hang_min_s:g}s)" if self.hang_factor else ""
+        return f"follow {self.run_dir}/worker-<k>.log until worker-<k>.exit (timeout {self.timeout:g}s{hang})"
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpuops import secrets
+from tpuops import secrets, shell
 from tpuops.errors import TpuopsError
 from tpuops.shell import Redactor
 from tpuops.sop.actions import Action, Command, Fetch, Follow, Upload
@@ -18,7 +19,7 @@ from tpuops.sop.loader import Sop
 from tpuops.sop.model import Outcome, PlanContext, Step
 from tpuops.transport.base import CmdResult, LineSink, Transport
 
-FAILED = {"failed", "busy", "timeout", "cancelled"}
+FAILED = {"failed", "busy", "timeout", "cancelled", "hang"}
 SKIP_REST = "tpuops: same"  # a check command printing this makes the rest of the step unnecessary
 
 Plan = list[tuple[str, dict[int, list[Action]]]]
@@ -123,6 +124,13 @@ class Executor:
             for step in sop.steps:
                 if not active:
                     break
+                if step.kind == "run" and len(active) > 1:
+                    check = consistency(report.steps, active)
+                    if check is not None:
+                        report.steps.append(check)
+                        if self.on_step:
+                            self.on_step(check)
+                        break
                 sr = self._run_step(pool, sop, step, values, run_id, active)
                 report.steps.append(sr)
                 if self.on_step:
@@ -198,6 +206,7 @@ class Executor:
         log, exit_file = f"{action.run_dir}/worker-{w}.log", f"{action.run_dir}/worker-{w}.exit"
         offset, pending, t0, delay = self.offsets.get(w, 0), b"", time.monotonic(), action.poll_s
         show = action.stream == "all" or w == 0
+        hang = _HangWatch(action) if action.hang_factor and w == 0 else None
         while True:
             try:
                 code = self.transport.read_from(w, exit_file, 0)  # read before the log: no line left behind
@@ -219,6 +228,14 @@ class Executor:
             if show and self.on_line:
                 for line in lines:
                     self.on_line(w, self.redact(line.decode(errors="replace")))
+            if hang is not None:
+                hung = hang.check(lines)
+                if hung:
+                    dump = self._py_spy(w, action) if action.py_spy else ""
+                    if action.on_hang == "stop":
+                        return CmdResult(w, action.render(), 124, stdout=dump, error=f"hung: {hung}")
+                    if self.on_line:
+                        self.on_line(w, f"tpuops: worker looks hung: {hung} (still following)")
             if code is not None and code.strip():
                 self.offsets[w] = offset
                 if show and self.on_line and pending:
@@ -229,6 +246,17 @@ class Executor:
             if time.monotonic() - t0 > action.timeout:
                 return CmdResult(w, action.render(), 124, error=f"timed out after {action.timeout:g}s")
             time.sleep(action.poll_s)
+
+    def _py_spy(self, w: int, action: Follow) -> str:
+        """Python stacks of the job (its children of the pid file's process) with py-spy, if installed."""
+        pid = f"$(cat {shell.path(action.run_dir)}/worker-{w}.pid)"
+        r = self.transport.run(
+            w,
+            f"command -v py-spy >/dev/null || {{ echo 'py-spy is not installed on this worker'; exit 0; }}; "
+            f"for p in {pid} $(pgrep -P {pid}); do py-spy dump --pid $p 2>&1; done",
+            timeout=60,
+        )
+        return r.stdout
 
     def _fetch(self, w: int, action: Fetch) -> CmdResult:
         data = self.transport.read_from(w, f"{action.run_dir}/worker-{w}.log", 0)
@@ -242,7 +270,67 @@ class Executor:
         return CmdResult(w, action.render(), 0, stdout=f"tpuops: fetched bytes={len(data)} to={dest}\n")
 
 
+CONSISTENT = ("sha", "versions", "env_sha")  # what must be identical on every worker before a run starts
+
+
+def consistency(steps: list[StepReport], workers: list[int]) -> StepReport | None:
+    """Refuse to start a multi-worker run when workers differ in code, .env or Python/JAX versions."""
+    seen: dict[int, dict[str, object]] = {w: {} for w in workers}
+    for s in steps:
+        for w, o in s.outcomes.items():
+            if w in seen:
+                seen[w].update({k: o.data[k] for k in CONSISTENT if k in o.data})
+    diffs: dict[int, list[str]] = {w: [] for w in workers}
+    for key in CONSISTENT:
+        values = {w: d.get(key) for w, d in seen.items() if key in d}
+        if len({repr(v) for v in values.values()}) > 1:
+            ref = values[min(values)]
+            for w, v in values.items():
+                if v != ref:
+                    diffs[w].append(f"{key} {_short(v)} (w{min(values)} has {_short(ref)})")
+    if not any(diffs.values()):
+        return None
+    sr = StepReport("preflight consistency", "preflight")
+    for w in workers:
+        sr.outcomes[w] = Outcome("failed", "; ".join(diffs[w])) if diffs[w] else Outcome("ok", "matches w0")
+    return sr
+
+
+def _short(v: object) -> str:
+    if isinstance(v, dict):
+        return " ".join(f"{k}={x}" for k, x in v.items())
+    return str(v)
+
+
+class _HangWatch:
+    """Times between `step=` lines as tpuops sees them; flags a stall beyond k x their median."""
+
+    def __init__(self, action: Follow) -> None:
+        self.action = action
+        self.arrivals: list[float] = []
+        self.reported = False
+
+    def check(self, lines: list[bytes]) -> str | None:
+        now = time.monotonic()
+        if any(line.startswith(b"step=") for line in lines):
+            self.arrivals.append(now)
+            self.reported = False
+        a = self.action
+        if len(self.arrivals) < a.hang_warmup + 2 or self.reported:
+            return None
+        steady = self.arrivals[a.hang_warmup :]
+        median = statistics.median(b - x for x, b in zip(steady, steady[1:], strict=False))
+        quiet = now - self.arrivals[-1]
+        limit = max(a.hang_factor * median, a.hang_min_s)
+        if quiet <= limit:
+            return None
+        self.reported = True
+        return f"no step line for {quiet:.0f}s (median step {median:.2f}s, limit {limit:.0f}s)"
+
+
 def _follow_outcome(r: CmdResult) -> Outcome:
+    if r.error and r.error.startswith("hung"):
+        return Outcome("hang", r.error, {"py_spy": r.stdout} if r.stdout else {})
     if r.error:
         return Outcome("timeout" if r.exit_code == 124 else "failed", r.error)
     code = int(r.stdout.split("exit=")[1].split()[0])

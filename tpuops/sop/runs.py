@@ -7,6 +7,7 @@ from typing import ClassVar, Literal
 from tpuops import shell
 from tpuops.sop.actions import Action, Command, Fetch, Follow
 from tpuops.sop.model import Outcome, PlanContext, Step, markers
+from tpuops.sop.steps import BUSY_EXIT
 from tpuops.transport.base import CmdResult
 
 
@@ -37,10 +38,24 @@ class Run(Step):
             body = f"cd {shell.path(ctx.raw(self.cwd))} && {body}"
         # The job writes its exit code atomically (tmp + mv) so a reader never sees a half-written file.
         job = f'{body}; code=$?; echo $code > "$rd"/worker-{k}.exit.tmp && mv "$rd"/worker-{k}.exit.tmp "$rd"/worker-{k}.exit'
+        runs = shell.path(ctx.raw(self.runs_dir))
+        force = "1" if ctx.force else "0"
+        # One run per VM: another run's live job on this worker is refused (or, with --force, stopped first).
         script = f"""set -e
 rd={shell.path(rd)}; mkdir -p "$rd"
 if [ -e "$rd"/worker-{k}.pid ] && kill -0 "$(cat "$rd"/worker-{k}.pid)" 2>/dev/null; then
   echo "tpuops: running pid=$(cat "$rd"/worker-{k}.pid)"; exit 0; fi
+for f in {runs}/*/worker-*.pid; do
+  [ -e "$f" ] || continue; pid=$(cat "$f"); other=$(basename "$(dirname "$f")")
+  kill -0 "$pid" 2>/dev/null || continue
+  if [ {force} != 1 ]; then echo "tpuops: active run=$other pid=$pid"; echo "run $other (pid $pid) is active" >&2; exit {BUSY_EXIT}; fi
+  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+  i=0; while kill -0 "$pid" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+  kill -KILL -- "-$pid" 2>/dev/null || true
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+  x="${{f%.pid}}.exit"; [ -e "$x" ] || echo 143 > "$x"
+  echo "tpuops: stopped run=$other pid=$pid"
+done
 export rd
 setsid nohup sh -c {shell.quote(job)} > "$rd"/worker-{k}.log 2>&1 < /dev/null &
 echo $! > "$rd"/worker-{k}.pid
@@ -50,7 +65,12 @@ echo "tpuops: started pid=$!"
         return [Command(script, env=env, secret_env=tuple(self.secret_env), timeout=60)]
 
     def outcome(self, results: list[CmdResult]) -> Outcome:
-        found = markers(results[-1].stdout) if results and results[-1].ok else []
+        r = results[-1] if results else None
+        if r is not None and r.exit_code == BUSY_EXIT and not r.error:
+            active = [m for m in markers(r.stdout) if m["_"].startswith("active")]
+            who = ", ".join(f"run {m['run']} (pid {m['pid']})" for m in active)
+            return Outcome("busy", f"{who} is active on this worker (use --force to stop it)", {"active": who})
+        found = markers(r.stdout) if r is not None and r.ok else []
         if not found:
             return super().outcome(results)
         m = found[-1]
@@ -67,11 +87,32 @@ class FollowStep(Step):
     stream: Literal["all", "first"] = "all"
     timeout: float | str = 3600.0  # seconds, or a template such as "{timeout}"
     poll_s: float = 0.5
-    template_fields: ClassVar[tuple[str, ...]] = ("runs_dir", "timeout")
+    hang_factor: float | str = 0.0
+    hang_min_s: float | str = 60.0
+    on_hang: Literal["stop", "wait"] | str = "stop"
+    py_spy: bool | str = False
+    template_fields: ClassVar[tuple[str, ...]] = ("runs_dir", "timeout", "hang_factor", "hang_min_s", "on_hang", "py_spy")
 
     def plan(self, ctx: PlanContext) -> list[Action]:
-        timeout = float(ctx.raw(self.timeout)) if isinstance(self.timeout, str) else self.timeout
-        return [Follow(run_dir(ctx.raw(self.runs_dir), ctx.run_id), self.stream, timeout, self.poll_s)]
+        def num(v: float | str) -> float:
+            return float(ctx.raw(v)) if isinstance(v, str) else v
+
+        on_hang = ctx.raw(self.on_hang)
+        if on_hang not in ("stop", "wait"):
+            raise ValueError(f"on_hang must be stop or wait, received {on_hang!r}")
+        py_spy = ctx.raw(self.py_spy).lower() in ("true", "1") if isinstance(self.py_spy, str) else self.py_spy
+        return [
+            Follow(
+                run_dir(ctx.raw(self.runs_dir), ctx.run_id),
+                self.stream,
+                num(self.timeout),
+                self.poll_s,
+                hang_factor=num(self.hang_factor),
+                hang_min_s=num(self.hang_min_s),
+                on_hang=on_hang,
+                py_spy=py_spy,
+            )
+        ]
 
 
 class FetchLog(Step):

@@ -138,6 +138,7 @@ class SyncEnv(Step):
         digest = hashlib.sha256(normalized_env_bytes(src)).hexdigest()
         dest = ctx.raw(self.dest)
         check = Command(
+            f"echo 'tpuops: env_sha={digest[:12]}'; "
             f"if [ -f {shell.path(dest)} ] && [ \"$(sha256sum < {shell.path(dest)} | cut -c1-64)\" = {digest} ]; "
             f"then echo 'tpuops: same'; fi"
         )
@@ -146,9 +147,11 @@ class SyncEnv(Step):
     def outcome(self, results: list[CmdResult]) -> Outcome:
         if not results:
             return Outcome("nothing", "no local .env")
-        if any(m["_"] == "same" for m in markers(results[0].stdout)):
-            return Outcome("nothing", "already identical")
-        return super().outcome(results) if not results[-1].ok else Outcome("changed", "sent (mode 0600)")
+        found = markers(results[0].stdout)
+        data = {"env_sha": m["env_sha"] for m in found if "env_sha" in m}
+        if any(m["_"] == "same" for m in found):
+            return Outcome("nothing", "already identical", data)
+        return super().outcome(results) if not results[-1].ok else Outcome("changed", "sent (mode 0600)", data)
 
 
 class Shell(Step):
