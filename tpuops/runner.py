@@ -86,8 +86,12 @@ def run(
 
     executor.on_offset = OffsetWriter(run_id)
     try:
-        _connect_all(transport, workers, executor.parallel)
-        report = executor.execute(sop, values, run_id, workers)
+        unreachable = _connect_all(transport, workers, executor.parallel, keep_going=req.keep_going)
+        reachable = [w for w in workers if w not in unreachable]
+        report = executor.execute(sop, values, run_id, reachable)
+        if unreachable:
+            report.workers = list(workers)
+            report.steps.insert(0, _connect_step(workers, unreachable))
     finally:
         transport.close()
     if sop.scan is not None:
@@ -163,25 +167,44 @@ def _scan(sop: loader.Sop, report: SopReport, local_run: Path, warmup: int):  # 
     return logscan.merge(parts) if parts else None
 
 
-def _connect_all(transport, workers: list[int], parallel: int) -> None:  # noqa: ANN001
-    """Open every connection up front, in parallel: a host-key or login problem stops before any step."""
+def _connect_all(transport, workers: list[int], parallel: int, *, keep_going: bool) -> dict[int, TpuopsError]:  # noqa: ANN001
+    """Open every connection up front, in parallel: a host-key or login problem stops before any step.
+
+    With keep_going, unreachable workers are left out (and reported) and the others go on.
+    """
     from concurrent.futures import ThreadPoolExecutor
 
-    errors: list[TpuopsError] = []
+    errors: dict[int, TpuopsError] = {}
 
     def one(w: int) -> None:
         try:
             transport.connect(w)
         except TpuopsError as e:
-            errors.append(e)
+            errors[w] = e
 
     with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(workers)))) as pool:
         list(pool.map(one, workers))
-    if errors:
-        first = sorted(errors, key=lambda e: e.kind != "host_key")[0]
+    host_key = {w: e for w, e in errors.items() if e.kind == "host_key"}
+    if host_key or (errors and not keep_going):
+        # A changed or unknown host key is never skipped, even with --keep-going.
+        w, first = min((host_key or errors).items())
         if len(errors) > 1 and isinstance(first, ConnectError):
             first.message += f" (and {len(errors) - 1} more worker(s) failed to connect)"
         raise first
+    return errors
+
+
+def _connect_step(workers: list[int], unreachable: dict[int, TpuopsError]) -> StepReport:
+    from tpuops.sop.model import Outcome
+
+    step = StepReport("connect", "connect")
+    for w in workers:
+        if w in unreachable:
+            step.outcomes[w] = Outcome("failed", unreachable[w].line())
+            step.error_kind[w] = unreachable[w].kind
+        else:
+            step.outcomes[w] = Outcome("ok", "connected")
+    return step
 
 
 def _context_defaults(params: dict, target: TargetSpec, cwd: Path, *, skip_repo: bool) -> dict[str, object]:

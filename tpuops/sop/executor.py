@@ -77,6 +77,7 @@ class SopReport:
                 }
                 for s in self.steps
             ],
+            "error_class": error_class(code),
             "log": None if self.log is None else self.log.to_dict(),
         }
 
@@ -268,6 +269,18 @@ class Executor:
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(self.redact(data.decode(errors="replace")).encode())
         return CmdResult(w, action.render(), 0, stdout=f"tpuops: fetched bytes={len(data)} to={dest}\n")
+
+
+def error_class(code: int) -> str:
+    """The failure class CI jobs branch on, from the exit code (README: Exit codes)."""
+    from tpuops.errors import ExitCode
+
+    names = {
+        ExitCode.OK: "ok", ExitCode.FAILED: "user_code", ExitCode.USAGE: "usage", ExitCode.CONNECT: "connect",
+        ExitCode.TPU_BUSY: "tpu_busy", ExitCode.TIMEOUT: "timeout", ExitCode.CLOUD: "cloud",
+        ExitCode.RECOMPILE: "recompile", ExitCode.PREEMPTED: "preempted", ExitCode.HANG: "hang", ExitCode.OOM: "oom",
+    }  # fmt: skip
+    return names.get(ExitCode(code), "failed") if code in ExitCode._value2member_map_ else "failed"
 
 
 CONSISTENT = ("sha", "versions", "env_sha")  # what must be identical on every worker before a run starts

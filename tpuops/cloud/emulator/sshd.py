@@ -100,15 +100,32 @@ class SshdWorker:
         self.start()
 
     def kill_sessions(self) -> None:
-        """Drop every live SSH session of this worker (the daemon and its session children)."""
-        if self.proc is not None:
+        """Drop every live SSH connection of this worker, as a network cut or an sshd crash would.
+
+        Connection processes run in their own sessions, so this kills the listener's descendants by
+        walking /proc. Detached jobs were reparented when their starting shell exited: they survive.
+        """
+        if self.proc is None:
+            return
+        children: dict[int, list[int]] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
-                os.killpg(self.proc.pid, 9)
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        doomed, todo = [], [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            doomed.append(pid)
+            todo.extend(children.get(pid, []))
+        for pid in reversed(doomed):
+            try:
+                os.kill(pid, 9)
             except ProcessLookupError:
                 pass
-            self.proc.wait()
-            self.proc = None
-
+        self.proc.wait()
+        self.proc = None
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -1,0 +1,94 @@
+"""Fault injection over real sshd workers: dropped sessions, slow links, black holes, unreachable workers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.tpuops.conftest import SshdPool
+from tests.tpuops.netfaults import DelayProxy
+from tpuops import runner
+from tpuops.errors import ConnectError, ExitCode
+from tpuops.runner import RunRequest
+from tpuops.sop.executor import Executor
+from tpuops.sop.loader import Sop
+from tpuops.targets import TargetSpec
+from tpuops.transport.base import Worker
+from tpuops.transport.ssh import SshTransport
+
+
+def test_sshd_killed_mid_run_loses_and_repeats_no_line(sshd_pool: SshdPool) -> None:
+    (w,) = sshd_pool.take(1)
+    cmd = "i=0; while [ $i -lt 30 ]; do echo step=$i dt=0.05s; i=$((i+1)); sleep 0.05; done"
+    sop = Sop.model_validate(
+        {"name": "job", "steps": [
+            {"kind": "run", "command": cmd, "runs_dir": "~/runs"},
+            {"kind": "follow", "runs_dir": "~/runs", "poll_s": 0.05, "timeout": 60},
+        ]}
+    )  # fmt: skip
+    seen: list[str] = []
+    t = sshd_pool.transport([w])
+    result: dict[str, object] = {}
+    thread = threading.Thread(target=lambda: result.update(r=Executor(t, on_line=lambda _, s: seen.append(s)).execute(sop, {}, "cut", [0])))
+    thread.start()
+    while len(seen) < 5:
+        time.sleep(0.01)
+    w.kill_sessions()  # every SSH session of the worker dies (the detached job does not)
+    time.sleep(0.3)
+    w.start()
+    thread.join(timeout=60)
+    report = result["r"]
+    assert report.ok, report.first_failure()
+    assert seen == [f"step={i} dt=0.05s" for i in range(30)]
+
+
+def test_slow_link_still_completes_and_timeouts_fire_when_they_should(sshd_pool: SshdPool) -> None:
+    (w,) = sshd_pool.take(1)
+    slow = DelayProxy(w.port, delay_s=0.05)
+    hole = DelayProxy(w.port, blackhole=True)
+    try:
+        t = SshTransport(
+            [Worker(0, "127.0.0.1", slow.port, w.user, w.fingerprint)], known_hosts=Path("/nonexistent"), identity=sshd_pool.key
+        )
+        r = t.run(0, "echo hello", timeout=20)
+        assert r.ok and r.stdout == "hello\n"
+        t0 = time.monotonic()
+        late = t.run(0, "sleep 5; echo late", timeout=1.0)
+        assert late.timed_out and "late" not in late.stdout
+        assert time.monotonic() - t0 < 3
+        t.close()
+        dead = SshTransport(
+            [Worker(0, "127.0.0.1", hole.port, w.user, w.fingerprint)],
+            known_hosts=Path("/nonexistent"), identity=sshd_pool.key, connect_timeout=0.5, connect_retries=2,
+        )
+        t0 = time.monotonic()
+        with pytest.raises(ConnectError, match=r"cannot connect to w0 .* after 2 tries"):
+            dead.connect(0)
+        assert time.monotonic() - t0 < 5
+    finally:
+        slow.close()
+        hole.close()
+
+
+def test_32_workers_one_unreachable_fail_fast_names_it_keep_going_finishes(sshd_pool: SshdPool, tmp_path: Path) -> None:
+    workers = sshd_pool.take(32)
+    workers[17].stop()
+    spec = TargetSpec(
+        hosts=tuple(f"{w.user}@127.0.0.1:{w.port}" for w in workers),
+        hostkeys=tuple(w.fingerprint for w in workers),
+        identity=str(sshd_pool.key),
+        connect_timeout=2.0,
+    )
+    req = RunRequest(sop="exec", sets={"cmd": "touch ~/done"}, target=spec)
+    with pytest.raises(ConnectError, match=r"cannot connect to w17 "):
+        runner.run(req, cwd=tmp_path)
+    assert not (workers[0].home / "done").exists()  # nothing ran anywhere
+    kept = runner.run(RunRequest(sop="exec", sets={"cmd": "touch ~/done"}, target=spec, keep_going=True), cwd=tmp_path)
+    assert kept.steps[0].title == "connect" and kept.steps[0].outcomes[17].status == "failed"
+    assert sum((w.home / "done").exists() for w in workers) == 31
+    assert runner.exit_code(kept) == ExitCode.CONNECT
+    assert kept.to_dict(runner.exit_code(kept))["error_class"] == "connect"
+    workers[17].start()
