@@ -138,3 +138,17 @@ def stop_table(run_id: str, results: dict[int, Any], as_json: bool) -> None:
         return
     for w, d in data.items():
         err.print(f"[cyan]\\[w{w}][/cyan] {'stopped' if d['ok'] else '[red]failed[/]'}: {_escape(d['detail'])}")
+
+
+def doctor(health: list[Any], as_json: bool) -> None:
+    if as_json:
+        out.print_json(json.dumps([h.__dict__ for h in health]))
+        return
+    keys = sorted({k for h in health for k in h.env_keys})
+    table = Table("worker", "address", "connection", "TPU lock", *keys, title=".env keys compared by hash (values never shown)")
+    style = {"match": "green", "differs": "bold red", "missing": "bold yellow", "extra": "yellow"}
+    for h in health:
+        conn = "[green]ok[/]" if h.connected else f"[red]{_escape(h.error or 'failed')}[/]"
+        cells = [f"[{style[h.env_keys[k]]}]{h.env_keys[k]}[/] {h.env_hashes.get(k, '')}" if k in h.env_keys else "" for k in keys]
+        table.add_row(f"w{h.worker}", h.address, conn, h.lock, *cells)
+    err.print(table)

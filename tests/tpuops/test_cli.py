@@ -110,3 +110,24 @@ def test_local_transport_runs_the_smoke_sop(tmp_path: Path) -> None:
     assert "[w0] step=1" in r.stderr
     home = Path(os.environ["TPUOPS_HOME"])
     assert (home / "local/w0/tpuops/repo/.git").is_dir()  # the scratch root stands in for the VM's filesystem
+
+
+def test_doctor_compares_env_keys_by_hash_and_shows_no_value(
+    sshd_pool: SshdPool, git_remote: tuple[Path, str], tmp_path: Path
+) -> None:
+    workers = sshd_pool.take(2)
+    secret, other = "sentinel-doctor-77aa", "sentinel-other-55bb"
+    (tmp_path / ".env").write_text(f"WANDB_API_KEY={secret}\nHF_TOKEN=hf-abcdef\n")
+    sync = tpuops("sop", "run", "sync", *sshd_pool.host_args(workers), "--set", f"repo_url={git_remote[0]}",
+                  "--set", "lockfile=~/l", cwd=tmp_path)
+    assert sync.returncode == 0, sync.stderr
+    # Worker 1 drifts: another W&B key, no HF token.
+    (workers[1].home / "tpuops/repo/.env").write_text(f"WANDB_API_KEY={other}\n")
+    r = tpuops("doctor", *sshd_pool.host_args(workers), "--json", "--lockfile", "~/l", cwd=tmp_path)
+    assert r.returncode == 1
+    data = json.loads(r.stdout)
+    assert data[0]["env_keys"] == {"HF_TOKEN": "match", "WANDB_API_KEY": "match"}
+    assert data[1]["env_keys"] == {"HF_TOKEN": "missing", "WANDB_API_KEY": "differs"}
+    assert all(h["connected"] for h in data)
+    for text in (r.stdout, r.stderr):
+        assert secret not in text and other not in text and "hf-abcdef" not in text

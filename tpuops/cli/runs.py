@@ -165,3 +165,40 @@ def stop(run_id: RunIdArg, json: o.JsonOpt = False) -> None:
     results = library.stop(run_id)
     report.stop_table(run_id, results, json)
     raise typer.Exit(0 if all(r.ok for r in results.values()) else 1)
+
+
+def doctor(
+    json: o.JsonOpt = False,
+    vm: o.VmOpt = None,
+    zone: o.ZoneOpt = None,
+    project: o.ProjectOpt = None,
+    host: o.HostOpt = None,
+    hostkey: o.HostKeyOpt = None,
+    user: o.UserOpt = None,
+    identity: o.IdentityOpt = None,
+    local: o.LocalOpt = False,
+    internal_ip: o.InternalIpOpt = False,
+    api_endpoint: o.ApiEndpointOpt = None,
+    env_file: Annotated[str, typer.Option("--env-file", help="The local .env to compare with.")] = ".env",
+    remote_env: Annotated[str, typer.Option("--remote-env", help="The .env path on the workers.")] = "~/tpuops/repo/.env",
+    lockfile: Annotated[str, typer.Option("--lockfile", help="libtpu's lock file on the workers.")] = "/tmp/libtpu_lockfile",
+) -> None:
+    """Check every worker: connection and host key, which .env keys it has (by hash) against yours, the TPU lock.
+
+    \b
+    Examples:
+      tpuops doctor --vm mllm-jax-v6e-8
+      tpuops doctor --host me@10.0.0.2 --hostkey SHA256:... --json
+    """
+    from pathlib import Path
+
+    from tpuops import doctor as library
+    from tpuops import report
+
+    finish_json(json)
+    spec = o.target(vm=vm, zone=zone, project=project, host=host, hostkey=hostkey, user=user, identity=identity,
+                    local=local, internal_ip=internal_ip, api_endpoint=api_endpoint)
+    health = library.examine(spec, env_file=Path(env_file), remote_env=remote_env, lockfile=lockfile, cwd=Path.cwd())
+    report.doctor(health, json)
+    bad = any(not h.connected or any(s in ("differs", "missing") for s in h.env_keys.values()) for h in health)
+    raise typer.Exit(1 if bad else 0)

@@ -1,0 +1,69 @@
+"""`tpuops doctor`: what each worker has (.env keys by hash, host key, TPU lock) against this machine."""
+
+from __future__ import annotations
+
+import hashlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tpuops import secrets, shell
+from tpuops.config import load as load_config
+from tpuops.errors import TpuopsError
+from tpuops.shell import Redactor
+from tpuops.targets import TargetSpec, open_transport
+
+
+@dataclass
+class WorkerHealth:
+    worker: int
+    address: str
+    connected: bool
+    error: str | None = None
+    env_keys: dict[str, str] = field(default_factory=dict)  # key -> match | differs | missing | extra
+    env_hashes: dict[str, str] = field(default_factory=dict)  # key -> short sha256 of the worker's value
+    lock: str = ""
+
+
+def examine(spec: TargetSpec, *, env_file: Path, remote_env: str, lockfile: str, cwd: Path) -> list[WorkerHealth]:
+    """Connect to every worker; compare its .env with the local one key by key (values never leave hashes)."""
+    spec = spec.with_defaults(load_config(cwd))
+    local = secrets.load(env_file).key_hashes() if env_file.exists() else {}
+    redact = Redactor(secrets.load(env_file).values.values() if env_file.exists() else ())
+    transport = open_transport(spec, redact)
+
+    def one(w: int) -> WorkerHealth:
+        h = WorkerHealth(w, transport.workers[w].address, connected=False)
+        try:
+            transport.connect(w)
+            h.connected = True
+            data = transport.read_from(w, remote_env, 0)
+            remote = _key_hashes(data) if data is not None else {}
+            h.env_hashes = remote
+            for key in sorted(set(local) | set(remote)):
+                if key not in remote:
+                    h.env_keys[key] = "missing"
+                elif key not in local:
+                    h.env_keys[key] = "extra"
+                else:
+                    h.env_keys[key] = "match" if local[key] == remote[key] else "differs"
+            r = transport.run(w, f"if [ -e {shell.path(lockfile)} ]; then echo present; else echo absent; fi")
+            h.lock = r.stdout.strip()
+        except TpuopsError as e:
+            h.error = redact(e.line())
+        return h
+
+    try:
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            return list(pool.map(one, range(len(transport.workers))))
+    finally:
+        transport.close()
+
+
+def _key_hashes(data: bytes) -> dict[str, str]:
+    import io
+
+    from dotenv import dotenv_values
+
+    values = dotenv_values(stream=io.StringIO(data.decode(errors="replace")))
+    return {k: hashlib.sha256((v or "").strip().encode()).hexdigest()[:12] for k, v in values.items()}
