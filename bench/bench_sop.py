@@ -32,7 +32,10 @@ STEPS = [
     "date +%s > ~/tpuops/runs/marker",
 ]
 SOP = Sop.model_validate(
-    {"name": "bench6", "steps": [{"kind": "shell", "name": f"s{i}", "command": c} for i, c in enumerate(STEPS)]}
+    {
+        "name": "bench6",
+        "steps": [{"kind": "shell", "name": f"s{i}", "command": c} for i, c in enumerate(STEPS)],
+    }
 )
 
 
@@ -94,7 +97,9 @@ def main() -> None:
     known_hosts.write_text("".join(f"[127.0.0.1]:{w.port} {w.host_public_key}\n" for w in pool))
     try:
         cores = len(os.sched_getaffinity(0))
-        print(f"{'N':>3} {'tpuops s':>9} {'ssh-per-step s':>15} {'ratio':>7} {'sshd CPU s':>11} {'floor s':>8}")
+        print(
+            f"{'N':>3} {'tpuops s':>9} {'ssh-per-step s':>15} {'ratio':>7} {'sshd CPU s':>11} {'floor s':>8}"
+        )
         tp: dict[int, float] = {}
         for n in args.workers:
             ws = pool[:n]

@@ -25,7 +25,9 @@ class WorkerHealth:
     lock: str = ""
 
 
-def examine(spec: TargetSpec, *, env_file: Path, remote_env: str, lockfile: str, cwd: Path) -> list[WorkerHealth]:
+def examine(
+    spec: TargetSpec, *, env_file: Path, remote_env: str, lockfile: str, cwd: Path
+) -> list[WorkerHealth]:
     """Connect to every worker; compare its .env with the local one key by key (values never leave hashes)."""
     spec = spec.with_defaults(load_config(cwd))
     local = secrets.load(env_file).key_hashes() if env_file.exists() else {}

@@ -61,7 +61,7 @@ class TpuBusyError(TpuopsError):
     kind = "tpu_busy"
 
 
-class TimeoutError_(TpuopsError):  # noqa: N801 - avoids shadowing the builtin TimeoutError
+class CommandTimeoutError(TpuopsError):
     exit_code = ExitCode.TIMEOUT
     kind = "timeout"
 

@@ -14,8 +14,16 @@ from tpuops.sop.actions import render_plan
 out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
 err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
 
-_STYLE = {"changed": "green", "ok": "green", "nothing": "dim", "failed": "bold red", "busy": "bold yellow",
-          "timeout": "bold red", "cancelled": "yellow", "skipped": "dim"}
+_STYLE = {
+    "changed": "green",
+    "ok": "green",
+    "nothing": "dim",
+    "failed": "bold red",
+    "busy": "bold yellow",
+    "timeout": "bold red",
+    "cancelled": "yellow",
+    "skipped": "dim",
+}
 
 
 def line(worker: int, text: str) -> None:
@@ -23,14 +31,14 @@ def line(worker: int, text: str) -> None:
     err.print(f"[cyan]\\[w{worker}][/cyan] {_escape(text)}")
 
 
-def step_done(step: Any) -> None:  # noqa: ANN401 - StepReport, imported lazily by callers
+def step_done(step: Any) -> None:
     bad = step.failed
     mark = "[red]✗[/red]" if bad else "[green]✓[/green]"
     summary = ", ".join(sorted({o.status for o in step.outcomes.values()}))
     err.print(f"{mark} {step.title} ({summary}, {step.duration_s:.2f}s)")
 
 
-def sop_report(report: Any, code: int, as_json: bool) -> None:  # noqa: ANN401
+def sop_report(report: Any, code: int, as_json: bool) -> None:
     if as_json:
         out.print_json(json.dumps(report.to_dict(code), default=str))
         return
@@ -42,7 +50,9 @@ def sop_report(report: Any, code: int, as_json: bool) -> None:  # noqa: ANN401
         cells = []
         for w in report.workers:
             o = s.outcomes.get(w)
-            cells.append("" if o is None else f"[{_STYLE.get(o.status, '')}]{o.status}[/] {_escape(o.detail)}")
+            cells.append(
+                "" if o is None else f"[{_STYLE.get(o.status, '')}]{o.status}[/] {_escape(o.detail)}"
+            )
         table.add_row(s.title, *cells)
     err.print(table)
     failure = report.first_failure()
@@ -56,7 +66,7 @@ def sop_report(report: Any, code: int, as_json: bool) -> None:  # noqa: ANN401
     err.print(f"done in {report.duration_s:.2f}s, run {report.run_id}, exit code {code}")
 
 
-def dry_run(dr: Any, as_json: bool) -> None:  # noqa: ANN401
+def dry_run(dr: Any, as_json: bool) -> None:
     if as_json:
         data = {
             "sop": dr.sop,
@@ -84,7 +94,7 @@ def sop_list(rows: list[tuple[str, str, str]], as_json: bool) -> None:
     out.print(table)
 
 
-def sop_show(sop: Any, path: str, as_json: bool) -> None:  # noqa: ANN401
+def sop_show(sop: Any, path: str, as_json: bool) -> None:
     if as_json:
         out.print_json(json.dumps({"path": path, **sop.model_dump()}, default=str))
         return
@@ -117,27 +127,48 @@ def runs_table(records: list[Any], as_json: bool) -> None:
     rows = []
     for r in records:
         res = r.result or {}
-        status = "running or interrupted" if not res else ("ok" if res.get("ok") else f"failed ({res.get('exit_code')})")
+        status = (
+            "running or interrupted"
+            if not res
+            else ("ok" if res.get("ok") else f"failed ({res.get('exit_code')})")
+        )
         where = r.target.get("vm") or ",".join(r.target.get("hosts") or []) or "local"
-        rows.append({"run_id": r.run_id, "sop": r.sop, "target": where, "workers": r.workers,
-                     "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)), "status": status})
+        rows.append(
+            {
+                "run_id": r.run_id,
+                "sop": r.sop,
+                "target": where,
+                "workers": r.workers,
+                "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)),
+                "status": status,
+            }
+        )
     if as_json:
         out.print_json(json.dumps(rows))
         return
     table = Table("run", "SOP", "target", "workers", "started", "status")
     for row in rows:
-        table.add_row(row["run_id"], row["sop"], row["target"], str(row["workers"]), row["started"], row["status"])
+        table.add_row(
+            row["run_id"], row["sop"], row["target"], str(row["workers"]), row["started"], row["status"]
+        )
     out.print(table)
 
 
 def stop_table(run_id: str, results: dict[int, Any], as_json: bool) -> None:
-    data = {str(w): {"ok": r.ok, "detail": r.stdout.replace("tpuops: ", "").strip().replace("\n", "; ") or r.stderr.strip()}
-            for w, r in sorted(results.items())}
+    data = {
+        str(w): {
+            "ok": r.ok,
+            "detail": r.stdout.replace("tpuops: ", "").strip().replace("\n", "; ") or r.stderr.strip(),
+        }
+        for w, r in sorted(results.items())
+    }
     if as_json:
         out.print_json(json.dumps({"run_id": run_id, "workers": data}))
         return
     for w, d in data.items():
-        err.print(f"[cyan]\\[w{w}][/cyan] {'stopped' if d['ok'] else '[red]failed[/]'}: {_escape(d['detail'])}")
+        err.print(
+            f"[cyan]\\[w{w}][/cyan] {'stopped' if d['ok'] else '[red]failed[/]'}: {_escape(d['detail'])}"
+        )
 
 
 def doctor(health: list[Any], as_json: bool) -> None:
@@ -145,10 +176,20 @@ def doctor(health: list[Any], as_json: bool) -> None:
         out.print_json(json.dumps([h.__dict__ for h in health]))
         return
     keys = sorted({k for h in health for k in h.env_keys})
-    table = Table("worker", "address", "connection", "TPU lock", *keys, title=".env keys compared by hash (values never shown)")
+    table = Table(
+        "worker",
+        "address",
+        "connection",
+        "TPU lock",
+        *keys,
+        title=".env keys compared by hash (values never shown)",
+    )
     style = {"match": "green", "differs": "bold red", "missing": "bold yellow", "extra": "yellow"}
     for h in health:
         conn = "[green]ok[/]" if h.connected else f"[red]{_escape(h.error or 'failed')}[/]"
-        cells = [f"[{style[h.env_keys[k]]}]{h.env_keys[k]}[/] {h.env_hashes.get(k, '')}" if k in h.env_keys else "" for k in keys]
+        cells = [
+            f"[{style[h.env_keys[k]]}]{h.env_keys[k]}[/] {h.env_hashes.get(k, '')}" if k in h.env_keys else ""
+            for k in keys
+        ]
         table.add_row(f"w{h.worker}", h.address, conn, h.lock, *cells)
     err.print(table)

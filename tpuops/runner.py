@@ -60,7 +60,9 @@ def run(
     cfg = user_config.load(cwd)
     sop = loader.load(loader.find(req.sop))
     target = req.target.with_defaults(cfg)
-    context = _context_defaults(sop.params, target, cwd, skip_repo="repo_url" in req.sets or "repo_url" in cfg.params)
+    context = _context_defaults(
+        sop.params, target, cwd, skip_repo="repo_url" in req.sets or "repo_url" in cfg.params
+    )
     values = sop.resolve(req.sets, {**context, **cfg.params})
     _preflight(sop, values)
     redact = Redactor()
@@ -138,7 +140,7 @@ def _preflight(sop: loader.Sop, values: dict[str, object]) -> None:
             else:
                 argv.append(TEMPLATE.sub(lambda m: str(scope[m.group(1)]), word))
         try:
-            r = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)  # noqa: S603
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
         except (OSError, subprocess.TimeoutExpired) as e:
             raise UsageError(f"{check.what} check could not run: {e}") from None
         if r.returncode != 0:
@@ -146,7 +148,7 @@ def _preflight(sop: loader.Sop, values: dict[str, object]) -> None:
             raise UsageError(f"{check.what}: {lines[-1] if lines else f'exit {r.returncode}'}")
 
 
-def _scan(sop: loader.Sop, report: SopReport, local_run: Path, warmup: int):  # noqa: ANN202 - a LogReport
+def _scan(sop: loader.Sop, report: SopReport, local_run: Path, warmup: int):
     """Read what the run left (fetched logs, or each worker's stdout) with the log parser."""
     from tpuops import logscan
 
@@ -167,7 +169,7 @@ def _scan(sop: loader.Sop, report: SopReport, local_run: Path, warmup: int):  # 
     return logscan.merge(parts) if parts else None
 
 
-def _connect_all(transport, workers: list[int], parallel: int, *, keep_going: bool) -> dict[int, TpuopsError]:  # noqa: ANN001
+def _connect_all(transport, workers: list[int], parallel: int, *, keep_going: bool) -> dict[int, TpuopsError]:
     """Open every connection up front, in parallel: a host-key or login problem stops before any step.
 
     With keep_going, unreachable workers are left out (and reported) and the others go on.
@@ -187,7 +189,7 @@ def _connect_all(transport, workers: list[int], parallel: int, *, keep_going: bo
     host_key = {w: e for w, e in errors.items() if e.kind == "host_key"}
     if host_key or (errors and not keep_going):
         # A changed or unknown host key is never skipped, even with --keep-going.
-        w, first = min((host_key or errors).items())
+        _, first = min((host_key or errors).items())
         if len(errors) > 1 and isinstance(first, ConnectError):
             first.message += f" (and {len(errors) - 1} more worker(s) failed to connect)"
         raise first
@@ -217,7 +219,11 @@ def _context_defaults(params: dict, target: TargetSpec, cwd: Path, *, skip_repo:
         found.update({"venv": "none", "python": sys.executable})
     if "repo_url" not in params or skip_repo:
         return found
-    url = _git(cwd, "rev-parse", "--show-toplevel") if target.kind == "local" else _git(cwd, "remote", "get-url", "origin")
+    url = (
+        _git(cwd, "rev-parse", "--show-toplevel")
+        if target.kind == "local"
+        else _git(cwd, "remote", "get-url", "origin")
+    )
     if not url:
         return found
     found["repo_url"] = url
@@ -235,7 +241,7 @@ def _context_defaults(params: dict, target: TargetSpec, cwd: Path, *, skip_repo:
 
 def _git(cwd: Path, *args: str) -> str | None:
     try:
-        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False, timeout=10)  # noqa: S603, S607
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None

@@ -50,7 +50,9 @@ def load(run_id: str) -> RunRecord:
         raise UsageError(f"no run {run_id!r} in {d.parent}", hint=f"recent: {', '.join(known) or 'none'}")
     data = json.loads((d / "run.json").read_text())
     result = json.loads((d / "result.json").read_text()) if (d / "result.json").exists() else None
-    return RunRecord(**{k: data[k] for k in ("run_id", "sop", "target", "workers", "values", "started")}, result=result)
+    return RunRecord(
+        **{k: data[k] for k in ("run_id", "sop", "target", "workers", "values", "started")}, result=result
+    )
 
 
 def list_runs() -> list[RunRecord]:
@@ -84,7 +86,12 @@ def saved_offsets(run_id: str) -> dict[int, int]:
 
 
 def attach(
-    run_id: str, *, on_line: LineSink | None, stream: str = "first", timeout: float = 86400.0, from_start: bool = False
+    run_id: str,
+    *,
+    on_line: LineSink | None,
+    stream: str = "first",
+    timeout: float = 86400.0,
+    from_start: bool = False,
 ) -> dict[int, CmdResult]:
     """Follow a detached run from the byte offset already shown, then fetch its logs."""
     rec = load(run_id)
@@ -140,7 +147,9 @@ def logs(run_id: str, worker: str, *, follow: bool, on_line: LineSink) -> None:
         ex = Executor(transport, on_line=on_line)
         cancel = threading.Event()
         threads = [
-            threading.Thread(target=ex._follow, args=(w, Follow(rec.remote_dir, "all", 86400.0), cancel), daemon=True)
+            threading.Thread(
+                target=ex._follow, args=(w, Follow(rec.remote_dir, "all", 86400.0), cancel), daemon=True
+            )
             for w in chosen
         ]
         for t in threads:
@@ -166,7 +175,9 @@ pid=$(cat "$rd/worker-$k.pid")
 if ! kill -0 "$pid" 2>/dev/null; then echo "tpuops: not running"; else
   kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid"
   i=0; while kill -0 "$pid" 2>/dev/null && [ $i -lt {int(grace_s * 10)} ]; do sleep 0.1; i=$((i+1)); done
-  if kill -0 "$pid" 2>/dev/null; then kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid"; echo "tpuops: killed"; else echo "tpuops: terminated"; fi
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid"; echo "tpuops: killed"
+  else echo "tpuops: terminated"; fi
   while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
 fi
 [ -f "$rd/worker-$k.exit" ] || echo 143 > "$rd/worker-$k.exit"

@@ -47,7 +47,7 @@ def normalized_env_bytes(path: Path) -> bytes:
     return serialize(load(path).values)
 
 
-def _StringIO(text: str):  # noqa: N802, ANN202 - tiny local import keeps `io` off the hot path
+def _StringIO(text: str):  # noqa: N802 - tiny local import keeps `io` off the hot path
     import io
 
     return io.StringIO(text)

@@ -11,7 +11,9 @@ from tpuops.errors import UsageError
 from tpuops.shell import Redactor
 from tpuops.transport.base import Transport, Worker
 
-_HOST = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>[A-Za-z0-9_.\-]+|\[[0-9a-fA-F:]+\])(?::(?P<port>\d+))?$")
+_HOST = re.compile(
+    r"^(?:(?P<user>[^@\s]+)@)?(?P<host>[A-Za-z0-9_.\-]+|\[[0-9a-fA-F:]+\])(?::(?P<port>\d+))?$"
+)
 _FP = re.compile(r"^SHA256:[A-Za-z0-9+/]{43}$")
 
 
@@ -66,12 +68,16 @@ def parse_hosts(hosts: tuple[str, ...], hostkeys: tuple[str, ...], user: str | N
                 hint="expected SHA256: followed by 43 base64 characters, as `ssh-keygen -lf KEY.pub` prints",
             )
     if hostkeys and len(hostkeys) != len(hosts):
-        raise UsageError(f"got {len(hostkeys)} --hostkey for {len(hosts)} --host: give one per host, in order")
+        raise UsageError(
+            f"got {len(hostkeys)} --hostkey for {len(hosts)} --host: give one per host, in order"
+        )
     workers = []
     for k, h in enumerate(hosts):
         m = _HOST.match(h)
         if not m:
-            raise UsageError(f"--host {h!r} is not user@host[:port]", hint="for example --host me@10.0.0.2:22")
+            raise UsageError(
+                f"--host {h!r} is not user@host[:port]", hint="for example --host me@10.0.0.2:22"
+            )
         workers.append(
             Worker(
                 index=k,

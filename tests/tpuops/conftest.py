@@ -64,10 +64,10 @@ def _clean(w: SshdWorker) -> None:
     """Stop the worker user's leftover processes and empty its home (keeping its authorized key)."""
     if os.geteuid() != 0:
         return
-    subprocess.run(["pkill", "-KILL", "-u", w.user], check=False, capture_output=True)  # noqa: S607
+    subprocess.run(["pkill", "-KILL", "-u", w.user], check=False, capture_output=True)
     for child in w.home.iterdir():
         if child.name != ".ssh":
-            subprocess.run(["rm", "-rf", str(child)], check=True)  # noqa: S607
+            subprocess.run(["rm", "-rf", str(child)], check=True)
     # The test remote is a bare repo owned by root; on a VM it would be GitHub. Let git read it.
     (w.home / ".gitconfig").write_text("[safe]\n\tdirectory = *\n")
 
@@ -89,7 +89,7 @@ def sshd_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdPool]:
 def git_remote(tmp_path: Path) -> tuple[Path, str]:
     """A bare repository with one commit on main, readable by every worker user: (path, first sha)."""
     src, bare = tmp_path / "src", Path("/tmp") / f"tpuops-remote-{os.getpid()}-{tmp_path.name}.git"
-    subprocess.run(["rm", "-rf", str(bare)], check=True)  # noqa: S607
+    subprocess.run(["rm", "-rf", str(bare)], check=True)
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
     subprocess.run([*git, "init", "-q", str(src)], check=True)
     (src / "train.py").write_text("print('hello')\n")
@@ -97,10 +97,12 @@ def git_remote(tmp_path: Path) -> tuple[Path, str]:
     subprocess.run([*git, "-C", str(src), "add", "-A"], check=True)
     subprocess.run([*git, "-C", str(src), "commit", "-qm", "first"], check=True)
     subprocess.run([*git, "clone", "-q", "--bare", str(src), str(bare)], check=True)
-    subprocess.run(["chmod", "-R", "a+rX", str(bare)], check=True)  # noqa: S607
-    sha = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+    subprocess.run(["chmod", "-R", "a+rX", str(bare)], check=True)
+    sha = subprocess.run(
+        ["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    )
     yield bare, sha.stdout.strip()
-    subprocess.run(["rm", "-rf", str(bare)], check=True)  # noqa: S607
+    subprocess.run(["rm", "-rf", str(bare)], check=True)
 
 
 def commit_to(bare: Path, tmp: Path, name: str, content: str) -> str:
@@ -112,6 +114,8 @@ def commit_to(bare: Path, tmp: Path, name: str, content: str) -> str:
     subprocess.run([*git, "-C", str(work), "add", "-A"], check=True)
     subprocess.run([*git, "-C", str(work), "commit", "-qm", name], check=True)
     subprocess.run([*git, "-C", str(work), "push", "-q", "origin", "HEAD:main"], check=True)
-    subprocess.run(["chmod", "-R", "a+rX", str(bare)], check=True)  # noqa: S607
-    out = subprocess.run(["git", "-C", str(work), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+    subprocess.run(["chmod", "-R", "a+rX", str(bare)], check=True)
+    out = subprocess.run(
+        ["git", "-C", str(work), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    )
     return out.stdout.strip()

@@ -15,7 +15,7 @@ HEAVY = ("jax", "google.cloud", "google.api_core", "fabric", "paramiko", "torch"
 
 
 def tpuops(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return subprocess.run(  # noqa: PLW1510 - the exit code is what these tests check
         [sys.executable, "-m", "tpuops", *args],
         cwd=cwd,
         capture_output=True,
@@ -27,8 +27,14 @@ def tpuops(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subproce
 
 
 def test_help_imports_nothing_heavy(tmp_path: Path) -> None:
-    code = "import sys, runpy; sys.argv=['tpuops','--help']\ntry: runpy.run_module('tpuops', run_name='__main__')\nexcept SystemExit: pass\nprint(sorted(m for m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True)
+    code = (
+        "import sys, runpy; sys.argv=['tpuops','--help']\n"
+        "try: runpy.run_module('tpuops', run_name='__main__')\nexcept SystemExit: pass\n"
+        "print(sorted(m for m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True
+    )
     modules = out.stdout.strip().splitlines()[-1]
     for heavy in HEAVY:
         assert f"'{heavy}'" not in modules and f"'{heavy}." not in modules, heavy
@@ -37,7 +43,17 @@ def test_help_imports_nothing_heavy(tmp_path: Path) -> None:
 
 def test_bad_set_is_one_line_usage_error_before_anything_runs(sshd_pool: SshdPool, tmp_path: Path) -> None:
     (w,) = sshd_pool.take(1)
-    r = tpuops("sop", "run", "exec", *sshd_pool.host_args([w]), "--set", "cmd=touch ~/ran", "--set", "timeoutt=3", cwd=tmp_path)
+    r = tpuops(
+        "sop",
+        "run",
+        "exec",
+        *sshd_pool.host_args([w]),
+        "--set",
+        "cmd=touch ~/ran",
+        "--set",
+        "timeoutt=3",
+        cwd=tmp_path,
+    )
     assert r.returncode == ExitCode.USAGE
     assert r.stderr.strip().splitlines() == [
         "error: unknown parameter 'timeoutt' for SOP exec; did you mean 'timeout'?"
@@ -49,7 +65,17 @@ def test_json_report_and_exit_code_of_a_failing_worker(sshd_pool: SshdPool, tmp_
     workers = sshd_pool.take(2)
     (workers[1].home / "fail").write_text("")
     cmd = "if [ -e ~/fail ]; then echo no-tpu-here >&2; exit 3; fi; echo fine"
-    r = tpuops("sop", "run", "exec", *sshd_pool.host_args(workers), "--set", f"cmd={cmd}", "--json", "--keep-going", cwd=tmp_path)
+    r = tpuops(
+        "sop",
+        "run",
+        "exec",
+        *sshd_pool.host_args(workers),
+        "--set",
+        f"cmd={cmd}",
+        "--json",
+        "--keep-going",
+        cwd=tmp_path,
+    )
     assert r.returncode == ExitCode.FAILED
     data = json.loads(r.stdout)
     assert data["ok"] is False and data["exit_code"] == 1
@@ -59,8 +85,19 @@ def test_json_report_and_exit_code_of_a_failing_worker(sshd_pool: SshdPool, tmp_
 
 def test_unknown_host_key_is_refused_with_advice(sshd_pool: SshdPool, tmp_path: Path) -> None:
     (w,) = sshd_pool.take(1)
-    r = tpuops("sop", "run", "exec", "--host", f"{w.user}@127.0.0.1:{w.port}", "-i", str(sshd_pool.key),
-               "--set", "cmd=true", "--json", cwd=tmp_path)
+    r = tpuops(
+        "sop",
+        "run",
+        "exec",
+        "--host",
+        f"{w.user}@127.0.0.1:{w.port}",
+        "-i",
+        str(sshd_pool.key),
+        "--set",
+        "cmd=true",
+        "--json",
+        cwd=tmp_path,
+    )
     assert r.returncode == ExitCode.CONNECT
     data = json.loads(r.stdout)
     assert data["error"] == "host_key"
@@ -72,17 +109,38 @@ def test_changed_known_hosts_key_names_both_fingerprints(sshd_pool: SshdPool, tm
 
     a, b = sshd_pool.take(2)
     add_known_host(Path(os.environ["TPUOPS_HOME"]) / "known_hosts", "127.0.0.1", a.port, b.host_public_key)
-    r = tpuops("sop", "run", "exec", "--host", f"{a.user}@127.0.0.1:{a.port}", "-i", str(sshd_pool.key),
-               "--set", "cmd=true", cwd=tmp_path)
+    r = tpuops(
+        "sop",
+        "run",
+        "exec",
+        "--host",
+        f"{a.user}@127.0.0.1:{a.port}",
+        "-i",
+        str(sshd_pool.key),
+        "--set",
+        "cmd=true",
+        cwd=tmp_path,
+    )
     assert r.returncode == ExitCode.CONNECT
     assert a.fingerprint in r.stderr and b.fingerprint in r.stderr and "changed" in r.stderr
 
 
-def test_secret_never_in_output_plan_or_json(sshd_pool: SshdPool, git_remote: tuple[Path, str], tmp_path: Path) -> None:
+def test_secret_never_in_output_plan_or_json(
+    sshd_pool: SshdPool, git_remote: tuple[Path, str], tmp_path: Path
+) -> None:
     (w,) = sshd_pool.take(1)
     secret = "sentinel-9d2c41aa"
     (tmp_path / ".env").write_text(f"WANDB_API_KEY={secret}\r\nOTHER = x \r\n")
-    sets = ["--set", f"repo_url={git_remote[0]}", "--set", "lockfile=~/l", "--set", "steps=2", "--set", "step_seconds=0"]
+    sets = [
+        "--set",
+        f"repo_url={git_remote[0]}",
+        "--set",
+        "lockfile=~/l",
+        "--set",
+        "steps=2",
+        "--set",
+        "step_seconds=0",
+    ]
     base = ["sop", "run", "smoke", *sshd_pool.host_args([w]), *sets]
     plan = tpuops(*base, "--dry-run", cwd=tmp_path)
     ran = tpuops(*base, "--json", cwd=tmp_path, env={"TPUOPS_DEBUG": "0"})
@@ -101,12 +159,33 @@ def test_secret_never_in_output_plan_or_json(sshd_pool: SshdPool, git_remote: tu
 
 def test_local_transport_runs_the_smoke_sop(tmp_path: Path) -> None:
     repo = Path(__file__).resolve().parents[2]
-    r = tpuops("sop", "run", "smoke", "--local", "--set", f"repo_url={repo}", "--set", "steps=2",
-               "--set", "step_seconds=0", "--set", "branch=HEAD", "--json", cwd=tmp_path)
+    r = tpuops(
+        "sop",
+        "run",
+        "smoke",
+        "--local",
+        "--set",
+        f"repo_url={repo}",
+        "--set",
+        "steps=2",
+        "--set",
+        "step_seconds=0",
+        "--set",
+        "branch=HEAD",
+        "--json",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["transport"] == "local"
-    assert [s["kind"] for s in data["steps"]] == ["git_sync", "clear_lockfile", "sync_env", "run", "follow", "fetch_log"]
+    assert [s["kind"] for s in data["steps"]] == [
+        "git_sync",
+        "clear_lockfile",
+        "sync_env",
+        "run",
+        "follow",
+        "fetch_log",
+    ]
     assert "[w0] step=1" in r.stderr
     home = Path(os.environ["TPUOPS_HOME"])
     assert (home / "local/w0/tpuops/repo/.git").is_dir()  # the scratch root stands in for the VM's filesystem
@@ -118,8 +197,17 @@ def test_doctor_compares_env_keys_by_hash_and_shows_no_value(
     workers = sshd_pool.take(2)
     secret, other = "sentinel-doctor-77aa", "sentinel-other-55bb"
     (tmp_path / ".env").write_text(f"WANDB_API_KEY={secret}\nHF_TOKEN=hf-abcdef\n")
-    sync = tpuops("sop", "run", "sync", *sshd_pool.host_args(workers), "--set", f"repo_url={git_remote[0]}",
-                  "--set", "lockfile=~/l", cwd=tmp_path)
+    sync = tpuops(
+        "sop",
+        "run",
+        "sync",
+        *sshd_pool.host_args(workers),
+        "--set",
+        f"repo_url={git_remote[0]}",
+        "--set",
+        "lockfile=~/l",
+        cwd=tmp_path,
+    )
     assert sync.returncode == 0, sync.stderr
     # Worker 1 drifts: another W&B key, no HF token.
     (workers[1].home / "tpuops/repo/.env").write_text(f"WANDB_API_KEY={other}\n")

@@ -18,17 +18,23 @@ def test_project_file_overrides_user_file_and_feeds_sop_defaults(tmp_path: Path)
     user.write_text('zone = "us-central2-b"\nuser = "me"\n[params]\nbranch = "dev"\nrepo_dir = "~/a"\n')
     project = tmp_path / "proj"
     (project / "sub").mkdir(parents=True)
-    (project / "tpuops.toml").write_text('zone = "us-east1-d"\n[params]\nbranch = "release"\nrepo_url = "https://x/y.git"\n')
+    (project / "tpuops.toml").write_text(
+        'zone = "us-east1-d"\n[params]\nbranch = "release"\nrepo_url = "https://x/y.git"\n'
+    )
     cfg = config.load(project / "sub")  # found walking up
     assert (cfg.zone, cfg.user) == ("us-east1-d", "me")
     assert cfg.params == {"branch": "release", "repo_dir": "~/a", "repo_url": "https://x/y.git"}
     result = runner.run(
-        runner.RunRequest(sop="sync", target=runner.TargetSpec(hosts=("10.0.0.2",)), dry_run=True), cwd=project / "sub"
+        runner.RunRequest(sop="sync", target=runner.TargetSpec(hosts=("10.0.0.2",)), dry_run=True),
+        cwd=project / "sub",
     )
     plan = render_plan(result.plan)
     assert "repo=https://x/y.git; ref=release" in plan
     assert 'dir="$HOME"/a;' in plan
-    assert runner.open_transport(runner.TargetSpec(hosts=("10.0.0.2",)).with_defaults(cfg)).workers[0].user == "me"
+    assert (
+        runner.open_transport(runner.TargetSpec(hosts=("10.0.0.2",)).with_defaults(cfg)).workers[0].user
+        == "me"
+    )
 
 
 def test_unknown_key_names_the_closest(tmp_path: Path) -> None:

@@ -32,7 +32,11 @@ def test_sshd_killed_mid_run_loses_and_repeats_no_line(sshd_pool: SshdPool) -> N
     seen: list[str] = []
     t = sshd_pool.transport([w])
     result: dict[str, object] = {}
-    thread = threading.Thread(target=lambda: result.update(r=Executor(t, on_line=lambda _, s: seen.append(s)).execute(sop, {}, "cut", [0])))
+    thread = threading.Thread(
+        target=lambda: result.update(
+            r=Executor(t, on_line=lambda _, s: seen.append(s)).execute(sop, {}, "cut", [0])
+        )
+    )
     thread.start()
     while len(seen) < 5:
         time.sleep(0.01)
@@ -51,7 +55,9 @@ def test_slow_link_still_completes_and_timeouts_fire_when_they_should(sshd_pool:
     hole = DelayProxy(w.port, blackhole=True)
     try:
         t = SshTransport(
-            [Worker(0, "127.0.0.1", slow.port, w.user, w.fingerprint)], known_hosts=Path("/nonexistent"), identity=sshd_pool.key
+            [Worker(0, "127.0.0.1", slow.port, w.user, w.fingerprint)],
+            known_hosts=Path("/nonexistent"),
+            identity=sshd_pool.key,
         )
         r = t.run(0, "echo hello", timeout=20)
         assert r.ok and r.stdout == "hello\n"
@@ -62,7 +68,10 @@ def test_slow_link_still_completes_and_timeouts_fire_when_they_should(sshd_pool:
         t.close()
         dead = SshTransport(
             [Worker(0, "127.0.0.1", hole.port, w.user, w.fingerprint)],
-            known_hosts=Path("/nonexistent"), identity=sshd_pool.key, connect_timeout=0.5, connect_retries=2,
+            known_hosts=Path("/nonexistent"),
+            identity=sshd_pool.key,
+            connect_timeout=0.5,
+            connect_retries=2,
         )
         t0 = time.monotonic()
         with pytest.raises(ConnectError, match=r"cannot connect to w0 .* after 2 tries"):
@@ -73,7 +82,9 @@ def test_slow_link_still_completes_and_timeouts_fire_when_they_should(sshd_pool:
         hole.close()
 
 
-def test_32_workers_one_unreachable_fail_fast_names_it_keep_going_finishes(sshd_pool: SshdPool, tmp_path: Path) -> None:
+def test_32_workers_one_unreachable_fail_fast_names_it_keep_going_finishes(
+    sshd_pool: SshdPool, tmp_path: Path
+) -> None:
     workers = sshd_pool.take(32)
     workers[17].stop()
     spec = TargetSpec(
@@ -86,7 +97,9 @@ def test_32_workers_one_unreachable_fail_fast_names_it_keep_going_finishes(sshd_
     with pytest.raises(ConnectError, match=r"cannot connect to w17 "):
         runner.run(req, cwd=tmp_path)
     assert not (workers[0].home / "done").exists()  # nothing ran anywhere
-    kept = runner.run(RunRequest(sop="exec", sets={"cmd": "touch ~/done"}, target=spec, keep_going=True), cwd=tmp_path)
+    kept = runner.run(
+        RunRequest(sop="exec", sets={"cmd": "touch ~/done"}, target=spec, keep_going=True), cwd=tmp_path
+    )
     assert kept.steps[0].title == "connect" and kept.steps[0].outcomes[17].status == "failed"
     assert sum((w.home / "done").exists() for w in workers) == 31
     assert runner.exit_code(kept) == ExitCode.CONNECT

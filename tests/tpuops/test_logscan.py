@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +19,8 @@ def step_line(i: int, dt: float, reward: float = 0.5, loss: float = 0.1, tok: fl
     """A step= line exactly as docs/contracts.md prints it."""
     line = (
         f"step={i} loss={loss:.6f} entropy={1.2345:.4f} reward_mean={reward:.4f} dt={dt:.2f}s "
-        f"rollout_generate={dt * 0.6:.2f}s update={dt * 0.3:.2f}s completion_len_mean=12.3 completion_len_max=32"
+        f"rollout_generate={dt * 0.6:.2f}s update={dt * 0.3:.2f}s "
+        "completion_len_mean=12.3 completion_len_max=32"
     )
     return line + (f" tokens_per_s={tok:.1f}" if tok is not None else "")
 
@@ -35,7 +38,22 @@ NEW_MISS = [
     "  different input types:",
     "  * at batch, now i32[16,40] and before i32[16,32]",
 ]
-NEW_COMPILE = "Compiling jit(train_step) with global shapes and types (ShapedArray(int32[16,40]),). Argument mapping: (U,)."
+
+
+def compiling(fn: str, shapes: str = "int32[16,40]") -> str:
+    """jax >= 0.4.36's jax_log_compiles line."""
+    return (
+        f"Compiling jit({fn}) with global shapes and types (ShapedArray({shapes}),). Argument mapping: (U,)."
+    )
+
+
+def old_compiling(fn: str) -> str:
+    """jax 0.4.1x-0.4.35, through Python logging's default format."""
+    prefix = "WARNING:jax._src.interpreters.pxla:"
+    return f"{prefix}Compiling {fn} for with global shapes and types [ShapedArray(f32[2])]."
+
+
+NEW_COMPILE = compiling("train_step")
 
 
 def test_steps_table_and_steady_state_statistics_match_numpy() -> None:
@@ -45,7 +63,7 @@ def test_steps_table_and_steady_state_statistics_match_numpy() -> None:
     r = scan(
         [
             step_line(i, dt, reward=i / 100, loss=1 / (i + 1), tok=t)
-            for i, (dt, t) in enumerate(zip(dts, toks))
+            for i, (dt, t) in enumerate(zip(dts, toks, strict=True))
         ],
         warmup=3,
     )
@@ -78,26 +96,26 @@ def test_compiles_are_attributed_to_step_windows_and_recompiles_explained() -> N
         "TRACING CACHE MISS at /repo/trainer/train.py:88:4 (run):",
         "  never seen function:",
         "    train_step id=140549556200096 defined at /repo/trainer/train.py:40",
-        "Compiling jit(train_step) with global shapes and types (ShapedArray(int32[16,32]),). Argument mapping: (U,).",
+        compiling("train_step", "int32[16,32]"),
         step_line(0, 9.0),
         step_line(1, 1.0),
         *NEW_MISS,
         NEW_COMPILE,
-        "Compiling jit(broadcast_in_dim) with global shapes and types (ShapedArray(float32[]),). Argument mapping: (U,).",
+        compiling("broadcast_in_dim", "float32[]"),
         step_line(2, 3.0),
         "eval_begin step=2",
-        "Compiling jit(eval_step) with global shapes and types (ShapedArray(int32[8,64]),). Argument mapping: (U,).",
+        compiling("eval_step"),
         "eval step=2 accuracy=0.4500 n=1319 dt=12.30s",
         "eval_end step=2",
         step_line(3, 1.0),
-        "Compiling jit(save) with global shapes and types (). Argument mapping: ().",  # after the last step
+        compiling("save"),  # after the last step
     ]
     r = scan(lines)
     assert r.compiles == {"total": 5, "warmup": 1, "eval": 1, "after_warmup": 2, "open": 1}
     assert r.compiles_by_step == {0: 1, 2: 2}
     assert [(c.step, c.function) for c in r.recompiles] == [(2, "train_step"), (2, "broadcast_in_dim")]
     assert r.recompiles[0].explanation == "\n".join(NEW_MISS)
-    assert r.recompiles[0].line == 11 and r.recompiles[1].explanation is None
+    assert r.recompiles[0].line == 12 and r.recompiles[1].explanation is None
     assert r.recompiled
     assert r.evals == [{"step": 2, "accuracy": 0.45, "n": 1319, "dt": 12.3}]
 
@@ -112,12 +130,12 @@ def test_warmup_is_configurable() -> None:
 
 def test_older_jax_compile_and_cache_miss_formats() -> None:
     lines = [
-        "WARNING:jax._src.interpreters.pxla:Compiling train_step for with global shapes and types [ShapedArray(f32[2])].",
+        old_compiling("train_step"),
         step_line(0, 2.0),
         "W1122 16:52:21.1 140 pjit.py:1] TRACING CACHE MISS at /repo/train.py:88 (run) because:",
         "  for train_step defined at /repo/train.py:40",
         "  never seen input type signature:",
-        "WARNING:jax._src.interpreters.pxla:Compiling train_step for with global shapes and types [ShapedArray(f32[3])].",
+        old_compiling("train_step"),
         "Compiling prim_fun (140233) for args (ShapedArray(float32[]),).",
         "Compiling module jit_train_step with FDO profile of length 12",
         step_line(1, 2.0),
@@ -160,10 +178,14 @@ def test_a_log_cut_inside_a_traceback_still_reports_it() -> None:
         ("jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory allocating 1.00GiB", "oom"),
         ("E1122 tpu_compile.cc:12] ran out of memory in memory space hbm", "oom"),
         (
-            "RuntimeError: Unable to initialize backend 'tpu': ABORTED: The TPU is already in use by pid 4242",
+            "RuntimeError: Unable to initialize backend 'tpu': The TPU is already in use by pid 4242",
             "tpu_busy",
         ),
         ("open(/dev/vfio/0): Device or resource busy", "tpu_busy"),
+        (
+            'ABORTED: The TPU is already in use by another process. Run "$ sudo lsof -w /dev/vfio/0"',
+            "tpu_busy",
+        ),
         ("tpuops: TPU is held by pid 77 (python3 -m trainer.main)", "tpu_busy"),
         ("wandb: ERROR api_key not configured (no-tty). call wandb.login(key=[your_api_key])", "wandb_init"),
         ("wandb.errors.errors.CommError: Run initialization has timed out after 90.0 sec.", "wandb_init"),
@@ -204,6 +226,20 @@ def test_benign_lines_are_not_failures() -> None:
     assert r.batch == {"prompts_per_step": "4", "samples_per_prompt": "4"}
 
 
+def test_an_unrelated_port_clash_is_not_a_busy_tpu() -> None:
+    assert not scan(["bind: Address already in use (port 6006, tensorboard)"]).failures
+
+
+def test_kept_failures_are_bounded_but_counted_exactly(tmp_path: Path) -> None:
+    for k, n in ((0, 5), (1, 300)):
+        (tmp_path / f"worker-{k}.log").write_text("RESOURCE_EXHAUSTED: out of HBM\n" * n)
+        (tmp_path / f"worker-{k}.exit").write_text("1")
+    r = logscan.scan_run(tmp_path)
+    assert len(r.failures) == logscan.MAX_EVENTS + 1  # the exit codes are kept past the bound
+    assert [(f.kind, f.worker) for f in r.failures if f.kind != "oom"] == [("exit_code", 0), ("exit_code", 1)]
+    assert r.failure_counts == {"oom": 305, "exit_code": 2}
+
+
 def _run_dir(tmp_path: Path, exits: dict[int, str | None], process_count: int = 2) -> Path:
     for k, code in exits.items():
         lines = [f"start: backend=cpu process_count={process_count} process_index={k}"]
@@ -219,6 +255,8 @@ def test_exit_files_give_the_exit_code_per_worker(tmp_path: Path) -> None:
     assert r.workers == [0, 1, 2] and r.steps == 3
     assert r.exit_codes == {0: 0, 1: 3, 2: None}
     assert [(f.kind, f.worker) for f in r.failures] == [("exit_code", 1), ("no_exit_file", 2)]
+    unchecked = logscan.scan_run(tmp_path, check_exit=False)  # e.g. a live run's copy: no exit files yet
+    assert unchecked.exit_codes == {} and not unchecked.failures
 
 
 def test_processes_that_did_not_join_one_job(tmp_path: Path) -> None:
@@ -307,3 +345,41 @@ def test_a_live_report_is_a_snapshot_and_the_open_window_closes_later() -> None:
     assert s.report().recompiles[0].step == 2 and mid.recompiles == []
     s.feed_bytes(step_line(3, 1.0).encode())  # no newline yet: waits for close()
     assert s.report().steps == 3 and s.close().steps == 4
+
+
+REAL_JAX = """
+import jax, jax.numpy as jnp
+jax.config.update("jax_log_compiles", True)
+jax.config.update("jax_explain_cache_misses", True)
+
+@jax.jit
+def train_step(x):
+    return (x * 2).sum()
+
+x2, x3 = jnp.ones((2,)), jnp.ones((3,))
+for i, x in enumerate([x2, x2, x3, x3]):
+    train_step(x).block_until_ready()
+    print(f"step={i} loss=0.100000 entropy=1.0000 reward_mean=0.5000 dt=0.10s", flush=True)
+print("eval_begin step=3", flush=True)
+jax.jit(lambda y: y + 1)(x3).block_until_ready()
+print("eval_end step=3", flush=True)
+"""
+
+
+def test_real_jax_compile_logging_is_attributed_to_the_step_that_recompiled(tmp_path: Path) -> None:
+    """The installed jax writes the compile and cache-miss lines: logscan reads them as JAX prints them."""
+    log = tmp_path / "jax.log"
+    with log.open("w") as f:
+        subprocess.run(
+            [sys.executable, "-u", "-c", REAL_JAX],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            check=True,
+            timeout=120,
+        )
+    r = scan_file(log)
+    assert r.steps == 4 and not r.failures
+    assert [(c.step, c.function) for c in r.recompiles] == [(2, "train_step")]
+    assert r.recompiles[0].explanation is not None
+    assert "at x, now f32[3] and before f32[2]" in r.recompiles[0].explanation
+    assert r.compiles["eval"] == 1 and r.compiles["warmup"] >= 1 and r.compiles["open"] == 0

@@ -12,7 +12,9 @@ HOSTILE = ["x; touch /tmp/pwned", "$(reboot)", "`id`", "a'b\"c", "line\nbreak", 
 
 
 def sh(cmd: str, **env: str) -> str:
-    return subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True, check=True, env=env or None).stdout
+    return subprocess.run(
+        ["/bin/sh", "-c", cmd], capture_output=True, text=True, check=True, env=env or None
+    ).stdout
 
 
 def test_quoted_values_come_back_verbatim() -> None:
@@ -43,7 +45,10 @@ def test_local_transport_timeout_kills_the_process_group(tmp_path: Path) -> None
     t = LocalTransport(tmp_path)
     r = t.run(0, "sleep 30 & sleep 30; echo never", timeout=0.3)
     assert r.timed_out and r.exit_code == 124 and "never" not in r.stdout
-    assert "sleep 30" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert (
+        "sleep 30"
+        not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+    )
 
 
 def test_local_put_sets_mode_before_content(tmp_path: Path) -> None:

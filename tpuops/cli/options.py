@@ -18,25 +18,41 @@ HostOpt = Annotated[
 ]
 HostKeyOpt = Annotated[
     list[str] | None,
-    typer.Option("--hostkey", help="Pinned host key SHA256:... per worker, in order (overrides a VM's own keys)."),
+    typer.Option(
+        "--hostkey", help="Pinned host key SHA256:... per worker, in order (overrides a VM's own keys)."
+    ),
 ]
 UserOpt = Annotated[str | None, typer.Option("--user", help="SSH user (default: from --host or config).")]
 IdentityOpt = Annotated[str | None, typer.Option("--identity", "-i", help="SSH private key file.")]
-LocalOpt = Annotated[bool, typer.Option("--local", help="Run on this machine (the default without --vm/--host).")]
+LocalOpt = Annotated[
+    bool, typer.Option("--local", help="Run on this machine (the default without --vm/--host).")
+]
 LocalWorkersOpt = Annotated[
     int, typer.Option("--local-workers", min=1, help="Simulated workers for --local (scratch roots).")
 ]
 WorkerOpt = Annotated[str, typer.Option("--worker", "-w", help="Workers to use: all, 0, or 0,2.")]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Parameter override key=value (repeatable).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable report on stdout; people's output on stderr.")]
+SetOpt = Annotated[
+    list[str] | None, typer.Option("--set", "-s", help="Parameter override key=value (repeatable).")
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Machine-readable report on stdout; people's output on stderr.")
+]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the exact per-worker plan; touch nothing.")]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Stop processes holding the TPU before clearing its lock.")]
-KeepGoingOpt = Annotated[bool, typer.Option("--keep-going", help="Continue on the other workers after a failure.")]
-ParallelOpt = Annotated[int | None, typer.Option("--parallel", min=1, help="Workers handled at once (default 16).")]
+ForceOpt = Annotated[
+    bool, typer.Option("--force", help="Stop processes holding the TPU before clearing its lock.")
+]
+KeepGoingOpt = Annotated[
+    bool, typer.Option("--keep-going", help="Continue on the other workers after a failure.")
+]
+ParallelOpt = Annotated[
+    int | None, typer.Option("--parallel", min=1, help="Workers handled at once (default 16).")
+]
 InternalIpOpt = Annotated[bool, typer.Option("--internal-ip", help="Connect to workers' internal IPs.")]
 ApiEndpointOpt = Annotated[
     str | None,
-    typer.Option("--api-endpoint", envvar="TPUOPS_TPU_API", help="TPU API endpoint (e.g. the local emulator)."),
+    typer.Option(
+        "--api-endpoint", envvar="TPUOPS_TPU_API", help="TPU API endpoint (e.g. the local emulator)."
+    ),
 ]
 
 

@@ -11,7 +11,9 @@ from tpuops.cli import options as o
 from tpuops.cli.state import finish_json, run_sop
 
 
-def _sop_command(sop_name: str | None, doc: str, fixed: Callable[..., dict[str, str]] | None = None) -> Callable:
+def _sop_command(
+    sop_name: str | None, doc: str, fixed: Callable[..., dict[str, str]] | None = None
+) -> Callable:
     """A command that runs one SOP with every shared target option (sop_name None: the SOP is an argument)."""
 
     def command(
@@ -36,13 +38,31 @@ def _sop_command(sop_name: str | None, doc: str, fixed: Callable[..., dict[str, 
         **extra: str,
     ) -> None:
         spec = o.target(
-            vm=vm, zone=zone, project=project, host=host, hostkey=hostkey, user=user, identity=identity,
-            local=local, local_workers=local_workers, internal_ip=internal_ip, api_endpoint=api_endpoint,
+            vm=vm,
+            zone=zone,
+            project=project,
+            host=host,
+            hostkey=hostkey,
+            user=user,
+            identity=identity,
+            local=local,
+            local_workers=local_workers,
+            internal_ip=internal_ip,
+            api_endpoint=api_endpoint,
         )
         name = sop_name or extra.pop("name")
         sets = {**(fixed(**extra) if fixed else {}), **o.parse_sets(set_)}
-        run_sop(name, sets, spec, worker=worker, dry_run=dry_run, json=json, force=force,
-                keep_going=keep_going, parallel=parallel)
+        run_sop(
+            name,
+            sets,
+            spec,
+            worker=worker,
+            dry_run=dry_run,
+            json=json,
+            force=force,
+            keep_going=keep_going,
+            parallel=parallel,
+        )
 
     command.__doc__ = doc
     return command
@@ -59,12 +79,15 @@ def register(app: typer.Typer) -> None:
         return fn
 
     name_arg = inspect.Parameter(
-        "name", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        "name",
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
         annotation=Annotated[str, typer.Argument(help="SOP name (tpuops sop list), e.g. grpo.")],
     )
-    app.command("run", context_settings={"help_option_names": ["-h", "--help"]})(with_args(_sop_command(
-        None,
-        """Run a SOP by name; `--set a.b=c` (with a dot) goes to the trainer, checked before anything runs.
+    app.command("run", context_settings={"help_option_names": ["-h", "--help"]})(
+        with_args(
+            _sop_command(
+                None,
+                """Run a SOP by name; `--set a.b=c` (with a dot) goes to the trainer, checked before anything runs.
 
         \b
         Examples:
@@ -72,42 +95,56 @@ def register(app: typer.Typer) -> None:
           tpuops run grpo --local --set steps=3 --set rollout.max_new_tokens=16
           tpuops run grpo --dry-run --json
         """,
-    ), name_arg))
-    app.command("recompile-check")(_sop_command(
-        "recompile-check",
-        """A few GRPO steps with JAX compile logging; exit 7 if anything compiles after the warm-up.
+            ),
+            name_arg,
+        )
+    )
+    app.command("recompile-check")(
+        _sop_command(
+            "recompile-check",
+            """A few GRPO steps with JAX compile logging; exit 7 if anything compiles after the warm-up.
 
         \b
         Examples:
           tpuops recompile-check                       # the VM from tpuops.toml
           tpuops recompile-check --local --set steps=4 --json
         """,
-    ))
-    loss_arg = inspect.Parameter(
-        "loss", inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        annotation=Annotated[str, typer.Argument(help="Which loss: grpo or ce.")], default="grpo",
+        )
     )
-    app.command("gradcheck")(with_args(_sop_command(
-        "gradcheck",
-        """Every loss implementation against the float32 reference (loss, dlogits); exit 1 beyond tolerance.
+    loss_arg = inspect.Parameter(
+        "loss",
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        annotation=Annotated[str, typer.Argument(help="Which loss: grpo or ce.")],
+        default="grpo",
+    )
+    app.command("gradcheck")(
+        with_args(
+            _sop_command(
+                "gradcheck",
+                """Every loss implementation against the float32 reference (loss, dlogits); exit 1 beyond tolerance.
 
         \b
         Examples:
           tpuops gradcheck ce --vm mllm-jax-v6e-8
           tpuops gradcheck grpo --local --set venv=none --set python=python3
         """,
-        fixed=lambda loss: {"loss": loss},
-    ), loss_arg))
-    app.command("microbench")(_sop_command(
-        "microbench",
-        """Forward+backward time and peak memory of one loss implementation (--set impl=chunked T=4096 ...).
+                fixed=lambda loss: {"loss": loss},
+            ),
+            loss_arg,
+        )
+    )
+    app.command("microbench")(
+        _sop_command(
+            "microbench",
+            """Forward+backward time and peak memory of one loss implementation (--set impl=chunked T=4096 ...).
 
         \b
         Examples:
           tpuops microbench --vm mllm-jax-v6e-8 --set impl=pallas
           tpuops microbench --local --set venv=none --set T=1024 --set iters=5
         """,
-    ))
+        )
+    )
 
 
 RunIdArg = Annotated[str, typer.Argument(help="A run id (tpuops runs).")]
@@ -125,15 +162,21 @@ def runs(json: o.JsonOpt = False) -> None:
 def attach(
     run_id: RunIdArg,
     json: o.JsonOpt = False,
-    from_start: Annotated[bool, typer.Option("--from-start", help="Replay the log from its first line.")] = False,
-    all_workers: Annotated[bool, typer.Option("--all-workers", help="Show every worker's lines, not only w0.")] = False,
+    from_start: Annotated[
+        bool, typer.Option("--from-start", help="Replay the log from its first line.")
+    ] = False,
+    all_workers: Annotated[
+        bool, typer.Option("--all-workers", help="Show every worker's lines, not only w0.")
+    ] = False,
 ) -> None:
     """Resume following a detached run from where the last follow stopped; then fetch logs and report."""
     from tpuops import logscan, report, report_log
     from tpuops import runs as library
 
     finish_json(json)
-    results = library.attach(run_id, on_line=report.line, stream="all" if all_workers else "first", from_start=from_start)
+    results = library.attach(
+        run_id, on_line=report.line, stream="all" if all_workers else "first", from_start=from_start
+    )
     log = logscan.scan_run(library.load(run_id).local_dir)
     codes = {w: r.stdout for w, r in results.items()}
     code = report_log.exit_code(log)
@@ -147,7 +190,9 @@ def attach(
 def logs(
     run_id: RunIdArg,
     worker: o.WorkerOpt = "0",
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until the run ends.")] = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new lines until the run ends.")
+    ] = False,
 ) -> None:
     """Print a run's worker logs (from the workers; from the local copy when it is complete)."""
     from tpuops import report
@@ -180,8 +225,12 @@ def doctor(
     internal_ip: o.InternalIpOpt = False,
     api_endpoint: o.ApiEndpointOpt = None,
     env_file: Annotated[str, typer.Option("--env-file", help="The local .env to compare with.")] = ".env",
-    remote_env: Annotated[str, typer.Option("--remote-env", help="The .env path on the workers.")] = "~/tpuops/repo/.env",
-    lockfile: Annotated[str, typer.Option("--lockfile", help="libtpu's lock file on the workers.")] = "/tmp/libtpu_lockfile",
+    remote_env: Annotated[
+        str, typer.Option("--remote-env", help="The .env path on the workers.")
+    ] = "~/tpuops/repo/.env",
+    lockfile: Annotated[
+        str, typer.Option("--lockfile", help="libtpu's lock file on the workers.")
+    ] = "/tmp/libtpu_lockfile",
 ) -> None:
     """Check every worker: connection and host key, which .env keys it has (by hash) against yours, the TPU lock.
 
@@ -196,9 +245,23 @@ def doctor(
     from tpuops import report
 
     finish_json(json)
-    spec = o.target(vm=vm, zone=zone, project=project, host=host, hostkey=hostkey, user=user, identity=identity,
-                    local=local, internal_ip=internal_ip, api_endpoint=api_endpoint)
-    health = library.examine(spec, env_file=Path(env_file), remote_env=remote_env, lockfile=lockfile, cwd=Path.cwd())
+    spec = o.target(
+        vm=vm,
+        zone=zone,
+        project=project,
+        host=host,
+        hostkey=hostkey,
+        user=user,
+        identity=identity,
+        local=local,
+        internal_ip=internal_ip,
+        api_endpoint=api_endpoint,
+    )
+    health = library.examine(
+        spec, env_file=Path(env_file), remote_env=remote_env, lockfile=lockfile, cwd=Path.cwd()
+    )
     report.doctor(health, json)
-    bad = any(not h.connected or any(s in ("differs", "missing") for s in h.env_keys.values()) for h in health)
+    bad = any(
+        not h.connected or any(s in ("differs", "missing") for s in h.env_keys.values()) for h in health
+    )
     raise typer.Exit(1 if bad else 0)

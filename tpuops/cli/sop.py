@@ -8,7 +8,9 @@ from tpuops.cli import options as o
 from tpuops.cli.state import finish_json
 
 app = typer.Typer(
-    help="List, show and run SOPs (procedures as YAML files in sops/).", no_args_is_help=True, rich_markup_mode=None
+    help="List, show and run SOPs (procedures as YAML files in sops/).",
+    no_args_is_help=True,
+    rich_markup_mode=None,
 )
 
 
@@ -65,8 +67,26 @@ def run(
     from tpuops.cli.state import run_sop
 
     spec = o.target(
-        vm=vm, zone=zone, project=project, host=host, hostkey=hostkey, user=user, identity=identity,
-        local=local, local_workers=local_workers, internal_ip=internal_ip, api_endpoint=api_endpoint,
+        vm=vm,
+        zone=zone,
+        project=project,
+        host=host,
+        hostkey=hostkey,
+        user=user,
+        identity=identity,
+        local=local,
+        local_workers=local_workers,
+        internal_ip=internal_ip,
+        api_endpoint=api_endpoint,
     )
-    run_sop(name, o.parse_sets(set_), spec, worker=worker, dry_run=dry_run, json=json, force=force,
-            keep_going=keep_going, parallel=parallel)
+    run_sop(
+        name,
+        o.parse_sets(set_),
+        spec,
+        worker=worker,
+        dry_run=dry_run,
+        json=json,
+        force=force,
+        keep_going=keep_going,
+        parallel=parallel,
+    )

@@ -30,8 +30,14 @@ def run_sop(
 
     finish_json(json)
     req = runner.RunRequest(
-        sop=name, sets=sets, target=spec, worker=worker, dry_run=dry_run, force=force,
-        keep_going=keep_going, parallel=parallel,
+        sop=name,
+        sets=sets,
+        target=spec,
+        worker=worker,
+        dry_run=dry_run,
+        force=force,
+        keep_going=keep_going,
+        parallel=parallel,
     )
     result = runner.run(req, on_line=report.line, on_step=None if json else report.step_done)
     if isinstance(result, runner.DryRun):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from tpuops.cloud.client import Api
 from tpuops.cloud.tpu_api import VmInfo, get_vm, wait_op, wait_vm
-from tpuops.errors import CloudError, TimeoutError_, UsageError
+from tpuops.errors import CloudError, CommandTimeoutError, UsageError
 
 _CAPACITY = 8  # google.rpc.Code.RESOURCE_EXHAUSTED: no capacity in the zone, or quota
 
@@ -98,7 +98,7 @@ def _create_queued(api: Api, req: CreateRequest, zone: str) -> VmInfo:
                 f"queued resource {req.name} in {zone} is {state}", hint="delete it and queue again"
             )
         if time.monotonic() - start > req.timeout:
-            raise TimeoutError_(
+            raise CommandTimeoutError(
                 f"queued resource {req.name} still {state} after {req.timeout:.0f}s",
                 hint="it stays queued; check later with tpuops vm describe",
             )

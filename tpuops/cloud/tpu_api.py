@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tpuops.cloud.client import Api, ApiNotFoundError
-from tpuops.errors import CloudError, PreemptedError, TimeoutError_
+from tpuops.errors import CloudError, PreemptedError, CommandTimeoutError
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def wait_op(api: Api, op: Any, what: str, timeout: float) -> Any:
     deadline, interval = time.monotonic() + timeout, 0.05
     while not api.call(f"poll {what}", lambda retry, timeout: op.done(retry=retry)):
         if time.monotonic() > deadline:
-            raise TimeoutError_(
+            raise CommandTimeoutError(
                 f"{what}: operation {op.operation.name} not done after {timeout:.0f}s",
                 hint="it may still finish: check with `tpuops vm describe`",
             )
@@ -155,7 +155,7 @@ def wait_vm(api: Api, zone: str, name: str, state: str, timeout: float) -> VmInf
                 hint=f"recreate it: tpuops vm delete {name} && tpuops vm create {name} ...",
             )
         if time.monotonic() > deadline:
-            raise TimeoutError_(f"{name} still {now} after {timeout:.0f}s (waiting for {state})")
+            raise CommandTimeoutError(f"{name} still {now} after {timeout:.0f}s (waiting for {state})")
         time.sleep(interval)
         interval = min(5.0, interval * 1.5)
 

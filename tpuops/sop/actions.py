@@ -53,7 +53,11 @@ class Follow:
     py_spy: bool = False  # on a hang, collect `py-spy dump` of the job's Python process
 
     def render(self) -> str:
-        hang = f", hang after {self.hang_factor:g}x median step (min {self.hang_min_s:g}s)" if self.hang_factor else ""
+        hang = (
+            f", hang after {self.hang_factor:g}x median step (min {self.hang_min_s:g}s)"
+            if self.hang_factor
+            else ""
+        )
         return f"follow {self.run_dir}/worker-<k>.log until worker-<k>.exit (timeout {self.timeout:g}s{hang})"
 
 

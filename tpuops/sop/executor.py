@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import threading
 import time
@@ -66,14 +67,22 @@ class SopReport:
             "exit_code": code,
             "failure": None
             if failure is None
-            else {"step": failure[0].title, "worker": failure[1], "status": failure[2].status, "detail": failure[2].detail},
+            else {
+                "step": failure[0].title,
+                "worker": failure[1],
+                "status": failure[2].status,
+                "detail": failure[2].detail,
+            },
             "duration_s": round(self.duration_s, 3),
             "steps": [
                 {
                     "title": s.title,
                     "kind": s.kind,
                     "duration_s": round(s.duration_s, 3),
-                    "workers": {str(w): {"status": o.status, "detail": o.detail, **o.data} for w, o in sorted(s.outcomes.items())},
+                    "workers": {
+                        str(w): {"status": o.status, "detail": o.detail, **o.data}
+                        for w, o in sorted(s.outcomes.items())
+                    },
                 }
                 for s in self.steps
             ],
@@ -162,7 +171,7 @@ class Executor:
             except TpuopsError as e:
                 outcome = Outcome("failed", self.redact(e.line()))
                 sr.error_kind[w] = e.kind
-            except Exception as e:  # noqa: BLE001 - one worker's surprise must not hide the others' results
+            except Exception as e:
                 outcome = Outcome("failed", self.redact(f"{type(e).__name__}: {e}"))
             sr.outcomes[w] = outcome
             if outcome.status in FAILED and not self.keep_going:
@@ -332,7 +341,7 @@ class _HangWatch:
         if len(self.arrivals) < a.hang_warmup + 2 or self.reported:
             return None
         steady = self.arrivals[a.hang_warmup :]
-        median = statistics.median(b - x for x, b in zip(steady, steady[1:], strict=False))
+        median = statistics.median(b - x for x, b in itertools.pairwise(steady))
         quiet = now - self.arrivals[-1]
         limit = max(a.hang_factor * median, a.hang_min_s)
         if quiet <= limit:

@@ -220,5 +220,9 @@ def list_sops() -> list[tuple[str, str, str]]:
     for d in [Path.cwd() / "sops", sops_dir()]:
         for f in sorted(d.glob("*.yaml")) if d.is_dir() else []:
             if f.stem not in rows:
-                rows[f.stem] = (f.stem, load(f).description.strip().splitlines()[0] if load(f).description else "", str(f))
+                rows[f.stem] = (
+                    f.stem,
+                    load(f).description.strip().splitlines()[0] if load(f).description else "",
+                    str(f),
+                )
     return sorted(rows.values())

@@ -48,7 +48,8 @@ if [ -e "$rd"/worker-{k}.pid ] && kill -0 "$(cat "$rd"/worker-{k}.pid)" 2>/dev/n
 for f in {runs}/*/worker-*.pid; do
   [ -e "$f" ] || continue; pid=$(cat "$f"); other=$(basename "$(dirname "$f")")
   kill -0 "$pid" 2>/dev/null || continue
-  if [ {force} != 1 ]; then echo "tpuops: active run=$other pid=$pid"; echo "run $other (pid $pid) is active" >&2; exit {BUSY_EXIT}; fi
+  if [ {force} != 1 ]; then
+    echo "tpuops: active run=$other pid=$pid"; echo "run $other (pid $pid) is active" >&2; exit {BUSY_EXIT}; fi
   kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
   i=0; while kill -0 "$pid" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
   kill -KILL -- "-$pid" 2>/dev/null || true
@@ -69,7 +70,9 @@ echo "tpuops: started pid=$!"
         if r is not None and r.exit_code == BUSY_EXIT and not r.error:
             active = [m for m in markers(r.stdout) if m["_"].startswith("active")]
             who = ", ".join(f"run {m['run']} (pid {m['pid']})" for m in active)
-            return Outcome("busy", f"{who} is active on this worker (use --force to stop it)", {"active": who})
+            return Outcome(
+                "busy", f"{who} is active on this worker (use --force to stop it)", {"active": who}
+            )
         found = markers(r.stdout) if r is not None and r.ok else []
         if not found:
             return super().outcome(results)
@@ -91,7 +94,14 @@ class FollowStep(Step):
     hang_min_s: float | str = 60.0
     on_hang: Literal["stop", "wait"] | str = "stop"
     py_spy: bool | str = False
-    template_fields: ClassVar[tuple[str, ...]] = ("runs_dir", "timeout", "hang_factor", "hang_min_s", "on_hang", "py_spy")
+    template_fields: ClassVar[tuple[str, ...]] = (
+        "runs_dir",
+        "timeout",
+        "hang_factor",
+        "hang_min_s",
+        "on_hang",
+        "py_spy",
+    )
 
     def plan(self, ctx: PlanContext) -> list[Action]:
         def num(v: float | str) -> float:
@@ -100,7 +110,9 @@ class FollowStep(Step):
         on_hang = ctx.raw(self.on_hang)
         if on_hang not in ("stop", "wait"):
             raise ValueError(f"on_hang must be stop or wait, received {on_hang!r}")
-        py_spy = ctx.raw(self.py_spy).lower() in ("true", "1") if isinstance(self.py_spy, str) else self.py_spy
+        py_spy = (
+            ctx.raw(self.py_spy).lower() in ("true", "1") if isinstance(self.py_spy, str) else self.py_spy
+        )
         return [
             Follow(
                 run_dir(ctx.raw(self.runs_dir), ctx.run_id),

@@ -76,6 +76,7 @@ force={force}; grace={int(self.grace_s * 10)}
 holders=""
 for p in /proc/[0-9]*; do
   pid=${{p#/proc/}}; [ "$pid" = "$$" ] && continue
+  [ -O "$p" ] || continue  # only our own processes: we could neither see their fds nor stop them
   why=""
   for fd in "$p"/fd/*; do
     t=$(readlink "$fd" 2>/dev/null) || continue
@@ -139,7 +140,7 @@ class SyncEnv(Step):
         dest = ctx.raw(self.dest)
         check = Command(
             f"echo 'tpuops: env_sha={digest[:12]}'; "
-            f"if [ -f {shell.path(dest)} ] && [ \"$(sha256sum < {shell.path(dest)} | cut -c1-64)\" = {digest} ]; "
+            f'if [ -f {shell.path(dest)} ] && [ "$(sha256sum < {shell.path(dest)} | cut -c1-64)" = {digest} ]; '
             f"then echo 'tpuops: same'; fi"
         )
         return [check, Upload(src, dest, 0o600, digest[:12])]
@@ -148,10 +149,12 @@ class SyncEnv(Step):
         if not results:
             return Outcome("nothing", "no local .env")
         found = markers(results[0].stdout)
-        data = {"env_sha": m["env_sha"] for m in found if "env_sha" in m}
+        data = {k: m[k] for m in found for k in ("env_sha",) if k in m}
         if any(m["_"] == "same" for m in found):
             return Outcome("nothing", "already identical", data)
-        return super().outcome(results) if not results[-1].ok else Outcome("changed", "sent (mode 0600)", data)
+        return (
+            super().outcome(results) if not results[-1].ok else Outcome("changed", "sent (mode 0600)", data)
+        )
 
 
 class Shell(Step):

@@ -24,7 +24,9 @@ class Worker:
     port: int = 22
     user: str | None = None
     hostkey: str | None = None  # pinned "SHA256:..." fingerprint, when known
-    internal_host: str | None = None  # the address other workers reach it at (the coordinator's, for worker 0)
+    internal_host: str | None = (
+        None  # the address other workers reach it at (the coordinator's, for worker 0)
+    )
 
     @property
     def label(self) -> str:

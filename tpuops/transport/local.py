@@ -50,7 +50,7 @@ class LocalTransport:
         home = self.home(worker)
         proc_env = {**os.environ, "HOME": str(home)}
         t0 = time.monotonic()
-        proc = subprocess.Popen(  # noqa: S603 - the command is built and quoted by tpuops.shell
+        proc = subprocess.Popen(
             ["/bin/sh", "-c", shell.with_stdin_env(command)],
             cwd=home,
             env=proc_env,
@@ -124,7 +124,7 @@ class LocalTransport:
         pass
 
 
-def _pump(stream, sink: list[str], worker: int, on_line: LineSink | None) -> None:  # noqa: ANN001
+def _pump(stream, sink: list[str], worker: int, on_line: LineSink | None) -> None:
     for raw in iter(stream.readline, b""):
         line = raw.decode(errors="replace")
         sink.append(line)

@@ -207,7 +207,9 @@ class SshTransport:
         if worker not in self._homes:
             r = self.run(worker, 'printf %s "$HOME"')
             if not r.ok or not r.stdout.startswith("/"):
-                raise ConnectError(f"cannot read $HOME on {self.workers[worker].label}: {r.error or r.stderr}")
+                raise ConnectError(
+                    f"cannot read $HOME on {self.workers[worker].label}: {r.error or r.stderr}"
+                )
             self._homes[worker] = r.stdout
         return self._homes[worker] + p[1:]
 
@@ -233,7 +235,7 @@ class SshTransport:
                 return buf.getvalue()
         except FileNotFoundError:
             return None
-        except (OSError, paramiko.SSHException, EOFError, socket.error):
+        except (OSError, paramiko.SSHException, EOFError):
             self._drop(worker)
             raise
 

@@ -9,7 +9,7 @@ import pytest
 from tests.tpuops.cloud.conftest import Cloud
 from tpuops.cloud import tpu_api
 from tpuops.cloud.create import CreateRequest, create_vm
-from tpuops.errors import CloudError, PreemptedError, TimeoutError_, UsageError
+from tpuops.errors import CloudError, PreemptedError, CommandTimeoutError, UsageError
 
 
 def _create(cloud: Cloud, name: str, zone: str = "us-east1-d", **kw: object) -> tpu_api.VmInfo:
@@ -53,7 +53,7 @@ def test_queued_create_goes_active_and_delete_removes_both(cloud: Cloud, vm_name
 
 def test_queued_without_capacity_times_out_naming_the_state(cloud: Cloud, vm_name: str) -> None:
     cloud.emu.admin("faults", capacity={"us-east5-a": 1})
-    with pytest.raises(TimeoutError_, match="still WAITING_FOR_RESOURCES after 1s"):
+    with pytest.raises(CommandTimeoutError, match="still WAITING_FOR_RESOURCES after 1s"):
         _create(cloud, vm_name, zone="us-east5-a", queued=True, wait=True, timeout=1.0)
 
 
@@ -117,7 +117,7 @@ def test_wait_reports_preemption_and_deletion(cloud: Cloud, vm_name: str) -> Non
     with pytest.raises(PreemptedError, match="was preempted") as e:
         tpu_api.wait_vm(api, "us-east1-d", vm_name, "READY", timeout=5)
     assert "recreate" in (e.value.hint or "")
-    with pytest.raises(TimeoutError_, match="still PREEMPTED after 0s"):
+    with pytest.raises(CommandTimeoutError, match="still PREEMPTED after 0s"):
         tpu_api.wait_vm(api, "us-east1-d", vm_name, "STOPPED", timeout=0.2)
     cloud.emu.model.delete_node(tpu_api.node_name(api, "us-east1-d", vm_name))
     assert tpu_api.wait_vm(api, "us-east1-d", vm_name, "DELETED", timeout=10) is None

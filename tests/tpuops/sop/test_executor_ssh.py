@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -31,7 +30,9 @@ def run(pool: SshdPool, workers: list, sop: str, cwd: Path, **kw: object) -> run
     return result
 
 
-def test_smoke_sop_fans_out_to_8_workers(sshd_pool: SshdPool, git_remote: tuple[Path, str], tmp_path: Path) -> None:
+def test_smoke_sop_fans_out_to_8_workers(
+    sshd_pool: SshdPool, git_remote: tuple[Path, str], tmp_path: Path
+) -> None:
     workers = sshd_pool.take(8)
     bare, sha = git_remote
     lines: list[tuple[int, str]] = []
@@ -89,7 +90,9 @@ def test_git_sync_to_a_commit(sshd_pool: SshdPool, git_remote: tuple[Path, str],
     workers = sshd_pool.take(1)
     bare, first = git_remote
     commit_to(bare, tmp_path, "b.py", "b = 2\n")
-    report = run(sshd_pool, workers, "sync", tmp_path, sets={"repo_url": str(bare), "branch": first, "lockfile": "~/l"})
+    report = run(
+        sshd_pool, workers, "sync", tmp_path, sets={"repo_url": str(bare), "branch": first, "lockfile": "~/l"}
+    )
     assert report.steps[0].outcomes[0].data["sha"] == first[:7]
 
 
@@ -102,7 +105,7 @@ def test_clear_lockfile_refuses_while_a_holder_runs_then_force_kills_in_order(
     # A stand-in for libtpu: it holds the lockfile open; on SIGTERM it records whether the lock still existed.
     holder = (
         "touch ~/libtpu_lockfile; "
-        "setsid nohup sh -c 'trap \"[ -e ~/libtpu_lockfile ] && echo lock-present > ~/term.txt; exit 0\" TERM; "
+        'setsid nohup sh -c \'trap "[ -e ~/libtpu_lockfile ] && echo lock-present > ~/term.txt; exit 0" TERM; '
         "while :; do sleep 0.05; done' 9<~/libtpu_lockfile > /dev/null 2>&1 < /dev/null & echo $!"
     )
     pid = int(transport.run(0, holder).stdout.strip())
@@ -131,7 +134,9 @@ def test_detached_run_survives_closing_the_connection(
 
     workers = sshd_pool.take(2)
     sop = loader.load(loader.find("smoke"))
-    values = sop.resolve({"repo_url": str(git_remote[0]), "steps": "8", "step_seconds": "0.1", "lockfile": "~/l"})
+    values = sop.resolve(
+        {"repo_url": str(git_remote[0]), "steps": "8", "step_seconds": "0.1", "lockfile": "~/l"}
+    )
     start = sop.model_copy(update={"steps": sop.steps[:4]})  # sync .. start job, no follow
     transport = sshd_pool.transport(workers)
     first = Executor(transport).execute(start, values, "run-detach", [0, 1])
@@ -143,41 +148,57 @@ def test_detached_run_survives_closing_the_connection(
     follow = sop.model_copy(update={"steps": sop.steps[4:]})
     seen: list[tuple[int, str]] = []
     again = sshd_pool.transport(workers)
-    report = Executor(again, on_line=lambda w, line: seen.append((w, line))).execute(follow, values, "run-detach", [0, 1])
+    report = Executor(again, on_line=lambda w, line: seen.append((w, line))).execute(
+        follow, values, "run-detach", [0, 1]
+    )
     assert report.ok, report.first_failure()
     assert report.steps[0].outcomes[0].data["exit_code"] == 0
     assert sum(1 for w, line in seen if w == 1 and line.startswith("step=")) == 8
     assert (workers[0].home / "tpuops/runs/run-detach/worker-0.exit").read_text().strip() == "0"
 
 
-def test_hostile_set_value_is_inert(sshd_pool: SshdPool, git_remote: tuple[Path, str], tmp_path: Path) -> None:
+def test_hostile_set_value_is_inert(
+    sshd_pool: SshdPool, git_remote: tuple[Path, str], tmp_path: Path
+) -> None:
     (w,) = sshd_pool.take(1)
     marker = w.home / "pwned"
     hostile = f"x; touch {marker}; echo $(touch {marker})"
-    report = run(sshd_pool, [w], "sync", tmp_path, sets={"repo_url": str(git_remote[0]), "branch": hostile, "lockfile": "~/l"})
+    report = run(
+        sshd_pool,
+        [w],
+        "sync",
+        tmp_path,
+        sets={"repo_url": str(git_remote[0]), "branch": hostile, "lockfile": "~/l"},
+    )
     assert report.steps[0].outcomes[0].status == "failed"
     assert "unknown branch or commit" in report.steps[0].outcomes[0].detail
     echo = run(sshd_pool, [w], "exec", tmp_path, sets={"cmd": "echo", "repo_dir": f"~/d; touch {marker}"})
     assert echo.ok
     assert not marker.exists()
-    assert (w.home / f"d; touch {marker}").is_dir()  # the value became a (strange) directory name, nothing ran
+    assert (
+        w.home / f"d; touch {marker}"
+    ).is_dir()  # the value became a (strange) directory name, nothing ran
 
 
 def test_host_key_mismatch_is_refused_before_any_step(sshd_pool: SshdPool, tmp_path: Path) -> None:
     a, b = sshd_pool.take(2)
-    spec = TargetSpec(hosts=(f"{a.user}@127.0.0.1:{a.port}",), hostkeys=(b.fingerprint,), identity=str(sshd_pool.key))
+    spec = TargetSpec(
+        hosts=(f"{a.user}@127.0.0.1:{a.port}",), hostkeys=(b.fingerprint,), identity=str(sshd_pool.key)
+    )
     with pytest.raises(HostKeyError) as e:
         runner.run(RunRequest(sop="exec", sets={"cmd": "touch ~/ran"}, target=spec), cwd=tmp_path)
     assert a.fingerprint in e.value.line() and b.fingerprint in e.value.line()
     assert not (a.home / "ran").exists()
 
 
-def test_fail_fast_names_the_worker_and_keep_going_finishes_the_rest(sshd_pool: SshdPool, tmp_path: Path) -> None:
+def test_fail_fast_names_the_worker_and_keep_going_finishes_the_rest(
+    sshd_pool: SshdPool, tmp_path: Path
+) -> None:
     workers = sshd_pool.take(3)
     (workers[1].home / "fail").write_text("")
     cmd = "if [ -e ~/fail ]; then echo boom >&2; exit 3; fi; sleep 0.5; touch ~/done"
     fast = run(sshd_pool, workers, "exec", tmp_path, sets={"cmd": cmd})
-    step, worker, outcome = fast.first_failure()
+    _, worker, outcome = fast.first_failure()
     assert worker == 1 and outcome.detail == "boom"
     assert {fast.steps[0].outcomes[w].status for w in (0, 2)} == {"cancelled"}
     assert not (workers[0].home / "done").exists()
@@ -195,5 +216,7 @@ def test_secret_env_values_never_reach_ps_or_outputs(sshd_pool: SshdPool, tmp_pa
     # Only the grep's own pattern could match, and it holds "$TOKEN" unexpanded in ps: no process shows the value.
     count, length = r.stdout.split()
     assert int(length) == len(secret) + 1
-    assert secret not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert (
+        secret not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+    )
     assert int(count) <= 1

@@ -53,7 +53,9 @@ def test_unknown_kind_suggests_the_closest(tmp_path: Path) -> None:
 
 def test_unknown_top_level_key(tmp_path: Path) -> None:
     p = write(tmp_path, GOOD.replace("description:", "descripton:"))
-    with pytest.raises(UsageError, match=r"bad.yaml:2: unknown key 'descripton' .*did you mean 'description'"):
+    with pytest.raises(
+        UsageError, match=r"bad.yaml:2: unknown key 'descripton' .*did you mean 'description'"
+    ):
         loader.load(p)
 
 

@@ -22,7 +22,9 @@ HOSTS = ("me@10.0.0.2:22", "me@10.0.0.3:22")
 def test_dry_run_plan_matches_golden(name: str, tmp_path: Path) -> None:
     sop = loader.load(loader.find(name))
     sets = {k: v for k, v in SETS.items() if k in sop.params}
-    result = runner.run(runner.RunRequest(sop=name, sets=sets, target=TargetSpec(hosts=HOSTS), dry_run=True), cwd=tmp_path)
+    result = runner.run(
+        runner.RunRequest(sop=name, sets=sets, target=TargetSpec(hosts=HOSTS), dry_run=True), cwd=tmp_path
+    )
     assert isinstance(result, runner.DryRun)
     text = render_plan(result.plan)
     golden = GOLDEN / f"{name}.txt"
@@ -35,14 +37,19 @@ def test_dry_run_plan_matches_golden(name: str, tmp_path: Path) -> None:
 def test_dry_run_touches_nothing(tmp_path: Path) -> None:
     # Unreachable hosts: a dry run must not even try to connect.
     spec = TargetSpec(hosts=("me@192.0.2.1:22",))
-    result = runner.run(runner.RunRequest(sop="sync", sets={"repo_url": "x"}, target=spec, dry_run=True), cwd=tmp_path)
+    result = runner.run(
+        runner.RunRequest(sop="sync", sets={"repo_url": "x"}, target=spec, dry_run=True), cwd=tmp_path
+    )
     assert isinstance(result, runner.DryRun)
     assert not (Path(os.environ["TPUOPS_HOME"]) / "runs").exists()
 
 
 def test_hostile_value_is_quoted_in_the_plan(tmp_path: Path) -> None:
     sets = {"repo_url": "r", "branch": "x; rm -rf /", "repo_dir": "~/$(reboot)"}
-    result = runner.run(runner.RunRequest(sop="sync", sets=sets, target=TargetSpec(hosts=HOSTS[:1]), dry_run=True), cwd=tmp_path)
+    result = runner.run(
+        runner.RunRequest(sop="sync", sets=sets, target=TargetSpec(hosts=HOSTS[:1]), dry_run=True),
+        cwd=tmp_path,
+    )
     text = render_plan(result.plan)
     assert "ref='x; rm -rf /'" in text
     assert "dir=\"$HOME\"/'$(reboot)'" in text

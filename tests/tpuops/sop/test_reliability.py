@@ -30,7 +30,9 @@ def job_sop(command: str, **follow: object) -> Sop:
 
 def test_second_run_is_refused_naming_the_holder_then_force_stops_it(sshd_pool: SshdPool) -> None:
     (w,) = sshd_pool.take(1)
-    long = Sop.model_validate({"name": "long", "steps": [{"kind": "run", "command": "sleep 600", "runs_dir": "~/runs"}]})
+    long = Sop.model_validate(
+        {"name": "long", "steps": [{"kind": "run", "command": "sleep 600", "runs_dir": "~/runs"}]}
+    )
     t = sshd_pool.transport([w])
     first = Executor(t).execute(long, {}, "run-one", [0])
     assert first.ok
@@ -55,8 +57,11 @@ def test_consistency_names_the_worker_on_another_commit(
     bare, first = git_remote
     second = commit_to(bare, tmp_path, "c.py", "c = 3\n")
     sync = Sop.model_validate(
-        {"name": "s", "params": {"ref": {"type": "str"}},
-         "steps": [{"kind": "git_sync", "repo": str(bare), "ref": "{ref}", "dir": "~/repo"}]}
+        {
+            "name": "s",
+            "params": {"ref": {"type": "str"}},
+            "steps": [{"kind": "git_sync", "repo": str(bare), "ref": "{ref}", "dir": "~/repo"}],
+        }
     )
     t = sshd_pool.transport(workers)
     old = Executor(t).execute(sync, {"ref": first}, "s0", [0]).steps[0]
@@ -81,7 +86,11 @@ class DriftingSync(GitSync):
 def test_executor_refuses_to_start_a_run_on_inconsistent_workers(sshd_pool: SshdPool) -> None:
     workers = sshd_pool.take(2)
     sop = Sop.model_construct(
-        name="drift", params={}, preflight=[], scan=None, overrides=None,
+        name="drift",
+        params={},
+        preflight=[],
+        scan=None,
+        overrides=None,
         steps=[DriftingSync(repo="x"), Run(command="touch ~/started", runs_dir="~/runs")],
     )
     report = Executor(sshd_pool.transport(workers)).execute(sop, {}, "drift", [0, 1])
@@ -111,5 +120,7 @@ def test_hung_worker_is_detected_within_the_window(sshd_pool: SshdPool) -> None:
 def test_steady_run_is_not_called_hung(sshd_pool: SshdPool) -> None:
     (w,) = sshd_pool.take(1)
     cmd = "i=0; while [ $i -lt 12 ]; do echo step=$i dt=0.10s; i=$((i+1)); sleep 0.1; done"
-    report = Executor(sshd_pool.transport([w])).execute(job_sop(cmd, hang_factor=10, hang_min_s=1.0), {}, "ok-run", [0])
+    report = Executor(sshd_pool.transport([w])).execute(
+        job_sop(cmd, hang_factor=10, hang_min_s=1.0), {}, "ok-run", [0]
+    )
     assert report.ok, report.first_failure()
