@@ -119,3 +119,26 @@ def commit_to(bare: Path, tmp: Path, name: str, content: str) -> str:
         ["git", "-C", str(work), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
     )
     return out.stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def worker_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An interpreter the workers' own Unix users can run, with this one's packages (jax, the trainer deps).
+
+    This interpreter may live under /root (mode 0700). A hard-linked copy of its prefix costs no disk and
+    ~3 s; a wrapper points the dynamic loader at the copy's libpython (its RPATH still names /root).
+    """
+    import sys
+
+    prefix = Path(sys.base_prefix)
+    if os.geteuid() != 0 or os.access(prefix, os.R_OK | os.X_OK) and str(prefix).startswith("/usr"):
+        yield sys.executable
+        return
+    copy = Path("/opt") / f"tpuops-test-python-{os.getpid()}"
+    subprocess.run(["cp", "-al", str(prefix), str(copy)], check=True)  # noqa: S607
+    exe = copy / "bin" / Path(sys.executable).name
+    wrapper = copy / "bin" / "python-for-workers"
+    wrapper.write_text(f'#!/bin/sh\nLD_LIBRARY_PATH={copy}/lib exec {exe} "$@"\n')
+    wrapper.chmod(0o755)
+    yield str(wrapper)
+    subprocess.run(["rm", "-rf", str(copy)], check=True)  # noqa: S607
