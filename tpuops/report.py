@@ -31,6 +31,11 @@ def line(worker: int, text: str) -> None:
     err.print(f"[cyan]\\[w{worker}][/cyan] {_escape(text)}")
 
 
+def event(text: str) -> None:
+    """Something tpuops did on its own (a recovery, a reconnect), said once on stderr."""
+    err.print(f"[bold magenta]tpuops[/]: {_escape(text)}")
+
+
 def step_done(step: Any) -> None:
     bad = step.failed
     mark = "[red]✗[/red]" if bad else "[green]✓[/green]"
@@ -59,6 +64,11 @@ def sop_report(report: Any, code: int, as_json: bool) -> None:
     if failure:
         step, worker, outcome = failure
         err.print(f"[bold red]failed[/]: step {step.title} on w{worker}: {_escape(outcome.detail)}")
+    for rec in getattr(report, "recoveries", []):
+        err.print(
+            f"recovered from preemption at step {rec['last_step']}: {rec['duration_s']}s to recreate, "
+            f"resumed at step {rec['resumed_step']}, steps lost {rec['steps_lost']}"
+        )
     if report.log is not None:
         from tpuops import report_log
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import secrets as _secrets
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ def run(
     on_line: LineSink | None = None,
     on_step: Callable[[StepReport], None] | None = None,
     cwd: Path | None = None,
+    abort: threading.Event | None = None,
 ) -> SopReport | DryRun:
     """Load and validate the SOP and every value first; only then touch a worker."""
     cwd = cwd or Path.cwd()
@@ -79,6 +81,8 @@ def run(
         on_line=on_line,
         on_step=on_step,
     )
+    if abort is not None:
+        executor.abort = abort
     if req.dry_run:
         plan = executor.plan(sop, values, DRY_RUN_ID, workers)
         return DryRun(sop.name, transport.name, workers, values, plan)

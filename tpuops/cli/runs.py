@@ -35,6 +35,8 @@ def _sop_command(
         local_workers: o.LocalWorkersOpt = 1,
         internal_ip: o.InternalIpOpt = False,
         api_endpoint: o.ApiEndpointOpt = None,
+        recover: o.RecoverOpt = False,
+        max_recoveries: o.MaxRecoveriesOpt = 3,
         **extra: str,
     ) -> None:
         spec = o.target(
@@ -62,6 +64,7 @@ def _sop_command(
             force=force,
             keep_going=keep_going,
             parallel=parallel,
+            recover=max_recoveries if recover else None,
         )
 
     command.__doc__ = doc

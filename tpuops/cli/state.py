@@ -25,6 +25,7 @@ def run_sop(
     force: bool = False,
     keep_going: bool = False,
     parallel: int | None = None,
+    recover: int | None = None,
 ) -> None:
     from tpuops import report, runner
 
@@ -39,7 +40,15 @@ def run_sop(
         keep_going=keep_going,
         parallel=parallel,
     )
-    result = runner.run(req, on_line=report.line, on_step=None if json else report.step_done)
+    on_step = None if json else report.step_done
+    if recover is not None and not dry_run:
+        from tpuops import recovery
+
+        result = recovery.run_with_recovery(
+            req, max_recoveries=recover, on_line=report.line, on_step=on_step, on_event=report.event
+        )
+    else:
+        result = runner.run(req, on_line=report.line, on_step=on_step)
     if isinstance(result, runner.DryRun):
         report.dry_run(result, json)
         return

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tpuops.cloud.client import Api, ApiNotFoundError
-from tpuops.errors import CloudError, PreemptedError, CommandTimeoutError
+from tpuops.errors import CloudError, CommandTimeoutError, PreemptedError
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ class SopReport:
     duration_s: float = 0.0
     log: Any = None  # tpuops.logscan.LogReport when the SOP scans its logs
     fail_on_recompile: bool = False
+    recoveries: list[dict[str, Any]] = field(default_factory=list)  # --recover: one entry per VM recreation
 
     @property
     def ok(self) -> bool:
@@ -87,6 +88,7 @@ class SopReport:
                 for s in self.steps
             ],
             "error_class": error_class(code),
+            "recoveries": self.recoveries,
             "log": None if self.log is None else self.log.to_dict(),
         }
 
@@ -112,6 +114,7 @@ class Executor:
     # Bytes of each worker's log already shown; follow starts there and keeps it current (for attach).
     offsets: dict[int, int] = field(default_factory=dict)
     on_offset: Callable[[dict[int, int]], None] | None = None
+    abort: threading.Event = field(default_factory=threading.Event)  # set from outside: stop following now
 
     def plan(self, sop: Sop, values: dict[str, object], run_id: str, workers: list[int]) -> Plan:
         n = len(self.transport.workers)
@@ -223,6 +226,8 @@ class Executor:
                 chunk = self.transport.read_from(w, log, offset) or b""
                 delay = action.poll_s
             except (OSError, EOFError, TpuopsError) as e:
+                if self.abort.is_set():
+                    return CmdResult(w, action.render(), 130, error="aborted: the VM is gone")
                 if time.monotonic() - t0 > action.timeout:
                     return CmdResult(w, action.render(), 255, error=f"lost connection: {e}")
                 time.sleep(delay)
@@ -253,6 +258,8 @@ class Executor:
                 return CmdResult(w, action.render(), 0, stdout=f"exit={int(code)}\noffset={offset}\n")
             if cancel.is_set():
                 return CmdResult(w, action.render(), 130, error="cancelled: another worker failed")
+            if self.abort.is_set():
+                return CmdResult(w, action.render(), 130, error="aborted: the VM is gone")
             if time.monotonic() - t0 > action.timeout:
                 return CmdResult(w, action.render(), 124, error=f"timed out after {action.timeout:g}s")
             time.sleep(action.poll_s)

@@ -1,0 +1,142 @@
+"""`--recover`: follow a run while watching the VM; on preemption recreate it, rerun the SOP, resume."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from tpuops import runner
+from tpuops.errors import PreemptedError, UsageError
+from tpuops.sop.executor import SopReport, StepReport
+from tpuops.transport.base import LineSink
+
+_STEP = re.compile(r"^step=(\d+) ")
+
+
+def run_with_recovery(
+    req: runner.RunRequest,
+    *,
+    max_recoveries: int = 3,
+    watch_s: float = 10.0,
+    ready_timeout: float = 1800.0,
+    on_line: LineSink | None = None,
+    on_step: Callable[[StepReport], None] | None = None,
+    on_event: Callable[[str], None] | None = None,
+    cwd: Path | None = None,
+) -> SopReport:
+    """Run the SOP; whenever the VM is PREEMPTED, recreate it (same type, zone, runtime) and run it again.
+
+    The trainer resumes from its latest checkpoint, which must live off the VM (gs://..., or a shared
+    path in tests). Each recovery is recorded: when, how long, the last step seen, the step resumed at.
+    """
+    from tpuops.cloud.client import connect
+    from tpuops.cloud.locate import find_vm
+
+    if req.target.kind != "vm":
+        raise UsageError("--recover needs --vm: only a VM can be watched and recreated")
+    say = on_event or (lambda _: None)
+    spec = req.target
+    api = connect(spec.project, spec.api_endpoint)
+    vm = find_vm(api, spec.vm or "", spec.zone)
+    base_id = req.run_id or runner.new_run_id(req.sop)
+    recoveries: list[dict[str, object]] = []
+    seen: dict[str, int | None] = {"last": None, "first": None}
+
+    def line(w: int, text: str) -> None:
+        m = _STEP.match(text)
+        if m and w == 0:
+            step = int(m.group(1))
+            seen["first"] = step if seen["first"] is None else seen["first"]
+            seen["last"] = step
+        if on_line:
+            on_line(w, text)
+
+    for attempt in range(max_recoveries + 1):
+        abort = threading.Event()
+        preempted = threading.Event()
+        watcher = threading.Thread(target=_watch, args=(api, vm.zone, vm.name, watch_s, abort, preempted), daemon=True)
+        watcher.start()
+        seen["first"] = None
+        run_id = base_id if attempt == 0 else f"{base_id}-r{attempt}"
+        try:
+            result = runner.run(replace(req, run_id=run_id), on_line=line, on_step=on_step, cwd=cwd, abort=abort)
+        finally:
+            abort.set()  # also stops the watcher
+            watcher.join(timeout=watch_s + 5)
+        assert isinstance(result, SopReport)
+        if recoveries and recoveries[-1]["resumed_step"] is None:
+            rec = recoveries[-1]
+            rec["resumed_step"] = seen["first"]
+            if seen["first"] is not None and rec["last_step"] is not None:
+                rec["steps_lost"] = int(rec["last_step"]) + 1 - int(seen["first"])
+        if not preempted.is_set():
+            result.recoveries = recoveries
+            return result
+        if attempt == max_recoveries:
+            raise PreemptedError(
+                f"{vm.name} was preempted {attempt + 1} times; gave up after {max_recoveries} recoveries",
+                hint="try another zone, or a reserved (non-spot) VM",
+            )
+        say(f"{vm.name} was PREEMPTED at step {seen['last']}; recreating it ({attempt + 1}/{max_recoveries})")
+        t0 = time.monotonic()
+        _recreate(api, vm, spec, ready_timeout)
+        recoveries.append(
+            {
+                "at": time.time(),
+                "duration_s": round(time.monotonic() - t0, 2),
+                "last_step": seen["last"],
+                "resumed_step": None,
+                "steps_lost": None,
+                "run_id": f"{base_id}-r{attempt + 1}",
+            }
+        )
+        say(f"{vm.name} is READY again after {time.monotonic() - t0:.1f}s; rerunning {req.sop}")
+    raise AssertionError("unreachable")
+
+
+def _watch(api, zone: str, name: str, every: float, abort: threading.Event, preempted: threading.Event) -> None:  # noqa: ANN001
+    from tpuops.cloud.tpu_api import get_vm
+
+    while not abort.wait(every):
+        try:
+            state = get_vm(api, zone, name).state
+        except Exception:  # noqa: BLE001 - a failed poll is retried at the next tick (the client retries too)
+            continue
+        if state == "PREEMPTED":
+            preempted.set()
+            abort.set()
+            return
+
+
+def _recreate(api, vm, spec, timeout: float) -> None:  # noqa: ANN001
+    """Delete the preempted node and create it again with the same shape (queued resources wait themselves)."""
+    from tpuops.cloud.create import CreateRequest, create_vm
+    from tpuops.cloud.locate import remember_zone
+    from tpuops.cloud.tpu_api import delete_vm
+
+    try:
+        delete_vm(api, vm.zone, vm.name, timeout)
+    except Exception:  # noqa: BLE001 - already gone is fine; create reports anything real
+        pass
+    ssh_keys = ""
+    if spec.identity:
+        pub = Path(f"{Path(spec.identity).expanduser()}.pub")
+        if pub.is_file():
+            ssh_keys = f"{spec.user or ''}:{pub.read_text().strip()}"
+    req = CreateRequest(
+        vm.name,
+        vm.accelerator_type,
+        vm.runtime_version,
+        (vm.zone,),
+        spot=vm.spot,
+        queued=bool(vm.queued_resource),
+        wait=True,
+        timeout=timeout,
+        ssh_keys=ssh_keys,
+    )
+    create_vm(api, req)
+    remember_zone(api, vm.name, vm.zone)
