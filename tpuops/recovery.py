@@ -58,12 +58,16 @@ def run_with_recovery(
     for attempt in range(max_recoveries + 1):
         abort = threading.Event()
         preempted = threading.Event()
-        watcher = threading.Thread(target=_watch, args=(api, vm.zone, vm.name, watch_s, abort, preempted), daemon=True)
+        watcher = threading.Thread(
+            target=_watch, args=(api, vm.zone, vm.name, watch_s, abort, preempted), daemon=True
+        )
         watcher.start()
         seen["first"] = None
         run_id = base_id if attempt == 0 else f"{base_id}-r{attempt}"
         try:
-            result = runner.run(replace(req, run_id=run_id), on_line=line, on_step=on_step, cwd=cwd, abort=abort)
+            result = runner.run(
+                replace(req, run_id=run_id), on_line=line, on_step=on_step, cwd=cwd, abort=abort
+            )
         finally:
             abort.set()  # also stops the watcher
             watcher.join(timeout=watch_s + 5)
@@ -98,13 +102,15 @@ def run_with_recovery(
     raise AssertionError("unreachable")
 
 
-def _watch(api, zone: str, name: str, every: float, abort: threading.Event, preempted: threading.Event) -> None:  # noqa: ANN001
+def _watch(
+    api, zone: str, name: str, every: float, abort: threading.Event, preempted: threading.Event
+) -> None:
     from tpuops.cloud.tpu_api import get_vm
 
     while not abort.wait(every):
         try:
             state = get_vm(api, zone, name).state
-        except Exception:  # noqa: BLE001 - a failed poll is retried at the next tick (the client retries too)
+        except Exception:
             continue
         if state == "PREEMPTED":
             preempted.set()
@@ -112,7 +118,7 @@ def _watch(api, zone: str, name: str, every: float, abort: threading.Event, pree
             return
 
 
-def _recreate(api, vm, spec, timeout: float) -> None:  # noqa: ANN001
+def _recreate(api, vm, spec, timeout: float) -> None:
     """Delete the preempted node and create it again with the same shape (queued resources wait themselves)."""
     from tpuops.cloud.create import CreateRequest, create_vm
     from tpuops.cloud.locate import remember_zone
@@ -120,7 +126,7 @@ def _recreate(api, vm, spec, timeout: float) -> None:  # noqa: ANN001
 
     try:
         delete_vm(api, vm.zone, vm.name, timeout)
-    except Exception:  # noqa: BLE001 - already gone is fine; create reports anything real
+    except Exception:
         pass
     ssh_keys = ""
     if spec.identity:

@@ -48,9 +48,12 @@ ParallelOpt = Annotated[
     int | None, typer.Option("--parallel", min=1, help="Workers handled at once (default 16).")
 ]
 RecoverOpt = Annotated[
-    bool, typer.Option("--recover", help="Watch the VM; on preemption recreate it and resume from the checkpoint.")
+    bool,
+    typer.Option("--recover", help="Watch the VM; on preemption recreate it and resume from the checkpoint."),
 ]
-MaxRecoveriesOpt = Annotated[int, typer.Option("--max-recoveries", min=0, help="Recoveries before giving up.")]
+MaxRecoveriesOpt = Annotated[
+    int, typer.Option("--max-recoveries", min=0, help="Recoveries before giving up.")
+]
 InternalIpOpt = Annotated[bool, typer.Option("--internal-ip", help="Connect to workers' internal IPs.")]
 ApiEndpointOpt = Annotated[
     str | None,
