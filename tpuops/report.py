@@ -203,3 +203,49 @@ def doctor(health: list[Any], as_json: bool) -> None:
         ]
         table.add_row(f"w{h.worker}", h.address, conn, h.lock, *cells)
     err.print(table)
+
+
+def rollout_bench(results: list[Any], as_json: bool) -> None:
+    base = results[0]
+
+    def ratio(v: float | None, b: float | None) -> str:
+        return "" if v is None or not b else f"{v / b:.2f}x"
+
+    if as_json:
+        rows = [
+            {
+                **r.__dict__,
+                "dt_p50_ratio": None if r.dt_p50 is None or not base.dt_p50 else r.dt_p50 / base.dt_p50,
+                "rollout_ratio": None
+                if r.rollout_generate_mean is None or not base.rollout_generate_mean
+                else r.rollout_generate_mean / base.rollout_generate_mean,
+            }
+            for r in results
+        ]
+        out.print_json(json.dumps(rows))
+        return
+    table = Table(
+        "variant",
+        "steps",
+        "dt p50 s",
+        "ratio",
+        "rollout_generate s",
+        "ratio",
+        "update s",
+        "run",
+        title="rollout comparison (steady state, after warm-up)",
+        title_justify="left",
+    )
+    for r in results:
+        f = lambda v: "" if v is None else f"{v:.3f}"  # noqa: E731
+        table.add_row(
+            r.label,
+            str(r.steps),
+            f(r.dt_p50),
+            ratio(r.dt_p50, base.dt_p50),
+            f(r.rollout_generate_mean),
+            ratio(r.rollout_generate_mean, base.rollout_generate_mean),
+            f(r.update_mean),
+            r.run_id,
+        )
+    err.print(table)

@@ -268,3 +268,55 @@ def doctor(
         not h.connected or any(s in ("differs", "missing") for s in h.env_keys.values()) for h in health
     )
     raise typer.Exit(1 if bad else 0)
+
+
+bench_app = typer.Typer(help="Benchmarks run through SOPs.", no_args_is_help=True, rich_markup_mode=None)
+
+
+@bench_app.command("rollout")
+def bench_rollout(
+    variant: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--variant", help="Trainer overrides of one variant, a.b=v[,c.d=w]; '' is the baseline."
+        ),
+    ] = None,
+    set_: o.SetOpt = None,
+    json: o.JsonOpt = False,
+    vm: o.VmOpt = None,
+    zone: o.ZoneOpt = None,
+    project: o.ProjectOpt = None,
+    host: o.HostOpt = None,
+    hostkey: o.HostKeyOpt = None,
+    user: o.UserOpt = None,
+    identity: o.IdentityOpt = None,
+    local: o.LocalOpt = False,
+    api_endpoint: o.ApiEndpointOpt = None,
+) -> None:
+    """N GRPO steps per variant (same target, one after another), then step time and rollout_generate side by side.
+
+    \b
+    Examples:
+      tpuops bench rollout --vm mllm-jax-v6e-8 --set steps=10 --variant '' --variant rollout.max_new_tokens=256
+      tpuops bench rollout --local --set steps=4 --variant '' --variant 'rollout.temperature=0.7'
+    """
+    from tpuops import report, rollout_bench, runner
+
+    finish_json(json)
+    spec = o.target(
+        vm=vm,
+        zone=zone,
+        project=project,
+        host=host,
+        hostkey=hostkey,
+        user=user,
+        identity=identity,
+        local=local,
+        api_endpoint=api_endpoint,
+    )
+    req = runner.RunRequest(sop="grpo", sets=o.parse_sets(set_), target=spec)
+    results = rollout_bench.run(
+        req, list(variant or []), on_line=None, on_step=None if json else report.step_done
+    )
+    report.rollout_bench(results, json)
+    raise typer.Exit(0 if all(r.ok for r in results) else 1)

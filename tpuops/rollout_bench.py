@@ -1,0 +1,71 @@
+"""`tpuops bench rollout`: the same GRPO run under several --set variants, step and rollout times side by side."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from tpuops import runner
+from tpuops.errors import UsageError
+from tpuops.sop.executor import SopReport, StepReport
+from tpuops.transport.base import LineSink
+
+
+@dataclass(frozen=True)
+class VariantResult:
+    label: str
+    run_id: str
+    ok: bool
+    steps: int
+    dt_p50: float | None
+    dt_mean: float | None
+    rollout_generate_mean: float | None
+    update_mean: float | None
+
+
+def parse_variant(text: str) -> dict[str, str]:
+    """`a.b=1,c.d=x` (or empty for the baseline) -> {"a.b": "1", "c.d": "x"}."""
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key:
+            raise UsageError(
+                f"--variant {text!r}: expected key=value[,key=value]",
+                hint="e.g. --variant rollout.temperature=0.7",
+            )
+        out[key] = value
+    return out
+
+
+def run(
+    req: runner.RunRequest,
+    variants: list[str],
+    *,
+    on_line: LineSink | None = None,
+    on_step: Callable[[StepReport], None] | None = None,
+) -> list[VariantResult]:
+    """Run every variant one after another on the same target; the first is the baseline of the ratios."""
+    if not variants:
+        variants = [""]
+    parsed = [parse_variant(v) for v in variants]
+    results = []
+    for text, sets in zip(variants, parsed, strict=True):
+        report = runner.run(replace(req, sets={**req.sets, **sets}), on_line=on_line, on_step=on_step)
+        assert isinstance(report, SopReport)
+        results.append(_result(text or "baseline", report))
+    return results
+
+
+def _result(label: str, report: SopReport) -> VariantResult:
+    log = report.log
+    dt = log.dt if log is not None else None
+    return VariantResult(
+        label=label,
+        run_id=report.run_id,
+        ok=report.ok and log is not None and not log.failed,
+        steps=log.steps if log is not None else 0,
+        dt_p50=dt.p50 if dt else None,
+        dt_mean=dt.mean if dt else None,
+        rollout_generate_mean=log.rollout_generate_mean if log is not None else None,
+        update_mean=log.update_mean if log is not None else None,
+    )
