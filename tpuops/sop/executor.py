@@ -235,14 +235,15 @@ class Executor:
                 continue
             *lines, pending = (pending + chunk).split(b"\n")
             offset += len(chunk)
-            if lines:
-                # Only whole lines count as shown: a reattach resumes at the start of a partial line.
-                self.offsets[w] = offset - len(pending)
-                if self.on_offset:
-                    self.on_offset(self.offsets)
             if show and self.on_line:
                 for line in lines:
                     self.on_line(w, self.redact(line.decode(errors="replace")))
+            if lines:
+                # Saved after the lines were shown (never lose one), and only whole lines count:
+                # a reattach resumes at the start of a partial line.
+                self.offsets[w] = offset - len(pending)
+                if self.on_offset:
+                    self.on_offset(self.offsets)
             if hang is not None:
                 hung = hang.check(lines)
                 if hung:
@@ -284,6 +285,9 @@ class Executor:
             dest = self.local_runs / action.run_dir.rstrip("/").rsplit("/", 1)[-1] / f"worker-{w}.log"
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(self.redact(data.decode(errors="replace")).encode())
+            code = self.transport.read_from(w, f"{action.run_dir}/worker-{w}.exit", 0)
+            if code is not None:  # the report tells a finished job from a killed one by this file
+                dest.with_suffix(".exit").write_bytes(code)
         return CmdResult(w, action.render(), 0, stdout=f"tpuops: fetched bytes={len(data)} to={dest}\n")
 
 
