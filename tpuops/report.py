@@ -69,7 +69,10 @@ def sop_report(report: Any, code: int, as_json: bool) -> None:
             f"recovered from preemption at step {rec['last_step']}: {rec['duration_s']}s to recreate, "
             f"resumed at step {rec['resumed_step']}, steps lost {rec['steps_lost']}"
         )
-    if report.log is not None:
+    if report.log is not None and report.log.metrics:
+        for m in report.log.metrics:
+            err.print(metrics_table(m))
+    elif report.log is not None:
         from tpuops import report_log
 
         report_log.render(report.log, code, False, None, None)
@@ -249,3 +252,56 @@ def rollout_bench(results: list[Any], as_json: bool) -> None:
             r.run_id,
         )
     err.print(table)
+
+
+def metrics_table(m: dict[str, Any]) -> Table:
+    """A `metrics: {json}` line from gradcheck or microbench as a table (other kinds: key/value rows)."""
+    if m.get("kind") == "gradcheck":
+        quantities = sorted({q for r in m.get("impls", {}).values() for q in r if isinstance(r.get(q), dict)})
+        table = Table(
+            "impl",
+            *[f"{q} rel" for q in quantities],
+            *[f"{q} max abs" for q in quantities],
+            "ok",
+            title=f"gradcheck {m.get('loss')} ({m.get('config')}, {m.get('dtype')}, {m.get('backend')}), "
+            f"tolerance rel {m.get('tolerance_rel')}",
+            title_justify="left",
+        )
+        for impl, r in m.get("impls", {}).items():
+            rel = [f"{r[q]['rel']:.1e}" if q in r else "" for q in quantities]
+            table.add_row(impl, *rel, "[green]yes[/]" if r.get("ok") else "[bold red]NO[/]")
+        return table
+    if m.get("kind") == "microbench":
+        table = Table(
+            "impl",
+            "B×T×V",
+            "dtype",
+            "mean ms",
+            "p50 ms",
+            "p90 ms",
+            "temp MB",
+            "peak MB",
+            "backend",
+            title="microbench (forward+backward)",
+            title_justify="left",
+        )
+
+        def mb(v: object) -> str:
+            return "" if v is None else f"{float(v) / 1e6:.1f}"  # type: ignore[arg-type]
+
+        table.add_row(
+            str(m.get("impl")),
+            f"{m.get('B')}×{m.get('T')}×{m.get('V')}",
+            str(m.get("dtype")),
+            f"{m.get('mean_ms', 0):.2f}",
+            f"{m.get('p50_ms', 0):.2f}",
+            f"{m.get('p90_ms', 0):.2f}",
+            mb(m.get("temp_bytes")),
+            mb(m.get("peak_bytes")),
+            str(m.get("backend")),
+        )
+        return table
+    table = Table("key", "value", title=str(m.get("kind", "metrics")), title_justify="left")
+    for k, v in m.items():
+        table.add_row(str(k), _escape(json.dumps(v) if isinstance(v, dict | list) else str(v)))
+    return table

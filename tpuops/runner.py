@@ -162,14 +162,14 @@ def _scan(sop: loader.Sop, report: SopReport, local_run: Path, warmup: int):
         if not logscan.run_logs(local_run):
             return None
         return logscan.scan_run(local_run, warmup)
-    parts = []
+    scanners: dict[int, logscan.LogScanner] = {}
     for step in report.steps:
         for w, results in sorted(step.results.items()):
-            scanner = logscan.LogScanner(warmup=warmup, worker=w)
+            scanner = scanners.setdefault(w, logscan.LogScanner(warmup=warmup, worker=w))
             for r in results:
                 for line in r.stdout.splitlines():
                     scanner.feed(line)
-            parts.append(scanner.close())
+    parts = [s.close() for _, s in sorted(scanners.items())]
     return logscan.merge(parts) if parts else None
 
 

@@ -103,15 +103,17 @@ def register(app: typer.Typer) -> None:
         )
     )
     app.command("recompile-check")(
-        _sop_command(
-            "recompile-check",
-            """A few GRPO steps with JAX compile logging; exit 7 if anything compiles after the warm-up.
+        with_args(
+            _sop_command(
+                "recompile-check",
+                """A few GRPO steps with JAX compile logging; exit 7 if anything compiles after the warm-up.
 
         \b
         Examples:
           tpuops recompile-check                       # the VM from tpuops.toml
           tpuops recompile-check --local --set steps=4 --json
         """,
+            )
         )
     )
     loss_arg = inspect.Parameter(
@@ -129,7 +131,7 @@ def register(app: typer.Typer) -> None:
         \b
         Examples:
           tpuops gradcheck ce --vm mllm-jax-v6e-8
-          tpuops gradcheck grpo --local --set venv=none --set python=python3
+          tpuops gradcheck grpo --local
         """,
                 fixed=lambda loss: {"loss": loss},
             ),
@@ -137,15 +139,17 @@ def register(app: typer.Typer) -> None:
         )
     )
     app.command("microbench")(
-        _sop_command(
-            "microbench",
-            """Forward+backward time and peak memory of one loss implementation (--set impl=chunked T=4096 ...).
+        with_args(
+            _sop_command(
+                "microbench",
+                """Forward+backward time and peak memory of one loss implementation (--set impl=chunked --set tokens=4096 ...).
 
         \b
         Examples:
           tpuops microbench --vm mllm-jax-v6e-8 --set impl=pallas
-          tpuops microbench --local --set venv=none --set T=1024 --set iters=5
+          tpuops microbench --local --set tokens=1024 --set iters=5
         """,
+            )
         )
     )
 
