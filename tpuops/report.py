@@ -261,7 +261,6 @@ def metrics_table(m: dict[str, Any]) -> Table:
         table = Table(
             "impl",
             *[f"{q} rel" for q in quantities],
-            *[f"{q} max abs" for q in quantities],
             "ok",
             title=f"gradcheck {m.get('loss')} ({m.get('config')}, {m.get('dtype')}, {m.get('backend')}), "
             f"tolerance rel {m.get('tolerance_rel')}",
