@@ -1,0 +1,139 @@
+"""The while_loop sampler: greedy equals uncached argmax, top-k/top-p/temperature, EOS, compile once."""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from trainer.model import qwen2
+from trainer.sampling.sampler import SamplingConfig, filter_logits, generate, sample_token
+
+PAD = 151_643
+NO_EOS = (-1,)  # no real token id: sequences run to max_new_tokens
+C = 6
+
+
+def _greedy_without_cache(
+    config: object, params: dict, ids_BP: np.ndarray, mask_BP: np.ndarray
+) -> np.ndarray:
+    """Step-by-step argmax of full forwards over a growing (right-extended) sequence, no KV cache."""
+    B, P = ids_BP.shape
+    ids = np.concatenate([ids_BP, np.full((B, C), PAD, np.int32)], axis=1)
+    mask = np.concatenate([mask_BP, np.zeros((B, C), np.int32)], axis=1)
+    for t in range(C):
+        pos = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+        logits = qwen2.forward_logits(params, config, jnp.asarray(ids), jnp.asarray(pos), jnp.asarray(mask))
+        ids[:, P + t] = np.asarray(logits[:, P + t - 1]).argmax(-1)
+        mask[:, P + t] = 1
+    return ids[:, P:]
+
+
+@pytest.fixture(scope="module")
+def greedy_out(tiny_f32: tuple, prompts: tuple) -> object:
+    config, params = tiny_f32
+    return generate(params, config, *prompts, jax.random.key(0), SamplingConfig(C, greedy=True), NO_EOS, PAD)
+
+
+def test_greedy_equals_uncached_argmax(tiny_f32: tuple, prompts: tuple, greedy_out: object) -> None:
+    config, params = tiny_f32
+    expected = _greedy_without_cache(config, params, *prompts)
+    np.testing.assert_array_equal(np.asarray(greedy_out.completion_ids_BC), expected)
+    np.testing.assert_array_equal(np.asarray(greedy_out.completion_mask_BC), np.ones_like(expected))
+    np.testing.assert_array_equal(np.asarray(greedy_out.prompt_ids_BP), prompts[0])
+    assert len(set(expected.ravel().tolist())) > 3  # the random model does not just repeat one token
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(C, top_k=1), SamplingConfig(C, top_p=1e-6)], ids=str)
+def test_top_k_1_and_tiny_top_p_equal_greedy(
+    tiny_f32: tuple, prompts: tuple, greedy_out: object, sampling: SamplingConfig
+) -> None:
+    config, params = tiny_f32
+    out = generate(params, config, *prompts, jax.random.key(1), sampling, NO_EOS, PAD)
+    np.testing.assert_array_equal(np.asarray(out.completion_ids_BC), np.asarray(greedy_out.completion_ids_BC))
+    np.testing.assert_allclose(np.asarray(out.logprobs_BC), 0.0, atol=1e-6)  # a one-token distribution
+
+
+def test_eos_stops_each_sequence_and_exits_early(tiny_f32: tuple, prompts: tuple, greedy_out: object) -> None:
+    config, params = tiny_f32
+    greedy = np.asarray(greedy_out.completion_ids_BC)
+    # row 0 stops at its first token, the others by their second: the loop must stop after 2 positions
+    eos = (int(greedy[0, 0]), int(greedy[1, 1]), int(greedy[2, 1]), int(greedy[3, 1]))
+    assert eos[0] not in greedy[1:, 0]
+    out = generate(params, config, *prompts, jax.random.key(0), SamplingConfig(C, greedy=True), eos, PAD)
+    ids, mask = np.asarray(out.completion_ids_BC), np.asarray(out.completion_mask_BC)
+    first_eos = [int(np.flatnonzero(np.isin(row, eos))[0]) for row in greedy]
+    for b, stop in enumerate(first_eos):
+        np.testing.assert_array_equal(ids[b, : stop + 1], greedy[b, : stop + 1])
+        np.testing.assert_array_equal(mask[b], (np.arange(C) <= stop).astype(np.int32))
+        np.testing.assert_array_equal(ids[b, stop + 1 :], PAD)
+        np.testing.assert_array_equal(np.asarray(out.logprobs_BC)[b, stop + 1 :], 0.0)
+    assert int(out.steps) == max(first_eos) + 1 < C
+
+
+def test_filters_keep_exactly_the_right_tokens() -> None:
+    logits_BV = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05], [0.05, 0.15, 0.3, 0.5]]))
+    kept = lambda s: np.isfinite(np.asarray(filter_logits(logits_BV, s)))  # noqa: E731
+    np.testing.assert_array_equal(kept(SamplingConfig(1, top_k=2)), [[1, 1, 0, 0], [0, 0, 1, 1]])
+    np.testing.assert_array_equal(kept(SamplingConfig(1, top_p=0.7)), [[1, 1, 0, 0], [0, 0, 1, 1]])
+    np.testing.assert_array_equal(kept(SamplingConfig(1, top_p=0.81)), [[1, 1, 1, 0], [0, 1, 1, 1]])
+    hot = filter_logits(logits_BV, SamplingConfig(1, temperature=2.0))
+    np.testing.assert_allclose(np.asarray(hot), np.asarray(logits_BV) / 2.0, rtol=1e-6)
+
+
+def test_temperature_shapes_the_sampled_distribution() -> None:
+    logits_BV = jnp.tile(jnp.log(jnp.array([[0.6, 0.3, 0.1]])), (20_000, 1))
+    for temperature in (0.5, 1.0, 2.0):
+        tokens, logprobs = sample_token(
+            logits_BV, jax.random.key(3), SamplingConfig(1, temperature=temperature)
+        )
+        target = np.array([0.6, 0.3, 0.1]) ** (1 / temperature)
+        target /= target.sum()
+        freq = np.bincount(np.asarray(tokens), minlength=3) / 20_000
+        np.testing.assert_allclose(freq, target, atol=0.015)
+        np.testing.assert_allclose(np.asarray(logprobs), np.log(target)[np.asarray(tokens)], atol=1e-5)
+
+
+def test_sampled_logprobs_match_a_full_forward_and_compile_once(
+    tiny_f32: tuple, prompts: tuple, caplog: pytest.LogCaptureFixture
+) -> None:
+    """10 calls, different prompts, one bucket: prefill and decode compile once; logprobs are exact."""
+    config, params = tiny_f32
+    sampling = SamplingConfig(C - 1, temperature=0.7)  # a shape/config no other test compiled
+    rng = np.random.default_rng(11)
+    caplog.set_level(logging.WARNING)
+    with jax.log_compiles(True):
+        outs = []
+        for i in range(10):
+            ids = rng.integers(0, 151_665, size=prompts[0].shape).astype(np.int32)
+            outs.append(
+                (ids, generate(params, config, ids, prompts[1], jax.random.key(i), sampling, NO_EOS, PAD))
+            )
+    compiled = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling ")]
+    assert sum(m.startswith("Compiling jit(_prefill)") for m in compiled) == 1, compiled
+    assert sum(m.startswith("Compiling jit(_decode)") for m in compiled) == 1, compiled
+
+    ids, out = outs[-1]
+    full_ids = np.concatenate([ids, np.asarray(out.completion_ids_BC)], axis=1)
+    full_mask = np.concatenate([prompts[1], np.ones_like(out.completion_ids_BC)], axis=1)
+    pos = np.maximum(np.cumsum(full_mask, axis=1) - 1, 0)
+    logits = qwen2.forward_logits(
+        params, config, jnp.asarray(full_ids), jnp.asarray(pos), jnp.asarray(full_mask)
+    )
+    P = ids.shape[1]
+    logq = jax.nn.log_softmax(np.asarray(logits[:, P - 1 : -1]) / 0.7, axis=-1)
+    expected = np.take_along_axis(np.asarray(logq), full_ids[:, P:, None], axis=-1)[..., 0]
+    np.testing.assert_allclose(np.asarray(out.logprobs_BC), expected, atol=2e-4)
+    assert len({tuple(np.asarray(o.completion_ids_BC[0]).tolist()) for _, o in outs}) == 10
+
+
+def test_sampling_config_rejects_bad_values() -> None:
+    with pytest.raises(ValueError, match="received 0"):
+        SamplingConfig(0)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingConfig(4, top_p=0.0)
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingConfig(4, temperature=0.0)

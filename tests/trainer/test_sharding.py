@@ -1,0 +1,150 @@
+"""Sharding: partition rules, sharded == unsharded (forward and generate) on a 1x4x2 mesh of 8 CPU
+devices, and a 2-process jax.distributed forward that agrees with the single-process one."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from trainer import sharding
+from trainer.model import qwen2
+from trainer.model.loading import load_pretrained
+from trainer.sampling.sampler import SamplingConfig, generate
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def mesh() -> jax.sharding.Mesh:
+    return sharding.make_mesh(1, 4, 2)
+
+
+def _positions(mask: np.ndarray) -> np.ndarray:
+    return np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
+
+
+def test_rules_split_matrices_and_replicate_what_does_not_divide(mesh: jax.sharding.Mesh) -> None:
+    assert mesh.shape == {"dp": 1, "fsdp": 4, "tp": 2}
+    assert sharding.param_spec("embed_tokens/embedding", (151936, 64), mesh) == P("tp", "fsdp")
+    assert sharding.param_spec("layers_3/self_attn/k_proj/kernel", (64, 32), mesh) == P("fsdp", "tp")
+    assert sharding.param_spec("layers_0/mlp/down_proj/kernel", (128, 64), mesh) == P("tp", "fsdp")
+    assert sharding.param_spec("layers_0/post_attention_layernorm/scale", (64,), mesh) == P(None)
+    assert sharding.param_spec("layers_0/self_attn/q_proj/kernel", (64, 3), mesh) == P("fsdp", None)
+    assert sharding.batch_sharding(mesh, (3, 8)).spec == P(None, None)
+    assert sharding.kv_cache_sharding(mesh, (2, 4, 16, 2, 16)).spec == P(
+        None, ("dp", "fsdp"), None, "tp", None
+    )
+    with pytest.raises(KeyError, match="no partition rule"):
+        sharding.param_spec("layers_0/unknown/kernel", (4, 4), mesh)
+    with pytest.raises(ValueError, match="received 2x2x1"):
+        sharding.make_mesh(2, 2, 1)
+
+
+def test_sharded_forward_and_generate_equal_unsharded(
+    mesh: jax.sharding.Mesh, tiny_model_dir: Path, tiny_f32: tuple, prompts: tuple
+) -> None:
+    config, params = tiny_f32
+    _, sharded = load_pretrained(tiny_model_dir, mesh=mesh, dtype="float32")
+    emb = sharded["embed_tokens"]["embedding"]
+    assert emb.sharding.spec == P("tp", "fsdp") and len(emb.addressable_shards) == 8
+    assert emb.addressable_shards[0].data.shape == (151936 // 2, 64 // 4)
+    placed = sharding.shard_params(params, mesh)
+    assert jax.tree.map(lambda a, b: a.sharding == b.sharding, placed, sharded) == jax.tree.map(
+        lambda _: True, params
+    )
+
+    ids, mask = prompts
+    batch = sharding.batch_sharding(mesh, ids.shape)
+    ids_s, mask_s = jax.device_put(jnp.asarray(ids), batch), jax.device_put(jnp.asarray(mask), batch)
+    pos_s = jax.device_put(jnp.asarray(_positions(mask)), batch)
+    got = qwen2.forward_logits(sharded, config, ids_s, pos_s, mask_s)
+    want = qwen2.forward_logits(
+        params, config, jnp.asarray(ids), jnp.asarray(_positions(mask)), jnp.asarray(mask)
+    )
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
+
+    sampling = SamplingConfig(6, greedy=True)
+    out_s = generate(sharded, config, ids_s, mask_s, jax.random.key(0), sampling, (-1,), 151_643, mesh=mesh)
+    out = generate(params, config, ids, mask, jax.random.key(0), sampling, (-1,), 151_643)
+    np.testing.assert_array_equal(np.asarray(out_s.completion_ids_BC), np.asarray(out.completion_ids_BC))
+    np.testing.assert_allclose(np.asarray(out_s.logprobs_BC), np.asarray(out.logprobs_BC), atol=1e-5)
+
+
+WORKER = textwrap.dedent(
+    """
+    import sys
+    import jax, numpy as np
+    from jax.experimental import multihost_utils
+    from trainer import sharding
+    from trainer.model import qwen2
+    from trainer.model.loading import load_pretrained
+
+    port, pid, model_dir, inputs, out = sys.argv[1:6]
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=int(pid))
+    assert jax.device_count() == 4 and jax.local_device_count() == 2
+    mesh = sharding.make_mesh(1, 2, 2)
+    config, params = load_pretrained(model_dir, mesh=mesh, dtype="float32")
+    emb = params["embed_tokens"]["embedding"]
+    assert not emb.is_fully_addressable and len(emb.addressable_shards) == 2
+    data = np.load(inputs)
+    arrays = [
+        jax.make_array_from_callback(a.shape, sharding.batch_sharding(mesh, a.shape), lambda i, a=a: a[i])
+        for a in (data["ids"], data["pos"], data["mask"])
+    ]
+    logits = qwen2.forward_logits(params, config, *arrays)
+    full = multihost_utils.process_allgather(logits, tiled=True)
+    if jax.process_index() == 0:
+        np.save(out, np.asarray(full))
+    jax.distributed.shutdown()
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_agree_with_one(
+    tiny_model_dir: Path, tiny_f32: tuple, prompts: tuple, tmp_path: Path
+) -> None:
+    config, params = tiny_f32
+    ids, mask = prompts
+    np.savez(tmp_path / "inputs.npz", ids=ids, pos=_positions(mask), mask=mask)
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+        "PYTHONPATH": str(REPO),
+    }
+    port = str(_free_port())
+    argv = [str(tiny_model_dir), str(tmp_path / "inputs.npz"), str(tmp_path / "logits.npy")]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, port, str(i), *argv],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n---\n".join(o[-3000:] for o in outputs)
+    want = qwen2.forward_logits(
+        params, config, jnp.asarray(ids), jnp.asarray(_positions(mask)), jnp.asarray(mask)
+    )
+    np.testing.assert_allclose(np.load(tmp_path / "logits.npy"), np.asarray(want), atol=1e-5, rtol=0)

@@ -1,0 +1,45 @@
+"""The real Qwen2.5 tokenizer: chat template, left padding to the smallest bucket, decode with masks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainer import tokenizer as tok
+
+
+@pytest.fixture(scope="module")
+def qwen_tok(tokenizer_dir: Path) -> object:
+    return tok.load_tokenizer(tokenizer_dir)
+
+
+def test_chat_prompts_are_left_padded_to_the_smallest_bucket(qwen_tok: object) -> None:
+    chats = [[{"role": "user", "content": "What is 12 * 7?"}], [{"role": "user", "content": "Hi"}]]
+    ids, mask = tok.encode_chat(qwen_tok, chats, bucket_lengths=(64, 32, 128))
+    lengths = mask.sum(axis=1)
+    assert ids.shape == (2, 64) and 32 < lengths.max() <= 64 and lengths[0] > lengths[1]
+    assert (mask[:, -1] == 1).all() and (ids[mask == 0] == tok.pad_id(qwen_tok)).all()
+    text = tok.decode(qwen_tok, ids, mask, skip_special_tokens=False)[1]
+    assert text.startswith("<|im_start|>system\n") and text.endswith("Hi<|im_end|>\n<|im_start|>assistant\n")
+    assert ids.max() < 151_936
+
+
+def test_special_ids_and_bucket_errors(qwen_tok: object) -> None:
+    assert tok.pad_id(qwen_tok) == 151_643
+    assert tok.eos_ids(qwen_tok) == (151_643, 151_645)
+    with pytest.raises(ValueError, match="exceeds the largest bucket 8"):
+        tok.encode_chat(
+            qwen_tok, [[{"role": "user", "content": "a long question " * 4}]], bucket_lengths=(8,)
+        )
+
+
+def test_right_padding_and_masked_decode(qwen_tok: object) -> None:
+    ids, mask = tok.pad_batch([[1, 2, 3], [4]], 5, 0, side="right")
+    np.testing.assert_array_equal(ids, [[1, 2, 3, 0, 0], [4, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(mask, [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
+    hello = qwen_tok("Hello world", add_special_tokens=False)["input_ids"]
+    ids, mask = tok.pad_batch([[*hello, 151_645, 9707]], 8, 151_643, side="right")
+    mask[0, len(hello) + 1 :] = 0  # completion mask stops after EOS
+    assert tok.decode(qwen_tok, ids, mask) == ["Hello world"]

@@ -1,0 +1,281 @@
+"""The Qwen2 decoder as Flax linen modules, exposed through pure functions over a plain params dict.
+
+Dims: B batch, T query tokens, S key slots (T itself, or the KV cache length), D hidden, N query heads,
+K key/value heads, G = N // K query heads per KV head, H head dim, F MLP width, V vocab, L layers.
+
+Public API (params is the dict under linen's "params" collection):
+  init_params(config, rng) -> params
+  forward_hidden(params, config, input_ids_BT, positions_BT, attention_mask_BT) -> hidden_BTD
+  lm_head_weight(params, config) -> W_DV          (the embedding transposed when tied)
+  forward_logits(params, config, input_ids_BT, positions_BT, attention_mask_BT) -> logits_BTV
+  forward_with_kv(...)  prefill: hidden plus each layer's fresh keys/values, to seed the KV cache
+  decode_step(...)      one token per sequence against the KV cache (trainer/sampling/kv_cache.py)
+Attention scores and softmax are always float32; q/k/v and probs@v run in the compute dtype.
+The forward functions are jitted with `config` static (inlined when called inside another jit).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+
+from trainer.model.config import Qwen2Config
+
+Params = dict[str, Any]
+_NEG = -1e30  # finite "minus infinity": a fully masked row (left padding) softmaxes to uniform, not NaN
+
+
+def _dt(name: str) -> jnp.dtype:
+    return jnp.dtype(name)
+
+
+def rope_cos_sin(positions_BT: Array, config: Qwen2Config) -> tuple[Array, Array]:
+    """HF-layout RoPE tables [B, T, H] in float32 (frequencies repeated over both halves)."""
+    H = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, H, 2, dtype=jnp.float32) / H))
+    pos = positions_BT.astype(jnp.float32)
+    if config.rope_type == "linear":
+        pos = pos / config.rope_factor
+    freqs_BTh = pos[..., None] * inv_freq
+    emb_BTH = jnp.concatenate([freqs_BTh, freqs_BTh], axis=-1)
+    return jnp.cos(emb_BTH), jnp.sin(emb_BTH)
+
+
+def _apply_rope(x_BTnH: Array, cos_BTH: Array, sin_BTH: Array) -> Array:
+    x = x_BTnH.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    out = x * cos_BTH[:, :, None, :] + rotated * sin_BTH[:, :, None, :]
+    return out.astype(x_BTnH.dtype)
+
+
+def attend(q_BTNH: Array, k_BSKH: Array, v_BSKH: Array, mask_BTS: Array) -> Array:
+    """Grouped-query attention: float32 scores and softmax, probs@v in the inputs' dtype -> [B, T, N, H]."""
+    B, T, N, H = q_BTNH.shape
+    K = k_BSKH.shape[2]
+    q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
+    scores_BKGTS = jnp.einsum(
+        "btkgh,bskh->bkgts", q_BTKGH, k_BSKH, preferred_element_type=jnp.float32
+    ) / jnp.sqrt(jnp.float32(H))
+    scores_BKGTS = jnp.where(mask_BTS[:, None, None, :, :], scores_BKGTS, _NEG)
+    probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BSKH.dtype)
+    out_BTKGH = jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS, v_BSKH, preferred_element_type=jnp.float32)
+    return out_BTKGH.reshape(B, T, N, H).astype(q_BTNH.dtype)
+
+
+class RMSNorm(nn.Module):
+    eps: float
+    dtype: Any
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self, x_BTD: Array) -> Array:
+        scale = self.param("scale", nn.initializers.ones, (x_BTD.shape[-1],), self.param_dtype)
+        x = x_BTD.astype(jnp.float32)
+        x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
+        return (scale.astype(jnp.float32) * x).astype(self.dtype)
+
+
+class Attention(nn.Module):
+    config: Qwen2Config
+
+    def _dense(self, features: int, bias: bool, name: str) -> nn.Dense:
+        c = self.config
+        init = nn.initializers.normal(c.initializer_range)
+        # Non-zero bias init so that tests exercise the q/k/v biases (HF initialises them to zero).
+        return nn.Dense(
+            features, use_bias=bias, dtype=_dt(c.dtype), param_dtype=_dt(c.param_dtype),
+            kernel_init=init, bias_init=init, name=name,
+        )  # fmt: skip
+
+    @nn.compact
+    def __call__(self, x_BTD: Array, cos_BTH: Array, sin_BTH: Array, mask_BTS: Array, kv: Any) -> Any:
+        """`kv` None: attend over this call's own keys (mask_BTS is [B, T, T]) and return them; else
+        (k_LBSKH, v_LBSKH, slot, layer): write the new keys/values at `slot` of this layer, attend over
+        the layer's S slots (mask_BTS is [B, T, S]) and return the updated full cache."""
+        c = self.config
+        B, T, _ = x_BTD.shape
+        N, K, H = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        q = self._dense(N * H, True, "q_proj")(x_BTD).reshape(B, T, N, H)
+        k = self._dense(K * H, True, "k_proj")(x_BTD).reshape(B, T, K, H)
+        v = self._dense(K * H, True, "v_proj")(x_BTD).reshape(B, T, K, H)
+        q, k = _apply_rope(q, cos_BTH, sin_BTH), _apply_rope(k, cos_BTH, sin_BTH)
+        if kv is None:
+            keys, values, new_kv = k, v, (k, v)
+        else:
+            # Write into the whole [L, B, S, K, H] cache in place (one small update per layer) rather than
+            # slicing out and re-stacking layers, which would copy the entire cache every decode step.
+            k_all, v_all, slot, layer = kv
+            at = (jnp.int32(layer), jnp.int32(0), jnp.asarray(slot, jnp.int32), jnp.int32(0), jnp.int32(0))
+            k_all = jax.lax.dynamic_update_slice(k_all, k.astype(k_all.dtype)[None], at)
+            v_all = jax.lax.dynamic_update_slice(v_all, v.astype(v_all.dtype)[None], at)
+            keys, values, new_kv = k_all[layer], v_all[layer], (k_all, v_all)
+        out = attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS)
+        return self._dense(c.hidden_size, False, "o_proj")(out.reshape(B, T, N * H)), new_kv
+
+
+class MLP(nn.Module):
+    config: Qwen2Config
+
+    @nn.compact
+    def __call__(self, x_BTD: Array) -> Array:
+        c = self.config
+        kw = {
+            "use_bias": False,
+            "dtype": _dt(c.dtype),
+            "param_dtype": _dt(c.param_dtype),
+            "kernel_init": nn.initializers.normal(c.initializer_range),
+        }
+        gate = nn.Dense(c.intermediate_size, name="gate_proj", **kw)(x_BTD)
+        up = nn.Dense(c.intermediate_size, name="up_proj", **kw)(x_BTD)
+        return nn.Dense(c.hidden_size, name="down_proj", **kw)(nn.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    config: Qwen2Config
+
+    @nn.compact
+    def __call__(self, x_BTD: Array, cos_BTH: Array, sin_BTH: Array, mask_BTS: Array, kv: Any) -> Any:
+        c = self.config
+        norm = {"eps": c.rms_norm_eps, "dtype": _dt(c.dtype), "param_dtype": _dt(c.param_dtype)}
+        h = RMSNorm(name="input_layernorm", **norm)(x_BTD)
+        attn_out, new_kv = Attention(c, name="self_attn")(h, cos_BTH, sin_BTH, mask_BTS, kv)
+        x_BTD = x_BTD + attn_out
+        h = RMSNorm(name="post_attention_layernorm", **norm)(x_BTD)
+        return x_BTD + MLP(c, name="mlp")(h), new_kv
+
+
+class Qwen2(nn.Module):
+    """Embedding -> L decoder layers -> final RMSNorm.
+
+    Returns (hidden_BTD, [(k_BTKH, v_BTKH)] per layer) without a cache, (hidden_BTD, (k_LBSKH, v_LBSKH))
+    with one."""
+
+    config: Qwen2Config
+
+    def setup(self) -> None:
+        c = self.config
+        self.embed_tokens = nn.Embed(
+            c.vocab_size, c.hidden_size, dtype=_dt(c.dtype), param_dtype=_dt(c.param_dtype),
+            embedding_init=nn.initializers.normal(c.initializer_range),
+        )  # fmt: skip
+        self.layers = [DecoderLayer(c, name=f"layers_{i}") for i in range(c.num_hidden_layers)]
+        self.norm = RMSNorm(c.rms_norm_eps, _dt(c.dtype), _dt(c.param_dtype))
+        if not c.tie_word_embeddings:
+            self.lm_head = nn.Dense(
+                c.vocab_size, use_bias=False, dtype=_dt(c.dtype), param_dtype=_dt(c.param_dtype),
+                kernel_init=nn.initializers.normal(c.initializer_range),
+            )  # fmt: skip
+
+    def __call__(self, input_ids_BT: Array, positions_BT: Array, mask_BTS: Array, cache: Any = None) -> Any:
+        x_BTD = self.embed_tokens(input_ids_BT)
+        cos, sin = rope_cos_sin(positions_BT, self.config)
+        if cache is None:  # prefill / training: collect each layer's fresh keys and values
+            new_kv = []
+            for layer in self.layers:
+                x_BTD, layer_kv = layer(x_BTD, cos, sin, mask_BTS, None)
+                new_kv.append(layer_kv)
+            return self.norm(x_BTD), new_kv
+        k_LBSKH, v_LBSKH, slot = cache  # decode: thread the whole cache through the layers
+        for i, layer in enumerate(self.layers):
+            x_BTD, (k_LBSKH, v_LBSKH) = layer(x_BTD, cos, sin, mask_BTS, (k_LBSKH, v_LBSKH, slot, i))
+        return self.norm(x_BTD), (k_LBSKH, v_LBSKH)
+
+    def init_all(self, input_ids_BT: Array) -> Any:
+        """Touches every parameter (the untied lm_head included) for `init`."""
+        T = input_ids_BT.shape[1]
+        positions = jnp.broadcast_to(jnp.arange(T), input_ids_BT.shape)
+        hidden, _ = self(input_ids_BT, positions, jnp.ones((1, T, T), bool))
+        return self.lm_head(hidden) if not self.config.tie_word_embeddings else hidden
+
+
+def init_params(config: Qwen2Config, rng: Array) -> Params:
+    """Random parameters (normal(initializer_range) weights, zero biases, unit norms) in param_dtype."""
+    ids = jnp.zeros((1, 2), jnp.int32)
+    # Shapes from linen, values from NumPy seeded by `rng`: jitting linen's init costs ~7 s of XLA compile
+    # on CPU for the 151,936-row vocabulary; NumPy draws the same sizes in a fraction of a second.
+    shapes = jax.eval_shape(lambda: Qwen2(config).init(rng, ids, method=Qwen2.init_all)["params"])
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+    gen = np.random.default_rng(np.asarray(jax.random.key_data(rng)).ravel().tolist())
+    values = []
+    for key_path, leaf in leaves:
+        if str(key_path[-1].key) == "scale":
+            values.append(jnp.ones(leaf.shape, leaf.dtype))
+        else:
+            noise = gen.standard_normal(leaf.shape, dtype=np.float32) * np.float32(config.initializer_range)
+            values.append(jnp.asarray(noise, leaf.dtype))
+    return jax.tree_util.tree_unflatten(treedef, values)
+
+
+def causal_mask(attention_mask_BT: Array) -> Array:
+    """[B, T, T]: query t sees key s iff s <= t and key s is a real token."""
+    T = attention_mask_BT.shape[1]
+    tril_TT = jnp.tril(jnp.ones((T, T), bool))
+    return tril_TT[None] & attention_mask_BT.astype(bool)[:, None, :]
+
+
+@functools.partial(jax.jit, static_argnames="config")
+def forward_hidden(
+    params: Params, config: Qwen2Config, input_ids_BT: Array, positions_BT: Array, attention_mask_BT: Array
+) -> Array:
+    """Final-normed hidden states [B, T, D] in the compute dtype (causal, padding keys masked)."""
+    hidden, _ = Qwen2(config).apply(
+        {"params": params}, input_ids_BT, positions_BT, causal_mask(attention_mask_BT)
+    )
+    return hidden
+
+
+@functools.partial(jax.jit, static_argnames="config")
+def forward_with_kv(
+    params: Params, config: Qwen2Config, input_ids_BT: Array, positions_BT: Array, attention_mask_BT: Array
+) -> tuple[Array, list[tuple[Array, Array]]]:
+    """Like forward_hidden, plus each layer's (k_BTKH, v_BTKH) after RoPE: the prefill."""
+    return Qwen2(config).apply({"params": params}, input_ids_BT, positions_BT, causal_mask(attention_mask_BT))
+
+
+def lm_head_weight(params: Params, config: Qwen2Config) -> Array:
+    """The output projection W [D, V] (the embedding transposed when tied), in param_dtype."""
+    if config.tie_word_embeddings:
+        return params["embed_tokens"]["embedding"].T
+    return params["lm_head"]["kernel"]
+
+
+@functools.partial(jax.jit, static_argnames="config")
+def logits_from_hidden(params: Params, config: Qwen2Config, hidden_BTD: Array) -> Array:
+    w_DV = lm_head_weight(params, config).astype(_dt(config.dtype))
+    return jnp.einsum("btd,dv->btv", hidden_BTD, w_DV, preferred_element_type=jnp.float32)
+
+
+@functools.partial(jax.jit, static_argnames="config")
+def forward_logits(
+    params: Params, config: Qwen2Config, input_ids_BT: Array, positions_BT: Array, attention_mask_BT: Array
+) -> Array:
+    """Logits [B, T, V], float32 (matmul in the compute dtype, float32 accumulation)."""
+    hidden_BTD = forward_hidden(params, config, input_ids_BT, positions_BT, attention_mask_BT)
+    return logits_from_hidden(params, config, hidden_BTD)
+
+
+@functools.partial(jax.jit, static_argnames="config")
+def decode_step(
+    params: Params,
+    config: Qwen2Config,
+    input_ids_BT: Array,
+    positions_BT: Array,
+    k_LBSKH: Array,
+    v_LBSKH: Array,
+    slot: Array,
+    slot_mask_BTS: Array,
+) -> tuple[Array, Array, Array]:
+    """Write the new tokens' keys/values at cache `slot` and attend over the cache.
+
+    Returns (logits_BTV float32, k_LBSKH, v_LBSKH) with the cache updated."""
+    hidden, (k_LBSKH, v_LBSKH) = Qwen2(config).apply(
+        {"params": params}, input_ids_BT, positions_BT, slot_mask_BTS, (k_LBSKH, v_LBSKH, slot)
+    )
+    return logits_from_hidden(params, config, hidden), k_LBSKH, v_LBSKH

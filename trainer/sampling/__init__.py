@@ -1,0 +1,1 @@
+"""Rollout engine: KV cache pytree and the prefill + while_loop sampler."""

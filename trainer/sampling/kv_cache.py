@@ -1,0 +1,50 @@
+"""The KV cache: a pytree of per-layer keys/values for every slot of prompt + completion.
+
+Dims: L layers, B batch, S = P + C slots (prompt bucket + max new tokens), K kv heads, H head dim.
+Fields:
+  k_LBSKH, v_LBSKH  keys (after RoPE) and values, in the compute dtype (bf16 in training runs).
+  mask_BS           bool: slot s holds a real token (left-padding slots of the prompt stay False).
+  index             int32 scalar: the next slot to write. Prompts are left-padded to the same P, so
+                    every sequence writes its t-th new token into the same slot P + t and one index serves
+                    the whole batch (a single dynamic_update_slice per layer).
+Attention from a new token sees exactly the slots with mask_BS True, which after the write are the real
+prompt tokens and the tokens generated so far: causality comes from the unwritten slots being False.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+
+@flax.struct.dataclass
+class KVCache:
+    k_LBSKH: Array  # noqa: N815 (shape suffix)
+    v_LBSKH: Array  # noqa: N815 (shape suffix)
+    mask_BS: Array  # noqa: N815 (shape suffix)
+    index: Array
+
+    @property
+    def length(self) -> int:
+        return self.k_LBSKH.shape[2]
+
+
+def from_prefill(kv_per_layer: list[tuple[Array, Array]], prompt_mask_BP: Array, length: int) -> KVCache:
+    """A cache of `length` slots holding the prompt's keys/values in slots [0, P); index = P."""
+    k_LBPKH = jnp.stack([k for k, _ in kv_per_layer])
+    v_LBPKH = jnp.stack([v for _, v in kv_per_layer])
+    P = k_LBPKH.shape[2]
+    pad = [(0, 0), (0, 0), (0, length - P), (0, 0), (0, 0)]
+    mask_BS = jnp.pad(prompt_mask_BP.astype(bool), [(0, 0), (0, length - P)])
+    return KVCache(jnp.pad(k_LBPKH, pad), jnp.pad(v_LBPKH, pad), mask_BS, jnp.int32(P))
+
+
+def mark_written(cache: KVCache, width: int = 1) -> KVCache:
+    """Mark slots [index, index + width) as holding real tokens (before attending from them)."""
+    B = cache.mask_BS.shape[0]
+    mask_BS = jax.lax.dynamic_update_slice_in_dim(
+        cache.mask_BS, jnp.ones((B, width), bool), cache.index, axis=1
+    )
+    return cache.replace(mask_BS=mask_BS)

@@ -1,0 +1,249 @@
+"""Batched sampling: one prefill, then the whole decode in one jitted lax.while_loop over a KV cache.
+
+Dims: B batch, P prompt bucket (prompts LEFT-padded), C = max_new_tokens, V vocab, S = P + C.
+generate() dispatches two jitted functions, `_prefill` and `_decode`; both are cached on
+(batch, bucket, config, sampling), so a run compiles each once per bucket. There is no
+Python loop and no host sync per token; the loop stops early once every sequence has emitted an EOS id.
+`logprobs_BC` is the log-probability of each sampled token under the distribution that drew it: the
+temperature-scaled softmax after top-k/top-p filtering (greedy: the unfiltered temperature-scaled one).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jax import Array
+from jax.sharding import Mesh
+
+from trainer import sharding
+from trainer.model import qwen2
+from trainer.model.config import Qwen2Config
+from trainer.sampling import kv_cache
+from trainer.sampling.kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_k: int = 0  # 0: no top-k filter
+    top_p: float = 1.0  # 1.0: no nucleus filter
+    greedy: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be positive, received {self.max_new_tokens}")
+        if self.temperature <= 0:
+            raise ValueError(
+                f"temperature must be > 0 (use greedy=True for argmax), received {self.temperature}"
+            )
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, received {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], received {self.top_p}")
+
+
+@flax.struct.dataclass
+class SampleOutput:
+    completion_ids_BC: Array  # noqa: N815 (shape suffix) - int32; pad_id after a sequence's EOS
+    completion_mask_BC: Array  # noqa: N815 (shape suffix) - int32; 1 up to and including the EOS token
+    logprobs_BC: Array  # noqa: N815 (shape suffix) - float32; 0 where the mask is 0
+    prompt_ids_BP: Array  # noqa: N815 (shape suffix)
+    prompt_mask_BP: Array  # noqa: N815 (shape suffix)
+    steps: Array  # int32 scalar: decode positions actually run (< C when all stopped early)
+
+
+@flax.struct.dataclass
+class DecodeState:
+    cache: KVCache
+    tokens_BC: Array  # noqa: N815 (shape suffix)
+    mask_BC: Array  # noqa: N815 (shape suffix)
+    logprobs_BC: Array  # noqa: N815 (shape suffix)
+    done_B: Array  # noqa: N815 (shape suffix)
+    positions_B: Array  # noqa: N815 (shape suffix) - RoPE position of the last sampled token
+    step: Array  # completion position of the last sampled token
+    rng: Array
+
+
+def filter_logits(logits_BV: Array, sampling: SamplingConfig) -> Array:
+    """Temperature-scaled float32 logits with everything outside top-k / top-p set to -inf."""
+    logits_BV = logits_BV.astype(jnp.float32) / sampling.temperature
+    if sampling.top_k > 0:
+        kth_B1 = jax.lax.top_k(logits_BV, sampling.top_k)[0][:, -1:]
+        logits_BV = jnp.where(logits_BV < kth_B1, -jnp.inf, logits_BV)
+    if sampling.top_p < 1.0:
+        logits_BV = jnp.where(
+            _nucleus(jax.nn.softmax(logits_BV, axis=-1), sampling.top_p), logits_BV, -jnp.inf
+        )
+    return logits_BV
+
+
+def _nucleus(probs_BV: Array, top_p: float, iterations: int = 40) -> Array:
+    """Mask of the smallest set of most likely tokens whose mass reaches top_p (the top token always).
+
+    The set is {p >= tau} for the largest tau with mass(p >= tau) >= top_p, found by bisection: a few
+    dozen fused compare-and-sum passes over V instead of a full sort of V, which costs ~25x more on CPU.
+    """
+    lo_B1 = jnp.zeros((*probs_BV.shape[:1], 1), jnp.float32)  # mass(p >= lo) >= top_p always holds
+    hi_B1 = jnp.max(probs_BV, axis=-1, keepdims=True)  # mass(p >= hi) may or may not reach top_p
+
+    def halve(_: int, bounds: tuple[Array, Array]) -> tuple[Array, Array]:
+        lo, hi = bounds
+        mid = (lo + hi) / 2
+        ok = jnp.sum(jnp.where(probs_BV >= mid, probs_BV, 0.0), axis=-1, keepdims=True) >= top_p
+        return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
+
+    lo_B1, hi_B1 = jax.lax.fori_loop(0, iterations, halve, (lo_B1, hi_B1))
+    top_ok = jnp.sum(jnp.where(probs_BV >= hi_B1, probs_BV, 0.0), axis=-1, keepdims=True) >= top_p
+    return probs_BV >= jnp.where(top_ok, hi_B1, lo_B1)
+
+
+def _categorical(rng: Array, logits_BV: Array) -> Array:
+    """Inverse-CDF draw: one uniform per row instead of categorical()'s B x V Gumbel noise (~4x faster)."""
+    cdf_BV = jnp.cumsum(jax.nn.softmax(logits_BV, axis=-1), axis=-1)
+    u_B1 = jax.random.uniform(rng, (*cdf_BV.shape[:1], 1)) * cdf_BV[:, -1:]
+    return jnp.minimum(jnp.sum(cdf_BV <= u_B1, axis=-1), logits_BV.shape[-1] - 1)
+
+
+def sample_token(logits_BV: Array, rng: Array, sampling: SamplingConfig) -> tuple[Array, Array]:
+    """(token_B int32, logprob_B float32) drawn from the filtered, temperature-scaled distribution."""
+    if sampling.greedy:
+        logq_BV = jax.nn.log_softmax(logits_BV.astype(jnp.float32) / sampling.temperature, axis=-1)
+        token_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+    else:
+        filtered_BV = filter_logits(logits_BV, sampling)
+        logq_BV = jax.nn.log_softmax(filtered_BV, axis=-1)
+        token_B = _categorical(rng, filtered_BV).astype(jnp.int32)
+    return token_B, jnp.take_along_axis(logq_BV, token_B[:, None], axis=-1)[:, 0]
+
+
+def _record(state: DecodeState, token_B: Array, logprob_B: Array, eos_E: Array, pad_id: Array) -> Any:
+    """Write column `step` (dynamic_update_slice, not a scatter: cheaper inside the loop on CPU)."""
+    live_B = ~state.done_B
+    token_B = jnp.where(live_B, token_B, pad_id)
+
+    def put(buf_BC: Array, col_B: Array) -> Array:
+        return jax.lax.dynamic_update_slice_in_dim(buf_BC, col_B[:, None].astype(buf_BC.dtype), state.step, 1)
+
+    return state.replace(
+        tokens_BC=put(state.tokens_BC, token_B),
+        mask_BC=put(state.mask_BC, live_B),
+        logprobs_BC=put(state.logprobs_BC, jnp.where(live_B, logprob_B, 0.0)),
+        done_B=state.done_B | jnp.any(token_B[:, None] == eos_E[None, :], axis=-1),
+    )
+
+
+_STATIC = ("config", "sampling", "mesh")
+_EOS_SLOTS = 8
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _prefill(
+    params: Any, prompt_ids_BP: Array, prompt_mask_BP: Array, rng: Array, *, config: Qwen2Config,
+    eos_E: Array, pad_id: Array, sampling: SamplingConfig, mesh: Mesh | None,
+) -> DecodeState:  # fmt: skip
+    """Run the prompt once, seed the cache, sample completion token 0."""
+    B, P = prompt_ids_BP.shape
+    C = sampling.max_new_tokens
+    positions_BP = jnp.maximum(jnp.cumsum(prompt_mask_BP, axis=1) - 1, 0)
+    hidden_BPD, kv = qwen2.forward_with_kv(params, config, prompt_ids_BP, positions_BP, prompt_mask_BP)
+    cache = kv_cache.from_prefill(kv, prompt_mask_BP, P + C)
+    if mesh is not None:
+        spec = sharding.kv_cache_sharding(mesh, cache.k_LBSKH.shape)
+        cache = cache.replace(
+            k_LBSKH=jax.lax.with_sharding_constraint(cache.k_LBSKH, spec),
+            v_LBSKH=jax.lax.with_sharding_constraint(cache.v_LBSKH, spec),
+        )
+    logits_BV = qwen2.logits_from_hidden(params, config, hidden_BPD[:, -1:])[:, 0]
+    rng, key = jax.random.split(rng)
+    token_B, logprob_B = sample_token(logits_BV, key, sampling)
+    state = DecodeState(
+        cache=cache,
+        tokens_BC=jnp.full((B, C), pad_id, jnp.int32),
+        mask_BC=jnp.zeros((B, C), jnp.int32),
+        logprobs_BC=jnp.zeros((B, C), jnp.float32),
+        done_B=jnp.zeros((B,), bool),
+        positions_B=positions_BP[:, -1] + 1,
+        step=jnp.int32(0),
+        rng=rng,
+    )
+    return _record(state, token_B, logprob_B, eos_E, pad_id)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("state",))
+def _decode(
+    params: Any, state: DecodeState, *, config: Qwen2Config, eos_E: Array, pad_id: Array,
+    sampling: SamplingConfig, mesh: Mesh | None,
+) -> DecodeState:  # fmt: skip
+    """Feed the last sampled token and sample the next, until C tokens or every sequence hit EOS."""
+    C = sampling.max_new_tokens
+
+    def cond(s: DecodeState) -> Array:
+        return (s.step + 1 < C) & ~jnp.all(s.done_B)
+
+    return jax.lax.while_loop(
+        cond,
+        functools.partial(decode_one, params, config=config, eos_E=eos_E, pad_id=pad_id, sampling=sampling),
+        state,
+    )
+
+
+def decode_one(
+    params: Any, s: DecodeState, *, config: Qwen2Config, eos_E: Array, pad_id: Array, sampling: SamplingConfig
+) -> DecodeState:
+    """One decode position: feed the last sampled token through the cache, sample and record the next."""
+    cache = kv_cache.mark_written(s.cache)
+    last_B1 = jax.lax.dynamic_slice_in_dim(s.tokens_BC, s.step, 1, axis=1)
+    logits_B1V, k, v = qwen2.decode_step(
+        params, config, last_B1, s.positions_B[:, None], cache.k_LBSKH, cache.v_LBSKH,
+        cache.index, cache.mask_BS[:, None, :],
+    )  # fmt: skip
+    rng, key = jax.random.split(s.rng)
+    token_B, logprob_B = sample_token(logits_B1V[:, 0], key, sampling)
+    cache = cache.replace(k_LBSKH=k, v_LBSKH=v, index=cache.index + 1)
+    s = s.replace(cache=cache, positions_B=s.positions_B + 1, step=s.step + 1, rng=rng)
+    return _record(s, token_B, logprob_B, eos_E, pad_id)
+
+
+def generate(
+    params: Any,
+    config: Qwen2Config,
+    prompt_ids_BP: Array,
+    prompt_mask_BP: Array,
+    rng: Array,
+    sampling: SamplingConfig,
+    eos_ids: tuple[int, ...],
+    pad_id: int,
+    *,
+    mesh: Mesh | None = None,
+) -> SampleOutput:
+    """Sample up to sampling.max_new_tokens tokens after LEFT-padded prompts [B, P].
+
+    With `mesh`, the KV cache is constrained to trainer.sharding's cache layout (params and prompts
+    should already be placed on that mesh)."""
+    if not 0 < len(eos_ids) <= _EOS_SLOTS:
+        raise ValueError(f"eos_ids must hold 1 to {_EOS_SLOTS} ids, received {eos_ids!r}")
+    # eos ids and pad id are traced values, not static, and the eos list is padded (with -1, never a
+    # token) to a fixed length: changing them does not recompile.
+    eos = list(eos_ids) + [-1] * (_EOS_SLOTS - len(eos_ids))
+    static = {
+        "config": config, "sampling": sampling, "mesh": mesh,
+        "eos_E": jnp.asarray(eos, jnp.int32), "pad_id": jnp.int32(pad_id),
+    }  # fmt: skip
+    prompt_ids_BP = jnp.asarray(prompt_ids_BP, jnp.int32)
+    prompt_mask_BP = jnp.asarray(prompt_mask_BP, jnp.int32)
+    state = _prefill(params, prompt_ids_BP, prompt_mask_BP, rng, **static)
+    state = _decode(params, state, **static)
+    return SampleOutput(
+        completion_ids_BC=state.tokens_BC,
+        completion_mask_BC=state.mask_BC,
+        logprobs_BC=state.logprobs_BC,
+        prompt_ids_BP=prompt_ids_BP,
+        prompt_mask_BP=prompt_mask_BP,
+        steps=state.step + 1,
+    )

@@ -1,0 +1,88 @@
+"""Device mesh with axes (dp, fsdp, tp) and the partition rules for parameters, activations and KV cache.
+
+Parameters: one table of (regex on the "/"-joined param path -> PartitionSpec). Matrices split their
+input dim over fsdp and their output (head/MLP/vocab) dim over tp. An axis that does not divide its dim is
+dropped (replicated) for that parameter, so tiny models and odd head counts still shard.
+Activations: batch over (dp, fsdp). KV cache [L, B, S, K, H]: batch over (dp, fsdp), kv heads over tp.
+The same code runs on 1 device, on forced CPU devices, and across processes with jax.distributed (the
+mesh then spans jax.devices(), i.e. every process's devices).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+AXES = ("dp", "fsdp", "tp")
+BATCH = ("dp", "fsdp")
+
+PARAM_RULES: tuple[tuple[str, P], ...] = (
+    (r"embed_tokens/embedding", P("tp", "fsdp")),  # [V, D]
+    (r"layers_\d+/self_attn/[qkv]_proj/kernel", P("fsdp", "tp")),  # [D, heads*H]
+    (r"layers_\d+/self_attn/[qkv]_proj/bias", P("tp")),
+    (r"layers_\d+/self_attn/o_proj/kernel", P("tp", "fsdp")),  # [N*H, D]
+    (r"layers_\d+/mlp/(gate|up)_proj/kernel", P("fsdp", "tp")),  # [D, F]
+    (r"layers_\d+/mlp/down_proj/kernel", P("tp", "fsdp")),  # [F, D]
+    (r"lm_head/kernel", P("fsdp", "tp")),  # [D, V]
+    (r".*(layernorm|norm)/scale", P()),
+)
+
+
+def make_mesh(dp: int, fsdp: int, tp: int, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A (dp, fsdp, tp) mesh over `devices` (default: all devices of all processes)."""
+    devices = list(jax.devices() if devices is None else devices)
+    if dp * fsdp * tp != len(devices):
+        raise ValueError(
+            f"mesh dp*fsdp*tp must equal the device count {len(devices)}, received {dp}x{fsdp}x{tp}"
+        )
+    return Mesh(np.asarray(devices).reshape(dp, fsdp, tp), AXES)
+
+
+def _fit(spec: P, shape: tuple[int, ...], mesh: Mesh) -> P:
+    """Drop mesh axes that do not divide their dimension (replicate that dim instead)."""
+    fitted: list[Any] = []
+    for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec)), strict=True):
+        names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        size = int(np.prod([mesh.shape[a] for a in names])) if names else 1
+        fitted.append(axes if names and dim % size == 0 else None)
+    return P(*fitted)
+
+
+def param_spec(path: str, shape: tuple[int, ...], mesh: Mesh) -> P:
+    """The PartitionSpec of one parameter, by the first matching rule."""
+    for pattern, spec in PARAM_RULES:
+        if re.fullmatch(pattern, path):
+            return _fit(spec, shape, mesh)
+    raise KeyError(f"no partition rule for parameter {path!r}")
+
+
+def path_str(key_path: Sequence[Any]) -> str:
+    return "/".join(str(getattr(k, "key", k)) for k in key_path)
+
+
+def param_shardings(params: Any, mesh: Mesh) -> Any:
+    """A pytree of NamedSharding matching `params` (arrays or ShapeDtypeStructs)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda kp, x: NamedSharding(mesh, param_spec(path_str(kp), tuple(x.shape), mesh)), params
+    )
+
+
+def shard_params(params: Any, mesh: Mesh) -> Any:
+    """Place host or single-device params onto the mesh by the rules (single process)."""
+    return jax.device_put(params, param_shardings(params, mesh))
+
+
+def batch_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
+    """Activations/inputs [B, ...]: batch over (dp, fsdp), the rest replicated."""
+    return NamedSharding(mesh, _fit(P(BATCH), shape, mesh))
+
+
+def kv_cache_sharding(mesh: Mesh, shape_LBSKH: tuple[int, ...]) -> NamedSharding:
+    """KV cache [L, B, S, K, H]: batch over (dp, fsdp), kv heads over tp."""
+    return NamedSharding(mesh, _fit(P(None, BATCH, None, "tp", None), shape_LBSKH, mesh))
