@@ -1,0 +1,306 @@
+"""The typed config tree: YAML presets in trainer/configs/ plus strict `--set a.b=c` overrides (no JAX here)."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+class ConfigError(ValueError):
+    """A bad preset, key or value: one line naming what is wrong and what would be right."""
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    preset: str = "tiny"  # shapes for `path: tiny` (a seeded tiny checkpoint made on first use)
+    path: str = "tiny"  # "tiny", a local Hugging Face folder, or a hub id (downloads on a VM with internet)
+    dtype: Literal["float32", "bfloat16"] = "float32"  # compute dtype
+    seed: int = 0  # the tiny checkpoint's seed
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    task: Literal["gsm8k", "toy"] = "gsm8k"
+    path: str = "auto"  # GSM8K JSONL folder; auto: <repo>/../shared/data/gsm8k, else the hub
+    tokenizer: str = "auto"  # tokenizer folder; auto: the model folder
+    prompt_buckets: tuple[int, ...] = (128, 256)  # prompt lengths, tokens (left-padded to the smallest fit)
+    toy_target: str = " yes"  # toy task: the text whose token the policy learns to emit
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    samples_per_prompt: int = 4  # G
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check(self.samples_per_prompt >= 2, f"rollout.samples_per_prompt must be >= 2 (a group), received {self.samples_per_prompt}")
+        _check(self.max_new_tokens > 0, f"rollout.max_new_tokens must be > 0, received {self.max_new_tokens}")
+        _check(self.temperature > 0, f"rollout.temperature must be > 0, received {self.temperature}")
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The GRPO objective (see trainer/grpo/loss.py for the formulas)."""
+
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.28
+    beta: float = 0.0  # KL(policy || reference) weight, k3 estimator; 0 = no reference model
+    entropy_coef: float = 0.0  # entropy bonus (entropy is always logged)
+    scale_rewards: Literal["group", "none"] = "group"  # group: divide by the group std (+1e-4); none: Dr. GRPO
+    max_completion_len: int = 0  # dr_grpo's constant normaliser; 0 = rollout.max_new_tokens
+
+    def __post_init__(self) -> None:
+        _check(self.epsilon_low >= 0 and self.epsilon_high >= 0, "loss.epsilon_low/high must be >= 0")
+        _check(self.beta >= 0, f"loss.beta must be >= 0, received {self.beta}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 20
+    prompts_per_step: int = 2
+    micro_batch: int = 8  # sequences per micro-batch (global); accumulation = sequences / micro_batch
+    ppo_epochs: int = 1
+    optimizer: Literal["adamw", "lion"] = "adamw"
+    learning_rate: float = 1e-5
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    loss_impl: Literal["reference", "chunked", "pallas", "fused_lm_head", "auto"] = "auto"
+    seed: int = 0
+    flip_advantages: bool = False  # a sanity switch: the update should then make rewards fall
+
+    def __post_init__(self) -> None:
+        _check(self.steps > 0, f"train.steps must be > 0, received {self.steps}")
+        _check(self.prompts_per_step > 0, f"train.prompts_per_step must be > 0, received {self.prompts_per_step}")
+        _check(self.micro_batch > 0, f"train.micro_batch must be > 0, received {self.micro_batch}")
+        _check(self.ppo_epochs > 0, f"train.ppo_epochs must be > 0, received {self.ppo_epochs}")
+        _check(self.learning_rate > 0, f"train.learning_rate must be > 0, received {self.learning_rate}")
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    dp: int = 1
+    fsdp: int = 0  # 0: every remaining device
+    tp: int = 1
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    dir: str = ""  # "" = no checkpoints; a local path or gs://bucket/path
+    every: int = 0  # steps between checkpoints (and one at the end); 0 = only at the end
+    resume: bool = True  # continue from the latest checkpoint in dir
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    wandb: Literal["disabled", "offline", "online"] = "disabled"
+    wandb_required: bool = True  # an init failure stops the run (false: warn loudly and go on)
+    project: str = "tpuops-grpo"
+    log_compiles: bool = False  # jax_log_compiles + jax_explain_cache_misses
+    output_dir: str = "~/.cache/tpuops-trainer"  # tiny checkpoints, W&B files
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = 0  # steps between evaluations; 0 = off
+    max_examples: int = 0  # 0 = the full test split (1319)
+    greedy: bool = True
+    batch: int = 8
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    correctness: float = 1.0
+    format: float = 0.2
+    tag_count: float = 0.1
+    toy: float = 1.0
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    rewards: RewardConfig = field(default_factory=RewardConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.train.prompts_per_step * self.rollout.samples_per_prompt
+
+    @property
+    def accumulation_steps(self) -> int:
+        return self.sequences_per_step // self.train.micro_batch
+
+    def check_batch(self, process_count: int = 1, device_count: int = 1) -> None:
+        """Impossible batch shapes are rejected here, before any compile."""
+        n, mb = self.sequences_per_step, self.train.micro_batch
+        _check(n % mb == 0, f"train.micro_batch ({mb}) must divide prompts_per_step × samples_per_prompt ({n})")
+        _check(
+            mb % device_count == 0,
+            f"train.micro_batch ({mb}) must be a multiple of the device count ({device_count})",
+        )
+        _check(
+            self.train.prompts_per_step % process_count == 0,
+            f"train.prompts_per_step ({self.train.prompts_per_step}) must be a multiple of the process count "
+            f"({process_count})",
+        )
+
+    def batch_line(self) -> dict[str, int]:
+        return {
+            "prompts_per_step": self.train.prompts_per_step,
+            "samples_per_prompt": self.rollout.samples_per_prompt,
+            "sequences_per_step": self.sequences_per_step,
+            "micro_batch": self.train.micro_batch,
+            "accumulation_steps": self.accumulation_steps,
+        }
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def presets() -> list[str]:
+    return sorted(p.stem for p in CONFIGS.glob("*.yaml"))
+
+
+def load(name_or_path: str, sets: list[str] | None = None) -> Config:
+    """A preset by name (trainer/configs/NAME.yaml) or a YAML path, then each `a.b=c` override in order."""
+    path = Path(name_or_path)
+    if not (path.suffix in {".yaml", ".yml"} and path.exists()):
+        path = CONFIGS / f"{name_or_path}.yaml"
+        if not path.exists():
+            close = difflib.get_close_matches(name_or_path, presets(), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"no config preset {name_or_path!r}{hint} (presets: {', '.join(presets())})")
+    data = yaml.safe_load(path.read_text()) or {}
+    for item in sets or []:
+        key, sep, value = item.partition("=")
+        _check(bool(sep and key), f"--set {item!r} is not key=value (for example --set train.steps=20)")
+        _assign(data, key.strip(), value)
+    return _build(Config, data, "")
+
+
+def _assign(data: dict[str, Any], dotted: str, value: str) -> None:
+    """Put a raw string at a dotted key; it is type-checked by _build against the field's type."""
+    cls: Any = Config
+    node = data
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        names = [f.name for f in dataclasses.fields(cls)]
+        if part not in names:
+            prefix = ".".join(parts[:i])
+            valid = [f"{prefix}.{n}" if prefix else n for n in names]
+            close = difflib.get_close_matches(dotted, _all_keys(Config), n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else f" (valid here: {', '.join(valid)})"
+            raise ConfigError(f"unknown config key {dotted!r}{hint}")
+        ftype = _field_types(cls)[part]
+        if i == len(parts) - 1:
+            _check(not dataclasses.is_dataclass(ftype), f"{dotted!r} is a section; set one of its keys")
+            node[part] = _RawStr(value)
+        else:
+            _check(dataclasses.is_dataclass(ftype), f"{'.'.join(parts[: i + 1])!r} is not a section")
+            node = node.setdefault(part, {}) if isinstance(node.get(part, {}), dict) else node
+            cls = ftype
+
+
+class _RawStr(str):
+    """A value that came from the command line: parsed per the field's type (YAML values are typed already)."""
+
+
+def _all_keys(cls: Any, prefix: str = "") -> list[str]:
+    out = []
+    for name, ftype in _field_types(cls).items():
+        key = f"{prefix}{name}"
+        out += _all_keys(ftype, key + ".") if dataclasses.is_dataclass(ftype) else [key]
+    return out
+
+
+def _field_types(cls: Any) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _build(cls: Any, data: Any, where: str) -> Any:
+    if data is None:
+        data = {}
+    _check(isinstance(data, dict), f"{where or 'config'} must be a mapping, received {data!r}")
+    types_ = _field_types(cls)
+    for key in data:
+        if key not in types_:
+            full = f"{where}.{key}" if where else key
+            close = difflib.get_close_matches(full, _all_keys(Config), n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown config key {full!r}{hint}")
+    kwargs = {}
+    for name, ftype in types_.items():
+        if name not in data:
+            continue
+        full = f"{where}.{name}" if where else name
+        if dataclasses.is_dataclass(ftype):
+            kwargs[name] = _build(ftype, data[name], full)
+        else:
+            kwargs[name] = _coerce(full, ftype, data[name])
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where or 'config'}: {e}") from None
+
+
+def _coerce(key: str, ftype: Any, value: Any) -> Any:
+    origin = typing.get_origin(ftype)
+    raw = isinstance(value, _RawStr)
+    if origin is Literal:
+        choices = typing.get_args(ftype)
+        _check(value in choices, f"{key} must be one of {list(choices)}, received {value!r}")
+        return str(value)
+    if origin is tuple:
+        items = value.split(",") if raw else value
+        _check(isinstance(items, list | tuple), f"{key} must be a list, received {value!r}")
+        inner = typing.get_args(ftype)[0]
+        return tuple(_coerce(key, inner, _RawStr(i.strip()) if raw else i) for i in items)
+    if ftype is bool:
+        if raw:
+            _check(value.lower() in {"true", "false", "1", "0"}, f"{key} must be true or false, received {value!r}")
+            return value.lower() in {"true", "1"}
+        _check(isinstance(value, bool), f"{key} must be true or false, received {value!r}")
+        return value
+    if ftype in (int, float, str):
+        try:
+            out = ftype(value) if raw or ftype is not int or not isinstance(value, float) else None
+        except ValueError:
+            out = None
+        _check(out is not None and not (ftype is int and isinstance(value, bool)), f"{key} must be {ftype.__name__}, received {value!r}")
+        return out
+    if isinstance(ftype, types.UnionType):
+        return value
+    raise ConfigError(f"{key}: unsupported type {ftype}")
+
+
+def dumps(cfg: Config) -> str:
+    return json.dumps(to_dict(cfg), separators=(",", ":"), default=list)

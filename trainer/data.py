@@ -1,0 +1,83 @@
+"""Prompts: GSM8K from local JSONL (or the hub on a VM), the toy task; batches sharded across processes."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.grpo.rewards import SYSTEM_PROMPT
+
+LOCAL_GSM8K = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "gsm8k"
+
+
+@dataclass(frozen=True)
+class Example:
+    question: str
+    gold: str | None  # GSM8K: the number after "####"
+
+
+def gold_answer(answer_field: str) -> str:
+    """GSM8K's reference: the text after the last `####`, without thousands separators."""
+    if "####" not in answer_field:
+        raise ValueError(f"no '####' in GSM8K answer: {answer_field[-80:]!r}")
+    return answer_field.rsplit("####", 1)[1].strip().replace(",", "")
+
+
+def load_gsm8k(path: str, split: str) -> list[Example]:
+    folder = LOCAL_GSM8K if path == "auto" else Path(path).expanduser()
+    file = folder / f"{split}.jsonl"
+    if file.exists():
+        rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+    elif path == "auto":
+        from datasets import load_dataset  # only on a VM with internet; not a dependency here
+
+        rows = list(load_dataset("openai/gsm8k", "main", split=split))
+    else:
+        raise FileNotFoundError(f"no {split}.jsonl in {folder} (data.path)")
+    return [Example(r["question"], gold_answer(r["answer"])) for r in rows]
+
+
+def toy_examples(n: int = 64) -> list[Example]:
+    words = ["apple", "river", "stone", "cloud", "lamp", "field", "horse", "glass"]
+    rng = random.Random(0)
+    return [Example(f"Say something about {rng.choice(words)} {i}.", None) for i in range(n)]
+
+
+def messages(ex: Example, task: str) -> list[dict[str, str]]:
+    if task == "toy":
+        return [{"role": "user", "content": ex.question}]
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": ex.question}]
+
+
+class PromptStream:
+    """Shuffled epochs of examples; `position` (prompts consumed) makes it resumable from a checkpoint.
+
+    Every process walks the same global order and takes its own contiguous share of each step's prompts.
+    """
+
+    def __init__(self, examples: list[Example], seed: int, process_index: int = 0, process_count: int = 1) -> None:
+        if not examples:
+            raise ValueError("no examples to train on")
+        self.examples, self.seed = examples, seed
+        self.process_index, self.process_count = process_index, process_count
+        self.position = 0
+
+    def _order(self, epoch: int) -> list[int]:
+        idx = list(range(len(self.examples)))
+        random.Random(self.seed * 1_000_003 + epoch).shuffle(idx)
+        return idx
+
+    def next_global(self, n: int) -> list[Example]:
+        out = []
+        for _ in range(n):
+            epoch, i = divmod(self.position, len(self.examples))
+            out.append(self.examples[self._order(epoch)[i]])
+            self.position += 1
+        return out
+
+    def next_local(self, n_global: int) -> list[Example]:
+        batch = self.next_global(n_global)
+        share = n_global // self.process_count
+        return batch[self.process_index * share : (self.process_index + 1) * share]

@@ -1,0 +1,1 @@
+"""GRPO: group-relative advantages, the clipped surrogate objective, and the reward functions."""

@@ -1,0 +1,34 @@
+"""Thin entry: `python -m trainer.main --config NAME [--set a.b=c ...] [--print-config]` -> config.load -> train.run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from trainer import config
+
+    ap = argparse.ArgumentParser(prog="python -m trainer.main", description=__doc__)
+    ap.add_argument("--config", default="tiny", help=f"preset ({', '.join(config.presets())}) or a YAML path")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. train.steps=20")
+    ap.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
+    args = ap.parse_args(argv)
+    try:
+        cfg = config.load(args.config, args.set)
+        cfg.check_batch()
+    except config.ConfigError as e:
+        print(f"config: {e}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(json.dumps({**config.to_dict(cfg), "batch": cfg.batch_line()}, indent=1, default=list))
+        return 0
+    from trainer import train
+
+    train.run(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""The single emitter of the log lines tpuops parses (docs/contracts.md); W&B logging beside them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+# The fixed head of a step line, in this order; then the time breakdown; then everything else.
+HEAD = (("loss", ".6f"), ("entropy", ".4f"), ("reward_mean", ".4f"))
+TIMES = ("rollout_generate", "update")
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.4f}" if abs(value) < 1e7 else f"{value:.6g}"
+    return str(value).replace(" ", "_")
+
+
+def format_step(step: int, values: Mapping[str, Any]) -> str:
+    """`step={i} loss={:.6f} entropy={:.4f} reward_mean={:.4f} dt={:.2f}s rollout_generate=..s update=..s ...`"""
+    v = dict(values)
+    parts = [f"step={step}"]
+    parts += [f"{key}={float(v.pop(key, 0.0)):{spec}}" for key, spec in HEAD]
+    parts.append(f"dt={float(v.pop('dt', 0.0)):.2f}s")
+    parts += [f"{key}={float(v.pop(key, 0.0)):.2f}s" for key in TIMES]
+    parts += [f"{k}={_fmt(x)}" for k, x in v.items()]
+    return " ".join(parts)
+
+
+def format_fields(prefix: str, values: Mapping[str, Any]) -> str:
+    return " ".join([prefix, *(f"{k}={_fmt(v)}" for k, v in values.items())])
+
+
+class Emitter:
+    """Prints the contract's lines (process 0 only for per-step lines) and mirrors metrics to W&B."""
+
+    def __init__(self, process_index: int = 0, out: TextIO | None = None) -> None:
+        self.is_main = process_index == 0
+        self.out = out or sys.stdout
+        self.wandb: Any = None
+
+    def line(self, text: str, *, all_processes: bool = False) -> None:
+        if self.is_main or all_processes:
+            print(text, file=self.out, flush=True)
+
+    def start(self, **fields: Any) -> None:
+        self.line(format_fields("start:", fields), all_processes=True)
+
+    def config(self, cfg_json: str) -> None:
+        self.line(f"config: {cfg_json}")
+
+    def batch(self, fields: Mapping[str, Any]) -> None:
+        self.line(format_fields("batch:", fields))
+
+    def step(self, step: int, values: Mapping[str, Any]) -> None:
+        self.line(format_step(step, values))
+        if self.wandb is not None and self.is_main:
+            self.wandb.log({f"train/{k}": v for k, v in values.items()}, step=step)
+
+    def eval_begin(self, step: int) -> None:
+        self.line(f"eval_begin step={step}")
+
+    def eval_result(self, step: int, accuracy: float, n: int, dt: float) -> None:
+        self.line(f"eval step={step} accuracy={accuracy:.4f} n={n} dt={dt:.2f}s")
+        if self.wandb is not None and self.is_main:
+            self.wandb.log({"eval/accuracy": accuracy}, step=step)
+
+    def eval_end(self, step: int) -> None:
+        self.line(f"eval_end step={step}")
+
+    def checkpoint(self, step: int, path: str) -> None:
+        self.line(f"checkpoint step={step} path={path}")
+
+    def reward_errors(self, step: int, name: str, count: int) -> None:
+        self.line(f"reward_errors step={step} name={name} count={count}")
+
+    def summary(self, data: Mapping[str, Any]) -> None:
+        self.line("summary: " + json.dumps(dict(data), separators=(",", ":"), default=float))
+
+    def metrics(self, data: Mapping[str, Any]) -> None:
+        self.line("metrics: " + json.dumps(dict(data), separators=(",", ":"), default=float))

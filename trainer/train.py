@@ -1,0 +1,315 @@
+"""The GRPO loop: sample G completions per prompt, score, group-relative advantages, one jitted update.
+
+Dims: N sequences per step (prompts × G), P prompt bucket, C = rollout.max_new_tokens, S = P + C, D hidden.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from trainer import checkpoint, data, distributed, metrics
+from trainer.config import Config, ConfigError, dumps
+from trainer.grpo.advantages import group_advantages
+from trainer.grpo.loss import grpo_objective
+from trainer.grpo.rewards import Sample, score
+from trainer.kernels import resolve_impl, token_logprob_entropy_from_hidden
+from trainer.model.qwen2 import forward_hidden, lm_head_weight
+from trainer.sampling.sampler import SamplingConfig, generate
+from trainer.sharding import make_mesh
+from trainer.tokenizer import chat_text, encode_chat, eos_ids, load_tokenizer, pad_id
+
+BATCH = ("dp", "fsdp")  # mesh axes the sequence dimension is split over
+
+
+@dataclass
+class Policy:
+    """Everything fixed for the run: model config, tokenizer, mesh, jitted update."""
+
+    mconf: Any
+    tokenizer: Any
+    mesh: Mesh
+    update: Any
+    ref_logp: Any
+
+
+def setup_jax(cfg: Config) -> None:
+    if cfg.log.log_compiles or os.environ.get("JAX_LOG_COMPILES", "").lower() in ("1", "true"):
+        jax.config.update("jax_log_compiles", True)
+        jax.config.update("jax_explain_cache_misses", True)
+
+
+def model_folder(cfg: Config, process_index: int) -> Path:
+    """The checkpoint to load: `tiny` is made (seeded) on first use under log.output_dir; else a folder or hub id."""
+    if cfg.model.path != "tiny":
+        return Path(cfg.model.path)
+    from trainer.make_tiny import make_tiny
+
+    out = Path(cfg.log.output_dir).expanduser() / f"tiny-{cfg.model.preset}-seed{cfg.model.seed}-p{process_index}"
+    if not (out / "config.json").exists():
+        make_tiny(out, cfg.model.preset, cfg.model.seed)
+    return out
+
+
+def optimizer(cfg: Config) -> optax.GradientTransformation:
+    t = cfg.train
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0 if t.warmup_steps else t.learning_rate, t.learning_rate, max(t.warmup_steps, 1), max(t.steps, 2), 0.1 * t.learning_rate
+    )
+    if t.optimizer == "lion":
+        opt = optax.lion(schedule, weight_decay=t.weight_decay)
+    else:
+        opt = optax.adamw(schedule, weight_decay=t.weight_decay)
+    return optax.chain(optax.clip_by_global_norm(t.max_grad_norm), opt)
+
+
+def make_update(
+    cfg: Config, mconf: Any, opt: optax.GradientTransformation, P_len: int, impl: str, like: tuple[Any, Any]
+) -> Any:
+    """One jitted step: mean of the micro-batch gradients (lax.scan), applied once.
+
+    Outputs keep the inputs' shardings (`like` = (params, opt_state)): if XLA chose its own, the next step's
+    inputs would differ and the update would compile again.
+    """
+    C = cfg.rollout.max_new_tokens
+    n_micro = cfg.accumulation_steps
+    temperature = cfg.rollout.temperature
+
+    def loss_fn(params: Any, mb: dict[str, jax.Array], dapo_tokens: jax.Array) -> tuple[jax.Array, Any]:
+        hidden_BSD = forward_hidden(params, mconf, mb["ids"], mb["pos"], mb["mask"])
+        h_BCD = hidden_BSD[:, P_len - 1 : P_len - 1 + C]  # position t predicts token t + 1
+        logp_BC, ent_BC = token_logprob_entropy_from_hidden(
+            h_BCD, lm_head_weight(params, mconf), mb["comp"], temperature=temperature, impl=impl
+        )
+        ref = mb.get("ref_logp") if cfg.loss.beta > 0 else None
+        return grpo_objective(logp_BC, mb["old_logp"], ref, mb["adv"], mb["comp_mask"], ent_BC, cfg.loss, dapo_tokens=dapo_tokens)
+
+    def update(params: Any, opt_state: Any, batch: dict[str, jax.Array]) -> tuple[Any, Any, dict[str, jax.Array]]:
+        dapo_tokens = batch["comp_mask"].sum().astype(jnp.float32) / n_micro
+        micro = jax.tree_util.tree_map(lambda x: x.reshape(n_micro, -1, *x.shape[1:]), batch)
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+
+        def body(acc: Any, mb: dict[str, jax.Array]) -> tuple[Any, Any]:
+            (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, mb, dapo_tokens)
+            return jax.tree_util.tree_map(jnp.add, acc, grads), (loss, aux)
+
+        grads, (losses, auxes) = jax.lax.scan(body, zeros, micro)
+        grads = jax.tree_util.tree_map(lambda g: g / n_micro, grads)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        out = {"loss": losses.mean(), "grad_norm": optax.global_norm(grads)}
+        out.update({k: v.mean() for k, v in auxes.items()})
+        return params, opt_state, out
+
+    shardings = jax.tree_util.tree_map(lambda x: x.sharding, like)
+    return jax.jit(update, donate_argnums=(0, 1), out_shardings=(*shardings, None))
+
+
+def global_array(mesh: Mesh, host: np.ndarray) -> jax.Array:
+    """A batch-sharded global array from data every process holds in full (each places only its shards)."""
+    spec = P(BATCH, *([None] * (host.ndim - 1)))
+    sharding = NamedSharding(mesh, spec)
+    return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+
+
+def to_host(x: jax.Array) -> np.ndarray:
+    if jax.process_count() == 1:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def draw_prompts(stream: data.PromptStream, tokenizer: Any, cfg: Config, n: int) -> list[data.Example]:
+    """n examples whose chat prompt fits the largest bucket (longer ones are skipped, the same on every process)."""
+    limit = max(cfg.data.prompt_buckets)
+    out: list[data.Example] = []
+    while len(out) < n:
+        ex = stream.next_global(1)[0]
+        text = chat_text(tokenizer, data.messages(ex, cfg.data.task))
+        if len(tokenizer(text, add_special_tokens=False)["input_ids"]) <= limit:
+            out.append(ex)
+    return out
+
+
+def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
+    """Train; returns the summary (also printed as `summary: {json}`)."""
+    setup_jax(cfg)
+    process_index, process_count = distributed.init()
+    emit = emit or metrics.Emitter(process_index)
+    devices = jax.devices()
+    fsdp = cfg.mesh.fsdp or len(devices) // (cfg.mesh.dp * cfg.mesh.tp)
+    mesh = make_mesh(cfg.mesh.dp, fsdp, cfg.mesh.tp, devices)
+    batch_devices = cfg.mesh.dp * fsdp
+    try:
+        cfg.check_batch(process_count, batch_devices)
+    except ConfigError as e:
+        raise SystemExit(f"config: {e}") from None
+    emit.start(
+        backend=jax.default_backend(), process_count=process_count, process_index=process_index,
+        device_count=len(devices), mesh=f"dp:{cfg.mesh.dp},fsdp:{fsdp},tp:{cfg.mesh.tp}",
+    )  # fmt: skip
+    emit.config(dumps(cfg))
+    emit.batch(cfg.batch_line())
+    wandb_run = init_wandb(cfg, emit)
+
+    folder = model_folder(cfg, process_index)
+    from trainer.model.loading import load_pretrained
+
+    mconf, params = load_pretrained(folder, mesh=mesh, dtype=cfg.model.dtype)
+    tok_dir = folder if cfg.data.tokenizer == "auto" else Path(cfg.data.tokenizer)
+    tokenizer = load_tokenizer(tok_dir)
+    examples = data.load_gsm8k(cfg.data.path, "train") if cfg.data.task == "gsm8k" else data.toy_examples()
+    stream = data.PromptStream(examples, cfg.train.seed, process_index, process_count)
+    target_id = tokenizer(cfg.data.toy_target, add_special_tokens=False)["input_ids"][0] if cfg.data.task == "toy" else None
+
+    opt = optimizer(cfg)
+    # Scalars (step counts) replicated on the mesh from the start, as update() returns them: else step 1
+    # would see a different input sharding and compile the update a second time.
+    replicated = NamedSharding(mesh, P())
+    opt_state = jax.tree_util.tree_map(
+        lambda x: x if isinstance(x.sharding, NamedSharding) and x.ndim else jax.device_put(x, replicated),
+        jax.jit(opt.init)(params),
+    )
+    ref_params = jax.tree_util.tree_map(jnp.copy, params) if cfg.loss.beta > 0 else None
+    sampling = SamplingConfig(
+        cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p
+    )
+    eos, pad = eos_ids(tokenizer), pad_id(tokenizer)
+    impl = resolve_impl(cfg.train.loss_impl, jax.default_backend())
+    P_len = max(cfg.data.prompt_buckets)
+    update = make_update(cfg, mconf, opt, P_len, impl, (params, opt_state))
+    ref_logp_fn = jax.jit(lambda p, b: _ref_logp(p, b, mconf, P_len, cfg, impl)) if ref_params is not None else None
+
+    start = 0
+    mgr = checkpoint.manager(cfg.checkpoint.dir) if cfg.checkpoint.dir else None
+    if mgr is not None and cfg.checkpoint.resume:
+        got = checkpoint.restore_latest(mgr, {"params": params, "opt_state": opt_state})
+        if got is not None:
+            start, state, meta = got
+            params, opt_state = state["params"], state["opt_state"]
+            stream.position = int(meta["data_position"])
+            emit.line(f"resumed step={start} from={cfg.checkpoint.dir}")
+    base_key = jax.random.key(cfg.train.seed)
+    G = cfg.rollout.samples_per_prompt
+    history: list[dict[str, float]] = []
+    for step in range(start, cfg.train.steps):
+        t0 = time.perf_counter()
+        prompts = draw_prompts(stream, tokenizer, cfg, cfg.train.prompts_per_step)
+        ids_PP, mask_PP = encode_chat(tokenizer, [data.messages(ex, cfg.data.task) for ex in prompts], [P_len])
+        ids_NP, mask_NP = np.repeat(ids_PP, G, axis=0), np.repeat(mask_PP, G, axis=0)
+        rng = jax.random.fold_in(base_key, step)
+        out = generate(params, mconf, global_array(mesh, ids_NP), global_array(mesh, mask_NP), rng, sampling, eos, pad, mesh=mesh)
+        comp_NC, cmask_NC, old_NC = to_host(out.completion_ids_BC), to_host(out.completion_mask_BC), to_host(out.logprobs_BC)
+        t_roll = time.perf_counter() - t0
+
+        texts = tokenizer.batch_decode([row[m.astype(bool)] for row, m in zip(comp_NC, cmask_NC, strict=True)], skip_special_tokens=True)
+        samples = [
+            Sample(text, prompts[i // G].gold, tuple(int(t) for t in comp_NC[i][cmask_NC[i].astype(bool)]), target_id)
+            for i, text in enumerate(texts)
+        ]
+        weights = {"toy": cfg.rewards.toy} if cfg.data.task == "toy" else {
+            "correctness": cfg.rewards.correctness, "format": cfg.rewards.format, "tag_count": cfg.rewards.tag_count,
+        }  # fmt: skip
+        scores = score(samples, weights)
+        for name, count in scores.errors.items():
+            emit.reward_errors(step, name, count)
+        adv_N = np.asarray(group_advantages(jnp.asarray(scores.total_N), G, cfg.loss.scale_rewards))
+        if cfg.train.flip_advantages:
+            adv_N = -adv_N
+        t_reward = time.perf_counter() - t0 - t_roll
+
+        full_ids = np.concatenate([ids_NP, comp_NC], axis=1)
+        full_mask = np.concatenate([mask_NP, cmask_NC], axis=1)
+        batch = {
+            "ids": full_ids, "mask": full_mask, "pos": np.maximum(np.cumsum(full_mask, axis=1) - 1, 0).astype(np.int32),
+            "comp": comp_NC, "comp_mask": cmask_NC, "old_logp": old_NC.astype(np.float32), "adv": adv_N.astype(np.float32),
+        }  # fmt: skip
+        gbatch = {k: global_array(mesh, np.asarray(v)) for k, v in batch.items()}
+        if ref_logp_fn is not None:
+            gbatch["ref_logp"] = ref_logp_fn(ref_params, gbatch)
+        t1 = time.perf_counter()
+        for _ in range(cfg.train.ppo_epochs):
+            params, opt_state, stats = update(params, opt_state, gbatch)
+        stats = {k: float(v) for k, v in stats.items()}
+        t_update = time.perf_counter() - t1
+        dt = time.perf_counter() - t0
+        lens = cmask_NC.sum(axis=1)
+        row = {
+            "loss": stats["loss"], "entropy": stats["entropy"], "reward_mean": float(scores.total_N.mean()), "dt": dt,
+            "rollout_generate": t_roll, "update": t_update, "reward_time": t_reward,
+            "completion_len_mean": float(lens.mean()), "completion_len_max": int(lens.max()),
+            "tokens_per_s": float(lens.sum() / max(t_roll, 1e-9)), "grad_norm": stats["grad_norm"],
+            "clip_low_frac": stats["clip_low_frac"], "clip_high_frac": stats["clip_high_frac"],
+            **{f"reward_{k}": v for k, v in scores.per_name.items()},
+        }  # fmt: skip
+        if "kl" in stats:
+            row["kl"] = stats["kl"]
+        emit.step(step, row)
+        history.append(row)
+        done = step + 1
+        if mgr is not None and (done == cfg.train.steps or (cfg.checkpoint.every and done % cfg.checkpoint.every == 0)):
+            checkpoint.save(mgr, done, {"params": params, "opt_state": opt_state}, {"data_position": stream.position})
+            emit.checkpoint(done, str(cfg.checkpoint.dir))
+        if cfg.eval.every and done % cfg.eval.every == 0:
+            from trainer.eval import evaluate
+
+            evaluate(cfg, params, mconf, tokenizer, mesh, emit, step=done)
+    summary = _summary(history, start)
+    emit.summary(summary)
+    if wandb_run is not None:
+        wandb_run.finish()
+    return {**summary, "params": params}
+
+
+def _ref_logp(params: Any, b: dict[str, jax.Array], mconf: Any, P_len: int, cfg: Config, impl: str) -> jax.Array:
+    C = cfg.rollout.max_new_tokens
+    hidden = forward_hidden(params, mconf, b["ids"], b["pos"], b["mask"])[:, P_len - 1 : P_len - 1 + C]
+    logp, _ = token_logprob_entropy_from_hidden(hidden, lm_head_weight(params, mconf), b["comp"], temperature=cfg.rollout.temperature, impl=impl)
+    return jax.lax.stop_gradient(logp)
+
+
+def _summary(history: list[dict[str, float]], start: int) -> dict[str, Any]:
+    if not history:
+        return {"steps": 0, "start_step": start}
+    dts = sorted(h["dt"] for h in history[1:]) or [history[0]["dt"]]
+    return {
+        "steps": len(history), "start_step": start, "reward_mean_first": history[0]["reward_mean"],
+        "reward_mean_last": history[-1]["reward_mean"], "loss_last": history[-1]["loss"],
+        "dt_p50": dts[len(dts) // 2], "rollout_generate_mean": float(np.mean([h["rollout_generate"] for h in history])),
+        "update_mean": float(np.mean([h["update"] for h in history])),
+    }  # fmt: skip
+
+
+def init_wandb(cfg: Config, emit: metrics.Emitter) -> Any:
+    """W&B per log.wandb; an init failure stops the run unless log.wandb_required is false."""
+    if cfg.log.wandb == "disabled" or not emit.is_main:
+        emit.line("wandb: disabled")
+        return None
+    try:
+        import wandb
+
+        from trainer.config import to_dict
+
+        out = Path(cfg.log.output_dir).expanduser()
+        out.mkdir(parents=True, exist_ok=True)
+        run = wandb.init(project=cfg.log.project, config=to_dict(cfg), mode=cfg.log.wandb, dir=str(out))
+    except Exception as e:  # noqa: BLE001 - reported loudly; the config decides whether to go on
+        emit.line(f"wandb: ERROR init failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        if cfg.log.wandb_required:
+            raise SystemExit("wandb init failed and log.wandb_required is true (set log.wandb=disabled to run without)") from None
+        return None
+    emit.wandb = run
+    emit.line(f"wandb: url={run.url}" if cfg.log.wandb == "online" and run.url else f"wandb: mode={cfg.log.wandb} dir={run.dir}")
+    return run
+
