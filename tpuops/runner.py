@@ -221,6 +221,9 @@ def _context_defaults(params: dict, target: TargetSpec, cwd: Path, *, skip_repo:
         import sys
 
         found.update({"venv": "none", "python": sys.executable})
+        shared = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+        if "data_dir" in params and shared.is_dir():
+            found["data_dir"] = str(shared)  # the scratch checkout has no ../shared beside it
     if "repo_url" not in params or skip_repo:
         return found
     url = (
@@ -228,6 +231,10 @@ def _context_defaults(params: dict, target: TargetSpec, cwd: Path, *, skip_repo:
         if target.kind == "local"
         else _git(cwd, "remote", "get-url", "origin")
     )
+    if not url and target.kind == "local":
+        # Outside a checkout: the checkout tpuops itself runs from (its trainer/ is what runs locally).
+        cwd = Path(__file__).resolve().parents[1]
+        url = _git(cwd, "rev-parse", "--show-toplevel")
     if not url:
         return found
     found["repo_url"] = url

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.grpo.rewards import SYSTEM_PROMPT
 
-LOCAL_GSM8K = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "gsm8k"
+
+def data_dir() -> Path:
+    """Where gsm8k/ and qwen2.5-tokenizer/ live: $TRAINER_DATA_DIR, else <repo>/../shared/data."""
+    return Path(
+        os.environ.get("TRAINER_DATA_DIR") or Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+    )
 
 
 @dataclass(frozen=True)
@@ -26,7 +32,7 @@ def gold_answer(answer_field: str) -> str:
 
 
 def load_gsm8k(path: str, split: str) -> list[Example]:
-    folder = LOCAL_GSM8K if path == "auto" else Path(path).expanduser()
+    folder = data_dir() / "gsm8k" if path == "auto" else Path(path).expanduser()
     file = folder / f"{split}.jsonl"
     if file.exists():
         rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
@@ -57,7 +63,9 @@ class PromptStream:
     Every process walks the same global order and takes its own contiguous share of each step's prompts.
     """
 
-    def __init__(self, examples: list[Example], seed: int, process_index: int = 0, process_count: int = 1) -> None:
+    def __init__(
+        self, examples: list[Example], seed: int, process_index: int = 0, process_count: int = 1
+    ) -> None:
         if not examples:
             raise ValueError("no examples to train on")
         self.examples, self.seed = examples, seed

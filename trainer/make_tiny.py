@@ -10,12 +10,24 @@ import shutil
 import sys
 from pathlib import Path
 
-TOKENIZER_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "qwen2.5-tokenizer"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
+HUB_TOKENIZER = "Qwen/Qwen2.5-0.5B-Instruct"  # the same tokenizer, for a VM without the shared data folder
+
+
+def tokenizer_files(tokenizer_dir: str | Path | None) -> Path:
+    """The Qwen2.5 tokenizer folder: given, else $TRAINER_DATA_DIR (or ../shared/data), else from the hub."""
+    from trainer.data import data_dir
+
+    folder = Path(tokenizer_dir) if tokenizer_dir else data_dir() / "qwen2.5-tokenizer"
+    if (folder / "tokenizer.json").exists() or tokenizer_dir:
+        return folder
+    from huggingface_hub import snapshot_download  # only on a VM with internet
+
+    return Path(snapshot_download(HUB_TOKENIZER, allow_patterns=list(TOKENIZER_FILES)))
 
 
 def make_tiny(
-    out_dir: str | Path, preset: str = "tiny", seed: int = 0, *, tokenizer_dir: str | Path = TOKENIZER_DIR
+    out_dir: str | Path, preset: str = "tiny", seed: int = 0, *, tokenizer_dir: str | Path | None = None
 ) -> Path:
     """Initialise `preset` with `seed`, save it with save_pretrained, copy the tokenizer; returns out_dir."""
     import jax
@@ -28,8 +40,9 @@ def make_tiny(
     out = Path(out_dir)
     params = init_params(config, jax.random.key(seed))
     save_pretrained(config, params, out)
+    source = tokenizer_files(tokenizer_dir)
     for name in TOKENIZER_FILES:
-        shutil.copyfile(Path(tokenizer_dir) / name, out / name)
+        shutil.copyfile(source / name, out / name)
     return out
 
 

@@ -220,7 +220,9 @@ class Executor:
         offset, pending, t0, delay = self.offsets.get(w, 0), b"", time.monotonic(), action.poll_s
         show = action.stream == "all" or w == 0
         hang = _HangWatch(action) if action.hang_factor and w == 0 else None
+        polls = 0
         while True:
+            polls += 1
             try:
                 code = self.transport.read_from(w, exit_file, 0)  # read before the log: no line left behind
                 chunk = self.transport.read_from(w, log, offset) or b""
@@ -259,11 +261,24 @@ class Executor:
                 return CmdResult(w, action.render(), 0, stdout=f"exit={int(code)}\noffset={offset}\n")
             if cancel.is_set():
                 return CmdResult(w, action.render(), 130, error="cancelled: another worker failed")
+            if polls % 10 == 0 and code is None and self._job_died(w, action):
+                return CmdResult(w, action.render(), 1, error="the job died without an exit code (killed?)")
             if self.abort.is_set():
                 return CmdResult(w, action.render(), 130, error="aborted: the VM is gone")
             if time.monotonic() - t0 > action.timeout:
                 return CmdResult(w, action.render(), 124, error=f"timed out after {action.timeout:g}s")
             time.sleep(action.poll_s)
+
+    def _job_died(self, w: int, action: Follow) -> bool:
+        """The pid file's process is gone and still no exit file (it is written just before the process ends)."""
+        rd = shell.path(action.run_dir)
+        r = self.transport.run(
+            w, f'[ -e {rd}/worker-{w}.exit ] || kill -0 "$(cat {rd}/worker-{w}.pid)" 2>/dev/null || echo dead', timeout=30
+        )
+        if r.ok and r.stdout.strip() == "dead":
+            time.sleep(0.5)  # the exit file may land right after the process ends
+            return self.transport.read_from(w, f"{action.run_dir}/worker-{w}.exit", 0) is None
+        return False
 
     def _py_spy(self, w: int, action: Follow) -> str:
         """Python stacks of the job (its children of the pid file's process) with py-spy, if installed."""
