@@ -149,7 +149,8 @@ def _preflight(sop: loader.Sop, values: dict[str, object]) -> None:
             raise UsageError(f"{check.what} check could not run: {e}") from None
         if r.returncode != 0:
             lines = [ln for ln in (r.stderr or r.stdout).strip().splitlines() if ln.strip()]
-            raise UsageError(f"{check.what}: {lines[-1] if lines else f'exit {r.returncode}'}")
+            last = lines[-1] if lines else f"exit {r.returncode}"
+            raise UsageError(f"{check.what}: {last.removeprefix('config: ')}")
 
 
 def _scan(sop: loader.Sop, report: SopReport, local_run: Path, warmup: int):
