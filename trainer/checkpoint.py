@@ -41,5 +41,7 @@ def restore_latest(mgr: Any, like: dict[str, Any]) -> tuple[int, dict[str, Any],
     abstract = jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), like
     )
-    got = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+    got = mgr.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore())
+    )
     return step, got["state"], got["meta"]

@@ -39,7 +39,7 @@ class DataConfig:
     path: str = "auto"  # GSM8K JSONL folder; auto: <repo>/../shared/data/gsm8k, else the hub
     tokenizer: str = "auto"  # tokenizer folder; auto: the model folder
     prompt_buckets: tuple[int, ...] = (128, 256)  # prompt lengths, tokens (left-padded to the smallest fit)
-    toy_target: str = " yes"  # toy task: the text whose token the policy learns to emit
+    toy_fraction: float = 0.25  # toy task: hits are token ids in the first toy_fraction of the vocabulary
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,10 @@ class RolloutConfig:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        _check(self.samples_per_prompt >= 2, f"rollout.samples_per_prompt must be >= 2 (a group), received {self.samples_per_prompt}")
+        _check(
+            self.samples_per_prompt >= 2,
+            f"rollout.samples_per_prompt must be >= 2 (a group), received {self.samples_per_prompt}",
+        )
         _check(self.max_new_tokens > 0, f"rollout.max_new_tokens must be > 0, received {self.max_new_tokens}")
         _check(self.temperature > 0, f"rollout.temperature must be > 0, received {self.temperature}")
 
@@ -65,7 +68,9 @@ class LossConfig:
     epsilon_high: float = 0.28
     beta: float = 0.0  # KL(policy || reference) weight, k3 estimator; 0 = no reference model
     entropy_coef: float = 0.0  # entropy bonus (entropy is always logged)
-    scale_rewards: Literal["group", "none"] = "group"  # group: divide by the group std (+1e-4); none: Dr. GRPO
+    scale_rewards: Literal["group", "none"] = (
+        "group"  # group: divide by the group std (+1e-4); none: Dr. GRPO
+    )
     max_completion_len: int = 0  # dr_grpo's constant normaliser; 0 = rollout.max_new_tokens
 
     def __post_init__(self) -> None:
@@ -90,7 +95,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _check(self.steps > 0, f"train.steps must be > 0, received {self.steps}")
-        _check(self.prompts_per_step > 0, f"train.prompts_per_step must be > 0, received {self.prompts_per_step}")
+        _check(
+            self.prompts_per_step > 0, f"train.prompts_per_step must be > 0, received {self.prompts_per_step}"
+        )
         _check(self.micro_batch > 0, f"train.micro_batch must be > 0, received {self.micro_batch}")
         _check(self.ppo_epochs > 0, f"train.ppo_epochs must be > 0, received {self.ppo_epochs}")
         _check(self.learning_rate > 0, f"train.learning_rate must be > 0, received {self.learning_rate}")
@@ -101,6 +108,7 @@ class MeshConfig:
     dp: int = 1
     fsdp: int = 0  # 0: every remaining device
     tp: int = 1
+    devices: int = 0  # use the first N devices (0: all); tests compare 1 device with 8
 
 
 @dataclass(frozen=True)
@@ -159,7 +167,9 @@ class Config:
     def check_batch(self, process_count: int = 1, device_count: int = 1) -> None:
         """Impossible batch shapes are rejected here, before any compile."""
         n, mb = self.sequences_per_step, self.train.micro_batch
-        _check(n % mb == 0, f"train.micro_batch ({mb}) must divide prompts_per_step × samples_per_prompt ({n})")
+        _check(
+            n % mb == 0, f"train.micro_batch ({mb}) must divide prompts_per_step × samples_per_prompt ({n})"
+        )
         _check(
             mb % device_count == 0,
             f"train.micro_batch ({mb}) must be a multiple of the device count ({device_count})",
@@ -280,13 +290,16 @@ def _coerce(key: str, ftype: Any, value: Any) -> Any:
         _check(value in choices, f"{key} must be one of {list(choices)}, received {value!r}")
         return str(value)
     if origin is tuple:
-        items = value.split(",") if raw else value
+        items = value.strip("[]() ").split(",") if raw else value  # a.b=64,128 or a.b=[64,128]
         _check(isinstance(items, list | tuple), f"{key} must be a list, received {value!r}")
         inner = typing.get_args(ftype)[0]
         return tuple(_coerce(key, inner, _RawStr(i.strip()) if raw else i) for i in items)
     if ftype is bool:
         if raw:
-            _check(value.lower() in {"true", "false", "1", "0"}, f"{key} must be true or false, received {value!r}")
+            _check(
+                value.lower() in {"true", "false", "1", "0"},
+                f"{key} must be true or false, received {value!r}",
+            )
             return value.lower() in {"true", "1"}
         _check(isinstance(value, bool), f"{key} must be true or false, received {value!r}")
         return value
@@ -295,7 +308,10 @@ def _coerce(key: str, ftype: Any, value: Any) -> Any:
             out = ftype(value) if raw or ftype is not int or not isinstance(value, float) else None
         except ValueError:
             out = None
-        _check(out is not None and not (ftype is int and isinstance(value, bool)), f"{key} must be {ftype.__name__}, received {value!r}")
+        _check(
+            out is not None and not (ftype is int and isinstance(value, bool)),
+            f"{key} must be {ftype.__name__}, received {value!r}",
+        )
         return out
     if isinstance(ftype, types.UnionType):
         return value

@@ -23,11 +23,14 @@ def init(timeout_s: int = 120) -> tuple[int, int]:
             if "cpu" in os.environ.get("JAX_PLATFORMS", ""):
                 jax.config.update("jax_cpu_collectives_implementation", "gloo")
             jax.distributed.initialize(
-                coordinator_address=coordinator, num_processes=num, process_id=pid, initialization_timeout=timeout_s
+                coordinator_address=coordinator,
+                num_processes=num,
+                process_id=pid,
+                initialization_timeout=timeout_s,
             )
         elif "," in hosts:  # a multi-host TPU slice: JAX finds the coordinator itself
             jax.distributed.initialize(initialization_timeout=timeout_s)
-    except Exception as e:  # noqa: BLE001 - any failure here means the processes did not form a group
+    except Exception as e:
         print(
             f"multi-host: process {os.environ.get(ENV_ID, '?')} of {num} has not joined the coordinator "
             f"{coordinator or '(auto)'} within {timeout_s}s: {type(e).__name__}: {str(e).splitlines()[0][:200]}",

@@ -12,7 +12,9 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m trainer.main", description=__doc__)
     ap.add_argument("--config", default="tiny", help=f"preset ({', '.join(config.presets())}) or a YAML path")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. train.steps=20")
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. train.steps=20"
+    )
     ap.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
     args = ap.parse_args(argv)
     try:

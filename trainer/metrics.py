@@ -10,6 +10,7 @@ from typing import Any, TextIO
 # The fixed head of a step line, in this order; then the time breakdown; then everything else.
 HEAD = (("loss", ".6f"), ("entropy", ".4f"), ("reward_mean", ".4f"))
 TIMES = ("rollout_generate", "update")
+EXTRA_TIMES = ("reward_score",)  # further phases, seconds
 
 
 def _fmt(value: Any) -> str:
@@ -29,6 +30,7 @@ def format_step(step: int, values: Mapping[str, Any]) -> str:
     parts += [f"{key}={float(v.pop(key, 0.0)):{spec}}" for key, spec in HEAD]
     parts.append(f"dt={float(v.pop('dt', 0.0)):.2f}s")
     parts += [f"{key}={float(v.pop(key, 0.0)):.2f}s" for key in TIMES]
+    parts += [f"{key}={float(v.pop(key)):.2f}s" for key in EXTRA_TIMES if key in v]
     parts += [f"{k}={_fmt(x)}" for k, x in v.items()]
     return " ".join(parts)
 

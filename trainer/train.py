@@ -55,7 +55,10 @@ def model_folder(cfg: Config, process_index: int) -> Path:
         return Path(cfg.model.path)
     from trainer.make_tiny import make_tiny
 
-    out = Path(cfg.log.output_dir).expanduser() / f"tiny-{cfg.model.preset}-seed{cfg.model.seed}-p{process_index}"
+    out = (
+        Path(cfg.log.output_dir).expanduser()
+        / f"tiny-{cfg.model.preset}-seed{cfg.model.seed}-p{process_index}"
+    )
     if not (out / "config.json").exists():
         make_tiny(out, cfg.model.preset, cfg.model.seed)
     return out
@@ -64,7 +67,11 @@ def model_folder(cfg: Config, process_index: int) -> Path:
 def optimizer(cfg: Config) -> optax.GradientTransformation:
     t = cfg.train
     schedule = optax.warmup_cosine_decay_schedule(
-        0.0 if t.warmup_steps else t.learning_rate, t.learning_rate, max(t.warmup_steps, 1), max(t.steps, 2), 0.1 * t.learning_rate
+        0.0 if t.warmup_steps else t.learning_rate,
+        t.learning_rate,
+        max(t.warmup_steps, 1),
+        max(t.steps, 2),
+        0.1 * t.learning_rate,
     )
     if t.optimizer == "lion":
         opt = optax.lion(schedule, weight_decay=t.weight_decay)
@@ -92,9 +99,20 @@ def make_update(
             h_BCD, lm_head_weight(params, mconf), mb["comp"], temperature=temperature, impl=impl
         )
         ref = mb.get("ref_logp") if cfg.loss.beta > 0 else None
-        return grpo_objective(logp_BC, mb["old_logp"], ref, mb["adv"], mb["comp_mask"], ent_BC, cfg.loss, dapo_tokens=dapo_tokens)
+        return grpo_objective(
+            logp_BC,
+            mb["old_logp"],
+            ref,
+            mb["adv"],
+            mb["comp_mask"],
+            ent_BC,
+            cfg.loss,
+            dapo_tokens=dapo_tokens,
+        )
 
-    def update(params: Any, opt_state: Any, batch: dict[str, jax.Array]) -> tuple[Any, Any, dict[str, jax.Array]]:
+    def update(
+        params: Any, opt_state: Any, batch: dict[str, jax.Array]
+    ) -> tuple[Any, Any, dict[str, jax.Array]]:
         dapo_tokens = batch["comp_mask"].sum().astype(jnp.float32) / n_micro
         micro = jax.tree_util.tree_map(lambda x: x.reshape(n_micro, -1, *x.shape[1:]), batch)
         zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
@@ -134,8 +152,12 @@ def draw_prompts(stream: data.PromptStream, tokenizer: Any, cfg: Config, n: int)
     """n examples whose chat prompt fits the largest bucket (longer ones are skipped, the same on every process)."""
     limit = max(cfg.data.prompt_buckets)
     out: list[data.Example] = []
+    tried = 0
     while len(out) < n:
         ex = stream.next_global(1)[0]
+        tried += 1
+        if tried > len(stream.examples) and not out:
+            raise SystemExit(f"config: no prompt fits data.prompt_buckets (largest {limit} tokens); raise it")
         text = chat_text(tokenizer, data.messages(ex, cfg.data.task))
         if len(tokenizer(text, add_special_tokens=False)["input_ids"]) <= limit:
             out.append(ex)
@@ -147,7 +169,7 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
     setup_jax(cfg)
     process_index, process_count = distributed.init()
     emit = emit or metrics.Emitter(process_index)
-    devices = jax.devices()
+    devices = jax.devices()[: cfg.mesh.devices or None]
     fsdp = cfg.mesh.fsdp or len(devices) // (cfg.mesh.dp * cfg.mesh.tp)
     mesh = make_mesh(cfg.mesh.dp, fsdp, cfg.mesh.tp, devices)
     batch_devices = cfg.mesh.dp * fsdp
@@ -171,7 +193,7 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
     tokenizer = load_tokenizer(tok_dir)
     examples = data.load_gsm8k(cfg.data.path, "train") if cfg.data.task == "gsm8k" else data.toy_examples()
     stream = data.PromptStream(examples, cfg.train.seed, process_index, process_count)
-    target_id = tokenizer(cfg.data.toy_target, add_special_tokens=False)["input_ids"][0] if cfg.data.task == "toy" else None
+    target_ids = range(int(cfg.data.toy_fraction * mconf.vocab_size)) if cfg.data.task == "toy" else None
 
     opt = optimizer(cfg)
     # Scalars (step counts) replicated on the mesh from the start, as update() returns them: else step 1
@@ -189,7 +211,9 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
     impl = resolve_impl(cfg.train.loss_impl, jax.default_backend())
     P_len = max(cfg.data.prompt_buckets)
     update = make_update(cfg, mconf, opt, P_len, impl, (params, opt_state))
-    ref_logp_fn = jax.jit(lambda p, b: _ref_logp(p, b, mconf, P_len, cfg, impl)) if ref_params is not None else None
+    ref_logp_fn = (
+        jax.jit(lambda p, b: _ref_logp(p, b, mconf, P_len, cfg, impl)) if ref_params is not None else None
+    )
 
     start = 0
     mgr = checkpoint.manager(cfg.checkpoint.dir) if cfg.checkpoint.dir else None
@@ -206,16 +230,39 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
     for step in range(start, cfg.train.steps):
         t0 = time.perf_counter()
         prompts = draw_prompts(stream, tokenizer, cfg, cfg.train.prompts_per_step)
-        ids_PP, mask_PP = encode_chat(tokenizer, [data.messages(ex, cfg.data.task) for ex in prompts], [P_len])
+        ids_PP, mask_PP = encode_chat(
+            tokenizer, [data.messages(ex, cfg.data.task) for ex in prompts], [P_len]
+        )
         ids_NP, mask_NP = np.repeat(ids_PP, G, axis=0), np.repeat(mask_PP, G, axis=0)
         rng = jax.random.fold_in(base_key, step)
-        out = generate(params, mconf, global_array(mesh, ids_NP), global_array(mesh, mask_NP), rng, sampling, eos, pad, mesh=mesh)
-        comp_NC, cmask_NC, old_NC = to_host(out.completion_ids_BC), to_host(out.completion_mask_BC), to_host(out.logprobs_BC)
+        out = generate(
+            params,
+            mconf,
+            global_array(mesh, ids_NP),
+            global_array(mesh, mask_NP),
+            rng,
+            sampling,
+            eos,
+            pad,
+            mesh=mesh,
+        )
+        comp_NC, cmask_NC, old_NC = (
+            to_host(out.completion_ids_BC),
+            to_host(out.completion_mask_BC),
+            to_host(out.logprobs_BC),
+        )
         t_roll = time.perf_counter() - t0
 
-        texts = tokenizer.batch_decode([row[m.astype(bool)] for row, m in zip(comp_NC, cmask_NC, strict=True)], skip_special_tokens=True)
+        texts = tokenizer.batch_decode(
+            [row[m.astype(bool)] for row, m in zip(comp_NC, cmask_NC, strict=True)], skip_special_tokens=True
+        )
         samples = [
-            Sample(text, prompts[i // G].gold, tuple(int(t) for t in comp_NC[i][cmask_NC[i].astype(bool)]), target_id)
+            Sample(
+                text,
+                prompts[i // G].gold,
+                tuple(int(t) for t in comp_NC[i][cmask_NC[i].astype(bool)]),
+                target_ids,
+            )
             for i, text in enumerate(texts)
         ]
         weights = {"toy": cfg.rewards.toy} if cfg.data.task == "toy" else {
@@ -247,7 +294,7 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
         lens = cmask_NC.sum(axis=1)
         row = {
             "loss": stats["loss"], "entropy": stats["entropy"], "reward_mean": float(scores.total_N.mean()), "dt": dt,
-            "rollout_generate": t_roll, "update": t_update, "reward_time": t_reward,
+            "rollout_generate": t_roll, "update": t_update, "reward_score": t_reward,
             "completion_len_mean": float(lens.mean()), "completion_len_max": int(lens.max()),
             "tokens_per_s": float(lens.sum() / max(t_roll, 1e-9)), "grad_norm": stats["grad_norm"],
             "clip_low_frac": stats["clip_low_frac"], "clip_high_frac": stats["clip_high_frac"],
@@ -258,8 +305,12 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
         emit.step(step, row)
         history.append(row)
         done = step + 1
-        if mgr is not None and (done == cfg.train.steps or (cfg.checkpoint.every and done % cfg.checkpoint.every == 0)):
-            checkpoint.save(mgr, done, {"params": params, "opt_state": opt_state}, {"data_position": stream.position})
+        if mgr is not None and (
+            done == cfg.train.steps or (cfg.checkpoint.every and done % cfg.checkpoint.every == 0)
+        ):
+            checkpoint.save(
+                mgr, done, {"params": params, "opt_state": opt_state}, {"data_position": stream.position}
+            )
             emit.checkpoint(done, str(cfg.checkpoint.dir))
         if cfg.eval.every and done % cfg.eval.every == 0:
             from trainer.eval import evaluate
@@ -272,10 +323,14 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
     return {**summary, "params": params}
 
 
-def _ref_logp(params: Any, b: dict[str, jax.Array], mconf: Any, P_len: int, cfg: Config, impl: str) -> jax.Array:
+def _ref_logp(
+    params: Any, b: dict[str, jax.Array], mconf: Any, P_len: int, cfg: Config, impl: str
+) -> jax.Array:
     C = cfg.rollout.max_new_tokens
     hidden = forward_hidden(params, mconf, b["ids"], b["pos"], b["mask"])[:, P_len - 1 : P_len - 1 + C]
-    logp, _ = token_logprob_entropy_from_hidden(hidden, lm_head_weight(params, mconf), b["comp"], temperature=cfg.rollout.temperature, impl=impl)
+    logp, _ = token_logprob_entropy_from_hidden(
+        hidden, lm_head_weight(params, mconf), b["comp"], temperature=cfg.rollout.temperature, impl=impl
+    )
     return jax.lax.stop_gradient(logp)
 
 
@@ -304,12 +359,17 @@ def init_wandb(cfg: Config, emit: metrics.Emitter) -> Any:
         out = Path(cfg.log.output_dir).expanduser()
         out.mkdir(parents=True, exist_ok=True)
         run = wandb.init(project=cfg.log.project, config=to_dict(cfg), mode=cfg.log.wandb, dir=str(out))
-    except Exception as e:  # noqa: BLE001 - reported loudly; the config decides whether to go on
+    except Exception as e:
         emit.line(f"wandb: ERROR init failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
         if cfg.log.wandb_required:
-            raise SystemExit("wandb init failed and log.wandb_required is true (set log.wandb=disabled to run without)") from None
+            raise SystemExit(
+                "wandb init failed and log.wandb_required is true (set log.wandb=disabled to run without)"
+            ) from None
         return None
     emit.wandb = run
-    emit.line(f"wandb: url={run.url}" if cfg.log.wandb == "online" and run.url else f"wandb: mode={cfg.log.wandb} dir={run.dir}")
+    emit.line(
+        f"wandb: url={run.url}"
+        if cfg.log.wandb == "online" and run.url
+        else f"wandb: mode={cfg.log.wandb} dir={run.dir}"
+    )
     return run
-

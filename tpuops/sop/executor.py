@@ -134,7 +134,10 @@ class Executor:
         report = SopReport(sop.name, run_id, self.transport.name, list(workers))
         active = list(workers)
         with ThreadPoolExecutor(max_workers=max(1, min(self.parallel, len(workers)))) as pool:
+            failed = False
             for step in sop.steps:
+                if failed and not step.always:
+                    continue  # after a failure only `always` steps run (fetch the logs of a failed run)
                 if not active:
                     break
                 if step.kind == "run" and len(active) > 1:
@@ -143,15 +146,17 @@ class Executor:
                         report.steps.append(check)
                         if self.on_step:
                             self.on_step(check)
-                        break
+                        failed = True
+                        continue
                 sr = self._run_step(pool, sop, step, values, run_id, active)
                 report.steps.append(sr)
                 if self.on_step:
                     self.on_step(sr)
                 if sr.failed:
                     if not self.keep_going:
-                        break
-                    active = [w for w in active if w not in sr.failed]
+                        failed = True
+                    else:
+                        active = [w for w in active if w not in sr.failed]
         report.duration_s = time.monotonic() - t0
         return report
 

@@ -119,6 +119,7 @@ class Step(Frozen):
 
     kind: str
     name: str | None = None
+    always: bool = False  # run even after an earlier step failed (e.g. fetch the logs of a failed run)
     template_fields: ClassVar[tuple[str, ...]] = ()
 
     @property

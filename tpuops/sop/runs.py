@@ -132,6 +132,7 @@ class FetchLog(Step):
 
     kind: Literal["fetch_log"] = "fetch_log"
     runs_dir: str = "~/tpuops/runs"
+    always: bool = True
     template_fields: ClassVar[tuple[str, ...]] = ("runs_dir",)
 
     def plan(self, ctx: PlanContext) -> list[Action]:

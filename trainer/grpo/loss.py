@@ -51,7 +51,9 @@ def per_token_loss(
     return loss_BT, parts
 
 
-def aggregate(loss_BT: Array, mask_BT: Array, cfg: LossConfig, *, dapo_tokens: Array | float | None = None) -> Array:
+def aggregate(
+    loss_BT: Array, mask_BT: Array, cfg: LossConfig, *, dapo_tokens: Array | float | None = None
+) -> Array:
     """One scalar from per-token losses; `dapo_tokens` is the step's active-token count per micro-batch."""
     m_BT = mask_BT.astype(jnp.float32)
     total = (loss_BT * m_BT).sum()

@@ -24,7 +24,7 @@ class Sample:
     text: str  # the decoded completion
     gold: str | None = None  # the reference answer (GSM8K: the number after ####)
     token_ids: tuple[int, ...] = ()  # the completion's tokens up to and including EOS
-    target_id: int | None = None  # toy task: the token the policy should emit
+    target_ids: range | None = None  # toy task: the token ids that count as hits
 
 
 def extract_answer(text: str) -> str | None:
@@ -78,10 +78,10 @@ def tag_count(s: Sample) -> float:
 
 
 def toy(s: Sample) -> float:
-    """The fraction of completion tokens equal to the target token (the learnable toy task)."""
-    if not s.token_ids or s.target_id is None:
+    """The fraction of completion tokens whose id is in the target set (the learnable toy task)."""
+    if not s.token_ids or s.target_ids is None:
         return 0.0
-    return sum(1 for t in s.token_ids if t == s.target_id) / len(s.token_ids)
+    return sum(1 for t in s.token_ids if t in s.target_ids) / len(s.token_ids)
 
 
 REGISTRY: dict[str, Callable[[Sample], float]] = {
@@ -94,7 +94,7 @@ REGISTRY: dict[str, Callable[[Sample], float]] = {
 
 @dataclass
 class Scores:
-    total_N: np.ndarray  # noqa: N815 - weighted sum per sample
+    total_N: np.ndarray
     per_name: dict[str, float] = field(default_factory=dict)  # mean of each function
     errors: dict[str, int] = field(default_factory=dict)  # samples where a function raised
 
@@ -111,7 +111,7 @@ def score(samples: Sequence[Sample], weights: dict[str, float]) -> Scores:
         for i, s in enumerate(samples):
             try:
                 values[i] = fn(s)
-            except Exception:  # noqa: BLE001 - a reward bug must cost one sample, not the run
+            except Exception:
                 values[i] = ERROR_SCORE
                 out.errors[name] = out.errors.get(name, 0) + 1
         total += weight * values

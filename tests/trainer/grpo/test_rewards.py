@@ -38,7 +38,7 @@ def test_toy_reward_is_the_fraction_of_target_tokens() -> None:
     assert rewards.toy(Sample("", token_ids=(5, 9, 5, 3), target_ids=range(6))) == 0.75
 
 
-def test_a_raising_reward_scores_minus_one_and_is_counted(monkeypatch) -> None:  # noqa: ANN001
+def test_a_raising_reward_scores_minus_one_and_is_counted(monkeypatch) -> None:
     def broken(s: Sample) -> float:
         if s.text == "boom":
             raise RuntimeError("bug in a reward")
