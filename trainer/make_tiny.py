@@ -39,7 +39,8 @@ def make_tiny(
     config = get_preset(preset)
     out = Path(out_dir)
     params = init_params(config, jax.random.key(seed))
-    save_pretrained(config, params, out)
+    # Host-local parameters: every process of a multi-host run writes its own copy (train uses one per process).
+    save_pretrained(config, params, out, every_process=True)
     source = tokenizer_files(tokenizer_dir)
     for name in TOKENIZER_FILES:
         shutil.copyfile(source / name, out / name)

@@ -107,19 +107,24 @@ def _host_numpy(x: jax.Array) -> np.ndarray:
 
 
 def save_pretrained(
-    config: Qwen2Config, params: dict[str, Any], out_dir: str | Path, *, max_shard_bytes: int = 4 << 30
+    config: Qwen2Config,
+    params: dict[str, Any],
+    out_dir: str | Path,
+    *,
+    max_shard_bytes: int = 4 << 30,
+    every_process: bool = False,
 ) -> Path:
     """Write config.json and model.safetensors (or shards + index when over max_shard_bytes).
 
     Tensors are stored in config.param_dtype. Across processes every process must call this (the
-    gather is collective); only process 0 writes."""
+    gather is collective); only process 0 writes, unless every_process (each to its own local folder)."""
     out = Path(out_dir)
     tensors: dict[str, np.ndarray] = {}
     for key_path, leaf in jax.tree_util.tree_leaves_with_path(params):
         name, transpose = name_map.flax_to_hf(sharding.path_str(key_path))
         array = _host_numpy(leaf).astype(jnp.dtype(config.param_dtype))
         tensors[name] = np.ascontiguousarray(array.T if transpose else array)
-    if jax.process_index() != 0:
+    if jax.process_index() != 0 and not every_process:
         return out
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config.to_hf(), indent=2) + "\n")

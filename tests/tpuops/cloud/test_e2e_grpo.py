@@ -1,0 +1,60 @@
+"""`tpuops run grpo` on emulated TPU VMs: real sshd workers, real git, the trainer on CPU, multi-host JAX."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.tpuops.cloud.conftest import Cloud
+from tpuops.cloud.emulator.sshd import free_port
+
+REPO = Path(__file__).resolve().parents[3]
+DATA = REPO.parent / "shared" / "data"
+ZONE = "us-east1-d"
+
+
+def _committed_repo(tmp_path: Path) -> Path:
+    """A bare clone of this checkout's HEAD that every worker user can read (the workers' `origin`)."""
+    bare = Path("/tmp") / f"tpuops-e2e-{os.getpid()}-{tmp_path.name}.git"
+    subprocess.run(["rm", "-rf", str(bare)], check=True)  # noqa: S607
+    subprocess.run(["git", "clone", "-q", "--bare", str(REPO), str(bare)], check=True)  # noqa: S607
+    subprocess.run(["chmod", "-R", "a+rX", str(bare)], check=True)  # noqa: S607
+    return bare
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("accelerator", "workers"), [("v4-8", 1), ("v4-16", 2)])
+def test_run_grpo_on_an_emulated_vm(
+    cloud: Cloud, vm_name: str, worker_python: str, tmp_path: Path, accelerator: str, workers: int
+) -> None:
+    created = cloud.cli("vm", "create", vm_name, "--type", accelerator, "--zone", ZONE, "--runtime-version", "base")
+    assert created.returncode == 0, created.stderr
+    bare = _committed_repo(tmp_path)
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+    sets = {
+        "repo_url": str(bare), "branch": head.stdout.strip(), "venv": "none", "python": worker_python,
+        "data_dir": str(DATA), "steps": "2", "lockfile": "~/libtpu_lockfile", "coordinator_port": str(free_port()),
+        "train.prompts_per_step": "2", "log.output_dir": "~/trainer-out",
+    }  # fmt: skip
+    args = ["run", "grpo", "--vm", vm_name, "--zone", ZONE, "--identity", str(cloud.identity), "--json"]
+    for k, v in sets.items():
+        args += ["--set", f"{k}={v}"]
+    r = cloud.cli(*args, cwd=tmp_path)
+    if r.returncode != 0:  # the workers' own logs say why
+        run_dir = Path(os.environ["TPUOPS_HOME"]) / "runs"
+        tails = [f"{p.name}: {p.read_text()[-1500:]}" for p in sorted(run_dir.glob("*/worker-*.log"))]
+        pytest.fail(f"exit {r.returncode}: {r.stderr[-1500:]}\n" + "\n".join(tails))
+    data = json.loads(r.stdout)
+    assert data["workers"] == list(range(workers))
+    log = data["log"]
+    assert log["steps"] == 2 and not log["failures"]
+    assert log["start"]["process_count"] == str(workers)  # every worker joined one jax.distributed group
+    assert log["exit_codes"] == {str(w): 0 for w in range(workers)}
+    shas = {w["sha"] for w in data["steps"][0]["workers"].values()}
+    assert shas == {head.stdout.strip()[:7]}
+    subprocess.run(["rm", "-rf", str(bare)], check=True)  # noqa: S607
