@@ -131,14 +131,14 @@ def worker_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     import sys
 
     prefix = Path(sys.base_prefix)
-    if os.geteuid() != 0 or os.access(prefix, os.R_OK | os.X_OK) and str(prefix).startswith("/usr"):
+    if os.geteuid() != 0 or (os.access(prefix, os.R_OK | os.X_OK) and str(prefix).startswith("/usr")):
         yield sys.executable
         return
     copy = Path("/opt") / f"tpuops-test-python-{os.getpid()}"
-    subprocess.run(["cp", "-al", str(prefix), str(copy)], check=True)  # noqa: S607
+    subprocess.run(["cp", "-al", str(prefix), str(copy)], check=True)
     exe = copy / "bin" / Path(sys.executable).name
     wrapper = copy / "bin" / "python-for-workers"
     wrapper.write_text(f'#!/bin/sh\nLD_LIBRARY_PATH={copy}/lib exec {exe} "$@"\n')
     wrapper.chmod(0o755)
     yield str(wrapper)
-    subprocess.run(["rm", "-rf", str(copy)], check=True)  # noqa: S607
+    subprocess.run(["rm", "-rf", str(copy)], check=True)

@@ -278,7 +278,9 @@ class Executor:
         """The pid file's process is gone and still no exit file (it is written just before the process ends)."""
         rd = shell.path(action.run_dir)
         r = self.transport.run(
-            w, f'[ -e {rd}/worker-{w}.exit ] || kill -0 "$(cat {rd}/worker-{w}.pid)" 2>/dev/null || echo dead', timeout=30
+            w,
+            f'[ -e {rd}/worker-{w}.exit ] || kill -0 "$(cat {rd}/worker-{w}.pid)" 2>/dev/null || echo dead',
+            timeout=30,
         )
         if r.ok and r.stdout.strip() == "dead":
             time.sleep(0.5)  # the exit file may land right after the process ends

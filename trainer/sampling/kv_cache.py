@@ -21,9 +21,9 @@ from jax import Array
 
 @flax.struct.dataclass
 class KVCache:
-    k_LBSKH: Array  # noqa: N815 (shape suffix)
-    v_LBSKH: Array  # noqa: N815 (shape suffix)
-    mask_BS: Array  # noqa: N815 (shape suffix)
+    k_LBSKH: Array
+    v_LBSKH: Array
+    mask_BS: Array
     index: Array
 
     @property

@@ -50,22 +50,22 @@ class SamplingConfig:
 
 @flax.struct.dataclass
 class SampleOutput:
-    completion_ids_BC: Array  # noqa: N815 (shape suffix) - int32; pad_id after a sequence's EOS
-    completion_mask_BC: Array  # noqa: N815 (shape suffix) - int32; 1 up to and including the EOS token
-    logprobs_BC: Array  # noqa: N815 (shape suffix) - float32; 0 where the mask is 0
-    prompt_ids_BP: Array  # noqa: N815 (shape suffix)
-    prompt_mask_BP: Array  # noqa: N815 (shape suffix)
+    completion_ids_BC: Array
+    completion_mask_BC: Array
+    logprobs_BC: Array
+    prompt_ids_BP: Array
+    prompt_mask_BP: Array
     steps: Array  # int32 scalar: decode positions actually run (< C when all stopped early)
 
 
 @flax.struct.dataclass
 class DecodeState:
     cache: KVCache
-    tokens_BC: Array  # noqa: N815 (shape suffix)
-    mask_BC: Array  # noqa: N815 (shape suffix)
-    logprobs_BC: Array  # noqa: N815 (shape suffix)
-    done_B: Array  # noqa: N815 (shape suffix)
-    positions_B: Array  # noqa: N815 (shape suffix) - RoPE position of the last sampled token
+    tokens_BC: Array
+    mask_BC: Array
+    logprobs_BC: Array
+    done_B: Array
+    positions_B: Array
     step: Array  # completion position of the last sampled token
     rng: Array
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,9 +20,9 @@ ZONE = "us-east1-d"
 def _committed_repo(tmp_path: Path) -> Path:
     """A bare clone of this checkout's HEAD that every worker user can read (the workers' `origin`)."""
     bare = Path("/tmp") / f"tpuops-e2e-{os.getpid()}-{tmp_path.name}.git"
-    subprocess.run(["rm", "-rf", str(bare)], check=True)  # noqa: S607
-    subprocess.run(["git", "clone", "-q", "--bare", str(REPO), str(bare)], check=True)  # noqa: S607
-    subprocess.run(["chmod", "-R", "a+rX", str(bare)], check=True)  # noqa: S607
+    subprocess.run(["rm", "-rf", str(bare)], check=True)
+    subprocess.run(["git", "clone", "-q", "--bare", str(REPO), str(bare)], check=True)
+    subprocess.run(["chmod", "-R", "a+rX", str(bare)], check=True)
     return bare
 
 
@@ -32,10 +31,14 @@ def _committed_repo(tmp_path: Path) -> Path:
 def test_run_grpo_on_an_emulated_vm(
     cloud: Cloud, vm_name: str, worker_python: str, tmp_path: Path, accelerator: str, workers: int
 ) -> None:
-    created = cloud.cli("vm", "create", vm_name, "--type", accelerator, "--zone", ZONE, "--runtime-version", "base")
+    created = cloud.cli(
+        "vm", "create", vm_name, "--type", accelerator, "--zone", ZONE, "--runtime-version", "base"
+    )
     assert created.returncode == 0, created.stderr
     bare = _committed_repo(tmp_path)
-    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+    head = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    )
     sets = {
         "repo_url": str(bare), "branch": head.stdout.strip(), "venv": "none", "python": worker_python,
         "data_dir": str(DATA), "steps": "2", "lockfile": "~/libtpu_lockfile", "coordinator_port": str(free_port()),
@@ -57,4 +60,4 @@ def test_run_grpo_on_an_emulated_vm(
     assert log["exit_codes"] == {str(w): 0 for w in range(workers)}
     shas = {w["sha"] for w in data["steps"][0]["workers"].values()}
     assert shas == {head.stdout.strip()[:7]}
-    subprocess.run(["rm", "-rf", str(bare)], check=True)  # noqa: S607
+    subprocess.run(["rm", "-rf", str(bare)], check=True)

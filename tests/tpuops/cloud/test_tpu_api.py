@@ -9,7 +9,7 @@ import pytest
 from tests.tpuops.cloud.conftest import Cloud
 from tpuops.cloud import tpu_api
 from tpuops.cloud.create import CreateRequest, create_vm
-from tpuops.errors import CloudError, PreemptedError, CommandTimeoutError, UsageError
+from tpuops.errors import CloudError, CommandTimeoutError, PreemptedError, UsageError
 
 
 def _create(cloud: Cloud, name: str, zone: str = "us-east1-d", **kw: object) -> tpu_api.VmInfo:

@@ -163,7 +163,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    do_GET = do_POST = do_DELETE = do_PATCH = _serve  # noqa: N815 - http.server's naming
+    do_GET = do_POST = do_DELETE = do_PATCH = _serve
 
     def log_message(self, format: str, *args: Any) -> None:
         if self.server.verbose:

@@ -127,6 +127,7 @@ class SshdWorker:
         self.proc.wait()
         self.proc = None
 
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
