@@ -17,7 +17,7 @@ from trainer.kernels.logprob import chunked, fused_lm_head, pallas_tpu, referenc
 
 IMPLS = ("reference", "chunked", "pallas", "fused_lm_head")
 
-# Measured choice per backend (docs/performance/kernels.md): on CPU `chunked` is within noise of the
+# Measured choice per backend (docs/performance.md): on CPU `chunked` is within noise of the
 # reference's time at a fraction of its memory; on TPU the Pallas kernel; on GPU `chunked` (no GPU Pallas
 # kernel beats it, none is shipped).
 AUTO = {"cpu": "chunked", "gpu": "chunked", "cuda": "chunked", "rocm": "chunked", "tpu": "pallas"}

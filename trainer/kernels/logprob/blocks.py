@@ -41,7 +41,7 @@ class BlockSizes:
         return self
 
 
-# Measured on this project's CPU runner (bench/bench_kernels.py, docs/performance/kernels.md). The TPU rows
+# Measured on this project's CPU runner (bench/bench_kernels.py, docs/performance.md). The TPU rows
 # are reasoned defaults, not yet measured on hardware: a (256, 2048) bf16 tile is 1 MiB, its float32
 # temporaries 2 MiB each, well inside v5e/v6e scoped VMEM with double buffering.
 TUNED: dict[str, dict[str, BlockSizes]] = {
