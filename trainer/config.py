@@ -38,7 +38,10 @@ class DataConfig:
     task: Literal["gsm8k", "toy"] = "gsm8k"
     path: str = "auto"  # GSM8K JSONL folder; auto: <repo>/../shared/data/gsm8k, else the hub
     tokenizer: str = "auto"  # tokenizer folder; auto: the model folder
-    prompt_buckets: tuple[int, ...] = (128, 256)  # prompt lengths, tokens (left-padded to the smallest fit)
+    prompt_buckets: tuple[int, ...] = (128, 256)  # prompt lengths, tokens
+    # true: every step pads to the largest bucket (one compile per run); false: to the smallest that fits
+    # (less padding, but one compile per bucket seen: `tpuops recompile-check` flags those)
+    fixed_bucket: bool = True
     toy_fraction: float = 0.25  # toy task: hits are token ids in the first toy_fraction of the vocabulary
 
 

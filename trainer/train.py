@@ -210,9 +210,11 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
     eos, pad = eos_ids(tokenizer), pad_id(tokenizer)
     impl = resolve_impl(cfg.train.loss_impl, jax.default_backend())
     P_len = max(cfg.data.prompt_buckets)
-    update = make_update(cfg, mconf, opt, P_len, impl, (params, opt_state))
+    updates = {P_len: make_update(cfg, mconf, opt, P_len, impl, (params, opt_state))}
     ref_logp_fn = (
-        jax.jit(lambda p, b: _ref_logp(p, b, mconf, P_len, cfg, impl)) if ref_params is not None else None
+        jax.jit(lambda p, b, n: _ref_logp(p, b, mconf, n, cfg, impl), static_argnums=2)
+        if ref_params is not None
+        else None
     )
 
     start = 0
@@ -230,9 +232,14 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
     for step in range(start, cfg.train.steps):
         t0 = time.perf_counter()
         prompts = draw_prompts(stream, tokenizer, cfg, cfg.train.prompts_per_step)
+        buckets = [P_len] if cfg.data.fixed_bucket else cfg.data.prompt_buckets
         ids_PP, mask_PP = encode_chat(
-            tokenizer, [data.messages(ex, cfg.data.task) for ex in prompts], [P_len]
+            tokenizer, [data.messages(ex, cfg.data.task) for ex in prompts], buckets
         )
+        p_len = ids_PP.shape[1]
+        if p_len not in updates:
+            updates[p_len] = make_update(cfg, mconf, opt, p_len, impl, (params, opt_state))
+        update = updates[p_len]
         ids_NP, mask_NP = np.repeat(ids_PP, G, axis=0), np.repeat(mask_PP, G, axis=0)
         rng = jax.random.fold_in(base_key, step)
         out = generate(
@@ -284,7 +291,7 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
         }  # fmt: skip
         gbatch = {k: global_array(mesh, np.asarray(v)) for k, v in batch.items()}
         if ref_logp_fn is not None:
-            gbatch["ref_logp"] = ref_logp_fn(ref_params, gbatch)
+            gbatch["ref_logp"] = ref_logp_fn(ref_params, gbatch, p_len)
         t1 = time.perf_counter()
         for _ in range(cfg.train.ppo_epochs):
             params, opt_state, stats = update(params, opt_state, gbatch)

@@ -43,3 +43,82 @@ def test_trainer_override_typo_is_refused_before_anything_runs() -> None:
         "error: trainer config: unknown config key 'train.stepz'; did you mean 'train.steps'?"
     )
     assert not (Path(os.environ["TPUOPS_HOME"]) / "local").exists()  # no worker was touched
+
+
+def test_gradcheck_and_microbench_commands_report_metrics() -> None:
+    gc = tpuops("gradcheck", "ce", "--local", "--json", cwd=REPO)
+    assert gc.returncode == 0, gc.stderr[-3000:]
+    (m,) = json.loads(gc.stdout)["log"]["metrics"]
+    assert m["kind"] == "gradcheck" and m["loss"] == "ce" and m["ok"]
+    assert set(m["impls"]) >= {"chunked", "pallas", "fused_lm_head"}
+    mb = tpuops(
+        "microbench",
+        "--local",
+        "--set",
+        "tokens=64",
+        "--set",
+        "vocab=1024",
+        "--set",
+        "iters=2",
+        "--json",
+        cwd=REPO,
+    )
+    assert mb.returncode == 0, mb.stderr[-3000:]
+    (m,) = json.loads(mb.stdout)["log"]["metrics"]
+    assert m["kind"] == "microbench" and m["T"] == 64 and m["V"] == 1024 and m["p50_ms"] > 0
+
+
+def test_logs_then_stop_a_detached_run(tmp_path: Path) -> None:
+    args = [
+        sys.executable,
+        "-m",
+        "tpuops",
+        "sop",
+        "run",
+        "smoke",
+        "--local",
+        "--set",
+        "steps=500",
+        "--set",
+        "step_seconds=0.05",
+    ]
+    follower = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert follower.stderr is not None
+    while "[w0] step=3 " not in follower.stderr.readline():
+        pass
+    follower.kill()  # the laptop goes away; the job does not
+    follower.wait()
+    (record,) = json.loads(tpuops("runs", "--json", cwd=tmp_path).stdout)
+    run_id = record["run_id"]
+    logs = tpuops("logs", run_id, cwd=tmp_path)
+    assert logs.returncode == 0 and "[w0] step=3 " in logs.stderr
+    stop = tpuops("stop", run_id, "--json", cwd=tmp_path)
+    assert stop.returncode == 0, stop.stderr
+    assert "terminated" in json.loads(stop.stdout)["workers"]["0"]["detail"]
+    exit_file = Path(os.environ["TPUOPS_HOME"]) / "local/w0/tpuops/runs" / run_id / "worker-0.exit"
+    assert exit_file.read_text().strip() == "143"
+    done = tpuops("logs", run_id, cwd=tmp_path)
+    last = [ln for ln in done.stderr.splitlines() if "step=" in ln][-1]
+    assert int(last.split("step=")[1].split()[0]) < 499  # it really stopped early
+
+
+@pytest.mark.slow
+def test_recompile_check_fails_on_shapes_that_change_every_step() -> None:
+    # Padding each step's prompts to the smallest of many buckets changes the shapes almost every step.
+    buckets = ",".join(str(b) for b in range(48, 264, 8))
+    r = tpuops("recompile-check", "--local", "--set", "steps=4", "--set", "data.fixed_bucket=false",
+               "--set", f"data.prompt_buckets={buckets}", "--json", cwd=REPO)  # fmt: skip
+    assert r.returncode == 7, r.stderr[-3000:]
+    data = json.loads(r.stdout)
+    assert data["error_class"] == "recompile"
+    functions = {c["function"] for c in data["log"]["recompiles"]}
+    assert any("update" in f for f in functions) and any("_prefill" in f for f in functions), functions
+    assert all(c["step"] >= 1 for c in data["log"]["recompiles"])
+    assert "recompile" in r.stderr or "compile" in r.stderr
+
+
+def test_recompile_check_passes_with_fixed_buckets() -> None:
+    r = tpuops("recompile-check", "--local", "--set", "steps=3", "--json", cwd=REPO)
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = json.loads(r.stdout)["log"]
+    assert log["compiles"]["after_warmup"] == 0 and log["compiles"]["total"] > 0  # logging was on
