@@ -2,6 +2,7 @@
 
 # No `from __future__ import annotations` here: the generated commands need real annotation objects
 # for Typer (their signatures are assembled at import time).
+import inspect
 from collections.abc import Callable
 from typing import Annotated
 
@@ -71,39 +72,41 @@ def _sop_command(
     return command
 
 
-def register(app: typer.Typer) -> None:
-    """Add the everyday commands to the top-level app."""
-    import inspect
+def _with_args(fn: Callable, *params: inspect.Parameter) -> Callable:
+    """Typer reads the signature: put the command's positional arguments first, drop the **extra."""
+    sig = inspect.signature(fn)
+    kept = [p for p in sig.parameters.values() if p.kind != p.VAR_KEYWORD]
+    fn.__signature__ = sig.replace(parameters=[*params, *kept])  # type: ignore[attr-defined]
+    return fn
 
-    def with_args(fn: Callable, *params: inspect.Parameter) -> Callable:
-        sig = inspect.signature(fn)
-        kept = [p for p in sig.parameters.values() if p.kind != p.VAR_KEYWORD]
-        fn.__signature__ = sig.replace(parameters=[*params, *kept])  # type: ignore[attr-defined]
-        return fn
 
+def named_sop_command(doc: str) -> Callable:
+    """A command whose first argument is the SOP's name (`tpuops run NAME`, `tpuops sop run NAME`)."""
     name_arg = inspect.Parameter(
         "name",
         inspect.Parameter.POSITIONAL_OR_KEYWORD,
         annotation=Annotated[str, typer.Argument(help="SOP name (tpuops sop list), e.g. grpo.")],
     )
-    app.command("run", context_settings={"help_option_names": ["-h", "--help"]})(
-        with_args(
-            _sop_command(
-                None,
-                """Run a SOP by name; `--set a.b=c` (with a dot) goes to the trainer, checked before anything runs.
+    return _with_args(_sop_command(None, doc), name_arg)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the everyday commands to the top-level app."""
+
+    app.command("run")(
+        named_sop_command(
+            """Run a SOP by name; `--set a.b=c` (with a dot) goes to the trainer, checked before anything runs.
 
         \b
         Examples:
           tpuops run grpo --vm mllm-jax-v6e-8 --zone us-east1-d --set steps=20
           tpuops run grpo --local --set steps=3 --set rollout.max_new_tokens=16
           tpuops run grpo --dry-run --json
-        """,
-            ),
-            name_arg,
+        """
         )
     )
     app.command("recompile-check")(
-        with_args(
+        _with_args(
             _sop_command(
                 "recompile-check",
                 """A few GRPO steps with JAX compile logging; exit 7 if anything compiles after the warm-up.
@@ -123,7 +126,7 @@ def register(app: typer.Typer) -> None:
         default="grpo",
     )
     app.command("gradcheck")(
-        with_args(
+        _with_args(
             _sop_command(
                 "gradcheck",
                 """Every loss implementation against the float32 reference (loss, dlogits); exit 1 beyond tolerance.
@@ -139,7 +142,7 @@ def register(app: typer.Typer) -> None:
         )
     )
     app.command("microbench")(
-        with_args(
+        _with_args(
             _sop_command(
                 "microbench",
                 """Forward+backward time and peak memory of one loss implementation (--set impl=chunked --set tokens=4096 ...).
