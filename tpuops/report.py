@@ -29,6 +29,7 @@ _STYLE = {
 def line(worker: int, text: str) -> None:
     """One live log line, prefixed with its worker."""
     err.print(f"[cyan]\\[w{worker}][/cyan] {_escape(text)}")
+    err.file.flush()  # shown before the follower saves its offset: a kill -9 then loses no line
 
 
 def event(text: str) -> None:

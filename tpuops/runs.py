@@ -169,16 +169,17 @@ def stop(run_id: str, *, grace_s: float = 10.0) -> dict[int, CmdResult]:
     results: dict[int, CmdResult] = {}
     try:
         for w in rec.workers:
-            script = f"""rd={rd}; k={w}; lock={shell.path(lock)}
+            script = f"""{shell.ALIVE}
+rd={rd}; k={w}; lock={shell.path(lock)}
 [ -f "$rd/worker-$k.pid" ] || {{ echo "tpuops: no pid file"; exit 0; }}
 pid=$(cat "$rd/worker-$k.pid")
-if ! kill -0 "$pid" 2>/dev/null; then echo "tpuops: not running"; else
+if ! alive "$pid"; then echo "tpuops: not running"; else
   kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid"
-  i=0; while kill -0 "$pid" 2>/dev/null && [ $i -lt {int(grace_s * 10)} ]; do sleep 0.1; i=$((i+1)); done
-  if kill -0 "$pid" 2>/dev/null; then
+  i=0; while alive "$pid" && [ $i -lt {int(grace_s * 10)} ]; do sleep 0.1; i=$((i+1)); done
+  if alive "$pid"; then
     kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid"; echo "tpuops: killed"
   else echo "tpuops: terminated"; fi
-  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+  while alive "$pid"; do sleep 0.05; done
 fi
 [ -f "$rd/worker-$k.exit" ] || echo 143 > "$rd/worker-$k.exit"
 rm -f "$lock" && echo "tpuops: lock cleared"

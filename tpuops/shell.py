@@ -10,6 +10,11 @@ REDACTED = "***"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+# `alive PID`: running and not a zombie. A finished detached job whose parent is a non-reaping init stays a
+# zombie, and `kill -0` alone would call it alive forever.
+ALIVE = 'alive() { kill -0 "$1" 2>/dev/null && [ "$(sed \'s/.*) //\' /proc/$1/stat 2>/dev/null | cut -c1)" != Z ]; }'
+
+
 def quote(value: object) -> str:
     """Quote one value for a POSIX shell: whatever it contains, it stays one word and runs nothing."""
     return shlex.quote(str(value))

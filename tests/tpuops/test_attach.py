@@ -27,7 +27,7 @@ def test_attach_after_the_follower_is_killed(
         args += ["--set", f"{k}={v}"]
     env = {**os.environ, "COLUMNS": "200"}
     first = subprocess.Popen(
-        args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
     )
     assert first.stderr is not None
     shown: list[str] = []
@@ -38,7 +38,9 @@ def test_attach_after_the_follower_is_killed(
             shown.append(line.strip().split("] ", 1)[1])
     time.sleep(0.2)  # between two polls
     first.send_signal(signal.SIGKILL)
-    _, rest = first.communicate()
+    # Read through the same buffered file as readline() above (communicate() would skip its read-ahead).
+    rest = first.stderr.read()
+    first.wait()
     shown += _lines(rest)  # what it printed before it died
     runs = subprocess.run(
         [sys.executable, "-m", "tpuops", "runs", "--json"],

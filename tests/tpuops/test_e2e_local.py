@@ -122,3 +122,14 @@ def test_recompile_check_passes_with_fixed_buckets() -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     log = json.loads(r.stdout)["log"]
     assert log["compiles"]["after_warmup"] == 0 and log["compiles"]["total"] > 0  # logging was on
+
+
+@pytest.mark.slow
+def test_bench_rollout_compares_variants_side_by_side() -> None:
+    r = tpuops("bench", "rollout", "--local", "--set", "steps=3", "--variant", "",
+               "--variant", "rollout.max_new_tokens=8", "--json", cwd=REPO)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    base, short = json.loads(r.stdout)
+    assert base["label"] == "baseline" and short["label"] == "rollout.max_new_tokens=8"
+    assert base["steps"] == short["steps"] == 3 and base["dt_p50_ratio"] == 1.0
+    assert short["rollout_generate_mean"] > 0 and short["rollout_ratio"] is not None

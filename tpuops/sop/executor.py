@@ -279,7 +279,7 @@ class Executor:
         rd = shell.path(action.run_dir)
         r = self.transport.run(
             w,
-            f'[ -e {rd}/worker-{w}.exit ] || kill -0 "$(cat {rd}/worker-{w}.pid)" 2>/dev/null || echo dead',
+            f'{shell.ALIVE}; [ -e {rd}/worker-{w}.exit ] || alive "$(cat {rd}/worker-{w}.pid)" || echo dead',
             timeout=30,
         )
         if r.ok and r.stdout.strip() == "dead":

@@ -42,18 +42,20 @@ class Run(Step):
         force = "1" if ctx.force else "0"
         # One run per VM: another run's live job on this worker is refused (or, with --force, stopped first).
         script = f"""set -e
+{shell.ALIVE}
 rd={shell.path(rd)}; mkdir -p "$rd"
-if [ -e "$rd"/worker-{k}.pid ] && kill -0 "$(cat "$rd"/worker-{k}.pid)" 2>/dev/null; then
+if [ -e "$rd"/worker-{k}.pid ] && alive "$(cat "$rd"/worker-{k}.pid)"; then
   echo "tpuops: running pid=$(cat "$rd"/worker-{k}.pid)"; exit 0; fi
 for f in {runs}/*/worker-*.pid; do
   [ -e "$f" ] || continue; pid=$(cat "$f"); other=$(basename "$(dirname "$f")")
-  kill -0 "$pid" 2>/dev/null || continue
+  [ -e "${{f%.pid}}.exit" ] && continue  # finished (its exit code is written just before it ends)
+  alive "$pid" || continue
   if [ {force} != 1 ]; then
     echo "tpuops: active run=$other pid=$pid"; echo "run $other (pid $pid) is active" >&2; exit {BUSY_EXIT}; fi
   kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-  i=0; while kill -0 "$pid" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+  i=0; while alive "$pid" && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
   kill -KILL -- "-$pid" 2>/dev/null || true
-  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+  while alive "$pid"; do sleep 0.05; done
   x="${{f%.pid}}.exit"; [ -e "$x" ] || echo 143 > "$x"
   echo "tpuops: stopped run=$other pid=$pid"
 done

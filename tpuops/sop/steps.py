@@ -71,7 +71,8 @@ class ClearLockfile(Step):
 
     def plan(self, ctx: PlanContext) -> list[Action]:
         force = "1" if ctx.force else "0"
-        script = f"""lock={shell.path(ctx.raw(self.lockfile))}; pattern={shell.quote(ctx.raw(self.holder_pattern))}
+        script = f"""{shell.ALIVE}
+lock={shell.path(ctx.raw(self.lockfile))}; pattern={shell.quote(ctx.raw(self.holder_pattern))}
 force={force}; grace={int(self.grace_s * 10)}
 holders=""
 for p in /proc/[0-9]*; do
@@ -93,10 +94,10 @@ if [ -z "$holders" ] && [ ! -e "$lock" ]; then echo "tpuops: nothing to do"; exi
 if [ -n "$holders" ] && [ "$force" != 1 ]; then echo "TPU is held by pid$holders" >&2; exit {BUSY_EXIT}; fi
 if [ -n "$holders" ]; then
   kill -TERM $holders 2>/dev/null
-  i=0; while [ $i -lt $grace ]; do alive=""; for h in $holders; do kill -0 "$h" 2>/dev/null && alive="$alive $h"; done
-    [ -z "$alive" ] && break; sleep 0.1; i=$((i+1)); done
-  for h in $holders; do kill -0 "$h" 2>/dev/null && kill -KILL "$h" 2>/dev/null; done
-  for h in $holders; do while kill -0 "$h" 2>/dev/null; do sleep 0.05; done; echo "tpuops: killed pid=$h"; done
+  i=0; while [ $i -lt $grace ]; do left=""; for h in $holders; do alive "$h" && left="$left $h"; done
+    [ -z "$left" ] && break; sleep 0.1; i=$((i+1)); done
+  for h in $holders; do alive "$h" && kill -KILL "$h" 2>/dev/null; done
+  for h in $holders; do while alive "$h"; do sleep 0.05; done; echo "tpuops: killed pid=$h"; done
 fi
 rm -f "$lock" && echo "tpuops: removed lock"
 """

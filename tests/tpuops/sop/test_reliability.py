@@ -8,6 +8,7 @@ from pathlib import Path
 from tests.tpuops.conftest import SshdPool, commit_to
 from tpuops import runner
 from tpuops.errors import ExitCode
+from tpuops.shell import ALIVE
 from tpuops.sop.actions import Command
 from tpuops.sop.executor import Executor, StepReport, consistency
 from tpuops.sop.loader import Sop
@@ -45,7 +46,9 @@ def test_second_run_is_refused_naming_the_holder_then_force_stops_it(sshd_pool: 
     forced = Executor(t, force=True).execute(long, {}, "run-two", [0])
     assert forced.ok
     assert (w.home / "runs/run-one/worker-0.exit").read_text().strip() == "143"
-    assert t.run(0, f"kill -0 {pid}").exit_code != 0  # the holder is gone
+    assert (
+        t.run(0, f"{ALIVE}; alive {pid} || echo gone").stdout == "gone\n"
+    )  # the holder is gone (or a zombie)
     t.run(0, "kill -KILL -- -$(cat ~/runs/run-two/worker-0.pid)")
     t.close()
 
