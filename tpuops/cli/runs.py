@@ -188,12 +188,10 @@ def attach(
         run_id, on_line=report.line, stream="all" if all_workers else "first", from_start=from_start
     )
     log = logscan.scan_run(library.load(run_id).local_dir)
-    codes = {w: r.stdout for w, r in results.items()}
     code = report_log.exit_code(log)
     if any(not r.ok for r in results.values()):
         code = max(code, 1)
     report_log.render(log, code, json, None, None)
-    del codes
     raise typer.Exit(code)
 
 
