@@ -161,33 +161,54 @@ def logs(run_id: str, worker: str, *, follow: bool, on_line: LineSink) -> None:
 
 
 def stop(run_id: str, *, grace_s: float = 10.0) -> dict[int, CmdResult]:
-    """Stop a run on every worker: SIGTERM to its process group, then SIGKILL, then clear the TPU lock."""
+    """Stop a run on every worker at once: SIGTERM to its process group, then SIGKILL, then clear the TPU lock."""
+    from concurrent.futures import ThreadPoolExecutor
+
     rec = load(run_id)
     lock = str(rec.values.get("lockfile", "/tmp/libtpu_lockfile"))
     rd = shell.path(rec.remote_dir)
     transport = open_transport(rec.spec(), Redactor())
-    results: dict[int, CmdResult] = {}
-    try:
-        for w in rec.workers:
-            script = f"""{shell.ALIVE}
+
+    def one(w: int) -> CmdResult:
+        # The job leads its own process group (setsid): signal and wait for the whole group, since a child
+        # can outlive the leader. `kill -SIG -PGID`, not `kill -SIG -- -PGID`: dash has no `--`.
+        script = f"""{shell.RUNNING}
 rd={rd}; k={w}; lock={shell.path(lock)}
 [ -f "$rd/worker-$k.pid" ] || {{ echo "tpuops: no pid file"; exit 0; }}
 pid=$(cat "$rd/worker-$k.pid")
-if ! alive "$pid"; then echo "tpuops: not running"; else
-  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid"
-  i=0; while alive "$pid" && [ $i -lt {int(grace_s * 10)} ]; do sleep 0.1; i=$((i+1)); done
-  if alive "$pid"; then
-    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid"; echo "tpuops: killed"
+if ! running "$pid"; then echo "tpuops: not running"; else
+  kill -TERM "-$pid" 2>/dev/null || kill -TERM "$pid"
+  i=0; while running "$pid" && [ $i -lt {int(grace_s * 10)} ]; do sleep 0.1; i=$((i+1)); done
+  if running "$pid"; then
+    kill -KILL "-$pid" 2>/dev/null || kill -KILL "$pid"; echo "tpuops: killed"
   else echo "tpuops: terminated"; fi
-  while alive "$pid"; do sleep 0.05; done
+  while running "$pid"; do sleep 0.05; done
 fi
 [ -f "$rd/worker-$k.exit" ] || echo 143 > "$rd/worker-$k.exit"
 rm -f "$lock" && echo "tpuops: lock cleared"
 """
-            results[w] = transport.run(w, script, timeout=grace_s + 30)
+        return transport.run(w, script, timeout=grace_s + 30)
+
+    try:
+        # In parallel: a multi-host job that ignores SIGTERM costs one grace period, not one per worker.
+        with ThreadPoolExecutor(max_workers=max(1, min(len(rec.workers), 32))) as pool:
+            return dict(zip(rec.workers, pool.map(one, rec.workers), strict=True))
     finally:
         transport.close()
-    return results
+
+
+def record_end(run_id: str, exit_codes: dict[int, int | None], code: int) -> None:
+    """After an attach: once every worker has an exit code, remember how the run ended (`tpuops runs`).
+
+    The follower that started the run saved a fuller result if it saw the end; that one is kept.
+    """
+    rec = load(run_id)
+    if rec.result is None and all(exit_codes.get(w) is not None for w in rec.workers):
+        codes = {str(w): exit_codes[w] for w in rec.workers}
+        save_result(
+            run_id,
+            {"run_id": run_id, "sop": rec.sop, "ok": code == 0, "exit_code": code, "exit_codes": codes},
+        )
 
 
 def save_result(run_id: str, data: dict[str, Any]) -> None:

@@ -13,6 +13,13 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # `alive PID`: running and not a zombie. A finished detached job whose parent is a non-reaping init stays a
 # zombie, and `kill -0` alone would call it alive forever.
 ALIVE = 'alive() { kill -0 "$1" 2>/dev/null && [ "$(sed \'s/.*) //\' /proc/$1/stat 2>/dev/null | cut -c1)" != Z ]; }'
+# `running PID`: that process, or any other of the process group it leads, is running (zombies aside). A
+# detached job's children can outlive the shell that leads its group: once jax.distributed is initialised,
+# XLA's preemption notifier catches SIGTERM, so a multi-host trainer goes on after its shell died.
+RUNNING = (
+    ALIVE + '; running() { alive "$1" || cat /proc/[0-9]*/stat 2>/dev/null | '
+    'awk -v g="$1" \'{ sub(/.*\\) /, "") } $1 != "Z" && $3 == g { f = 1 } END { exit !f }\'; }'
+)
 
 
 def quote(value: object) -> str:

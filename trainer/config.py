@@ -42,7 +42,9 @@ class DataConfig:
     # true: every step pads to the largest bucket (one compile per run); false: to the smallest that fits
     # (less padding, but one compile per bucket seen: `tpuops recompile-check` flags those)
     fixed_bucket: bool = True
-    toy_fraction: float = 0.25  # toy task: hits are token ids in the first toy_fraction of the vocabulary
+    toy_fraction: float = (
+        0.25  # toy task: the share of the vocabulary that counts as hits (train.toy_targets)
+    )
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,9 @@ class LogConfig:
     project: str = "tpuops-grpo"
     log_compiles: bool = False  # jax_log_compiles + jax_explain_cache_misses
     output_dir: str = "~/.cache/tpuops-trainer"  # tiny checkpoints, W&B files
+    param_digest: bool = (
+        False  # the summary gets a sha256 of the final parameters (gathers them: small models)
+    )
 
 
 @dataclass(frozen=True)

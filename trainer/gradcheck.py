@@ -1,8 +1,11 @@
 """`python -m trainer.gradcheck {grpo,ce}`: every loss implementation's value and gradients against the reference.
 
-Dims: B batch, T tokens, V vocab, D hidden. Inputs are fresh random draws: advantages of both signs, old
-log-probs away from the new ones, a chosen id in every 128-column vocab tile, padding masks, temperature
-0.7. Prints one `metrics: {json}` line (docs/contracts.md); exit 0 within tolerance, 1 beyond.
+Dims: B batch, T tokens, V vocab, D hidden. Inputs are fresh random draws: advantages of both signs, old and
+reference log-probs away from the new ones, a chosen id in every 128-column vocab tile, padding masks,
+temperature 0.7. `grpo` differentiates the real training loss (trainer/grpo/loss.py, every aggregation in
+OBJECTIVES) through each kernel; `ce` a masked mean cross-entropy. Prints one `metrics: {json}` line
+(docs/contracts.md): per impl the worst relative difference over the objectives, and each objective's under
+`by_objective`; exit 0 within tolerance, 1 beyond.
 """
 
 from __future__ import annotations
@@ -35,6 +38,20 @@ class Case:
 CONFIGS = {"small-cpu": Case(B=2, T=24, V=1000, D=64), "qwen2.5-1.5b": Case(B=1, T=4096, V=151936, D=1536)}
 
 
+# The GRPO objectives checked, all through trainer/grpo/loss.py's grpo_objective on the kernels' log-probs and
+# entropies: each of the four aggregations, the KL term (beta > 0) once; default clip range, which the random
+# ratios fall on both sides of. The entropy bonus weighs 1 (more than in training): GRPO's surrogate alone sums
+# terms of both advantage signs to a loss near 0, whose relative difference would measure that cancellation
+# rather than the kernel; and the entropy's gradient then counts as much as the log-prob's.
+OBJECTIVES: dict[str, dict[str, Any]] = {
+    "dapo": {"loss_type": "dapo", "entropy_coef": 1.0},
+    "grpo+kl": {"loss_type": "grpo", "beta": 0.1, "entropy_coef": 1.0},
+    "bnpo": {"loss_type": "bnpo", "entropy_coef": 1.0},
+    "dr_grpo": {"loss_type": "dr_grpo", "entropy_coef": 1.0},
+}
+DAPO_TOKENS_SCALE = 1.5
+
+
 def draw_inputs(case: Case, dtype: str, seed: int) -> dict[str, Any]:
     """Random inputs for one check (see the module docstring for what they must exercise)."""
     import jax.numpy as jnp
@@ -55,25 +72,43 @@ def draw_inputs(case: Case, dtype: str, seed: int) -> dict[str, Any]:
         "ids": jnp.asarray(ids, jnp.int32),
         "mask": jnp.asarray(np.arange(T)[None, :] < lengths[:, None], jnp.float32),
         "adv": jnp.asarray(adv, jnp.float32),
-        "probe": jnp.asarray(rng.normal(0, 1.0, (B, T)), jnp.float32),
         "shift": jnp.asarray(rng.normal(0, 0.5, (B, T)), jnp.float32),
+        "ref_shift": jnp.asarray(rng.normal(0, 0.5, (B, T)), jnp.float32),
     }
 
 
-def probe_objective(logp_BT: Any, entropy_BT: Any, x: dict[str, Any]) -> Any:
-    """Stand-in for trainer/grpo/loss.py's objective (not there yet): a masked functional of both outputs,
-    nonlinear in logp through exp(logp - old_logp), with advantages of both signs."""
+def inputs(config: str, dtype: str, seed: int) -> dict[str, Any]:
+    """draw_inputs plus, for each path (from logits, from hidden), the sampling and reference policies'
+    log-probs, both away from that path's current ones: ratios on both sides of the clip range, a KL not ~0."""
     import jax.numpy as jnp
 
-    ratio_BT = jnp.exp(logp_BT - x["old_logp"])
-    per_tok_BT = -x["adv"][:, None] * ratio_BT + 0.1 * x["probe"] * entropy_BT
-    return jnp.sum(per_tok_BT * x["mask"]) / jnp.sum(x["mask"])
+    from trainer import kernels
+
+    x = draw_inputs(CONFIGS[config], dtype, seed)
+    h_logits = jnp.matmul(x["hidden"].astype(jnp.float32), x["w"].astype(jnp.float32))
+    for path, z in (("logits", x["logits"]), ("hidden", h_logits)):
+        logp, _ = kernels.token_logprob_entropy(z, x["ids"], temperature=TEMPERATURE, impl="reference")
+        x[f"old_logp_{path}"] = logp + x["shift"]
+        x[f"ref_logp_{path}"] = logp + x["ref_shift"]
+    return x
 
 
-Objective = Callable[[Any, Any, dict[str, Any]], Any]
+def grpo_loss(name: str, logp_BT: Any, entropy_BT: Any, x: dict[str, Any], path: str) -> Any:
+    """The training loss of objective `name` (OBJECTIVES) on these log-probs and entropies."""
+    from trainer.config import LossConfig
+    from trainer.grpo.loss import grpo_objective
+
+    cfg = LossConfig(**OBJECTIVES[name])
+    ref = x[f"ref_logp_{path}"] if cfg.beta > 0 else None
+    # dapo normalises by the step's mean tokens per micro-batch, which differs from this batch's own count
+    # when micro-batches differ in length (else dapo would equal bnpo here).
+    tokens = DAPO_TOKENS_SCALE * x["mask"].sum()
+    return grpo_objective(
+        logp_BT, x[f"old_logp_{path}"], ref, x["adv"], x["mask"], entropy_BT, cfg, dapo_tokens=tokens
+    )[0]
 
 
-def loss_fns(loss: str, impl: str, x: dict[str, Any], objective: Objective) -> tuple[Callable, Callable]:
+def loss_fns(loss: str, impl: str, x: dict[str, Any], objective: str) -> tuple[Callable, Callable]:
     """(loss of logits, loss of (hidden, W)) for `impl`; impl "reference" is the float32 definition."""
     import jax.numpy as jnp
 
@@ -83,17 +118,21 @@ def loss_fns(loss: str, impl: str, x: dict[str, Any], objective: Objective) -> t
         if loss == "ce":
             return kernels.cross_entropy(z, x["ids"], x["mask"], impl=impl)
         lp, ent = kernels.token_logprob_entropy(z, x["ids"], temperature=TEMPERATURE, impl=impl)
-        return objective(lp, ent, x)
+        return grpo_loss(objective, lp, ent, x, "logits")
 
     def of_hidden(h: Any, w: Any) -> Any:
         if impl == "reference":  # the definition: float32 matmul, then the reference loss
-            return of_logits(jnp.matmul(h.astype(jnp.float32), w.astype(jnp.float32)))
+            z = jnp.matmul(h.astype(jnp.float32), w.astype(jnp.float32))
+            if loss == "ce":
+                return kernels.cross_entropy(z, x["ids"], x["mask"], impl=impl)
+            lp, ent = kernels.token_logprob_entropy(z, x["ids"], temperature=TEMPERATURE, impl=impl)
+            return grpo_loss(objective, lp, ent, x, "hidden")
         if loss == "ce":
             return kernels.cross_entropy_from_hidden(h, w, x["ids"], x["mask"], impl=impl)
         lp, ent = kernels.token_logprob_entropy_from_hidden(
             h, w, x["ids"], temperature=TEMPERATURE, impl=impl
         )
-        return objective(lp, ent, x)
+        return grpo_loss(objective, lp, ent, x, "hidden")
 
     return of_logits, of_hidden
 
@@ -109,45 +148,63 @@ def diff(a: Any, b: Any) -> dict[str, float]:
     }
 
 
-def run(loss: str, config: str, dtype: str, impls: tuple[str, ...], seed: int = 0,
-        objective: Objective = probe_objective) -> dict[str, Any]:  # fmt: skip
+def run(loss: str, config: str, dtype: str, impls: tuple[str, ...], seed: int = 0) -> dict[str, Any]:
     """Check `impls` against the reference; the metrics record (with "ok") as a dict."""
     import jax
 
     with jax.default_matmul_precision("highest"):  # float32 matmuls in full precision on TPU/GPU too
-        return _run(loss, config, dtype, impls, seed, objective)
+        return _run(loss, config, dtype, impls, seed)
 
 
-def _run(loss: str, config: str, dtype: str, impls: tuple[str, ...], seed: int, objective: Objective) -> dict:
+def _value_and_grad(loss: str, impl: str, x: dict[str, Any], objective: str, of: str) -> Callable:
+    """Jitted (value, gradient) of one objective w.r.t. the logits, or w.r.t. (hidden, W)."""
+    import jax
+
+    of_logits, of_hidden = loss_fns(loss, impl, x, objective)
+    if of == "logits":
+        return jax.jit(jax.value_and_grad(of_logits))
+    return jax.jit(jax.value_and_grad(of_hidden, argnums=(0, 1)))
+
+
+def _run(loss: str, config: str, dtype: str, impls: tuple[str, ...], seed: int) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from trainer import kernels
-
-    x = draw_inputs(CONFIGS[config], dtype, seed)
-    ref_logp, _ = kernels.token_logprob_entropy(
-        x["logits"], x["ids"], temperature=TEMPERATURE, impl="reference"
-    )
-    x["old_logp"] = ref_logp + x["shift"]  # old != new: ratios well outside any clip range
-    ref_z, ref_h = loss_fns(loss, "reference", x, objective)
-    want_z = jax.jit(jax.value_and_grad(ref_z))(x["logits"].astype(jnp.float32))
-    want_h = jax.jit(jax.value_and_grad(ref_h, argnums=(0, 1)))(x["hidden"], x["w"])
-    tol, out, ok = TOLERANCE[dtype], {}, True
-    for impl in impls:
-        of_z, of_h = loss_fns(loss, impl, x, objective)
-        if impl == "fused_lm_head":
-            got = jax.jit(jax.value_and_grad(of_h, argnums=(0, 1)))(x["hidden"], x["w"])
-            rec = {"loss": diff(got[0], want_h[0]), "dhidden": diff(got[1][0], want_h[1][0]),
-                   "dw": diff(got[1][1], want_h[1][1])}  # fmt: skip
-        else:
-            got = jax.jit(jax.value_and_grad(of_z))(x["logits"])
-            rec = {"loss": diff(got[0], want_z[0]), "dlogits": diff(got[1], want_z[1])}
-        rec["ok"] = all(r["rel"] <= tol for r in rec.values())
-        ok = ok and rec["ok"]
-        out[impl] = rec
-    objective_name = objective.__name__ if loss == "grpo" else "cross_entropy"
+    x = inputs(config, dtype, seed)
+    tol = TOLERANCE[dtype]
+    by_objective: dict[str, dict[str, Any]] = {}
+    # One objective at a time: at the qwen2.5-1.5b size each [B, T, V] gradient is 2.5 GB in float32.
+    for name in tuple(OBJECTIVES) if loss == "grpo" else ("cross_entropy",):
+        want_z = _value_and_grad(loss, "reference", x, name, "logits")(x["logits"].astype(jnp.float32))
+        want_h = _value_and_grad(loss, "reference", x, name, "hidden")(x["hidden"], x["w"])
+        by_objective[name] = {"reference_loss": float(want_z[0])}
+        for impl in impls:
+            if impl == "fused_lm_head":
+                v, (dh, dw) = _value_and_grad(loss, impl, x, name, "hidden")(x["hidden"], x["w"])
+                rec = {
+                    "loss": diff(v, want_h[0]),
+                    "dhidden": diff(dh, want_h[1][0]),
+                    "dw": diff(dw, want_h[1][1]),
+                }
+            else:
+                v, dz = _value_and_grad(loss, impl, x, name, "logits")(x["logits"])
+                rec = {"loss": diff(v, want_z[0]), "dlogits": diff(dz, want_z[1])}
+            rec["ok"] = all(r["rel"] <= tol for r in rec.values())
+            by_objective[name][impl] = rec
+        del want_z, want_h
+    out = {}
+    for impl in impls:  # per implementation: each quantity's largest difference over the objectives
+        recs = {name: by[impl] for name, by in by_objective.items()}
+        worst: dict[str, Any] = {}
+        for name, rec in recs.items():
+            for q, d in rec.items():
+                if q != "ok" and (q not in worst or d["rel"] > worst[q]["rel"]):
+                    worst[q] = {**d, "objective": name}
+        out[impl] = {**worst, "ok": all(rec["ok"] for rec in recs.values())}
+    objective_name = "grpo_objective" if loss == "grpo" else "cross_entropy"
     return {"kind": "gradcheck", "loss": loss, "config": config, "dtype": dtype, "backend": jax.default_backend(),
-            "tolerance_rel": tol, "objective": objective_name, "impls": out, "ok": ok}  # fmt: skip
+            "tolerance_rel": tol, "objective": objective_name, "impls": out, "by_objective": by_objective,
+            "ok": all(r["ok"] for r in out.values())}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -164,6 +164,18 @@ def draw_prompts(stream: data.PromptStream, tokenizer: Any, cfg: Config, n: int)
     return out
 
 
+def toy_targets(params: Any, mconf: Any, mesh: Mesh, fraction: float, seed: int) -> frozenset[int]:
+    """The toy task's hit tokens: the `fraction` of the vocabulary whose output embedding points furthest along
+    a seeded random direction of the hidden space, so one direction of the final hidden state reaches them all.
+    (A set fixed by id, like the first quarter, is not learnable: random embeddings carry no id order.)
+    """
+    w_DV = lm_head_weight(params, mconf)
+    d_D = jax.random.normal(jax.random.key(seed + 10_007), (w_DV.shape[0],), jnp.float32)
+    proj = jax.jit(lambda w: d_D @ w.astype(jnp.float32), out_shardings=NamedSharding(mesh, P()))(w_DV)
+    k = int(fraction * w_DV.shape[1])
+    return frozenset(np.argsort(-np.asarray(proj), kind="stable")[:k].tolist())
+
+
 def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
     """Train; returns the summary (also printed as `summary: {json}`)."""
     setup_jax(cfg)
@@ -193,7 +205,11 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
     tokenizer = load_tokenizer(tok_dir)
     examples = data.load_gsm8k(cfg.data.path, "train") if cfg.data.task == "gsm8k" else data.toy_examples()
     stream = data.PromptStream(examples, cfg.train.seed, process_index, process_count)
-    target_ids = range(int(cfg.data.toy_fraction * mconf.vocab_size)) if cfg.data.task == "toy" else None
+    target_ids = (
+        toy_targets(params, mconf, mesh, cfg.data.toy_fraction, cfg.train.seed)
+        if cfg.data.task == "toy"
+        else None
+    )
 
     opt = optimizer(cfg)
     # Scalars (step counts) replicated on the mesh from the start, as update() returns them: else step 1
@@ -324,10 +340,26 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
 
             evaluate(cfg, params, mconf, tokenizer, mesh, emit, step=done)
     summary = _summary(history, start)
+    summary["param_norm"] = float(optax.global_norm(params))
+    if cfg.log.param_digest:
+        summary["param_digest"] = param_digest(params)
     emit.summary(summary)
     if wandb_run is not None:
         wandb_run.finish()
     return {**summary, "params": params}
+
+
+def param_digest(params: Any) -> str:
+    """sha256 (16 hex digits) of the parameters' bytes, leaves in tree order: equal digests = equal parameters.
+
+    Gathers every parameter to the host: for tests and small models (log.param_digest).
+    """
+    import hashlib
+
+    h = hashlib.sha256()
+    for leaf in jax.tree_util.tree_leaves(params):
+        h.update(np.ascontiguousarray(to_host(leaf)).tobytes())
+    return h.hexdigest()[:16]
 
 
 def _ref_logp(

@@ -191,6 +191,7 @@ def attach(
     code = report_log.exit_code(log)
     if any(not r.ok for r in results.values()):
         code = max(code, 1)
+    library.record_end(run_id, log.exit_codes, code)
     report_log.render(log, code, json, None, None)
     raise typer.Exit(code)
 

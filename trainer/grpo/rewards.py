@@ -24,7 +24,7 @@ class Sample:
     text: str  # the decoded completion
     gold: str | None = None  # the reference answer (GSM8K: the number after ####)
     token_ids: tuple[int, ...] = ()  # the completion's tokens up to and including EOS
-    target_ids: range | None = None  # toy task: the token ids that count as hits
+    target_ids: frozenset[int] | range | None = None  # toy task: the token ids that count as hits
 
 
 def extract_answer(text: str) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -15,6 +16,14 @@ from trainer import gradcheck, kernels, microbench
 from trainer.kernels.logprob import chunked
 
 REPO = Path(__file__).resolve().parents[3]
+# Nothing leaves the machine (as in tests/trainer/test_wandb.py): loopback URLs, no system stats (whose CoreWeave
+# probe would ask a link-local address), no error reports.
+LOCAL_ONLY_WANDB = {
+    "WANDB_BASE_URL": "http://127.0.0.1:1",
+    "WANDB__STATS_COREWEAVE_METADATA_BASE_URL": "http://127.0.0.1:1",
+    "WANDB_X_DISABLE_STATS": "true",
+    "WANDB_ERROR_REPORTING": "false",
+}
 
 
 def metrics(text: str) -> dict:
@@ -34,6 +43,34 @@ def test_gradcheck_subprocess_passes_every_impl_in_bf16() -> None:
     assert set(rec["impls"]) == {"chunked", "pallas", "fused_lm_head"}
     assert set(rec["impls"]["fused_lm_head"]) == {"loss", "dhidden", "dw", "ok"}
     assert all(r["ok"] for r in rec["impls"].values())
+    assert rec["objective"] == "grpo_objective" and set(rec["by_objective"]) == set(gradcheck.OBJECTIVES)
+    assert all(by[impl]["ok"] for by in rec["by_objective"].values() for impl in rec["impls"])
+
+
+def test_gradcheck_grpo_differentiates_the_training_loss() -> None:
+    """The checked loss is trainer/grpo/loss.py's objective on the reference log-probs: recomputed here."""
+    from trainer.config import LossConfig
+    from trainer.grpo.loss import grpo_objective
+
+    rec = gradcheck.run("grpo", "small-cpu", "float32", ("chunked",))
+    assert rec["ok"] and {"dapo", "grpo+kl", "bnpo", "dr_grpo"} <= set(rec["by_objective"])
+    assert any(o.get("beta", 0) > 0 for o in gradcheck.OBJECTIVES.values())
+    with jax.default_matmul_precision("highest"):
+        x = gradcheck.inputs("small-cpu", "float32", 0)
+        lp, ent = kernels.token_logprob_entropy(
+            x["logits"], x["ids"], temperature=gradcheck.TEMPERATURE, impl="reference"
+        )
+    losses = {}
+    for name, kw in gradcheck.OBJECTIVES.items():
+        cfg = LossConfig(**kw)
+        ref = x["ref_logp_logits"] if cfg.beta > 0 else None
+        tokens = gradcheck.DAPO_TOKENS_SCALE * x["mask"].sum()
+        want, _ = grpo_objective(
+            lp, x["old_logp_logits"], ref, x["adv"], x["mask"], ent, cfg, dapo_tokens=tokens
+        )
+        losses[name] = float(want)
+        assert rec["by_objective"][name]["reference_loss"] == pytest.approx(float(want), rel=1e-6), name
+    assert len({round(v, 6) for v in losses.values()}) == len(losses)  # four different losses, not one
 
 
 def test_gradcheck_ce_float32_in_process(capsys: pytest.CaptureFixture[str]) -> None:
@@ -46,20 +83,27 @@ def test_gradcheck_ce_float32_in_process(capsys: pytest.CaptureFixture[str]) -> 
     )
 
 
+def no_entropy_grad(z: jax.Array, ids: jax.Array, t: float) -> tuple[jax.Array, jax.Array]:
+    lp, ent = chunked.token_logprob_entropy(z, ids, temperature=t)
+    return lp, jax.lax.stop_gradient(ent)
+
+
+def logp_grad_off_by_1e4(z: jax.Array, ids: jax.Array, t: float) -> tuple[jax.Array, jax.Array]:
+    lp, ent = chunked.token_logprob_entropy(z, ids, temperature=t)
+    return lp + 1e-4 * (lp - jax.lax.stop_gradient(lp)), ent  # the same values, a gradient 1.0001x
+
+
+@pytest.mark.parametrize("wrong", [no_entropy_grad, logp_grad_off_by_1e4])
 def test_gradcheck_exits_1_on_a_wrong_impl(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    wrong: Callable, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """An implementation whose entropy carries no gradient (a plausible bug) must fail the check."""
-
-    def no_entropy_grad(z, ids, t):
-        lp, ent = chunked.token_logprob_entropy(z, ids, temperature=t)
-        return lp, jax.lax.stop_gradient(ent)
-
-    monkeypatch.setitem(kernels.LOGITS_IMPLS, "chunked", no_entropy_grad)
+    """Plausible kernel bugs (entropy without gradient; a log-prob gradient slightly off) fail every objective."""
+    monkeypatch.setitem(kernels.LOGITS_IMPLS, "chunked", wrong)
     assert gradcheck.main(["grpo", "--impl", "chunked"]) == 1
     rec = metrics(capsys.readouterr().out)
     assert rec["ok"] is False and rec["impls"]["chunked"]["loss"]["rel"] <= 2e-5  # forward still right
     assert rec["impls"]["chunked"]["dlogits"]["rel"] > 2e-5
+    assert not any(by["chunked"]["ok"] for by in rec["by_objective"].values())
 
 
 def test_microbench_metrics_line_and_memory(capsys: pytest.CaptureFixture[str]) -> None:
@@ -86,6 +130,11 @@ def test_microbench_logs_to_wandb_offline_only_when_asked(
 ) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    for var, value in LOCAL_ONLY_WANDB.items():
+        monkeypatch.setenv(var, value)
+    import wandb
+
+    wandb.teardown()  # W&B reads its settings once per process: forget any earlier test's
     argv = ["--impl", "chunked", "--T", "16", "--V", "512", "--iters", "1"]
     assert microbench.main(argv) == 0
     assert not list(tmp_path.rglob("offline-run-*"))

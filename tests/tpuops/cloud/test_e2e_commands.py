@@ -1,0 +1,338 @@
+"""Every everyday command on emulated TPU VMs (1 and 2 workers): real sshd, real git, the tiny model on CPU.
+
+One 1-worker VM (v4-8) and one 2-worker VM (v4-16) serve the whole module, and commands that fit together
+share a test, so the trainer starts as few times as the checks allow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.tpuops.cloud.conftest import Cloud
+from tpuops.cloud.emulator.sshd import free_port
+
+REPO = Path(__file__).resolve().parents[3]
+DATA = REPO.parent / "shared" / "data"
+ZONE = "us-east1-d"
+# The smallest GRPO step the tiny model takes: 2 prompts x 2 samples, 8 new tokens, one micro-batch.
+TINY = {
+    "train.prompts_per_step": "2", "rollout.samples_per_prompt": "2", "rollout.max_new_tokens": "8",
+    "train.micro_batch": "4", "log.output_dir": "~/trainer-out",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Vm:
+    """One emulated VM made with `tpuops vm create`, and what the commands need to reach and use it."""
+
+    name: str
+    users: list[str]  # the worker users, by worker index (to look at their processes)
+    cloud: Cloud
+    code: dict[str, str]  # --set values every SOP here takes: the repository, commit, interpreter, lock
+    env_file: Path  # the .env the trainer runs get (sent by their sync_env step, sourced by the job)
+
+    def target(self) -> list[str]:
+        return ["--vm", self.name, "--zone", ZONE, "--identity", str(self.cloud.identity)]
+
+    def args(self, *command: str, sets: dict[str, str] | None = None) -> list[str]:
+        """A command's arguments aimed at this VM, with `--set k=v` for each of `sets`."""
+        out = [*command, *self.target()]
+        for k, v in (sets or {}).items():
+            out += ["--set", f"{k}={v}"]
+        return out
+
+    def trainer_sets(self, steps: int) -> dict[str, str]:
+        return {
+            **self.code, "data_dir": str(DATA), "steps": str(steps), "coordinator_port": str(free_port()),
+            "env_file": str(self.env_file), **TINY,
+        }  # fmt: skip
+
+
+def _env(cloud: Cloud, home: Path | None = None) -> dict[str, str]:
+    """The emulator as the TPU API, no gcloud or user config; tpuops state in `home` (default: the test's)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT")}
+    home = home or Path(env["TPUOPS_HOME"])
+    return {
+        **env, "TPUOPS_HOME": str(home), "TPUOPS_TPU_API": cloud.url, "CLOUDSDK_CONFIG": str(home / "no-gcloud"),
+        "XDG_CONFIG_HOME": str(home / "xdg"), "COLUMNS": "200",
+    }  # fmt: skip
+
+
+def tpuops(
+    cloud: Cloud, args: list[str], cwd: Path, timeout: float = 300, home: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(  # noqa: PLW1510 - the exit code is what these tests check
+        [sys.executable, "-m", "tpuops", *args], cwd=cwd, capture_output=True, text=True,
+        env=_env(cloud, home), timeout=timeout, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def ok_json(r: subprocess.CompletedProcess[str]) -> dict:
+    """The --json answer of a command that must have succeeded; on failure, the workers' logs say why."""
+    if r.returncode != 0:
+        runs = Path(os.environ["TPUOPS_HOME"]) / "runs"
+        tails = [
+            f"{p.parent.name}/{p.name}: {p.read_text()[-1500:]}" for p in sorted(runs.glob("*/worker-*.log"))
+        ]
+        pytest.fail(f"exit {r.returncode}: {r.stdout[-1500:]}\n{r.stderr[-2500:]}\n" + "\n".join(tails))
+    return json.loads(r.stdout)
+
+
+class Follower:
+    """A command run in the background whose stderr lines are read by one thread (nothing read twice)."""
+
+    def __init__(self, cloud: Cloud, args: list[str], cwd: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tpuops", *args], cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True, env=_env(cloud), stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def wait_for(self, prefix: str, timeout: float = 240) -> None:
+        """Read until a line starts with `prefix`; fail (with what was printed) on exit or time-out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                pytest.fail(f"exited {self.proc.wait()} before {prefix!r}:\n" + "\n".join(self.seen[-40:]))
+            self.seen.append(line)
+            if line.startswith(prefix):
+                return
+        self.kill()
+        pytest.fail(f"no {prefix!r} line within {timeout}s:\n" + "\n".join(self.seen[-40:]))
+
+    def kill(self) -> list[str]:
+        """SIGKILL (the laptop goes away); returns every line it printed."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.reader.join(timeout=10)
+        while (line := self.lines.get()) is not None:
+            self.seen.append(line)
+        return self.seen
+
+
+def step_numbers(lines: list[str], worker: int = 0) -> list[int]:
+    prefix = f"[w{worker}] step="
+    return [int(ln[len(prefix) :].split()[0]) for ln in lines if ln.startswith(prefix)]
+
+
+@pytest.fixture(scope="module")
+def module_cloud(cloud_session: Cloud) -> Iterator[Cloud]:
+    """The session emulator; the VMs this module made are powered off after its last test."""
+    model = cloud_session.emu.model
+    before = set(model.nodes)
+    yield cloud_session
+    with model.lock:
+        made = [model.nodes[n] for n in set(model.nodes) - before]
+    for rec in made:
+        model._teardown(rec, None)
+
+
+@pytest.fixture(scope="module")
+def code_sets(worker_python: str) -> Iterator[dict[str, str]]:
+    """A bare clone of this checkout's HEAD that every worker user can read, as the SOPs' --set values."""
+    bare = Path("/tmp") / f"tpuops-e2e-commands-{os.getpid()}.git"
+    subprocess.run(["rm", "-rf", str(bare)], check=True)
+    subprocess.run(["git", "clone", "-q", "--bare", str(REPO), str(bare)], check=True)
+    subprocess.run(["chmod", "-R", "a+rX", str(bare)], check=True)
+    head = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    yield {
+        "repo_url": str(bare), "branch": head, "venv": "none", "python": worker_python,
+        "lockfile": "~/libtpu_lockfile",
+    }  # fmt: skip
+    subprocess.run(["rm", "-rf", str(bare)], check=True)
+
+
+def _create(cloud: Cloud, name: str, accelerator: str, code: dict[str, str], home: Path) -> Vm:
+    create = ["vm", "create", name, "--type", accelerator, "--zone", ZONE, "--runtime-version", "base"]
+    r = tpuops(cloud, create, home, timeout=120, home=home)
+    assert r.returncode == 0, r.stderr
+    (rec,) = [rec for n, rec in cloud.emu.model.nodes.items() if n.endswith(f"/nodes/{name}")]
+    # Each worker keeps JAX's compilation cache in its checkout (relative to the job's cwd; git-ignored, so
+    # git_sync's clean keeps it): a later run of the same shapes on this VM skips most of its ~20 s of
+    # compiling. The first run on each VM, the recompile-check, compiles afresh.
+    env_file = home / ".env"
+    env_file.write_text("JAX_COMPILATION_CACHE_DIR=.tpuops/jax-cache\n")
+    return Vm(name, [w.user for w in rec.workers], cloud, code, env_file)
+
+
+@pytest.fixture(scope="module")
+def vm1(module_cloud: Cloud, code_sets: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Vm:
+    vm = _create(
+        module_cloud, f"c{os.getpid() % 1000}-one", "v4-8", code_sets, tmp_path_factory.mktemp("vm1")
+    )
+    assert len(vm.users) == 1
+    return vm
+
+
+@pytest.fixture(scope="module")
+def vm2(module_cloud: Cloud, code_sets: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Vm:
+    vm = _create(
+        module_cloud, f"c{os.getpid() % 1000}-two", "v4-16", code_sets, tmp_path_factory.mktemp("vm2")
+    )
+    assert len(vm.users) == 2
+    return vm
+
+
+# -- one worker ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_recompile_check_then_report_on_one_worker(vm1: Vm, tmp_path: Path) -> None:
+    r = tpuops(vm1.cloud, vm1.args("recompile-check", "--json", sets=vm1.trainer_sets(3)), tmp_path)
+    data = ok_json(r)
+    assert data["sop"] == "recompile-check" and data["workers"] == [0] and data["exit_code"] == 0
+    assert {w["sha"] for w in data["steps"][0]["workers"].values()} == {vm1.code["branch"][:7]}
+    log = data["log"]
+    assert log["steps"] == 3 and log["exit_codes"] == {"0": 0} and not log["failures"]
+    assert log["compiles"]["after_warmup"] == 0 and log["compiles"]["warmup"] > 0  # compile logging was on
+    # `tpuops report` reads the local copy the run fetched: the same steps and compiles.
+    again = ok_json(tpuops(vm1.cloud, ["report", data["run_id"], "--json"], tmp_path))
+    assert again["exit_code"] == 0 and again["report"]["steps"] == 3
+    assert again["report"]["compiles"] == log["compiles"] and again["report"]["workers"] == [0]
+    # With no warm-up allowed, the first step's compiles count as recompiles: exit 7, each one named.
+    strict = tpuops(vm1.cloud, ["report", data["run_id"], "--warmup", "0", "--json"], tmp_path)
+    assert strict.returncode == 7, strict.stderr
+    recompiles = json.loads(strict.stdout)["report"]["recompiles"]
+    assert recompiles and all(c["step"] == 0 and c["function"] for c in recompiles)
+
+
+@pytest.mark.slow
+def test_bench_rollout_compares_two_variants_on_one_worker(vm1: Vm, tmp_path: Path) -> None:
+    argv = vm1.args("bench", "rollout", "--variant", "", "--variant", "rollout.max_new_tokens=4", "--json",
+                    sets=vm1.trainer_sets(2))  # fmt: skip
+    base, short = ok_json(tpuops(vm1.cloud, argv, tmp_path, timeout=500))
+    assert base["label"] == "baseline" and short["label"] == "rollout.max_new_tokens=4"
+    assert base["ok"] and short["ok"] and base["steps"] == short["steps"] == 2
+    assert base["dt_p50_ratio"] == 1.0 and short["rollout_ratio"] is not None
+    assert base["rollout_generate_mean"] > 0 and short["rollout_generate_mean"] > 0
+    assert base["run_id"] != short["run_id"]
+    # Each variant is a run of its own, with its own fetched log, and the trainer ran each one's config.
+    runs = Path(os.environ["TPUOPS_HOME"]) / "runs"
+    for row, tokens in ((base, 8), (short, 4)):
+        log = (runs / row["run_id"] / "worker-0.log").read_text().splitlines()
+        (config,) = [json.loads(ln.removeprefix("config: ")) for ln in log if ln.startswith("config: ")]
+        assert config["rollout"]["max_new_tokens"] == tokens
+
+
+# -- both ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [1, 2])
+def test_gradcheck_and_microbench(workers: int, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    vm: Vm = request.getfixturevalue(f"vm{workers}")
+    everyone = [str(w) for w in range(workers)]
+    data = ok_json(tpuops(vm.cloud, vm.args("gradcheck", "ce", "--json", sets=vm.code), tmp_path))
+    assert data["sop"] == "gradcheck" and data["workers"] == list(range(workers)) and data["exit_code"] == 0
+    (check,) = [s for s in data["steps"] if s["title"] == "gradcheck"]
+    assert sorted(check["workers"]) == everyone
+    # Each worker checked its own devices to the end (its last line is its metrics line).
+    assert all(o["detail"].startswith('metrics: {"kind":"gradcheck"') for o in check["workers"].values())
+    (m,) = data["log"]["metrics"]  # worker 0's: the merged report keeps one worker's metrics
+    assert m["kind"] == "gradcheck" and m["loss"] == "ce" and m["ok"] and m["backend"] == "cpu"
+    assert set(m["impls"]) >= {"chunked", "pallas", "fused_lm_head"}
+    assert all(r["ok"] for r in m["impls"].values())
+
+    sets = {**vm.code, "tokens": "64", "vocab": "1024", "iters": "2", "impl": "chunked"}
+    data = ok_json(tpuops(vm.cloud, vm.args("microbench", "--json", sets=sets), tmp_path))
+    assert data["sop"] == "microbench" and data["workers"] == list(range(workers))
+    (bench,) = [s for s in data["steps"] if s["title"] == "microbench"]
+    assert all(o["detail"].startswith('metrics: {"kind":"microbench"') for o in bench["workers"].values())
+    (m,) = data["log"]["metrics"]
+    assert m["kind"] == "microbench" and m["impl"] == "chunked" and m["backend"] == "cpu"
+    assert (m["B"], m["T"], m["V"]) == (1, 64, 1024) and m["iters"] == 2 and m["p50_ms"] > 0
+
+
+# -- two workers --------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_detached_multihost_recompile_check_runs_logs_attach_report(vm2: Vm, tmp_path: Path) -> None:
+    # Started and followed, then the follower is killed (the laptop goes away); the job goes on.
+    first = Follower(vm2.cloud, vm2.args("recompile-check", sets=vm2.trainer_sets(3)), tmp_path)
+    first.wait_for("[w0] step=0 ")
+    time.sleep(0.3)  # a line is shown, then its offset saved: a kill -9 between the two shows it again
+    shown = first.kill()
+    (record,) = ok_json(tpuops(vm2.cloud, ["runs", "--json"], tmp_path))
+    assert record["status"] == "running or interrupted"
+    assert (record["sop"], record["target"], record["workers"]) == ("recompile-check", vm2.name, [0, 1])
+    run_id = record["run_id"]
+
+    # Worker 1's log, read from the worker (the follower only showed worker 0's lines).
+    logs = tpuops(vm2.cloud, ["logs", run_id, "--worker", "1"], tmp_path)
+    assert logs.returncode == 0, logs.stderr
+    lines = logs.stderr.splitlines()
+    assert lines and all(ln.startswith("[w1] ") for ln in lines)
+    assert any(ln.startswith("[w1] start: ") and "process_count=2 process_index=1" in ln for ln in lines)
+
+    attached = tpuops(vm2.cloud, ["attach", run_id, "--json"], tmp_path)
+    data = ok_json(attached)
+    # Attach went on from where the follower stopped: every step once, none twice.
+    assert step_numbers(shown) + step_numbers(attached.stderr.splitlines()) == [0, 1, 2]
+    log = data["report"]
+    assert data["exit_code"] == 0 and log["steps"] == 3 and log["workers"] == [0, 1]
+    assert log["start"]["process_count"] == "2"  # one jax.distributed job across both workers
+    assert log["exit_codes"] == {"0": 0, "1": 0} and not log["failures"]
+    assert log["compiles"]["after_warmup"] == 0 and log["compiles"]["warmup"] > 0
+
+    report = ok_json(tpuops(vm2.cloud, ["report", run_id, "--json"], tmp_path))
+    assert report["report"]["steps"] == 3 and report["report"]["exit_codes"] == {"0": 0, "1": 0}
+    (record,) = ok_json(tpuops(vm2.cloud, ["runs", "--json"], tmp_path))
+    assert record["status"] == "ok"  # attach recorded how the run ended
+
+
+@pytest.mark.slow
+def test_stop_a_detached_run_on_two_workers(vm2: Vm, tmp_path: Path) -> None:
+    follower = Follower(vm2.cloud, vm2.args("run", "grpo", sets=vm2.trainer_sets(500)), tmp_path)
+    try:
+        follower.wait_for("[w0] start: ")  # both processes joined the job
+    finally:
+        follower.kill()
+    (record,) = ok_json(tpuops(vm2.cloud, ["runs", "--json"], tmp_path))
+    run_id = record["run_id"]
+    stop = ok_json(tpuops(vm2.cloud, ["stop", run_id, "--json"], tmp_path))
+    assert stop["run_id"] == run_id and set(stop["workers"]) == {"0", "1"}
+    for w in stop["workers"].values():
+        # jax.distributed's preemption notifier catches SIGTERM: the grace period ends in SIGKILL.
+        assert w["ok"] and w["detail"].startswith(("terminated", "killed")), w
+        assert w["detail"].endswith("lock cleared"), w
+    for user in vm2.users:  # nothing of the trainer is left on either worker
+        pgrep = ["pgrep", "-u", user, "-f", "trainer.main"]
+        left = subprocess.run(pgrep, check=False, capture_output=True, text=True)
+        assert left.returncode == 1, left.stdout
+    # Attaching to a stopped run fetches its logs at once and reports how it ended.
+    attached = tpuops(vm2.cloud, ["attach", run_id, "--json"], tmp_path)
+    log = json.loads(attached.stdout)["report"]
+    assert attached.returncode == 1 and log["exit_codes"] == {"0": 143, "1": 143}
+    assert {f["kind"] for f in log["failures"]} == {"exit_code"} and log["steps"] < 500
+    (record,) = ok_json(tpuops(vm2.cloud, ["runs", "--json"], tmp_path))
+    assert record["status"] == "failed (1)"  # attach recorded how the run ended
+    again = ok_json(tpuops(vm2.cloud, ["stop", run_id, "--json"], tmp_path))
+    assert all("not running" in w["detail"] for w in again["workers"].values())
