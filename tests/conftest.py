@@ -11,5 +11,13 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("WANDB_MODE", "offline")
+# Offline W&B still probes endpoints (stats, CoreWeave metadata, error reports): point them at a closed port.
+for _name, _value in {
+    "WANDB_BASE_URL": "http://127.0.0.1:1",
+    "WANDB__STATS_COREWEAVE_METADATA_BASE_URL": "http://127.0.0.1:1",
+    "WANDB_X_DISABLE_STATS": "true",
+    "WANDB_ERROR_REPORTING": "false",
+}.items():
+    os.environ.setdefault(_name, _value)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

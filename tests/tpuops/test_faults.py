@@ -1,4 +1,5 @@
-"""Fault injection over real sshd workers: dropped sessions, slow links, black holes, unreachable workers."""
+"""Fault injection over real sshd workers: dropped sessions, slow links, black holes, unreachable workers,
+a stale run holder whose children outlive it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,19 @@ from tpuops.sop.loader import Sop
 from tpuops.targets import TargetSpec
 from tpuops.transport.base import Worker
 from tpuops.transport.ssh import SshTransport
+
+
+def group_members(pgid: int) -> list[int]:
+    """Non-zombie processes of a process group, read from this machine's /proc (the workers are local users)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid pgrp ...
+        except (OSError, IndexError):
+            continue  # it ended while we looked
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def test_sshd_killed_mid_run_loses_and_repeats_no_line(sshd_pool: SshdPool) -> None:
@@ -105,3 +119,31 @@ def test_32_workers_one_unreachable_fail_fast_names_it_keep_going_finishes(
     assert runner.exit_code(kept) == ExitCode.CONNECT
     assert kept.to_dict(runner.exit_code(kept))["error_class"] == "connect"
     workers[17].start()
+
+
+def test_force_stops_a_stale_holder_and_every_process_of_its_group(sshd_pool: SshdPool) -> None:
+    # The workers' login shell is /bin/sh, dash on Debian (no `kill -- -PGID`). The holder's group: its
+    # shell, a foreground sleep, and a background subshell that ignores SIGTERM (as a multi-host trainer
+    # does once jax.distributed is up), so stopping it takes the group SIGTERM, waiting on the group (not
+    # the leader), then the group SIGKILL.
+    (w,) = sshd_pool.take(1)
+    holder = "(trap '' TERM; sleep 600) & sleep 600"
+    sop = Sop.model_validate(
+        {"name": "job", "steps": [{"kind": "run", "command": holder, "runs_dir": "~/runs"}]}
+    )
+    t = sshd_pool.transport([w])
+    first = Executor(t).execute(sop, {}, "run-one", [0])
+    assert first.ok, first.first_failure()
+    pid = first.steps[0].outcomes[0].data["pid"]
+    deadline = time.monotonic() + 10
+    while len(group_members(pid)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(group_members(pid)) >= 3  # the shell, the subshell's sleep, the foreground sleep
+    forced = Executor(t, force=True).execute(sop, {}, "run-two", [0])
+    assert forced.ok, forced.first_failure()
+    assert forced.steps[0].outcomes[0].status == "changed"
+    assert group_members(pid) == []  # nothing of the holder's group is left, the TERM-deaf child included
+    assert (w.home / "runs/run-one/worker-0.exit").read_text().strip() == "143"
+    new = forced.steps[0].outcomes[0].data["pid"]
+    t.run(0, f'kill -KILL "-{new}"')
+    t.close()

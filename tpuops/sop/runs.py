@@ -41,21 +41,23 @@ class Run(Step):
         runs = shell.path(ctx.raw(self.runs_dir))
         force = "1" if ctx.force else "0"
         # One run per VM: another run's live job on this worker is refused (or, with --force, stopped first).
+        # A job leads its own process group (setsid) and a child can outlive the leader, so the holder is
+        # stopped and waited for as a group. `kill -SIG "-PGID"`, not `kill -SIG -- -PGID`: dash has no `--`.
         script = f"""set -e
-{shell.ALIVE}
+{shell.RUNNING}
 rd={shell.path(rd)}; mkdir -p "$rd"
 if [ -e "$rd"/worker-{k}.pid ] && alive "$(cat "$rd"/worker-{k}.pid)"; then
   echo "tpuops: running pid=$(cat "$rd"/worker-{k}.pid)"; exit 0; fi
 for f in {runs}/*/worker-*.pid; do
   [ -e "$f" ] || continue; pid=$(cat "$f"); other=$(basename "$(dirname "$f")")
   [ -e "${{f%.pid}}.exit" ] && continue  # finished (its exit code is written just before it ends)
-  alive "$pid" || continue
+  running "$pid" || continue
   if [ {force} != 1 ]; then
     echo "tpuops: active run=$other pid=$pid"; echo "run $other (pid $pid) is active" >&2; exit {BUSY_EXIT}; fi
-  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-  i=0; while alive "$pid" && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
-  kill -KILL -- "-$pid" 2>/dev/null || true
-  while alive "$pid"; do sleep 0.05; done
+  kill -TERM "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+  i=0; while running "$pid" && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+  if running "$pid"; then kill -KILL "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true; fi
+  while running "$pid"; do sleep 0.05; done
   x="${{f%.pid}}.exit"; [ -e "$x" ] || echo 143 > "$x"
   echo "tpuops: stopped run=$other pid=$pid"
 done

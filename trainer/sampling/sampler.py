@@ -159,7 +159,7 @@ def _prefill(
             k_LBSKH=jax.lax.with_sharding_constraint(cache.k_LBSKH, spec),
             v_LBSKH=jax.lax.with_sharding_constraint(cache.v_LBSKH, spec),
         )
-    logits_BV = qwen2.logits_from_hidden(params, config, hidden_BPD[:, -1:])[:, 0]
+    logits_BV = _whole_rows(qwen2.logits_from_hidden(params, config, hidden_BPD[:, -1:])[:, 0], mesh)
     rng, key = jax.random.split(rng)
     token_B, logprob_B = sample_token(logits_BV, key, sampling)
     state = DecodeState(
@@ -188,14 +188,25 @@ def _decode(
 
     return jax.lax.while_loop(
         cond,
-        functools.partial(decode_one, params, config=config, eos_E=eos_E, pad_id=pad_id, sampling=sampling),
+        functools.partial(
+            decode_one, params, config=config, eos_E=eos_E, pad_id=pad_id, sampling=sampling, mesh=mesh
+        ),
         state,
     )
 
 
+def _whole_rows(logits_BV: Array, mesh: Mesh | None) -> Array:
+    """Logits with the vocabulary on one device per row (batch still split): the draw's cumsum over a
+    vocabulary split over tp would be a chain of cross-device permutes per token (minutes on 8 CPU devices)."""
+    if mesh is None:
+        return logits_BV
+    return jax.lax.with_sharding_constraint(logits_BV, sharding.batch_sharding(mesh, logits_BV.shape))
+
+
 def decode_one(
-    params: Any, s: DecodeState, *, config: Qwen2Config, eos_E: Array, pad_id: Array, sampling: SamplingConfig
-) -> DecodeState:
+    params: Any, s: DecodeState, *, config: Qwen2Config, eos_E: Array, pad_id: Array, sampling: SamplingConfig,
+    mesh: Mesh | None = None,
+) -> DecodeState:  # fmt: skip
     """One decode position: feed the last sampled token through the cache, sample and record the next."""
     cache = kv_cache.mark_written(s.cache)
     last_B1 = jax.lax.dynamic_slice_in_dim(s.tokens_BC, s.step, 1, axis=1)
@@ -204,7 +215,7 @@ def decode_one(
         cache.index, cache.mask_BS[:, None, :],
     )  # fmt: skip
     rng, key = jax.random.split(s.rng)
-    token_B, logprob_B = sample_token(logits_B1V[:, 0], key, sampling)
+    token_B, logprob_B = sample_token(_whole_rows(logits_B1V[:, 0], mesh), key, sampling)
     cache = cache.replace(k_LBSKH=k, v_LBSKH=v, index=cache.index + 1)
     s = s.replace(cache=cache, positions_B=s.positions_B + 1, step=s.step + 1, rng=rng)
     return _record(s, token_B, logprob_B, eos_E, pad_id)

@@ -1,4 +1,5 @@
-"""Fixtures for the cloud tests: one in-process TPU API emulator per session, a client, unique VM names."""
+"""Fixtures for the cloud tests: one in-process TPU API emulator per session, a client, unique VM names,
+a bare clone of this checkout's HEAD."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import itertools
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +18,7 @@ from tpuops.cloud.client import Api, connect
 from tpuops.cloud.emulator.server import Emulator
 from tpuops.cloud.emulator.sshd import client_keypair, sshd_available
 
+REPO = Path(__file__).resolve().parents[3]
 ZONES = ["us-central1-a", "us-east1-d", "us-east5-a", "europe-west4-a"]
 _names = itertools.count()
 
@@ -82,3 +85,16 @@ def cloud(cloud_session: Cloud, monkeypatch: pytest.MonkeyPatch) -> Iterator[Clo
 @pytest.fixture
 def vm_name() -> str:
     return f"t{os.getpid() % 1000}-{next(_names)}"
+
+
+@pytest.fixture(scope="session")
+def committed_repo() -> Iterator[Path]:
+    """A bare clone of this checkout's HEAD that every worker user can read (the workers' `origin`).
+
+    Under /tmp, not pytest's 0700 tmp folder, so the workers' own Unix users can fetch from it.
+    """
+    bare = Path(tempfile.mkdtemp(prefix="tpuops-e2e-", suffix=".git"))
+    subprocess.run(["git", "clone", "-q", "--bare", str(REPO), str(bare)], check=True)
+    subprocess.run(["chmod", "-R", "a+rX", str(bare)], check=True)
+    yield bare
+    subprocess.run(["rm", "-rf", str(bare)], check=True)

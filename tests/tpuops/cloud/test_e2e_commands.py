@@ -153,20 +153,15 @@ def module_cloud(cloud_session: Cloud) -> Iterator[Cloud]:
 
 
 @pytest.fixture(scope="module")
-def code_sets(worker_python: str) -> Iterator[dict[str, str]]:
-    """A bare clone of this checkout's HEAD that every worker user can read, as the SOPs' --set values."""
-    bare = Path("/tmp") / f"tpuops-e2e-commands-{os.getpid()}.git"
-    subprocess.run(["rm", "-rf", str(bare)], check=True)
-    subprocess.run(["git", "clone", "-q", "--bare", str(REPO), str(bare)], check=True)
-    subprocess.run(["chmod", "-R", "a+rX", str(bare)], check=True)
+def code_sets(worker_python: str, committed_repo: Path) -> dict[str, str]:
+    """The SOPs' --set values that point the workers at the bare clone of this checkout's HEAD."""
     head = subprocess.run(
         ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
     ).stdout.strip()
-    yield {
-        "repo_url": str(bare), "branch": head, "venv": "none", "python": worker_python,
+    return {
+        "repo_url": str(committed_repo), "branch": head, "venv": "none", "python": worker_python,
         "lockfile": "~/libtpu_lockfile",
     }  # fmt: skip
-    subprocess.run(["rm", "-rf", str(bare)], check=True)
 
 
 def _create(cloud: Cloud, name: str, accelerator: str, code: dict[str, str], home: Path) -> Vm:

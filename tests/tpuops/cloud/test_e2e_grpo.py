@@ -17,30 +17,26 @@ DATA = REPO.parent / "shared" / "data"
 ZONE = "us-east1-d"
 
 
-def _committed_repo(tmp_path: Path) -> Path:
-    """A bare clone of this checkout's HEAD that every worker user can read (the workers' `origin`)."""
-    bare = Path("/tmp") / f"tpuops-e2e-{os.getpid()}-{tmp_path.name}.git"
-    subprocess.run(["rm", "-rf", str(bare)], check=True)
-    subprocess.run(["git", "clone", "-q", "--bare", str(REPO), str(bare)], check=True)
-    subprocess.run(["chmod", "-R", "a+rX", str(bare)], check=True)
-    return bare
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("accelerator", "workers"), [("v4-8", 1), ("v4-16", 2)])
 def test_run_grpo_on_an_emulated_vm(
-    cloud: Cloud, vm_name: str, worker_python: str, tmp_path: Path, accelerator: str, workers: int
+    cloud: Cloud,
+    vm_name: str,
+    worker_python: str,
+    committed_repo: Path,
+    tmp_path: Path,
+    accelerator: str,
+    workers: int,
 ) -> None:
     created = cloud.cli(
         "vm", "create", vm_name, "--type", accelerator, "--zone", ZONE, "--runtime-version", "base"
     )
     assert created.returncode == 0, created.stderr
-    bare = _committed_repo(tmp_path)
     head = subprocess.run(
         ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
     )
     sets = {
-        "repo_url": str(bare), "branch": head.stdout.strip(), "venv": "none", "python": worker_python,
+        "repo_url": str(committed_repo), "branch": head.stdout.strip(), "venv": "none", "python": worker_python,
         "data_dir": str(DATA), "steps": "2", "lockfile": "~/libtpu_lockfile", "coordinator_port": str(free_port()),
         "train.prompts_per_step": "2", "log.output_dir": "~/trainer-out",
     }  # fmt: skip
@@ -60,4 +56,3 @@ def test_run_grpo_on_an_emulated_vm(
     assert log["exit_codes"] == {str(w): 0 for w in range(workers)}
     shas = {w["sha"] for w in data["steps"][0]["workers"].values()}
     assert shas == {head.stdout.strip()[:7]}
-    subprocess.run(["rm", "-rf", str(bare)], check=True)
