@@ -142,6 +142,13 @@ class EvalConfig:
     greedy: bool = True
     batch: int = 8
 
+    def __post_init__(self) -> None:
+        _check(self.every >= 0, f"eval.every must be >= 0, received {self.every}")
+        _check(
+            self.max_examples >= 0, f"eval.max_examples must be >= 0 (0 = all), received {self.max_examples}"
+        )
+        _check(self.batch > 0, f"eval.batch must be > 0, received {self.batch}")
+
 
 @dataclass(frozen=True)
 class RewardConfig:
@@ -163,6 +170,12 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self) -> None:
+        _check(
+            not (self.eval.every and self.data.task != "gsm8k"),
+            f"eval.every needs data.task=gsm8k (the {self.data.task} task has no test split); set eval.every=0",
+        )
 
     @property
     def sequences_per_step(self) -> int:

@@ -26,18 +26,6 @@ from trainer.grpo.rewards import Sample, score
 SPLIT = "test"
 
 
-def check(cfg: Config) -> None:
-    """The eval keys' own bounds (EvalConfig does not check them itself)."""
-    if cfg.eval.batch <= 0:
-        raise ConfigError(f"eval.batch must be > 0, received {cfg.eval.batch}")
-    if cfg.eval.max_examples < 0:
-        raise ConfigError(
-            f"eval.max_examples must be >= 0 (0 = the full test split), received {cfg.eval.max_examples}"
-        )
-    if cfg.eval.every < 0:
-        raise ConfigError(f"eval.every must be >= 0 (0 = off), received {cfg.eval.every}")
-
-
 def score_completions(texts: Sequence[str], golds: Sequence[str | None]) -> np.ndarray:
     """1.0 for each completion whose final answer equals its gold answer (rewards.correctness), else 0.0.
 
@@ -91,7 +79,6 @@ def evaluate(
 
     emit.eval_begin(step)
     t0 = time.perf_counter()
-    check(cfg)
     rows, golds, skipped = prompt_rows(cfg, tokenizer)
     if skipped:
         emit.line(
@@ -206,7 +193,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         cfg = config_mod.load(args.config, args.set)
-        check(cfg)
         ckpt = args.checkpoint
         if ckpt and not ckpt.startswith("gs://") and not Path(ckpt).expanduser().is_dir():
             raise ConfigError(f"--checkpoint {ckpt}: no such folder (pass a training run's checkpoint.dir)")

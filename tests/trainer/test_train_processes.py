@@ -1,0 +1,124 @@
+"""The trainer as its own processes (python -m trainer.main): 1 vs 2 jax.distributed processes, kill and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+STEP = re.compile(r"^step=(\d+) (.*)$")
+
+# As in test_train.SAME: one step of two PPO epochs, an entropy bonus and a KL term (a loss that is not ~0).
+SAME = ("train.steps=1", "train.micro_batch=8", "rollout.samples_per_prompt=4", "train.ppo_epochs=2",
+        "loss.beta=0.04", "loss.entropy_coef=0.01", "loss.loss_type=grpo", "train.learning_rate=1e-3")  # fmt: skip
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINER_")}
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="", PYTHONPATH=str(REPO), **extra)  # one CPU device each
+    return env
+
+
+def _argv(tmp_path: Path, *sets: str) -> list[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "trainer.main",
+        "--config",
+        "toy",
+        "--set",
+        f"log.output_dir={tmp_path / 'out'}",
+    ]
+    for s in sets:
+        argv += ["--set", s]
+    return argv
+
+
+def _parse(out: str) -> tuple[dict[int, dict[str, str]], dict]:
+    """(step -> its fields as printed, the summary)."""
+    steps, summary = {}, {}
+    for line in out.splitlines():
+        if m := STEP.match(line):
+            steps[int(m.group(1))] = dict(kv.split("=", 1) for kv in m.group(2).split())
+        elif line.startswith("summary: "):
+            summary = json.loads(line[len("summary: ") :])
+    return steps, summary
+
+
+def _run(argv: list[str], env: dict[str, str]) -> str:
+    r = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return r.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_loss_of_one(tmp_path: Path) -> None:
+    one_steps, one = _parse(_run(_argv(tmp_path, *SAME), _env()))
+    port = _free_port()
+    procs = [
+        subprocess.Popen(
+            _argv(tmp_path, *SAME),
+            env=_env(
+                TRAINER_COORDINATOR=f"127.0.0.1:{port}", TRAINER_NUM_PROCESSES="2", TRAINER_PROCESS_ID=str(i)
+            ),
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n---\n".join(o[0][-1500:] + o[1][-2500:] for o in outs)
+    assert "process_count=2" in outs[0][0] and "device_count=2" in outs[0][0]
+    assert "step=" not in outs[1][0]  # only process 0 prints step lines
+    two_steps, two = _parse(outs[0][0])
+    assert abs(one["loss_last"]) > 1e-3  # not a comparison of zeros
+    assert two["loss_last"] == pytest.approx(one["loss_last"], abs=1e-5)
+    assert two["param_norm"] == pytest.approx(one["param_norm"], abs=1e-5)
+    assert two_steps[0]["reward_mean"] == one_steps[0]["reward_mean"]
+
+
+@pytest.mark.slow
+def test_killed_at_step_7_resumes_from_the_checkpoint_with_the_same_losses(tmp_path: Path) -> None:
+    sets = ("train.steps=10", "checkpoint.every=5", "log.param_digest=true", "train.micro_batch=8")
+    whole_steps, whole = _parse(_run(_argv(tmp_path, *sets, f"checkpoint.dir={tmp_path / 'a'}"), _env()))
+    assert sorted(whole_steps) == list(range(10))
+
+    argv = _argv(tmp_path, *sets, f"checkpoint.dir={tmp_path / 'b'}")
+    p = subprocess.Popen(
+        argv, env=_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    seen = []
+    assert p.stdout is not None
+    for line in p.stdout:
+        seen.append(line)
+        if line.startswith("step=7 "):
+            os.killpg(p.pid, signal.SIGKILL)  # no chance to save: the last checkpoint is step 5's
+            break
+    p.wait(timeout=60)
+    assert p.returncode == -signal.SIGKILL and any(s.startswith("checkpoint step=5 ") for s in seen)
+
+    out = _run(argv, _env())
+    assert f"resumed step=5 from={tmp_path / 'b'}" in out
+    resumed_steps, resumed = _parse(out)
+    assert sorted(resumed_steps) == [5, 6, 7, 8, 9]  # steps lost: 7 - 5 = 2
+    for step in resumed_steps:
+        for key in ("loss", "entropy", "reward_mean", "grad_norm"):
+            assert resumed_steps[step][key] == whole_steps[step][key], (step, key)
+    assert resumed["param_digest"] == whole["param_digest"]  # bit-identical final parameters
