@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -10,16 +15,19 @@ import pytest
 
 from tests.tpuops.cloud.conftest import Cloud
 from tpuops import recovery, runner
+from tpuops.cloud.emulator.sshd import free_port
 from tpuops.errors import PreemptedError
 from tpuops.targets import TargetSpec
 
 ZONE = "us-central1-a"
+REPO = Path(__file__).resolve().parents[3]
+DATA = REPO.parent / "shared" / "data"
 
 
-def _vm(cloud: Cloud, name: str) -> str:
+def _vm(cloud: Cloud, name: str, accelerator: str = "v4-16") -> str:
     assert (
         cloud.cli(
-            "vm", "create", name, "--type", "v4-16", "--zone", ZONE, "--runtime-version", "base"
+            "vm", "create", name, "--type", accelerator, "--zone", ZONE, "--runtime-version", "base"
         ).returncode
         == 0
     )
@@ -88,3 +96,61 @@ def test_recoveries_run_out_with_a_clear_error(
             cwd=tmp_path,
         )
     killer.join()
+
+
+@pytest.mark.slow
+def test_preempted_grpo_run_resumes_from_its_checkpoint_with_the_uninterrupted_parameters(
+    cloud: Cloud, vm_name: str, committed_repo: Path, worker_python: str, tmp_path: Path
+) -> None:
+    """20 toy GRPO steps, a checkpoint every 5, preempted at step ~7: recreated, resumed at 5, the same end."""
+    node = _vm(cloud, vm_name, "v4-8")
+    # Off the VM, like gs://: a folder every worker user may write (a recreated VM starts with empty homes).
+    ckpt = Path(tempfile.mkdtemp(prefix="tpuops-ckpt-"))
+    ckpt.chmod(0o1777)
+    head = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    )
+    trainer = {
+        "train.steps": "20", "checkpoint.dir": str(ckpt / "run"), "checkpoint.every": "5",
+        "log.param_digest": "true", "log.output_dir": "~/trainer-out",
+    }  # fmt: skip
+    sets = {
+        "repo_url": str(committed_repo), "branch": head.stdout.strip(), "venv": "none", "python": worker_python,
+        "data_dir": str(DATA), "config": "toy", "steps": "20", "lockfile": "~/libtpu_lockfile",
+        "coordinator_port": str(free_port()), **trainer,
+    }  # fmt: skip
+    spec = TargetSpec(vm=vm_name, zone=ZONE, api_endpoint=cloud.url, identity=str(cloud.identity))
+    lines: list[str] = []
+    killer = _preempt_after(cloud, node, lines, 8)  # after step=7
+    report = recovery.run_with_recovery(
+        runner.RunRequest(sop="grpo", sets=sets, target=spec),
+        max_recoveries=1,
+        watch_s=0.2,
+        ready_timeout=120,
+        on_line=lambda w, s: lines.append(s),
+        cwd=tmp_path,
+    )
+    killer.join()
+    assert report.ok, report.first_failure()
+    (rec,) = report.recoveries
+    assert rec["resumed_step"] in (5, 10) and rec["last_step"] >= 7
+    assert 0 < rec["steps_lost"] <= 5
+    log = report.to_dict(0)["log"]
+    assert log["summary"]["start_step"] == rec["resumed_step"]
+    assert "step=19 " in "\n".join(lines)
+
+    # The uninterrupted run: the same trainer, config and seed, here (one process, one CPU device).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINER_", "XLA_"))}
+    env.update(JAX_PLATFORMS="cpu", TRAINER_DATA_DIR=str(DATA))
+    argv = [sys.executable, "-m", "trainer.main", "--config", "toy"]
+    for k, v in {
+        **trainer,
+        "checkpoint.dir": str(tmp_path / "whole"),
+        "log.output_dir": str(tmp_path / "out"),
+    }.items():
+        argv += ["--set", f"{k}={v}"]
+    whole = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    summary = json.loads(next(ln for ln in whole.stdout.splitlines() if ln.startswith("summary: "))[9:])
+    assert log["summary"]["param_digest"] == summary["param_digest"]
+    subprocess.run(["rm", "-rf", str(ckpt)], check=False)
