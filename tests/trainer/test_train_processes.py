@@ -122,3 +122,23 @@ def test_killed_at_step_7_resumes_from_the_checkpoint_with_the_same_losses(tmp_p
         for key in ("loss", "entropy", "reward_mean", "grad_norm"):
             assert resumed_steps[step][key] == whole_steps[step][key], (step, key)
     assert resumed["param_digest"] == whole["param_digest"]  # bit-identical final parameters
+
+
+def test_a_process_whose_peers_never_join_exits_with_a_clear_error(tmp_path: Path) -> None:
+    port = _free_port()
+    env = _env(TRAINER_COORDINATOR=f"127.0.0.1:{port}", TRAINER_NUM_PROCESSES="2", TRAINER_PROCESS_ID="0")
+    env["TRAINER_JOIN_TIMEOUT"] = "5"
+    r = subprocess.run(
+        _argv(tmp_path, "train.steps=1"),
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 1 and "step=" not in r.stdout
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        f"multi-host: process 0 of 2 has not joined the coordinator 127.0.0.1:{port} within 5s"
+    )
