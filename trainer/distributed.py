@@ -21,6 +21,7 @@ def init(timeout_s: int | None = None) -> tuple[int, int]:
     num = int(os.environ.get(ENV_NUM) or 1)
     coordinator = os.environ.get(ENV_COORDINATOR)
     hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
+
     def give_up(why: str) -> None:
         print(
             f"multi-host: process {os.environ.get(ENV_ID, '?')} of {num} has not joined the coordinator "
