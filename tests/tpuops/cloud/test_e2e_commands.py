@@ -156,7 +156,7 @@ def module_cloud(cloud_session: Cloud) -> Iterator[Cloud]:
 def code_sets(worker_python: str, committed_repo: Path) -> dict[str, str]:
     """The SOPs' --set values that point the workers at the bare clone of this checkout's HEAD."""
     head = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ["git", "-C", str(committed_repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
     ).stdout.strip()
     return {
         "repo_url": str(committed_repo), "branch": head, "venv": "none", "python": worker_python,

@@ -33,7 +33,7 @@ def test_run_grpo_on_an_emulated_vm(
     )
     assert created.returncode == 0, created.stderr
     head = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ["git", "-C", str(committed_repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
     )
     sets = {
         "repo_url": str(committed_repo), "branch": head.stdout.strip(), "venv": "none", "python": worker_python,

@@ -108,7 +108,7 @@ def test_preempted_grpo_run_resumes_from_its_checkpoint_with_the_uninterrupted_p
     ckpt = Path(tempfile.mkdtemp(prefix="tpuops-ckpt-"))
     ckpt.chmod(0o1777)
     head = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ["git", "-C", str(committed_repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
     )
     trainer = {
         "train.steps": "20", "checkpoint.dir": str(ckpt / "run"), "checkpoint.every": "5",
