@@ -6,6 +6,8 @@ Dims: N sequences per step (prompts × G), P prompt bucket, C = rollout.max_new_
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,6 +166,39 @@ def draw_prompts(stream: data.PromptStream, tokenizer: Any, cfg: Config, n: int)
     return out
 
 
+class StopNotice:
+    """SIGTERM (a preemption notice, `tpuops stop`) ends the run at a step boundary, after a checkpoint.
+
+    Multi-host: JAX's preemption service catches SIGTERM and every process agrees on the step to stop at
+    (multihost_utils.reached_preemption_sync_point, asked after every step). One process: a handler sets a flag.
+    """
+
+    def __init__(self, process_count: int) -> None:
+        self.multi = process_count > 1
+        self.flag = False
+        self.previous: Any = None
+        if not self.multi and threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self._on_term)
+
+    def close(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+            self.previous = None
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        self.flag = True
+
+    def reached(self, done: int) -> bool:
+        if not self.multi:
+            return self.flag
+        from jax.experimental import multihost_utils
+
+        try:
+            return multihost_utils.reached_preemption_sync_point(done)
+        except RuntimeError:  # the preemption service is off (jax_enable_preemption_service)
+            return False
+
+
 def toy_targets(params: Any, mconf: Any, mesh: Mesh, fraction: float, seed: int) -> frozenset[int]:
     """The toy task's hit tokens: the `fraction` of the vocabulary whose output embedding points furthest along
     a seeded random direction of the hidden space, so one direction of the final hidden state reaches them all.
@@ -242,6 +277,7 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
             params, opt_state = state["params"], state["opt_state"]
             stream.position = int(meta["data_position"])
             emit.line(f"resumed step={start} from={cfg.checkpoint.dir}")
+    notice = StopNotice(process_count)
     base_key = jax.random.key(cfg.train.seed)
     G = cfg.rollout.samples_per_prompt
     history: list[dict[str, float]] = []
@@ -328,17 +364,26 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
         emit.step(step, row)
         history.append(row)
         done = step + 1
+        stopping = notice.reached(done) and done < cfg.train.steps
         if mgr is not None and (
-            done == cfg.train.steps or (cfg.checkpoint.every and done % cfg.checkpoint.every == 0)
+            stopping or done == cfg.train.steps or (cfg.checkpoint.every and done % cfg.checkpoint.every == 0)
         ):
             checkpoint.save(
                 mgr, done, {"params": params, "opt_state": opt_state}, {"data_position": stream.position}
             )
             emit.checkpoint(done, str(cfg.checkpoint.dir))
+        if stopping:
+            notice.close()
+            kept = "checkpoint saved" if mgr is not None else "no checkpoint.dir: this run's progress is lost"
+            emit.line(f"stopped: SIGTERM (preemption notice or tpuops stop) after step={done}; {kept}")
+            if wandb_run is not None:
+                wandb_run.finish(exit_code=143)
+            raise SystemExit(143)
         if cfg.eval.every and done % cfg.eval.every == 0:
             from trainer.eval import evaluate
 
             evaluate(cfg, params, mconf, tokenizer, mesh, emit, step=done)
+    notice.close()
     summary = _summary(history, start)
     summary["param_norm"] = float(optax.global_norm(params))
     if cfg.log.param_digest:

@@ -142,3 +142,26 @@ def test_a_process_whose_peers_never_join_exits_with_a_clear_error(tmp_path: Pat
     assert last.startswith(
         f"multi-host: process 0 of 2 has not joined the coordinator 127.0.0.1:{port} within 5s"
     )
+
+
+@pytest.mark.slow
+def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint_to_resume_from(tmp_path: Path) -> None:
+    argv = _argv(tmp_path, "train.steps=200", f"checkpoint.dir={tmp_path / 'c'}", "train.micro_batch=8")
+    p = subprocess.Popen(
+        argv, env=_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    seen = []
+    assert p.stdout is not None
+    for line in p.stdout:
+        seen.append(line.rstrip("\n"))
+        if line.startswith("step=2 "):
+            p.send_signal(signal.SIGTERM)
+    p.wait(timeout=60)
+    assert p.returncode == 143, seen[-5:]
+    last = max(int(m.group(1)) for ln in seen if (m := STEP.match(ln)))
+    assert 2 <= last < 199
+    assert f"checkpoint step={last + 1} path={tmp_path / 'c'}" in seen
+    assert seen[-1].startswith(f"stopped: SIGTERM (preemption notice or tpuops stop) after step={last + 1};")
+
+    again = _run(_argv(tmp_path, f"train.steps={last + 1}", f"checkpoint.dir={tmp_path / 'c'}"), _env())
+    assert f"resumed step={last + 1} from={tmp_path / 'c'}" in again and "\nstep=" not in again
