@@ -119,29 +119,12 @@ def evaluate(
 
 def run(cfg: Config, checkpoint_dir: str | None = None, emit: metrics.Emitter | None = None) -> float:
     """Load the model as train.run does (and the latest checkpoint's params if given), evaluate once."""
-    import jax
-
-    from trainer import checkpoint, distributed
-    from trainer.config import dumps
+    from trainer import checkpoint
     from trainer.model.loading import load_pretrained
-    from trainer.sharding import make_mesh
     from trainer.tokenizer import load_tokenizer
-    from trainer.train import model_folder, setup_jax
+    from trainer.train import model_folder, start_up
 
-    setup_jax(cfg)
-    process_index, process_count = distributed.init()
-    emit = emit or metrics.Emitter(process_index)
-    devices = jax.devices()[: cfg.mesh.devices or None]
-    fsdp = cfg.mesh.fsdp or len(devices) // (cfg.mesh.dp * cfg.mesh.tp)
-    try:
-        mesh = make_mesh(cfg.mesh.dp, fsdp, cfg.mesh.tp, devices)
-    except ValueError as e:
-        raise ConfigError(f"mesh: {e}") from None
-    emit.start(
-        backend=jax.default_backend(), process_count=process_count, process_index=process_index,
-        device_count=len(devices), mesh=f"dp:{cfg.mesh.dp},fsdp:{fsdp},tp:{cfg.mesh.tp}",
-    )  # fmt: skip
-    emit.config(dumps(cfg))
+    emit, mesh, process_index, _ = start_up(cfg, emit)
     folder = model_folder(cfg, process_index)
     mconf, params = load_pretrained(folder, mesh=mesh, dtype=cfg.model.dtype)
     tokenizer = load_tokenizer(folder if cfg.data.tokenizer == "auto" else Path(cfg.data.tokenizer))

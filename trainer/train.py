@@ -199,6 +199,26 @@ class StopNotice:
             return False
 
 
+def start_up(cfg: Config, emit: metrics.Emitter | None) -> tuple[metrics.Emitter, Mesh, int, int]:
+    """Training's and eval's start-up: JAX settings, the multi-host join, the mesh, the `start:` and `config:`
+    lines. Returns (emitter, mesh, process_index, process_count); a mesh that does not fit is a ConfigError."""
+    setup_jax(cfg)
+    process_index, process_count = distributed.init()
+    emit = emit or metrics.Emitter(process_index)
+    devices = jax.devices()[: cfg.mesh.devices or None]
+    fsdp = cfg.mesh.fsdp or len(devices) // (cfg.mesh.dp * cfg.mesh.tp)
+    try:
+        mesh = make_mesh(cfg.mesh.dp, fsdp, cfg.mesh.tp, devices)
+    except ValueError as e:
+        raise ConfigError(f"mesh: {e}") from None
+    emit.start(
+        backend=jax.default_backend(), process_count=process_count, process_index=process_index,
+        device_count=len(devices), mesh=f"dp:{cfg.mesh.dp},fsdp:{fsdp},tp:{cfg.mesh.tp}",
+    )  # fmt: skip
+    emit.config(dumps(cfg))
+    return emit, mesh, process_index, process_count
+
+
 def toy_targets(params: Any, mconf: Any, mesh: Mesh, fraction: float, seed: int) -> frozenset[int]:
     """The toy task's hit tokens: the `fraction` of the vocabulary whose output embedding points furthest along
     a seeded random direction of the hidden space, so one direction of the final hidden state reaches them all.
@@ -213,22 +233,12 @@ def toy_targets(params: Any, mconf: Any, mesh: Mesh, fraction: float, seed: int)
 
 def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
     """Train; returns the summary (also printed as `summary: {json}`)."""
-    setup_jax(cfg)
-    process_index, process_count = distributed.init()
-    emit = emit or metrics.Emitter(process_index)
-    devices = jax.devices()[: cfg.mesh.devices or None]
-    fsdp = cfg.mesh.fsdp or len(devices) // (cfg.mesh.dp * cfg.mesh.tp)
-    mesh = make_mesh(cfg.mesh.dp, fsdp, cfg.mesh.tp, devices)
-    batch_devices = cfg.mesh.dp * fsdp
     try:
-        cfg.check_batch(process_count, batch_devices)
+        emit, mesh, process_index, process_count = start_up(cfg, emit)
+        fsdp = mesh.shape["fsdp"]
+        cfg.check_batch(process_count, cfg.mesh.dp * fsdp)
     except ConfigError as e:
         raise SystemExit(f"config: {e}") from None
-    emit.start(
-        backend=jax.default_backend(), process_count=process_count, process_index=process_index,
-        device_count=len(devices), mesh=f"dp:{cfg.mesh.dp},fsdp:{fsdp},tp:{cfg.mesh.tp}",
-    )  # fmt: skip
-    emit.config(dumps(cfg))
     emit.batch(cfg.batch_line())
     wandb_run = init_wandb(cfg, emit)
 
