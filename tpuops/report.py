@@ -65,14 +65,25 @@ def sop_report(report: Any, code: int, as_json: bool) -> None:
     if failure:
         step, worker, outcome = failure
         err.print(f"[bold red]failed[/]: step {step.title} on w{worker}: {_escape(outcome.detail)}")
+    for s in report.steps:
+        for w, o in sorted(s.outcomes.items()):
+            if o.data.get("py_spy"):
+                err.print(
+                    f"[bold]py-spy dump of w{w}[/] (the job's Python stacks when it stopped making progress):"
+                )
+                err.print(_escape(str(o.data["py_spy"]).rstrip()))
     for rec in getattr(report, "recoveries", []):
         err.print(
             f"recovered from preemption at step {rec['last_step']}: {rec['duration_s']}s to recreate, "
             f"resumed at step {rec['resumed_step']}, steps lost {rec['steps_lost']}"
         )
     if report.log is not None and report.log.metrics:
+        benches = [m for m in report.log.metrics if m.get("kind") == "microbench"]
+        if benches:
+            err.print(microbench_table(benches))
         for m in report.log.metrics:
-            err.print(metrics_table(m))
+            if m.get("kind") != "microbench":
+                err.print(metrics_table(m))
     elif report.log is not None:
         from tpuops import report_log
 
@@ -256,7 +267,7 @@ def rollout_bench(results: list[Any], as_json: bool) -> None:
 
 
 def metrics_table(m: dict[str, Any]) -> Table:
-    """A `metrics: {json}` line from gradcheck or microbench as a table (other kinds: key/value rows)."""
+    """A `metrics: {json}` line from gradcheck as a table (other kinds but microbench: key/value rows)."""
     if m.get("kind") == "gradcheck":
         quantities = sorted({q for r in m.get("impls", {}).values() for q in r if isinstance(r.get(q), dict)})
         table = Table(
@@ -271,37 +282,35 @@ def metrics_table(m: dict[str, Any]) -> Table:
             rel = [f"{r[q]['rel']:.1e}" if q in r else "" for q in quantities]
             table.add_row(impl, *rel, "[green]yes[/]" if r.get("ok") else "[bold red]NO[/]")
         return table
-    if m.get("kind") == "microbench":
-        table = Table(
-            "impl",
-            "B×T×V",
-            "dtype",
-            "mean ms",
-            "p50 ms",
-            "p90 ms",
-            "temp MB",
-            "peak MB",
-            "backend",
-            title="microbench (forward+backward)",
-            title_justify="left",
-        )
+    table = Table("key", "value", title=str(m.get("kind", "metrics")), title_justify="left")
+    for k, v in m.items():
+        table.add_row(str(k), _escape(json.dumps(v) if isinstance(v, dict | list) else str(v)))
+    return table
 
-        def mb(v: object) -> str:
-            return "" if v is None else f"{float(v) / 1e6:.1f}"  # type: ignore[arg-type]
 
+def microbench_table(ms: list[dict[str, Any]]) -> Table:
+    """`metrics:` lines of microbench runs side by side; ratios against the first implementation."""
+    table = Table(
+        "impl", "B×T×V", "dtype", "mean ms", "p50 ms", "p90 ms", "p50 ratio", "temp MB", "peak MB", "backend",
+        title="microbench (forward+backward; ratio: p50 against the first row)", title_justify="left",
+    )  # fmt: skip
+    first = float(ms[0].get("p50_ms") or 0)
+
+    def mb(v: object) -> str:
+        return "" if v is None else f"{float(v) / 1e6:.1f}"  # type: ignore[arg-type]
+
+    for m in ms:
+        p50 = float(m.get("p50_ms") or 0)
         table.add_row(
             str(m.get("impl")),
             f"{m.get('B')}×{m.get('T')}×{m.get('V')}",
             str(m.get("dtype")),
             f"{m.get('mean_ms', 0):.2f}",
-            f"{m.get('p50_ms', 0):.2f}",
+            f"{p50:.2f}",
             f"{m.get('p90_ms', 0):.2f}",
+            f"{p50 / first:.2f}×" if first > 0 else "",
             mb(m.get("temp_bytes")),
             mb(m.get("peak_bytes")),
             str(m.get("backend")),
         )
-        return table
-    table = Table("key", "value", title=str(m.get("kind", "metrics")), title_justify="left")
-    for k, v in m.items():
-        table.add_row(str(k), _escape(json.dumps(v) if isinstance(v, dict | list) else str(v)))
     return table

@@ -71,10 +71,17 @@ def render(
             f"steady dt over {d.n} steps: mean {d.mean:.3f}s  p50 {d.p50:.3f}s  p90 {d.p90:.3f}s{extra}"
         )
     c = report.compiles
-    err.print(
-        f"compiles: {c.get('total', 0)} total, {c.get('warmup', 0)} in warm-up, {c.get('eval', 0)} in eval, "
-        f"{c.get('after_warmup', 0)} after warm-up, {c.get('open', 0)} after the last step"
-    )
+    if c.get("total", 0) == 0 and report.steps:
+        # With logging on, step 0 always compiles: none at all means JAX's compile log was off.
+        err.print(
+            "compiles: not logged (JAX compile logging was off; `tpuops recompile-check` or "
+            "--set compile_log=true turns it on)"
+        )
+    else:
+        err.print(
+            f"compiles: {c.get('total', 0)} total, {c.get('warmup', 0)} in warm-up, {c.get('eval', 0)} in "
+            f"eval, {c.get('after_warmup', 0)} after warm-up, {c.get('open', 0)} after the last step"
+        )
     for comp in report.recompiles:
         err.print(f"[bold yellow]recompile[/] at step {comp.step} (w{comp.worker}): {_escape(comp.function)}")
         if comp.explanation:
@@ -87,9 +94,10 @@ def render(
         err.print(f"checkpoints: {report.checkpoints}, last {_escape(report.last_checkpoint or '?')}")
     if report.reward_errors:
         err.print("reward function errors: " + ", ".join(f"{k} {n}" for k, n in report.reward_errors.items()))
-    for kind, data in [("summary", report.summary), *(("metrics", m) for m in report.metrics)]:
-        if data:
-            err.print(f"{kind}: {_escape(json.dumps(data))}")
+    if report.summary:
+        err.print("summary: " + _escape(", ".join(f"{k} {_short(v)}" for k, v in report.summary.items())))
+    for m in report.metrics:
+        err.print(f"metrics: {_escape(json.dumps(m))}")
     if report.failures:
         err.print(failures_table(report))
     if deltas:
@@ -100,6 +108,11 @@ def render(
         code, "[bold red]failed[/]"
     )
     err.print(f"{verdict} (exit code {code})")
+
+
+def _short(v: object) -> str:
+    """A summary value as people read it: floats to 4 significant digits."""
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 def _f(v: float | None, fmt: str = ".3f") -> str:

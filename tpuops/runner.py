@@ -62,9 +62,7 @@ def run(
     cfg = user_config.load(cwd)
     sop = loader.load(loader.find(req.sop))
     target = req.target.with_defaults(cfg)
-    context = _context_defaults(
-        sop.params, target, cwd, skip_repo="repo_url" in req.sets or "repo_url" in cfg.params
-    )
+    context = _context_defaults(sop.params, target, cwd, given={*req.sets, *cfg.params})
     values = sop.resolve(req.sets, {**context, **cfg.params})
     _preflight(sop, values)
     redact = Redactor()
@@ -214,8 +212,9 @@ def _connect_step(workers: list[int], unreachable: dict[int, TpuopsError]) -> St
     return step
 
 
-def _context_defaults(params: dict, target: TargetSpec, cwd: Path, *, skip_repo: bool) -> dict[str, object]:
-    """Defaults taken from where tpuops runs: the repository to sync is this checkout (locally, its path)."""
+def _context_defaults(params: dict, target: TargetSpec, cwd: Path, *, given: set[str]) -> dict[str, object]:
+    """Defaults taken from where tpuops runs: the repository to sync is this checkout (locally, its path)
+    at its HEAD commit. Parameters the user gave (`given`: --set or the config file) are not looked up."""
     found: dict[str, object] = {}
     if target.kind == "local" and "venv" in params:
         # Locally the trainer runs in this very interpreter (installed with the trainer extra): no new venv.
@@ -225,7 +224,7 @@ def _context_defaults(params: dict, target: TargetSpec, cwd: Path, *, skip_repo:
         shared = Path(__file__).resolve().parents[1].parent / "shared" / "data"
         if "data_dir" in params and shared.is_dir():
             found["data_dir"] = str(shared)  # the scratch checkout has no ../shared beside it
-    if "repo_url" not in params or skip_repo:
+    if "repo_url" not in params or "repo_url" in given:
         return found
     url = (
         _git(cwd, "rev-parse", "--show-toplevel")
@@ -240,7 +239,7 @@ def _context_defaults(params: dict, target: TargetSpec, cwd: Path, *, skip_repo:
         return found
     found["repo_url"] = url
     head = _git(cwd, "rev-parse", "HEAD")
-    if "branch" in params and head:
+    if "branch" in params and "branch" not in given and head:
         # The workers run exactly this commit; remotely that needs it pushed (locally the checkout is the remote).
         if target.kind != "local" and not _git(cwd, "branch", "-r", "--contains", head):
             raise UsageError(

@@ -219,3 +219,36 @@ def test_doctor_compares_env_keys_by_hash_and_shows_no_value(
     assert all(h["connected"] for h in data)
     for text in (r.stdout, r.stderr):
         assert secret not in text and other not in text and "hf-abcdef" not in text
+
+
+def test_default_code_is_this_checkouts_pushed_head(git_remote: tuple[Path, str], tmp_path: Path) -> None:
+    """Remote workers sync this checkout's origin at its HEAD commit, which must be on a remote branch."""
+    bare, first = git_remote
+    work = tmp_path / "work"
+    subprocess.run(["git", "clone", "-q", str(bare), str(work)], check=True)
+    target = ["--host", "me@192.0.2.1:22", "--hostkey", "SHA256:" + "A" * 43, "--dry-run", "--json"]
+    pushed = tpuops("sop", "run", "sync", *target, cwd=work)
+    assert pushed.returncode == 0, pushed.stderr
+    values = json.loads(pushed.stdout)["values"]
+    assert (values["repo_url"], values["branch"]) == (str(bare), first)
+    git = ["git", "-C", str(work), "-c", "user.name=t", "-c", "user.email=t@t"]
+    (work / "new.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "not pushed"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout
+    unpushed = tpuops("sop", "run", "sync", *target, cwd=work)
+    assert unpushed.returncode == ExitCode.USAGE
+    assert (
+        unpushed.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"error: this checkout's HEAD {head[:7]} is not on any remote branch, so the workers cannot fetch it"
+        )
+    ), unpushed.stderr
+    assert "git push it, or pass --set branch=NAME" in unpushed.stderr
+    named = tpuops("sop", "run", "sync", *target, "--set", "branch=main", cwd=work)
+    assert named.returncode == 0 and json.loads(named.stdout)["values"]["branch"] == "main"
+    subprocess.run([*git, "push", "-q", "origin", "HEAD:main"], check=True)
+    subprocess.run([*git, "fetch", "-q"], check=True)
+    after = tpuops("sop", "run", "sync", *target, cwd=work)
+    assert after.returncode == 0 and json.loads(after.stdout)["values"]["branch"] == head.strip()

@@ -141,18 +141,33 @@ def register(app: typer.Typer) -> None:
             loss_arg,
         )
     )
+    impl_opt = inspect.Parameter(
+        "impl",
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        annotation=Annotated[
+            list[str] | None,
+            typer.Option(
+                "--impl",
+                help="Loss implementation, repeatable: reference, chunked, pallas, fused_lm_head, auto "
+                "(default: chunked). Several run one after another and are compared side by side.",
+            ),
+        ],
+        default=None,
+    )
     app.command("microbench")(
         _with_args(
             _sop_command(
                 "microbench",
-                """Forward+backward time and peak memory of one loss implementation (--set impl=chunked --set tokens=4096 ...).
+                """Forward+backward time and peak memory of loss implementations, side by side with ratios.
 
         \b
         Examples:
-          tpuops microbench --vm mllm-jax-v6e-8 --set impl=pallas
-          tpuops microbench --local --set tokens=1024 --set iters=5
+          tpuops microbench --vm mllm-jax-v6e-8 --impl reference --impl chunked --impl pallas
+          tpuops microbench --local --impl chunked --set tokens=1024 --set iters=5
         """,
-            )
+                fixed=lambda impl: {"impl": impl} if impl else {},
+            ),
+            impl_opt,
         )
     )
 

@@ -254,11 +254,13 @@ class Executor:
             if hang is not None:
                 hung = hang.check(lines)
                 if hung:
-                    dump = self._py_spy(w, action) if action.py_spy else ""
+                    dump = self.redact(self._py_spy(w, action)) if action.py_spy else ""
                     if action.on_hang == "stop":
                         return CmdResult(w, action.render(), 124, stdout=dump, error=f"hung: {hung}")
                     if self.on_line:
                         self.on_line(w, f"tpuops: worker looks hung: {hung} (still following)")
+                        for text in dump.splitlines():
+                            self.on_line(w, f"tpuops: py-spy: {text}")
             if code is not None and code.strip():
                 self.offsets[w] = offset
                 if show and self.on_line and pending:
@@ -288,14 +290,22 @@ class Executor:
         return False
 
     def _py_spy(self, w: int, action: Follow) -> str:
-        """Python stacks of the job (its children of the pid file's process) with py-spy, if installed."""
+        """Python stacks of the job's processes (its session: the job leads one) with `py-spy dump`.
+
+        py-spy is looked for beside each process's own interpreter (a venv's bin/) before PATH.
+        """
         pid = f"$(cat {shell.path(action.run_dir)}/worker-{w}.pid)"
-        r = self.transport.run(
-            w,
-            f"command -v py-spy >/dev/null || {{ echo 'py-spy is not installed on this worker'; exit 0; }}; "
-            f"for p in {pid} $(pgrep -P {pid}); do py-spy dump --pid $p 2>&1; done",
-            timeout=60,
-        )
+        script = f"""found=0
+for p in $(pgrep -s {pid}); do
+  exe=$(tr '\\0' '\\n' < /proc/$p/cmdline 2>/dev/null | head -n 1)
+  case "$(basename "$exe")" in python*) ;; *) continue ;; esac
+  spy="$(dirname "$exe")/py-spy"; [ -x "$spy" ] || spy=$(command -v py-spy) || {{
+    echo "py-spy is not installed on this worker (pip install py-spy)"; exit 0; }}
+  echo "py-spy dump --pid $p"; "$spy" dump --pid "$p" 2>&1; found=1
+done
+[ $found = 1 ] || echo "no Python process in the job's session"
+"""
+        r = self.transport.run(w, script, timeout=60)
         return r.stdout
 
     def _fetch(self, w: int, action: Fetch) -> CmdResult:

@@ -40,8 +40,17 @@ class Param(Frozen):
         """Parse a `--set` string (or a YAML/config value) into this parameter's type."""
         want = _PY_TYPES[self.type]
         if want is list:
-            items = raw if isinstance(raw, list) else [raw]
-            return [str(item) for item in items]
+            if isinstance(raw, list):
+                items = [str(item) for item in raw]
+            elif self.choices is not None:  # names from a fixed set: `--set impl=chunked,pallas`
+                items = [item.strip() for item in str(raw).split(",") if item.strip()]
+            else:
+                items = [str(raw)]
+            if self.choices is not None and (not items or any(i not in self.choices for i in items)):
+                bad = ", ".join(repr(i) for i in items if i not in self.choices) or "nothing"
+                choices = ", ".join(map(str, self.choices))
+                raise UsageError(f"parameter {name} takes one or more of {choices}; received {bad}")
+            return items
         if isinstance(raw, want) and not (want is int and isinstance(raw, bool)):
             value: object = raw
         else:

@@ -39,6 +39,7 @@ class Vm:
 
     name: str
     users: list[str]  # the worker users, by worker index (to look at their processes)
+    homes: list[Path]  # their home folders (to see that nothing was touched)
     cloud: Cloud
     code: dict[str, str]  # --set values every SOP here takes: the repository, commit, interpreter, lock
     env_file: Path  # the .env the trainer runs get (sent by their sync_env step, sourced by the job)
@@ -174,7 +175,7 @@ def _create(cloud: Cloud, name: str, accelerator: str, code: dict[str, str], hom
     # compiling. The first run on each VM, the recompile-check, compiles afresh.
     env_file = home / ".env"
     env_file.write_text("JAX_COMPILATION_CACHE_DIR=.tpuops/jax-cache\n")
-    return Vm(name, [w.user for w in rec.workers], cloud, code, env_file)
+    return Vm(name, [w.user for w in rec.workers], [w.home for w in rec.workers], cloud, code, env_file)
 
 
 @pytest.fixture(scope="module")
@@ -195,34 +196,109 @@ def vm2(module_cloud: Cloud, code_sets: dict[str, str], tmp_path_factory: pytest
     return vm
 
 
+# -- both, first: nothing may touch a worker -----------------------------------------------------------
+
+
+def _snapshot(homes: list[Path]) -> list[tuple[str, int]]:
+    return sorted((str(p), p.lstat().st_mtime_ns) for h in homes for p in h.rglob("*"))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_trainer_override_typo_is_refused_before_any_remote_command(
+    workers: int, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    vm: Vm = request.getfixturevalue(f"vm{workers}")
+    before = _snapshot(vm.homes)
+    sets = {**vm.trainer_sets(3), "train.stepz": "3"}
+    r = tpuops(vm.cloud, vm.args("run", "grpo", sets=sets), tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        "error: trainer config: unknown config key 'train.stepz'; did you mean 'train.steps'?"
+    )
+    assert _snapshot(vm.homes) == before  # no file on any worker was made or changed
+    assert ok_json(tpuops(vm.cloud, ["runs", "--json"], tmp_path)) == []  # no run was started or recorded
+
+
 # -- one worker ---------------------------------------------------------------------------------------
 
 
 @pytest.mark.slow
-def test_recompile_check_then_report_on_one_worker(vm1: Vm, tmp_path: Path) -> None:
-    r = tpuops(vm1.cloud, vm1.args("recompile-check", "--json", sets=vm1.trainer_sets(3)), tmp_path)
-    data = ok_json(r)
-    assert data["sop"] == "recompile-check" and data["workers"] == [0] and data["exit_code"] == 0
+def test_recompile_check_fails_on_changing_shapes_and_names_the_function_on_one_worker(
+    vm1: Vm, tmp_path: Path
+) -> None:
+    # Each step pads its prompts to the smallest of many buckets: the shapes change from step to step.
+    buckets = ",".join(str(b) for b in range(48, 264, 8))
+    sets = {**vm1.trainer_sets(4), "data.fixed_bucket": "false", "data.prompt_buckets": buckets}
+    r = tpuops(vm1.cloud, vm1.args("recompile-check", "--json", sets=sets), tmp_path)
+    assert r.returncode == 7, r.stderr[-3000:]
+    data = json.loads(r.stdout)
+    assert data["sop"] == "recompile-check" and data["workers"] == [0] and data["error_class"] == "recompile"
     assert {w["sha"] for w in data["steps"][0]["workers"].values()} == {vm1.code["branch"][:7]}
     log = data["log"]
-    assert log["steps"] == 3 and log["exit_codes"] == {"0": 0} and not log["failures"]
-    assert log["compiles"]["after_warmup"] == 0 and log["compiles"]["warmup"] > 0  # compile logging was on
-    # `tpuops report` reads the local copy the run fetched: the same steps and compiles.
-    again = ok_json(tpuops(vm1.cloud, ["report", data["run_id"], "--json"], tmp_path))
-    assert again["exit_code"] == 0 and again["report"]["steps"] == 3
-    assert again["report"]["compiles"] == log["compiles"] and again["report"]["workers"] == [0]
-    # With no warm-up allowed, the first step's compiles count as recompiles: exit 7, each one named.
-    strict = tpuops(vm1.cloud, ["report", data["run_id"], "--warmup", "0", "--json"], tmp_path)
-    assert strict.returncode == 7, strict.stderr
-    recompiles = json.loads(strict.stdout)["report"]["recompiles"]
-    assert recompiles and all(c["step"] == 0 and c["function"] for c in recompiles)
+    assert log["steps"] == 4 and log["exit_codes"] == {"0": 0} and not log["failures"]
+    recompiles = log["recompiles"]
+    assert log["compiles"]["after_warmup"] == len(recompiles) > 0
+    functions = {c["function"] for c in recompiles}
+    assert any("update" in f for f in functions) and any("_prefill" in f for f in functions), functions
+    assert all(c["step"] >= 1 and c["worker"] == 0 for c in recompiles)
+    assert any(c["explanation"] for c in recompiles)  # JAX's reason for the cache miss
+    # `tpuops report` reads the local copy the run fetched: the same verdict and the same compiles.
+    again = tpuops(vm1.cloud, ["report", data["run_id"], "--json"], tmp_path)
+    assert again.returncode == 7
+    assert json.loads(again.stdout)["report"]["compiles"] == log["compiles"]
+    # People's output names each one, with JAX's explanation.
+    text = tpuops(vm1.cloud, ["report", data["run_id"]], tmp_path).stderr
+    shown = [ln for ln in text.splitlines() if ln.startswith("recompile at step ")]
+    assert len(shown) == len(recompiles) and any("_prefill" in ln for ln in shown), text
+    assert "recompiles after warm-up (exit code 7)" in text
+    # A warm-up window wide enough to hold every step counts none of them as a recompile.
+    loose = ok_json(tpuops(vm1.cloud, ["report", data["run_id"], "--warmup", "4", "--json"], tmp_path))
+    assert loose["report"]["recompiles"] == []
 
 
 @pytest.mark.slow
-def test_bench_rollout_compares_two_variants_on_one_worker(vm1: Vm, tmp_path: Path) -> None:
-    argv = vm1.args("bench", "rollout", "--variant", "", "--variant", "rollout.max_new_tokens=4", "--json",
-                    sets=vm1.trainer_sets(2))  # fmt: skip
-    base, short = ok_json(tpuops(vm1.cloud, argv, tmp_path, timeout=500))
+def test_detached_run_on_one_worker_runs_logs_stop_attach(vm1: Vm, tmp_path: Path) -> None:
+    sets = {"repo_url": vm1.code["repo_url"], "branch": vm1.code["branch"], "lockfile": "~/libtpu_lockfile",
+            "steps": "2000", "step_seconds": "0.05"}  # fmt: skip
+    first = Follower(vm1.cloud, vm1.args("sop", "run", "smoke", sets=sets), tmp_path)
+    first.wait_for("[w0] step=5 ")
+    time.sleep(0.3)  # a line is shown, then its offset saved: a kill -9 between the two shows it again
+    shown = first.kill()
+    (record,) = ok_json(tpuops(vm1.cloud, ["runs", "--json"], tmp_path))
+    assert (record["sop"], record["target"], record["workers"]) == ("smoke", vm1.name, [0])
+    assert record["status"] == "running or interrupted"
+    run_id = record["run_id"]
+
+    logs = tpuops(vm1.cloud, ["logs", run_id], tmp_path)
+    assert logs.returncode == 0, logs.stderr
+    assert "[w0] step=5 " in logs.stderr and all(ln.startswith("[w0] ") for ln in logs.stderr.splitlines())
+
+    stop = ok_json(tpuops(vm1.cloud, ["stop", run_id, "--json"], tmp_path))
+    (w,) = stop["workers"].values()
+    assert w["ok"] and w["detail"].startswith("terminated") and w["detail"].endswith("lock cleared"), w
+    left = subprocess.run(["pgrep", "-u", vm1.users[0], "-f", "sleep 0.05"], check=False, capture_output=True)
+    assert left.returncode == 1, left.stdout  # nothing of the job is left
+
+    # Attach to the stopped run: it shows the lines the killed follower had not, then reports how it ended.
+    attached = tpuops(vm1.cloud, ["attach", run_id, "--json"], tmp_path)
+    assert attached.returncode == 1, attached.stderr
+    steps = step_numbers(shown) + step_numbers(attached.stderr.splitlines())
+    assert steps == list(range(len(steps))) and 5 < len(steps) < 2000  # none lost, none twice, stopped early
+    log = json.loads(attached.stdout)["report"]
+    assert log["exit_codes"] == {"0": 143} and log["steps"] == len(steps)
+    (record,) = ok_json(tpuops(vm1.cloud, ["runs", "--json"], tmp_path))
+    assert record["status"] == "failed (1)"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [1, 2])
+def test_bench_rollout_compares_two_variants(
+    workers: int, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    vm: Vm = request.getfixturevalue(f"vm{workers}")
+    argv = vm.args("bench", "rollout", "--variant", "", "--variant", "rollout.max_new_tokens=4", "--json",
+                   sets=vm.trainer_sets(2))  # fmt: skip
+    base, short = ok_json(tpuops(vm.cloud, argv, tmp_path, timeout=500))
     assert base["label"] == "baseline" and short["label"] == "rollout.max_new_tokens=4"
     assert base["ok"] and short["ok"] and base["steps"] == short["steps"] == 2
     assert base["dt_p50_ratio"] == 1.0 and short["rollout_ratio"] is not None
@@ -234,6 +310,11 @@ def test_bench_rollout_compares_two_variants_on_one_worker(vm1: Vm, tmp_path: Pa
         log = (runs / row["run_id"] / "worker-0.log").read_text().splitlines()
         (config,) = [json.loads(ln.removeprefix("config: ")) for ln in log if ln.startswith("config: ")]
         assert config["rollout"]["max_new_tokens"] == tokens
+        (start,) = [ln for ln in log if ln.startswith("start: ")]
+        assert f"process_count={workers} " in start  # one jax.distributed job over every worker
+        assert sorted(p.name for p in (runs / row["run_id"]).glob("worker-*.log")) == [
+            f"worker-{w}.log" for w in range(workers)
+        ]
 
 
 # -- both ---------------------------------------------------------------------------------------------
@@ -255,14 +336,17 @@ def test_gradcheck_and_microbench(workers: int, request: pytest.FixtureRequest, 
     assert set(m["impls"]) >= {"chunked", "pallas", "fused_lm_head"}
     assert all(r["ok"] for r in m["impls"].values())
 
-    sets = {**vm.code, "tokens": "64", "vocab": "1024", "iters": "2", "impl": "chunked"}
-    data = ok_json(tpuops(vm.cloud, vm.args("microbench", "--json", sets=sets), tmp_path))
+    sets = {**vm.code, "tokens": "64", "vocab": "1024", "iters": "2"}
+    argv = vm.args("microbench", "--impl", "chunked", "--impl", "reference", "--json", sets=sets)
+    data = ok_json(tpuops(vm.cloud, argv, tmp_path))
     assert data["sop"] == "microbench" and data["workers"] == list(range(workers))
     (bench,) = [s for s in data["steps"] if s["title"] == "microbench"]
     assert all(o["detail"].startswith('metrics: {"kind":"microbench"') for o in bench["workers"].values())
-    (m,) = data["log"]["metrics"]
-    assert m["kind"] == "microbench" and m["impl"] == "chunked" and m["backend"] == "cpu"
-    assert (m["B"], m["T"], m["V"]) == (1, 64, 1024) and m["iters"] == 2 and m["p50_ms"] > 0
+    chunked, reference = data["log"]["metrics"]  # worker 0's, one per implementation, in the order asked
+    assert (chunked["impl"], reference["impl"]) == ("chunked", "reference")
+    for m in (chunked, reference):
+        assert m["kind"] == "microbench" and m["backend"] == "cpu"
+        assert (m["B"], m["T"], m["V"]) == (1, 64, 1024) and m["iters"] == 2 and m["p50_ms"] > 0
 
 
 # -- two workers --------------------------------------------------------------------------------------

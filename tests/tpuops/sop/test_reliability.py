@@ -127,3 +127,31 @@ def test_steady_run_is_not_called_hung(sshd_pool: SshdPool) -> None:
         job_sop(cmd, hang_factor=10, hang_min_s=1.0), {}, "ok-run", [0]
     )
     assert report.ok, report.first_failure()
+
+
+HANGING_TRAINER = """
+import time
+for i in range(4):
+    print(f"step={i} dt=0.10s", flush=True)
+    time.sleep(0.1)
+def wait_for_a_collective_that_never_comes():
+    time.sleep(600)
+wait_for_a_collective_that_never_comes()
+"""
+
+
+def test_hung_python_job_is_dumped_with_py_spy(sshd_pool: SshdPool, worker_python: str) -> None:
+    (w,) = sshd_pool.take(1)
+    (w.home / "hang.py").write_text(HANGING_TRAINER)
+    sop = job_sop(f"{worker_python} ~/hang.py", hang_factor=10, hang_min_s=1.0, timeout=60, py_spy=True)
+    t = sshd_pool.transport([w])
+    report = Executor(t).execute(sop, {}, "hang-spy", [0])
+    outcome = report.steps[1].outcomes[0]
+    assert outcome.status == "hang", outcome
+    dump = str(outcome.data.get("py_spy", ""))
+    # The Python stack of the job, innermost frame first: where it hangs and who called it.
+    assert "py-spy dump --pid " in dump and "Thread " in dump, dump
+    frames = [ln.strip() for ln in dump.splitlines() if "hang.py:" in ln]
+    assert frames[0].startswith("wait_for_a_collective_that_never_comes (") and "<module>" in frames[1], dump
+    t.run(0, "kill -KILL -- -$(cat ~/runs/hang-spy/worker-0.pid)")
+    t.close()
