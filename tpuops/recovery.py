@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -15,6 +16,8 @@ from tpuops.sop.executor import SopReport, StepReport
 from tpuops.transport.base import LineSink
 
 _STEP = re.compile(r"^step=(\d+) ")
+# States in which the VM's workers are gone for good: recreate. (STOPPED is left alone: someone chose it.)
+LOST_STATES = ("PREEMPTED", "TERMINATED")
 
 
 def run_with_recovery(
@@ -22,19 +25,22 @@ def run_with_recovery(
     *,
     max_recoveries: int = 3,
     watch_s: float = 10.0,
+    unreachable_s: float = 300.0,
     ready_timeout: float = 1800.0,
     on_line: LineSink | None = None,
     on_step: Callable[[StepReport], None] | None = None,
     on_event: Callable[[str], None] | None = None,
     cwd: Path | None = None,
 ) -> SopReport:
-    """Run the SOP; whenever the VM is PREEMPTED, recreate it (same type, zone, runtime) and run it again.
+    """Run the SOP; whenever the VM is lost, recreate it (same type, zone, runtime) and run it again.
 
+    Lost: the TPU API says PREEMPTED (or TERMINATED), or no worker has accepted a TCP connection on its SSH
+    port for `unreachable_s` while the API still says otherwise (a host gone without a state change yet).
     The trainer resumes from its latest checkpoint, which must live off the VM (gs://..., or a shared
-    path in tests). Each recovery is recorded: when, how long, the last step seen, the step resumed at.
+    path in tests). Each recovery is recorded: when, how long, why, the last step seen, the step resumed at.
     """
     from tpuops.cloud.client import connect
-    from tpuops.cloud.locate import find_vm
+    from tpuops.cloud.locate import find_vm, locate_workers
 
     if req.target.kind != "vm":
         raise UsageError("--recover needs --vm: only a VM can be watched and recreated")
@@ -57,9 +63,12 @@ def run_with_recovery(
 
     for attempt in range(max_recoveries + 1):
         abort = threading.Event()
-        preempted = threading.Event()
+        lost = Lost()
+        endpoints = [(w.host, w.port) for w in locate_workers(spec)]
         watcher = threading.Thread(
-            target=_watch, args=(api, vm.zone, vm.name, watch_s, abort, preempted), daemon=True
+            target=_watch,
+            args=(api, vm.zone, vm.name, endpoints, watch_s, unreachable_s, abort, lost),
+            daemon=True,
         )
         watcher.start()
         seen["first"] = None
@@ -77,20 +86,22 @@ def run_with_recovery(
             rec["resumed_step"] = seen["first"]
             if seen["first"] is not None and rec["last_step"] is not None:
                 rec["steps_lost"] = int(rec["last_step"]) + 1 - int(seen["first"])
-        if not preempted.is_set():
+        if not lost.event.is_set():
             result.recoveries = recoveries
             return result
         if attempt == max_recoveries:
             raise PreemptedError(
-                f"{vm.name} was preempted {attempt + 1} times; gave up after {max_recoveries} recoveries",
+                f"{vm.name} was lost {attempt + 1} times (last: {lost.why}); gave up after {max_recoveries} "
+                "recoveries",
                 hint="try another zone, or a reserved (non-spot) VM",
             )
-        say(f"{vm.name} was PREEMPTED at step {seen['last']}; recreating it ({attempt + 1}/{max_recoveries})")
+        say(f"{vm.name} {lost.why} at step {seen['last']}; recreating it ({attempt + 1}/{max_recoveries})")
         t0 = time.monotonic()
         _recreate(api, vm, spec, ready_timeout)
         recoveries.append(
             {
                 "at": time.time(),
+                "why": lost.why,
                 "duration_s": round(time.monotonic() - t0, 2),
                 "last_step": seen["last"],
                 "resumed_step": None,
@@ -102,18 +113,57 @@ def run_with_recovery(
     raise AssertionError("unreachable")
 
 
+class Lost:
+    """Set by the watcher when the VM is gone, with the reason in words."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.why = ""
+
+    def set(self, why: str) -> None:
+        self.why = why
+        self.event.set()
+
+
+def _reachable(endpoints: list[tuple[str, int]], timeout: float) -> bool:
+    """Does any worker accept a TCP connection on its SSH port? (No login: cheap, and says the host is up.)"""
+    for host, port in endpoints:
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def _watch(
-    api, zone: str, name: str, every: float, abort: threading.Event, preempted: threading.Event
+    api,
+    zone: str,
+    name: str,
+    endpoints: list[tuple[str, int]],
+    every: float,
+    unreachable_s: float,
+    abort: threading.Event,
+    lost: Lost,
 ) -> None:
     from tpuops.cloud.tpu_api import get_vm
 
+    since: float | None = None  # when every worker was first seen unreachable, in a row
     while not abort.wait(every):
         try:
             state = get_vm(api, zone, name).state
         except Exception:
+            state = None  # the API may be flaky too; reachability still counts
+        if state in LOST_STATES:
+            lost.set(f"was {state}")
+            abort.set()
+            return
+        if not endpoints or _reachable(endpoints, timeout=min(5.0, max(every, 1.0))):
+            since = None
             continue
-        if state == "PREEMPTED":
-            preempted.set()
+        since = since if since is not None else time.monotonic()
+        if time.monotonic() - since >= unreachable_s:
+            lost.set(f"was unreachable (no worker answered on SSH for {unreachable_s:g}s; API state {state})")
             abort.set()
             return
 

@@ -74,8 +74,8 @@ def sop_report(report: Any, code: int, as_json: bool) -> None:
                 err.print(_escape(str(o.data["py_spy"]).rstrip()))
     for rec in getattr(report, "recoveries", []):
         err.print(
-            f"recovered from preemption at step {rec['last_step']}: {rec['duration_s']}s to recreate, "
-            f"resumed at step {rec['resumed_step']}, steps lost {rec['steps_lost']}"
+            f"recovered: the VM {rec.get('why', 'was PREEMPTED')} at step {rec['last_step']}; "
+            f"{rec['duration_s']}s to recreate, resumed at step {rec['resumed_step']}, steps lost {rec['steps_lost']}"
         )
     if report.log is not None and report.log.metrics:
         benches = [m for m in report.log.metrics if m.get("kind") == "microbench"]

@@ -24,13 +24,11 @@ REPO = Path(__file__).resolve().parents[3]
 DATA = REPO.parent / "shared" / "data"
 
 
-def _vm(cloud: Cloud, name: str, accelerator: str = "v4-16") -> str:
-    assert (
-        cloud.cli(
-            "vm", "create", name, "--type", accelerator, "--zone", ZONE, "--runtime-version", "base"
-        ).returncode
-        == 0
+def _vm(cloud: Cloud, name: str, accelerator: str = "v4-16", *extra: str) -> str:
+    made = cloud.cli(
+        "vm", "create", name, "--type", accelerator, "--zone", ZONE, "--runtime-version", "base", *extra
     )
+    assert made.returncode == 0, made.stderr
     return next(k for k in cloud.emu.model.nodes if k.endswith(f"/{name}"))
 
 
@@ -52,10 +50,13 @@ def _preempt_after(cloud: Cloud, node: str, lines: list[str], n: int) -> threadi
     return t
 
 
+@pytest.mark.parametrize("queued", [False, True], ids=["plain", "queued"])
 def test_preempted_vm_is_recreated_and_the_run_finishes(
-    cloud: Cloud, vm_name: str, git_remote: tuple[Path, str], tmp_path: Path
+    cloud: Cloud, vm_name: str, git_remote: tuple[Path, str], tmp_path: Path, queued: bool
 ) -> None:
-    node = _vm(cloud, vm_name)
+    """A plain VM is deleted and created again; a queued resource's VM is queued again and awaited."""
+    node = _vm(cloud, vm_name, "v4-16", *(["--queued", "--spot"] if queued else []))
+    qr = cloud.emu.model.nodes[node].queued_resource
     lines: list[str] = []
     events: list[str] = []
     killer = _preempt_after(cloud, node, lines, 5)
@@ -72,13 +73,53 @@ def test_preempted_vm_is_recreated_and_the_run_finishes(
     assert report.ok, report.first_failure()
     assert len(report.recoveries) == 1
     rec = report.recoveries[0]
-    assert rec["last_step"] >= 4
+    assert rec["last_step"] >= 2  # 5 step lines of two workers were seen before the preemption
     assert rec["resumed_step"] == 0  # the smoke job keeps no checkpoint: it starts over
     assert rec["steps_lost"] == rec["last_step"] + 1
     assert any("PREEMPTED" in e for e in events) and any("READY again" in e for e in events)
     assert cloud.emu.model.nodes[node].state == "READY"
+    assert bool(qr) == queued and cloud.emu.model.nodes[node].queued_resource == qr
+    if queued:
+        assert cloud.emu.model.qrs[qr]["state"] == {"state": "ACTIVE"}
     assert "step=29 " in "\n".join(lines)
     assert report.to_dict(0)["recoveries"] == report.recoveries
+
+
+def test_a_vm_whose_workers_all_stop_answering_is_recreated(
+    cloud: Cloud, vm_name: str, git_remote: tuple[Path, str], tmp_path: Path
+) -> None:
+    """The API still says READY, but no worker answers on SSH (a host lost without a state change yet)."""
+    node = _vm(cloud, vm_name)
+    rec = cloud.emu.model.nodes[node]
+    lines: list[str] = []
+    events: list[str] = []
+
+    def cut() -> None:
+        deadline = time.monotonic() + 60
+        while sum(ln.startswith("step=") for ln in lines) < 5 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for w in rec.workers:
+            w.stop()  # sshd gone on every worker; the node record stays READY
+
+    cutter = threading.Thread(target=cut, daemon=True)
+    cutter.start()
+    report = recovery.run_with_recovery(
+        _request(cloud, vm_name, git_remote[0]),
+        max_recoveries=1,
+        watch_s=0.2,
+        unreachable_s=1.5,
+        ready_timeout=60,
+        on_line=lambda w, s: lines.append(s),
+        on_event=events.append,
+        cwd=tmp_path,
+    )
+    cutter.join()
+    assert report.ok, report.first_failure()
+    (got,) = report.recoveries
+    assert got["why"].startswith("was unreachable (no worker answered on SSH for 1.5s; API state READY)")
+    assert got["last_step"] >= 2 and got["resumed_step"] == 0
+    assert any("was unreachable" in e for e in events) and any("READY again" in e for e in events)
+    assert "step=29 " in "\n".join(lines)
 
 
 def test_recoveries_run_out_with_a_clear_error(
@@ -87,7 +128,9 @@ def test_recoveries_run_out_with_a_clear_error(
     node = _vm(cloud, vm_name)
     lines: list[str] = []
     killer = _preempt_after(cloud, node, lines, 2)
-    with pytest.raises(PreemptedError, match=r"preempted 1 times; gave up after 0 recoveries"):
+    with pytest.raises(
+        PreemptedError, match=r"lost 1 times \(last: was PREEMPTED\); gave up after 0 recoveries"
+    ):
         recovery.run_with_recovery(
             _request(cloud, vm_name, git_remote[0]),
             max_recoveries=0,
