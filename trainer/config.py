@@ -201,14 +201,19 @@ class Config:
             f"({process_count})",
         )
 
-    def batch_line(self) -> dict[str, int]:
-        return {
+    def batch_line(self, batch_devices: int | None = None) -> dict[str, int]:
+        """The batch arithmetic as printed; per-device figures once the mesh (dp × fsdp devices) is known."""
+        line = {
             "prompts_per_step": self.train.prompts_per_step,
             "samples_per_prompt": self.rollout.samples_per_prompt,
             "sequences_per_step": self.sequences_per_step,
             "micro_batch": self.train.micro_batch,
-            "accumulation_steps": self.accumulation_steps,
         }
+        if batch_devices:
+            line["batch_devices"] = batch_devices
+            line["micro_batch_per_device"] = self.train.micro_batch // batch_devices
+        line["accumulation_steps"] = self.accumulation_steps
+        return line
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -239,7 +239,7 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
         cfg.check_batch(process_count, cfg.mesh.dp * fsdp)
     except ConfigError as e:
         raise SystemExit(f"config: {e}") from None
-    emit.batch(cfg.batch_line())
+    emit.batch(cfg.batch_line(cfg.mesh.dp * fsdp))
     wandb_run = init_wandb(cfg, emit)
 
     folder = model_folder(cfg, process_index)

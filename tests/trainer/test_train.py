@@ -74,6 +74,11 @@ def test_20_steps_learn_without_compiling_after_step_0_and_flipped_advantages_un
     assert len(up) == 20 and rec.compiles_at_step[0] > 0
     assert rec.compiles_at_step[-1] == rec.compiles_at_step[0], "recompiled after step 0"
     assert out.count("\nstep=") + out.startswith("step=") == 20 and "summary: " in out
+    # The batch arithmetic, printed before any compile: 2 prompts x G 8 = 16 sequences in micro-batches of 8.
+    assert (
+        "batch: prompts_per_step=2 samples_per_prompt=8 sequences_per_step=16 micro_batch=8 batch_devices=1 "
+        "micro_batch_per_device=8 accumulation_steps=2\n" in out
+    )
     assert all(np.isfinite(r["loss"]) for r in up)
     down = run_toy(tmp_path, "mesh.devices=1", "train.flip_advantages=true").rows
     assert up[0]["reward_mean"] == pytest.approx(down[0]["reward_mean"])  # the same start (seed, policy)
