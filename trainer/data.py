@@ -31,18 +31,29 @@ def gold_answer(answer_field: str) -> str:
     return answer_field.rsplit("####", 1)[1].strip().replace(",", "")
 
 
+HUB_DATASET = "openai/gsm8k"  # its `main` config, one parquet file per split
+
+
 def load_gsm8k(path: str, split: str) -> list[Example]:
+    """`<folder>/{split}.jsonl` (data.path, or `auto`: $TRAINER_DATA_DIR/gsm8k); `auto` without it: the hub."""
     folder = data_dir() / "gsm8k" if path == "auto" else Path(path).expanduser()
     file = folder / f"{split}.jsonl"
     if file.exists():
         rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
     elif path == "auto":
-        from datasets import load_dataset  # only on a VM with internet; not a dependency here
-
-        rows = list(load_dataset("openai/gsm8k", "main", split=split))
+        rows = hub_rows(split)
     else:
         raise FileNotFoundError(f"no {split}.jsonl in {folder} (data.path)")
     return [Example(r["question"], gold_answer(r["answer"])) for r in rows]
+
+
+def hub_rows(split: str) -> list[dict[str, str]]:
+    """GSM8K's rows from the Hugging Face hub (a VM with internet; the HF cache, or HF_HUB_OFFLINE, elsewhere)."""
+    import pyarrow.parquet as pq
+    from huggingface_hub import hf_hub_download
+
+    file = hf_hub_download(HUB_DATASET, f"main/{split}-00000-of-00001.parquet", repo_type="dataset")
+    return pq.read_table(file, columns=["question", "answer"]).to_pylist()
 
 
 def toy_examples(n: int = 64) -> list[Example]:

@@ -52,9 +52,12 @@ def setup_jax(cfg: Config) -> None:
 
 
 def model_folder(cfg: Config, process_index: int) -> Path:
-    """The checkpoint to load: `tiny` is made (seeded) on first use under log.output_dir; else a folder or hub id."""
+    """The local folder of the checkpoint (weights and tokenizer): `tiny` is made (seeded) on first use under
+    log.output_dir; a hub id is downloaded (or found in the HF cache); a folder is used as it is."""
     if cfg.model.path != "tiny":
-        return Path(cfg.model.path)
+        from trainer.model.loading import resolve_path
+
+        return resolve_path(Path(cfg.model.path).expanduser() if cfg.model.path.startswith("~") else cfg.model.path)
     from trainer.make_tiny import make_tiny
 
     out = (
