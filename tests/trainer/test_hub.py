@@ -47,8 +47,16 @@ def test_model_and_gsm8k_come_from_the_hub_when_there_is_no_local_copy(tmp_path:
     assert got.returncode == 0, got.stderr[-2000:]
     assert got.stdout.split() == ["64", rows[5]["answer"].rsplit("####", 1)[1].strip().replace(",", "")]
 
-    argv = [sys.executable, "-m", "trainer.main", "--config", "tiny", "--set", "model.path=tpuops-test/tiny-qwen2",
-            "--set", "train.steps=1", "--set", "rollout.max_new_tokens=4", "--set", f"log.output_dir={tmp_path / 'out'}"]  # fmt: skip
+    sets = ["model.path=tpuops-test/tiny-qwen2", "train.steps=1", "rollout.max_new_tokens=4",
+            f"log.output_dir={tmp_path / 'out'}"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "trainer.main",
+        "--config",
+        "tiny",
+        *(w for s in sets for w in ("--set", s)),
+    ]
     run = subprocess.run(
         argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
     )
