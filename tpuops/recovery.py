@@ -46,6 +46,11 @@ def run_with_recovery(
         raise UsageError("--recover needs --vm: only a VM can be watched and recreated")
     say = on_event or (lambda _: None)
     spec = req.target
+    from tpuops.sop import loader
+
+    if loader.load(loader.find(req.sop)).overrides:  # a trainer SOP: its --set a.b=c go to the trainer
+        for warning in checkpoint_warnings(req.sets):
+            say(warning)
     api = connect(spec.project, spec.api_endpoint)
     vm = find_vm(api, spec.vm or "", spec.zone)
     base_id = req.run_id or runner.new_run_id(req.sop)
@@ -111,6 +116,22 @@ def run_with_recovery(
         )
         say(f"{vm.name} is READY again after {time.monotonic() - t0:.1f}s; rerunning {req.sop}")
     raise AssertionError("unreachable")
+
+
+def checkpoint_warnings(sets: dict[str, str]) -> list[str]:
+    """What a recovery will not be able to resume from, said before the run starts."""
+    ckpt = sets.get("checkpoint.dir", "")
+    if not ckpt:
+        return [
+            "no --set checkpoint.dir: a recovered run starts again from step 0 "
+            "(set checkpoint.dir=gs://BUCKET/PATH, which outlives the VM)"
+        ]
+    if not ckpt.startswith("gs://"):
+        return [
+            f"checkpoint.dir {ckpt} is not gs://: if it is on the VM's own disk, a recreated VM does not have it "
+            "and the run starts again from step 0"
+        ]
+    return []
 
 
 class Lost:

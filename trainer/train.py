@@ -285,6 +285,11 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
 
     start = 0
     mgr = checkpoint.manager(cfg.checkpoint.dir) if cfg.checkpoint.dir else None
+    if mgr is None and cfg.checkpoint.every:
+        emit.line(
+            f"warning: checkpoint.every={cfg.checkpoint.every} but checkpoint.dir is empty: no checkpoint will be "
+            "written, and a stopped or preempted run starts again from step 0 (set checkpoint.dir=gs://BUCKET/PATH)"
+        )
     if mgr is not None and cfg.checkpoint.resume:
         got = checkpoint.restore_latest(mgr, {"params": params, "opt_state": opt_state})
         if got is not None:

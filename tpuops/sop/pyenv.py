@@ -36,12 +36,23 @@ class PythonEnv(Step):
     venv: str = "~/tpuops/venv"  # `none`: use `python` as it is (it must already have the extras)
     python: str = "python3"
     extras: str = "trainer,tpu"
+    min_python: str = "3.11"  # the project's requires-python (TPU VM images ship 3.10 as python3)
     timeout: float = 1800.0
     template_fields: ClassVar[tuple[str, ...]] = ("repo_dir", "venv", "python", "extras")
 
     def plan(self, ctx: PlanContext) -> list[Action]:
         venv, py = ctx.raw(self.venv), ctx.raw(self.python)
-        lines = ["set -e", f"cd {shell.path(ctx.raw(self.repo_dir))}"]
+        major, minor = (int(x) for x in self.min_python.split("."))
+        check = (
+            f"import sys; v = sys.version_info; sys.exit(0 if v >= ({major}, {minor}) else sys.executable + "
+            f"' is Python %d.%d; the trainer needs {self.min_python} or newer: install it (for example "
+            f"python{self.min_python}-venv) and pass --set python=python{self.min_python}' % v[:2])"
+        )
+        lines = [
+            "set -e",
+            f"cd {shell.path(ctx.raw(self.repo_dir))}",
+            f"{python_of(venv, py) if venv == 'none' else shell.quote(py)} -c {shell.quote(check)}",
+        ]
         if venv != "none":
             v = shell.path(venv)
             lines += [

@@ -197,3 +197,11 @@ def test_preempted_grpo_run_resumes_from_its_checkpoint_with_the_uninterrupted_p
     summary = json.loads(next(ln for ln in whole.stdout.splitlines() if ln.startswith("summary: "))[9:])
     assert log["summary"]["param_digest"] == summary["param_digest"]
     subprocess.run(["rm", "-rf", str(ckpt)], check=False)
+
+
+def test_a_recovery_that_could_not_resume_is_said_up_front() -> None:
+    assert recovery.checkpoint_warnings({"checkpoint.dir": "gs://b/run"}) == []
+    (none,) = recovery.checkpoint_warnings({"steps": "20"})
+    assert none.startswith("no --set checkpoint.dir: a recovered run starts again from step 0")
+    (local,) = recovery.checkpoint_warnings({"checkpoint.dir": "~/ckpt"})
+    assert local.startswith("checkpoint.dir ~/ckpt is not gs://")

@@ -59,3 +59,19 @@ def test_venv_is_created_then_reused_until_the_requirements_change(tmp_path: Pat
     )
     assert "Version: 0.2" in show.stdout, show.stdout + show.stderr
     assert once("r4").status == "nothing"
+
+
+def test_an_interpreter_older_than_the_project_needs_is_named_before_any_venv_is_made(tmp_path: Path) -> None:
+    t = LocalTransport(tmp_path / "vm")
+    (t.home(0) / "proj").mkdir(parents=True)
+    sop = Sop.model_validate({"name": "env", "steps": [
+        {"kind": "python_env", "repo_dir": "~/proj", "venv": "~/venv", "python": sys.executable, "min_python": "99.0"},
+    ]})  # fmt: skip
+    report = Executor(t).execute(sop, {}, "old", [0])
+    outcome = report.steps[0].outcomes[0]
+    assert outcome.status == "failed"
+    assert outcome.detail == (
+        f"{sys.executable} is Python {sys.version_info[0]}.{sys.version_info[1]}; the trainer needs 99.0 or newer: "
+        "install it (for example python99.0-venv) and pass --set python=python99.0"
+    )
+    assert not (t.home(0) / "venv").exists()
