@@ -41,13 +41,12 @@ def run_with_recovery(
     """
     from tpuops.cloud.client import connect
     from tpuops.cloud.locate import find_vm, locate_workers
+    from tpuops.sop import loader
 
     if req.target.kind != "vm":
         raise UsageError("--recover needs --vm: only a VM can be watched and recreated")
     say = on_event or (lambda _: None)
     spec = req.target
-    from tpuops.sop import loader
-
     if loader.load(loader.find(req.sop)).overrides:  # a trainer SOP: its --set a.b=c go to the trainer
         for warning in checkpoint_warnings(req.sets):
             say(warning)

@@ -23,7 +23,9 @@ def tpuops(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 def test_run_grpo_locally_reports_steps() -> None:
-    r = tpuops("run", "grpo", "--local", "--set", "steps=3", "--set", "checkpoint.every=2", "--json", cwd=REPO)
+    r = tpuops(
+        "run", "grpo", "--local", "--set", "steps=3", "--set", "checkpoint.every=2", "--json", cwd=REPO
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads(r.stdout)
     assert data["ok"] and data["error_class"] == "ok"
@@ -33,7 +35,10 @@ def test_run_grpo_locally_reports_steps() -> None:
     assert not log["failures"]
     assert "[w0] step=2 " in r.stderr  # followed live, prefixed with the worker
     # Checkpoints asked for but nowhere to write them: said at the start, not discovered at a preemption.
-    assert "[w0] warning: checkpoint.every=2 but checkpoint.dir is empty: no checkpoint will be written" in r.stderr
+    assert (
+        "[w0] warning: checkpoint.every=2 but checkpoint.dir is empty: no checkpoint will be written"
+        in r.stderr
+    )
     home = Path(os.environ["TPUOPS_HOME"])
     assert (home / "runs" / data["run_id"] / "worker-0.log").exists()
 

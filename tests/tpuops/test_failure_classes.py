@@ -53,7 +53,7 @@ def test_failure_lines_become_the_exit_code_and_error_class(kind: str, tmp_path:
     r = subprocess.run(
         [sys.executable, "-m", "tpuops", "sop", "run", str(tmp_path / "job.yaml"), "--local", "--json",
          "--set", f"cmd={cmd}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, check=False,
         env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
     assert r.returncode == code, r.stderr

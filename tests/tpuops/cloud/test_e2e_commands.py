@@ -272,8 +272,15 @@ def test_detached_run_on_one_worker_runs_logs_stop_attach(vm1: Vm, tmp_path: Pat
     logs = tpuops(vm1.cloud, ["logs", run_id], tmp_path)
     assert logs.returncode == 0, logs.stderr
     assert "[w0] step=5 " in logs.stderr and all(ln.startswith("[w0] ") for ln in logs.stderr.splitlines())
+    live = Follower(vm1.cloud, ["logs", run_id, "-f"], tmp_path)  # follows until the run ends
+    live.wait_for("[w0] step=")
 
     stop = ok_json(tpuops(vm1.cloud, ["stop", run_id, "--json"], tmp_path))
+    assert live.proc.wait(timeout=60) == 0  # `logs -f` ended by itself when the run did
+    live.reader.join(timeout=10)
+    while (line := live.lines.get()) is not None:
+        live.seen.append(line)
+    followed = step_numbers(live.seen)
     (w,) = stop["workers"].values()
     assert w["ok"] and w["detail"].startswith("terminated") and w["detail"].endswith("lock cleared"), w
     left = subprocess.run(["pgrep", "-u", vm1.users[0], "-f", "sleep 0.05"], check=False, capture_output=True)
@@ -284,6 +291,7 @@ def test_detached_run_on_one_worker_runs_logs_stop_attach(vm1: Vm, tmp_path: Pat
     assert attached.returncode == 1, attached.stderr
     steps = step_numbers(shown) + step_numbers(attached.stderr.splitlines())
     assert steps == list(range(len(steps))) and 5 < len(steps) < 2000  # none lost, none twice, stopped early
+    assert followed == steps  # `logs -f` printed the whole log, from the first line to the last
     log = json.loads(attached.stdout)["report"]
     assert log["exit_codes"] == {"0": 143} and log["steps"] == len(steps)
     (record,) = ok_json(tpuops(vm1.cloud, ["runs", "--json"], tmp_path))
