@@ -85,7 +85,7 @@ def run(
         plan = executor.plan(sop, values, DRY_RUN_ID, workers)
         return DryRun(sop.name, transport.name, workers, values, plan)
     run_id = req.run_id or new_run_id(sop.name)
-    _record(run_id, sop.name, target, workers, values)
+    _record(run_id, sop.name, target, workers, values, secret_files(sop, values, cwd), runs_dir(sop, values))
     from tpuops.runs import OffsetWriter, save_result
 
     executor.on_offset = OffsetWriter(run_id)
@@ -258,8 +258,46 @@ def _git(cwd: Path, *args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def _record(run_id: str, sop: str, target: TargetSpec, workers: list[int], values: dict) -> None:
-    """Remember how to reach a run again (`tpuops runs`, attach, logs); holds no secret."""
+def secret_files(sop: loader.Sop, values: dict[str, object], cwd: Path) -> list[str]:
+    """The local .env files whose values this run may print (sync_env sources, the .env of secret_env): a later
+    `attach` or `logs` reads them again to redact those values from what the workers' logs say."""
+    from tpuops.sop.steps import SyncEnv
+
+    scope = _scope(values)
+    found = [cwd / ".env"]
+    for step in sop.steps:
+        if isinstance(step, SyncEnv):
+            source = Path(_fill(step.source, scope)).expanduser()
+            found.append(source if source.is_absolute() else cwd / source)
+    return sorted({str(p.resolve()) for p in found})
+
+
+def runs_dir(sop: loader.Sop, values: dict[str, object]) -> str:
+    """Where the SOP's `run` step keeps its runs on the workers (attach, logs and stop look there)."""
+    from tpuops.sop.runs import Run
+
+    step = next((s for s in sop.steps if isinstance(s, Run)), None)
+    return _fill(step.runs_dir, _scope(values)) if step else str(values.get("runs_dir", "~/tpuops/runs"))
+
+
+def _scope(values: dict[str, object]) -> dict[str, object]:
+    return {**values, "worker": 0, "num_workers": 1, "run_id": "", "coordinator_host": ""}
+
+
+def _fill(template: str, scope: dict[str, object]) -> str:
+    return TEMPLATE.sub(lambda m: str(scope[m.group(1)]), template)
+
+
+def _record(
+    run_id: str,
+    sop: str,
+    target: TargetSpec,
+    workers: list[int],
+    values: dict,
+    secret_files: list[str],
+    runs_dir: str,
+) -> None:
+    """Remember how to reach a run again (`tpuops runs`, attach, logs); holds no secret (only where they are)."""
     d = user_config.state_home() / "runs" / run_id
     d.mkdir(parents=True, exist_ok=True)
     record = {
@@ -269,5 +307,7 @@ def _record(run_id: str, sop: str, target: TargetSpec, workers: list[int], value
         "workers": workers,
         "values": {k: v for k, v in values.items()},
         "started": time.time(),
+        "secret_files": secret_files,
+        "runs_dir": runs_dir,
     }
     (d / "run.json").write_text(json.dumps(record, indent=1, default=str))

@@ -29,6 +29,15 @@ class RunRecord:
     values: dict[str, Any]
     started: float
     result: dict[str, Any] | None = None  # the JSON report once the SOP finished
+    secret_files: tuple[str, ...] = ()  # the local .env files whose values the run's logs must not show
+    runs_dir: str | None = None  # the run step's runs_dir on the workers (older records: the parameter)
+
+    def redactor(self) -> Redactor:
+        """Redacts the values of the run's .env files (as they are now) from what the workers' logs say."""
+        from tpuops import secrets
+
+        files = [Path(f) for f in self.secret_files if Path(f).is_file()]
+        return Redactor(v for f in files for v in secrets.load(f).values.values())
 
     @property
     def local_dir(self) -> Path:
@@ -36,7 +45,7 @@ class RunRecord:
 
     @property
     def remote_dir(self) -> str:
-        return run_dir(str(self.values.get("runs_dir", "~/tpuops/runs")), self.run_id)
+        return run_dir(self.runs_dir or str(self.values.get("runs_dir", "~/tpuops/runs")), self.run_id)
 
     def spec(self) -> TargetSpec:
         t = {k: tuple(v) if isinstance(v, list) else v for k, v in self.target.items()}
@@ -51,7 +60,10 @@ def load(run_id: str) -> RunRecord:
     data = json.loads((d / "run.json").read_text())
     result = json.loads((d / "result.json").read_text()) if (d / "result.json").exists() else None
     return RunRecord(
-        **{k: data[k] for k in ("run_id", "sop", "target", "workers", "values", "started")}, result=result
+        **{k: data[k] for k in ("run_id", "sop", "target", "workers", "values", "started")},
+        result=result,
+        secret_files=tuple(data.get("secret_files", ())),
+        runs_dir=data.get("runs_dir"),
     )
 
 
@@ -95,11 +107,13 @@ def attach(
 ) -> dict[int, CmdResult]:
     """Follow a detached run from the byte offset already shown, then fetch its logs."""
     rec = load(run_id)
-    transport = open_transport(rec.spec(), Redactor())
+    redact = rec.redactor()
+    transport = open_transport(rec.spec(), redact)
     offsets = {} if from_start else saved_offsets(run_id)
     ex = Executor(
         transport,
         local_runs=user_config.state_home() / "runs",
+        redact=redact,
         on_line=on_line,
         offsets=dict(offsets),
         on_offset=None if from_start else OffsetWriter(run_id),
@@ -134,17 +148,18 @@ def logs(run_id: str, worker: str, *, follow: bool, on_line: LineSink) -> None:
     if not follow and all(p.exists() for p in local):
         for w, p in zip(chosen, local, strict=True):
             for line in p.read_text(errors="replace").splitlines():
-                on_line(w, line)
+                on_line(w, line)  # fetched copies were redacted when they were written
         return
-    transport = open_transport(rec.spec(), Redactor())
+    redact = rec.redactor()
+    transport = open_transport(rec.spec(), redact)
     try:
         if not follow:
             for w in chosen:
                 data = transport.read_from(w, f"{rec.remote_dir}/worker-{w}.log", 0) or b""
                 for line in data.decode(errors="replace").splitlines():
-                    on_line(w, line)
+                    on_line(w, redact(line))
             return
-        ex = Executor(transport, on_line=on_line)
+        ex = Executor(transport, redact=redact, on_line=on_line)
         cancel = threading.Event()
         threads = [
             threading.Thread(
@@ -167,7 +182,7 @@ def stop(run_id: str, *, grace_s: float = 10.0) -> dict[int, CmdResult]:
     rec = load(run_id)
     lock = str(rec.values.get("lockfile", "/tmp/libtpu_lockfile"))
     rd = shell.path(rec.remote_dir)
-    transport = open_transport(rec.spec(), Redactor())
+    transport = open_transport(rec.spec(), rec.redactor())
 
     def one(w: int) -> CmdResult:
         # The job leads its own process group (setsid): signal and wait for the whole group, since a child

@@ -252,3 +252,46 @@ def test_default_code_is_this_checkouts_pushed_head(git_remote: tuple[Path, str]
     subprocess.run([*git, "fetch", "-q"], check=True)
     after = tpuops("sop", "run", "sync", *target, cwd=work)
     assert after.returncode == 0 and json.loads(after.stdout)["values"]["branch"] == head.strip()
+
+
+LEAKY_SOP = """name: leaky
+steps:
+  - kind: sync_env
+    source: .env
+    dest: ~/.env
+  - kind: run
+    runs_dir: ~/runs
+    source_env_file: ~/.env
+    command: 'echo "starting with key $WANDB_API_KEY"; echo "step=0 loss=0.100000 entropy=1.0000 reward_mean=0.0000 dt=0.10s"'
+  - kind: follow
+    runs_dir: ~/runs
+    poll_s: 0.05
+  - kind: fetch_log
+    runs_dir: ~/runs
+"""
+
+
+def test_a_job_that_prints_its_secret_is_redacted_in_every_later_view(tmp_path: Path) -> None:
+    """The user's code prints its W&B key: tpuops shows *** live, and later from any folder (attach, logs)."""
+    secret = "sentinel-7f3e02bb"
+    (tmp_path / ".env").write_text(f"WANDB_API_KEY={secret}\n")
+    (tmp_path / "leaky.yaml").write_text(LEAKY_SOP)
+    ran = tpuops("sop", "run", str(tmp_path / "leaky.yaml"), "--local", "--json", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    run_id = json.loads(ran.stdout)["run_id"]
+    elsewhere = tmp_path / "elsewhere"  # no .env here: the run record says which file held the secrets
+    elsewhere.mkdir()
+    views = {
+        "live": ran.stderr,
+        "attach": tpuops("attach", run_id, "--from-start", cwd=elsewhere).stderr,
+        "logs -f": tpuops("logs", run_id, "-f", cwd=elsewhere).stderr,
+        "logs": tpuops("logs", run_id, cwd=elsewhere).stderr,
+        "report": tpuops("report", run_id, "--json", cwd=elsewhere).stdout,
+    }
+    for name, text in views.items():
+        assert secret not in text, name
+        assert name == "report" or "[w0] starting with key ***" in text, (name, text)
+    home = Path(os.environ["TPUOPS_HOME"])
+    assert (home / "local/w0/.env").read_text() == f"WANDB_API_KEY={secret}\n"  # the job did get the value
+    for f in (home / "runs" / run_id).rglob("*"):
+        assert secret not in f.read_text(), f

@@ -204,8 +204,12 @@ def attach(
     )
     log = logscan.scan_run(library.load(run_id).local_dir)
     code = report_log.exit_code(log)
-    if any(not r.ok for r in results.values()):
-        code = max(code, 1)
+    for w, r in sorted(results.items()):
+        if not r.ok:
+            report.event(
+                f"w{w}: could not follow the run: {r.error or r.stderr.strip() or f'exit {r.exit_code}'}"
+            )
+            code = max(code, 1)
     library.record_end(run_id, log.exit_codes, code)
     report_log.render(log, code, json, None, None)
     raise typer.Exit(code)
