@@ -39,6 +39,7 @@ def report(
 ) -> None:
     """Report a training log (exit 0 ok, 1 failures or a baseline regression, 7 recompiles after warm-up).
 
+    \b
     Examples:
       tpuops report ~/.tpuops/runs/20260101-grpo/worker-0.log
       tpuops report 20260101-grpo --warmup 2 --html report.html

@@ -61,7 +61,10 @@ class Sop(Frozen):
                 sets[self.overrides] = [f"--set={d}" for d in dotted]  # type: ignore[assignment]
         for key in sets:
             if key not in self.params:
-                raise UsageError(f"unknown parameter {key!r} for SOP {self.name}{_suggest(key, self.params)}")
+                hint = _suggest(key, self.params) or f" (parameters: {', '.join(self.params) or 'none'})"
+                if self.overrides:
+                    hint += "; trainer settings take a dot: --set train.steps=20"
+                raise UsageError(f"unknown parameter {key!r} for SOP {self.name}{hint}")
         values: dict[str, object] = {}
         for name, p in self.params.items():
             if name in sets:
