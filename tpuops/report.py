@@ -91,22 +91,36 @@ def sop_report(report: Any, code: int, as_json: bool) -> None:
     err.print(f"done in {report.duration_s:.2f}s, run {report.run_id}, exit code {code}")
 
 
+def _dry_run_dict(dr: Any) -> dict[str, Any]:
+    return {
+        "sop": dr.sop,
+        "transport": dr.transport,
+        "workers": dr.workers,
+        "values": dr.values,
+        "plan": [
+            {"step": title, "workers": {str(w): [a.render() for a in acts] for w, acts in per.items()}}
+            for title, per in dr.plan
+        ],
+    }
+
+
 def dry_run(dr: Any, as_json: bool) -> None:
     if as_json:
-        data = {
-            "sop": dr.sop,
-            "transport": dr.transport,
-            "workers": dr.workers,
-            "values": dr.values,
-            "plan": [
-                {"step": title, "workers": {str(w): [a.render() for a in acts] for w, acts in per.items()}}
-                for title, per in dr.plan
-            ],
-        }
-        out.print_json(json.dumps(data, default=str))
+        out.print_json(json.dumps(_dry_run_dict(dr), default=str))
         return
     err.print(f"[bold]plan for {dr.sop}[/] on {dr.transport} workers {dr.workers} (nothing was run)")
     out.out(render_plan(dr.plan), end="", highlight=False)
+
+
+def dry_runs(labelled: list[tuple[str, Any]], as_json: bool) -> None:
+    """The plans of several runs of one command (bench variants), each under its label."""
+    if as_json:
+        data = [{"variant": label, **_dry_run_dict(dr)} for label, dr in labelled]
+        out.print_json(json.dumps(data, default=str))
+        return
+    for label, dr in labelled:
+        err.print(f"[bold]variant {_escape(label)}[/]")
+        dry_run(dr, False)
 
 
 def sop_list(rows: list[tuple[str, str, str]], as_json: bool) -> None:

@@ -37,6 +37,16 @@ def parse_variant(text: str) -> dict[str, str]:
     return out
 
 
+def plans(req: runner.RunRequest, variants: list[str]) -> list[tuple[str, runner.DryRun]]:
+    """Every variant validated (SOP values, the trainer's own overrides) and planned; nothing runs remotely."""
+    out = []
+    for text in variants or [""]:
+        dry = runner.run(replace(req, sets={**req.sets, **parse_variant(text)}, dry_run=True))
+        assert isinstance(dry, runner.DryRun)
+        out.append((text or "baseline", dry))
+    return out
+
+
 def run(
     req: runner.RunRequest,
     variants: list[str],
@@ -44,13 +54,16 @@ def run(
     on_line: LineSink | None = None,
     on_step: Callable[[StepReport], None] | None = None,
 ) -> list[VariantResult]:
-    """Run every variant one after another on the same target; the first is the baseline of the ratios."""
-    if not variants:
-        variants = [""]
-    parsed = [parse_variant(v) for v in variants]
+    """Run every variant one after another on the same target; the first is the baseline of the ratios.
+
+    Every variant is validated before the first one starts: a typo in the last one costs no run."""
+    variants = variants or [""]
+    plans(req, variants)
     results = []
-    for text, sets in zip(variants, parsed, strict=True):
-        report = runner.run(replace(req, sets={**req.sets, **sets}), on_line=on_line, on_step=on_step)
+    for text in variants:
+        report = runner.run(
+            replace(req, sets={**req.sets, **parse_variant(text)}), on_line=on_line, on_step=on_step
+        )
         assert isinstance(report, SopReport)
         results.append(_result(text or "baseline", report))
     return results

@@ -52,6 +52,23 @@ def test_trainer_override_typo_is_refused_before_anything_runs() -> None:
     assert not (Path(os.environ["TPUOPS_HOME"]) / "local").exists()  # no worker was touched
 
 
+def test_bench_rollout_validates_every_variant_before_the_first_runs() -> None:
+    argv = ["bench", "rollout", "--local", "--set", "steps=2", "--variant", "", "--variant"]
+    typo = tpuops(*argv, "rollout.max_new_tokenz=4", cwd=REPO)
+    assert typo.returncode == 2
+    assert typo.stderr.strip().splitlines()[-1] == (
+        "error: trainer config: unknown config key 'rollout.max_new_tokenz'; did you mean 'rollout.max_new_tokens'?"
+    )
+    assert not (Path(os.environ["TPUOPS_HOME"]) / "runs").exists()  # not even the baseline ran
+    plans = tpuops(*argv, "rollout.max_new_tokens=4", "--dry-run", "--json", cwd=REPO)
+    assert plans.returncode == 0, plans.stderr
+    data = json.loads(plans.stdout)
+    assert [(d["variant"], d["values"]["trainer_sets"]) for d in data] == [
+        ("baseline", []), ("rollout.max_new_tokens=4", ["--set=rollout.max_new_tokens=4"])
+    ]  # fmt: skip
+    assert not (Path(os.environ["TPUOPS_HOME"]) / "runs").exists()
+
+
 def test_gradcheck_and_microbench_commands_report_metrics() -> None:
     gc = tpuops("gradcheck", "ce", "--local", "--json", cwd=REPO)
     assert gc.returncode == 0, gc.stderr[-3000:]

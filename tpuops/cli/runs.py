@@ -307,7 +307,12 @@ def bench_rollout(
         ),
     ] = None,
     set_: o.SetOpt = None,
+    worker: o.WorkerOpt = "all",
+    dry_run: o.DryRunOpt = False,
     json: o.JsonOpt = False,
+    force: o.ForceOpt = False,
+    keep_going: o.KeepGoingOpt = False,
+    parallel: o.ParallelOpt = None,
     vm: o.VmOpt = None,
     zone: o.ZoneOpt = None,
     project: o.ProjectOpt = None,
@@ -316,6 +321,8 @@ def bench_rollout(
     user: o.UserOpt = None,
     identity: o.IdentityOpt = None,
     local: o.LocalOpt = False,
+    local_workers: o.LocalWorkersOpt = 1,
+    internal_ip: o.InternalIpOpt = False,
     api_endpoint: o.ApiEndpointOpt = None,
 ) -> None:
     """N GRPO steps per variant (same target, one after another), then step time and rollout_generate side by side.
@@ -337,9 +344,17 @@ def bench_rollout(
         user=user,
         identity=identity,
         local=local,
+        local_workers=local_workers,
+        internal_ip=internal_ip,
         api_endpoint=api_endpoint,
     )
-    req = runner.RunRequest(sop="grpo", sets=o.parse_sets(set_), target=spec)
+    req = runner.RunRequest(
+        sop="grpo", sets=o.parse_sets(set_), target=spec, worker=worker, force=force, keep_going=keep_going,
+        parallel=parallel,
+    )  # fmt: skip
+    if dry_run:
+        report.dry_runs(rollout_bench.plans(req, list(variant or [])), json)
+        return
     results = rollout_bench.run(
         req, list(variant or []), on_line=None, on_step=None if json else report.step_done
     )
