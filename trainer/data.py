@@ -1,4 +1,4 @@
-"""Prompts: GSM8K from local JSONL (or the hub on a VM), the toy task; batches sharded across processes."""
+"""Prompts: GSM8K from local JSONL (or the hub on a VM), the toy task, a resumable seeded prompt stream."""
 
 from __future__ import annotations
 
@@ -71,16 +71,15 @@ def messages(ex: Example, task: str) -> list[dict[str, str]]:
 class PromptStream:
     """Shuffled epochs of examples; `position` (prompts consumed) makes it resumable from a checkpoint.
 
-    Every process walks the same global order and takes its own contiguous share of each step's prompts.
+    Every process walks the same global order, so each step's prompts are the same everywhere (a few KB of
+    text); the batch is split across processes on the devices: each places only its own rows
+    (train.global_array), so generation and the update run sharded over every host.
     """
 
-    def __init__(
-        self, examples: list[Example], seed: int, process_index: int = 0, process_count: int = 1
-    ) -> None:
+    def __init__(self, examples: list[Example], seed: int) -> None:
         if not examples:
             raise ValueError("no examples to train on")
         self.examples, self.seed = examples, seed
-        self.process_index, self.process_count = process_index, process_count
         self.position = 0
 
     def _order(self, epoch: int) -> list[int]:
@@ -95,8 +94,3 @@ class PromptStream:
             out.append(self.examples[self._order(epoch)[i]])
             self.position += 1
         return out
-
-    def next_local(self, n_global: int) -> list[Example]:
-        batch = self.next_global(n_global)
-        share = n_global // self.process_count
-        return batch[self.process_index * share : (self.process_index + 1) * share]

@@ -254,7 +254,7 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
     tok_dir = folder if cfg.data.tokenizer == "auto" else Path(cfg.data.tokenizer)
     tokenizer = load_tokenizer(tok_dir)
     examples = data.load_gsm8k(cfg.data.path, "train") if cfg.data.task == "gsm8k" else data.toy_examples()
-    stream = data.PromptStream(examples, cfg.train.seed, process_index, process_count)
+    stream = data.PromptStream(examples, cfg.train.seed)
     target_ids = (
         toy_targets(params, mconf, mesh, cfg.data.toy_fraction, cfg.train.seed)
         if cfg.data.task == "toy"
