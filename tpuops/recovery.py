@@ -34,20 +34,24 @@ def run_with_recovery(
 ) -> SopReport:
     """Run the SOP; whenever the VM is lost, recreate it (same type, zone, runtime) and run it again.
 
+    With max_recoveries=0 this only watches: a lost VM ends the run at once with exit 8 (every SOP on a VM
+    runs this way), instead of a follow that waits for workers that will not come back.
+
     Lost: the TPU API says PREEMPTED (or TERMINATED), or no worker has accepted a TCP connection on its SSH
     port for `unreachable_s` while the API still says otherwise (a host gone without a state change yet).
     The trainer resumes from its latest checkpoint, which must live off the VM (gs://..., or a shared
     path in tests). Each recovery is recorded: when, how long, why, the last step seen, the step resumed at.
     """
+    from tpuops import config as user_config
     from tpuops.cloud.client import connect
     from tpuops.cloud.locate import find_vm, locate_workers
     from tpuops.sop import loader
 
-    if req.target.kind != "vm":
+    spec = req.target.with_defaults(user_config.load(cwd or Path.cwd()))  # the VM may come from tpuops.toml
+    if spec.kind != "vm":
         raise UsageError("--recover needs --vm: only a VM can be watched and recreated")
     say = on_event or (lambda _: None)
-    spec = req.target
-    if loader.load(loader.find(req.sop)).overrides:  # a trainer SOP: its --set a.b=c go to the trainer
+    if max_recoveries and loader.load(loader.find(req.sop)).overrides:  # a trainer SOP (dotted --set)
         for warning in checkpoint_warnings(req.sets):
             say(warning)
     api = connect(spec.project, spec.api_endpoint)
@@ -93,6 +97,11 @@ def run_with_recovery(
         if not lost.event.is_set():
             result.recoveries = recoveries
             return result
+        if max_recoveries == 0:
+            raise PreemptedError(
+                f"{vm.name} {lost.why} at step {seen['last']}; the run is lost with it",
+                hint="rerun with --recover (and --set checkpoint.dir=gs://...) to recreate it and resume",
+            )
         if attempt == max_recoveries:
             raise PreemptedError(
                 f"{vm.name} was lost {attempt + 1} times (last: {lost.why}); gave up after {max_recoveries} "

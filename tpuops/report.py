@@ -150,7 +150,16 @@ def sop_show(sop: Any, path: str, as_json: bool) -> None:
 
 def error(message: str, code: int, as_json: bool, kind: str) -> None:
     if as_json:
-        out.print_json(json.dumps({"ok": False, "exit_code": code, "error": kind, "message": message}))
+        from tpuops.sop.executor import error_class
+
+        data = {
+            "ok": False,
+            "exit_code": code,
+            "error_class": error_class(code),
+            "error": kind,
+            "message": message,
+        }
+        out.print_json(json.dumps(data))
     err.print(f"[bold red]error[/]: {_escape(message)}")
 
 

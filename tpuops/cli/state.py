@@ -41,11 +41,13 @@ def run_sop(
         parallel=parallel,
     )
     on_step = None if json else report.step_done
-    if recover is not None and not dry_run:
+    if not dry_run and (recover is not None or _on_a_vm(spec)):
         from tpuops import recovery
 
+        # On a VM the run is always watched through the TPU API: a preempted VM ends it at once (exit 8);
+        # with --recover it is recreated and the SOP runs again.
         result = recovery.run_with_recovery(
-            req, max_recoveries=recover, on_line=report.line, on_step=on_step, on_event=report.event
+            req, max_recoveries=recover or 0, on_line=report.line, on_step=on_step, on_event=report.event
         )
     else:
         result = runner.run(req, on_line=report.line, on_step=on_step)
@@ -55,3 +57,11 @@ def run_sop(
     code = runner.exit_code(result)
     report.sop_report(result, int(code), json)
     raise typer.Exit(int(code))
+
+
+def _on_a_vm(spec: TargetSpec) -> bool:
+    from pathlib import Path
+
+    from tpuops import config
+
+    return spec.with_defaults(config.load(Path.cwd())).kind == "vm"

@@ -125,20 +125,60 @@ def test_a_vm_whose_workers_all_stop_answering_is_recreated(
 def test_recoveries_run_out_with_a_clear_error(
     cloud: Cloud, vm_name: str, git_remote: tuple[Path, str], tmp_path: Path
 ) -> None:
+    """Preempted, recreated, preempted again with no recovery left: one clear error (exit 8)."""
     node = _vm(cloud, vm_name)
     lines: list[str] = []
-    killer = _preempt_after(cloud, node, lines, 2)
+
+    def preempt_twice() -> None:
+        deadline = time.monotonic() + 90
+        for _ in range(2):
+            seen = sum(ln.startswith("step=") for ln in lines)
+            while sum(ln.startswith("step=") for ln in lines) < seen + 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            cloud.emu.model.preempt(node)
+
+    killer = threading.Thread(target=preempt_twice, daemon=True)
+    killer.start()
     with pytest.raises(
-        PreemptedError, match=r"lost 1 times \(last: was PREEMPTED\); gave up after 0 recoveries"
-    ):
+        PreemptedError, match=r"lost 2 times \(last: was PREEMPTED\); gave up after 1 recoveries"
+    ) as e:
         recovery.run_with_recovery(
             _request(cloud, vm_name, git_remote[0]),
-            max_recoveries=0,
+            max_recoveries=1,
             watch_s=0.2,
+            ready_timeout=60,
             on_line=lambda w, s: lines.append(s),
             cwd=tmp_path,
         )
     killer.join()
+    assert e.value.exit_code == 8
+
+
+def test_a_vm_run_without_recover_ends_at_once_with_exit_8_when_preempted(
+    cloud: Cloud, vm_name: str, git_remote: tuple[Path, str], tmp_path: Path
+) -> None:
+    """No --recover: the run is still watched, and a preempted VM ends it (no follow waiting for dead workers)."""
+    node = _vm(cloud, vm_name)
+    sets = {"repo_url": str(git_remote[0]), "steps": "600", "step_seconds": "0.1", "lockfile": "~/l"}
+    argv = [sys.executable, "-m", "tpuops", "sop", "run", "smoke", "--vm", vm_name, "--zone", ZONE,
+            "--identity", str(cloud.identity), "--json"]  # fmt: skip
+    argv += [w for k, v in sets.items() for w in ("--set", f"{k}={v}")]
+    env = {**os.environ, "TPUOPS_TPU_API": cloud.url, "COLUMNS": "200"}
+    proc = subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stderr is not None
+    while "[w0] step=3 " not in (line := proc.stderr.readline()):
+        assert line, "the run ended before step 3"
+    cloud.emu.model.preempt(node)
+    t0 = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 8, err[-2000:]
+    assert time.monotonic() - t0 < 30  # the API is watched every 10 s; not the follow's 600 s timeout
+    error = json.loads(out)
+    assert (error["error"], error["error_class"]) == ("preempted", "preempted")
+    assert error["message"].startswith(f"{vm_name} was PREEMPTED at step ")
+    assert "rerun with --recover" in error["message"]
 
 
 @pytest.mark.slow
