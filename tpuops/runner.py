@@ -16,7 +16,7 @@ from tpuops.errors import ConnectError, ExitCode, TpuopsError, UsageError
 from tpuops.shell import Redactor
 from tpuops.sop import loader
 from tpuops.sop.executor import Executor, Plan, SopReport, StepReport
-from tpuops.sop.model import TEMPLATE
+from tpuops.sop.model import TEMPLATE, PlanContext
 from tpuops.targets import TargetSpec, open_transport, select_workers
 from tpuops.transport.base import LineSink
 
@@ -263,12 +263,8 @@ def secret_files(sop: loader.Sop, values: dict[str, object], cwd: Path) -> list[
     `attach` or `logs` reads them again to redact those values from what the workers' logs say."""
     from tpuops.sop.steps import SyncEnv
 
-    scope = _scope(values)
-    found = [cwd / ".env"]
-    for step in sop.steps:
-        if isinstance(step, SyncEnv):
-            source = Path(_fill(step.source, scope)).expanduser()
-            found.append(source if source.is_absolute() else cwd / source)
+    ctx = _context(values, cwd)
+    found = [cwd / ".env", *(s.local_path(ctx) for s in sop.steps if isinstance(s, SyncEnv))]
     return sorted({str(p.resolve()) for p in found})
 
 
@@ -277,15 +273,12 @@ def runs_dir(sop: loader.Sop, values: dict[str, object]) -> str:
     from tpuops.sop.runs import Run
 
     step = next((s for s in sop.steps if isinstance(s, Run)), None)
-    return _fill(step.runs_dir, _scope(values)) if step else str(values.get("runs_dir", "~/tpuops/runs"))
+    return _context(values).raw(step.runs_dir) if step else str(values.get("runs_dir", "~/tpuops/runs"))
 
 
-def _scope(values: dict[str, object]) -> dict[str, object]:
-    return {**values, "worker": 0, "num_workers": 1, "run_id": "", "coordinator_host": ""}
-
-
-def _fill(template: str, scope: dict[str, object]) -> str:
-    return TEMPLATE.sub(lambda m: str(scope[m.group(1)]), template)
+def _context(values: dict[str, object], cwd: Path | None = None) -> PlanContext:
+    """Worker 0's plan context: for the step fields that are the same on every worker."""
+    return PlanContext(worker=0, num_workers=1, run_id="", values=values, local_dir=cwd or Path.cwd())
 
 
 def _record(

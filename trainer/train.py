@@ -57,9 +57,7 @@ def model_folder(cfg: Config, process_index: int) -> Path:
     if cfg.model.path != "tiny":
         from trainer.model.loading import resolve_path
 
-        return resolve_path(
-            Path(cfg.model.path).expanduser() if cfg.model.path.startswith("~") else cfg.model.path
-        )
+        return resolve_path(cfg.model.path)
     from trainer.make_tiny import make_tiny
 
     out = (

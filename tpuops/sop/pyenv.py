@@ -51,7 +51,7 @@ class PythonEnv(Step):
         lines = [
             "set -e",
             f"cd {shell.path(ctx.raw(self.repo_dir))}",
-            f"{python_of(venv, py) if venv == 'none' else shell.quote(py)} -c {shell.quote(check)}",
+            f"{shell.quote(py)} -c {shell.quote(check)}",  # the base interpreter, with or without a venv
         ]
         if venv != "none":
             v = shell.path(venv)

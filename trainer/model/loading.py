@@ -30,11 +30,11 @@ SINGLE = "model.safetensors"
 
 
 def resolve_path(path_or_repo_id: str | Path) -> Path:
-    """A local folder as is; otherwise download the repo's config, weights and tokenizer files."""
-    path = Path(path_or_repo_id)
+    """A local folder as is (`~` expanded); otherwise download the repo's config, weights and tokenizer files."""
+    path = Path(path_or_repo_id).expanduser()
     if path.is_dir():
         return path
-    if path.exists() or str(path_or_repo_id).startswith((".", "/")):
+    if path.exists() or str(path_or_repo_id).startswith((".", "/", "~")):
         raise FileNotFoundError(f"model_path {str(path_or_repo_id)!r} is not a folder")
     from huggingface_hub import snapshot_download
 

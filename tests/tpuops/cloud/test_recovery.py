@@ -9,6 +9,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from tests.tpuops.cloud.conftest import Cloud
 from tpuops import recovery, runner
 from tpuops.cloud.emulator.sshd import free_port
 from tpuops.errors import PreemptedError
+from tpuops.sop.executor import SopReport
 from tpuops.targets import TargetSpec
 
 ZONE = "us-central1-a"
@@ -38,16 +40,32 @@ def _request(cloud: Cloud, name: str, bare: Path) -> runner.RunRequest:
     return runner.RunRequest(sop="smoke", sets=sets, target=spec)
 
 
-def _preempt_after(cloud: Cloud, node: str, lines: list[str], n: int) -> threading.Thread:
+def _after_steps(lines: list[str], n: int, action: Callable[[], None]) -> threading.Thread:
+    """Run `action` in the background once `n` step lines (of any worker) were seen."""
+
     def go() -> None:
         deadline = time.monotonic() + 60
         while sum(ln.startswith("step=") for ln in lines) < n and time.monotonic() < deadline:
             time.sleep(0.02)
-        cloud.emu.model.preempt(node)
+        action()
 
     t = threading.Thread(target=go, daemon=True)
     t.start()
     return t
+
+
+def _preempt_after(cloud: Cloud, node: str, lines: list[str], n: int) -> threading.Thread:
+    return _after_steps(lines, n, lambda: cloud.emu.model.preempt(node))
+
+
+def _recover_smoke(
+    cloud: Cloud, vm_name: str, bare: Path, cwd: Path, lines: list[str], events: list[str], **kw: float
+) -> SopReport:
+    """The smoke SOP under --recover, watched every 0.2 s; lines and tpuops' events collected."""
+    return recovery.run_with_recovery(
+        _request(cloud, vm_name, bare), watch_s=0.2, ready_timeout=60, on_line=lambda w, s: lines.append(s),
+        on_event=events.append, cwd=cwd, **kw,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("queued", [False, True], ids=["plain", "queued"])
@@ -60,15 +78,7 @@ def test_preempted_vm_is_recreated_and_the_run_finishes(
     lines: list[str] = []
     events: list[str] = []
     killer = _preempt_after(cloud, node, lines, 5)
-    report = recovery.run_with_recovery(
-        _request(cloud, vm_name, git_remote[0]),
-        max_recoveries=2,
-        watch_s=0.2,
-        ready_timeout=60,
-        on_line=lambda w, s: lines.append(s),
-        on_event=events.append,
-        cwd=tmp_path,
-    )
+    report = _recover_smoke(cloud, vm_name, git_remote[0], tmp_path, lines, events, max_recoveries=2)
     killer.join()
     assert report.ok, report.first_failure()
     assert len(report.recoveries) == 1
@@ -95,23 +105,12 @@ def test_a_vm_whose_workers_all_stop_answering_is_recreated(
     events: list[str] = []
 
     def cut() -> None:
-        deadline = time.monotonic() + 60
-        while sum(ln.startswith("step=") for ln in lines) < 5 and time.monotonic() < deadline:
-            time.sleep(0.02)
         for w in rec.workers:
             w.stop()  # sshd gone on every worker; the node record stays READY
 
-    cutter = threading.Thread(target=cut, daemon=True)
-    cutter.start()
-    report = recovery.run_with_recovery(
-        _request(cloud, vm_name, git_remote[0]),
-        max_recoveries=1,
-        watch_s=0.2,
-        unreachable_s=1.5,
-        ready_timeout=60,
-        on_line=lambda w, s: lines.append(s),
-        on_event=events.append,
-        cwd=tmp_path,
+    cutter = _after_steps(lines, 5, cut)
+    report = _recover_smoke(
+        cloud, vm_name, git_remote[0], tmp_path, lines, events, max_recoveries=1, unreachable_s=1.5
     )
     cutter.join()
     assert report.ok, report.first_failure()
