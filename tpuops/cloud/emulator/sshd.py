@@ -196,7 +196,8 @@ def start_worker(
         )
     if os.geteuid() == 0:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation directory
-        user = user or f"tpuops-w{index}"
+        # TPUOPS_SSHD_USER_PREFIX keeps concurrent suites on one machine apart (each its own users).
+        user = user or f"{os.environ.get('TPUOPS_SSHD_USER_PREFIX', 'tpuops-')}w{index}"
         home = home_root / user
         ensure_user(user, home)
         reset_home(user, home)
