@@ -54,8 +54,12 @@ class RolloutConfig:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    # Decode layout: weights split over `tp` devices by heads/MLP/vocab, sequences over the rest (no FSDP:
+    # trainer.sharding.rollout_mesh). 0 = auto: the kv-head count's largest divisor that divides the devices.
+    tp: int = 0
 
     def __post_init__(self) -> None:
+        _check(self.tp >= 0, f"rollout.tp must be >= 0 (0 = auto), received {self.tp}")
         _check(
             self.samples_per_prompt >= 2,
             f"rollout.samples_per_prompt must be >= 2 (a group), received {self.samples_per_prompt}",
@@ -95,6 +99,8 @@ class TrainConfig:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     loss_impl: Literal["reference", "chunked", "pallas", "fused_lm_head", "auto"] = "auto"
+    # Recompute each decoder layer in the backward pass: none | dots (keep matmul outputs) | full (keep inputs)
+    remat: Literal["none", "dots", "full"] = "none"
     seed: int = 0
     flip_advantages: bool = False  # a sanity switch: the update should then make rewards fall
 
@@ -114,6 +120,7 @@ class MeshConfig:
     fsdp: int = 0  # 0: every remaining device
     tp: int = 1
     devices: int = 0  # use the first N devices (0: all); tests compare 1 device with 8
+    accelerator: str = ""  # the TPU this config is made for (e.g. v6e-8): trainer.fit's default target
 
 
 @dataclass(frozen=True)
@@ -237,6 +244,15 @@ def load(name_or_path: str, sets: list[str] | None = None) -> Config:
     for item in sets or []:
         key, sep, value = item.partition("=")
         _check(bool(sep and key), f"--set {item!r} is not key=value (for example --set train.steps=20)")
+        _assign(data, key.strip(), value)
+    return _build(Config, data, "")
+
+
+def with_sets(cfg: Config, sets: list[str]) -> Config:
+    """`cfg` with more `a.b=c` overrides applied (validated like load's)."""
+    data = to_dict(cfg)
+    for item in sets:
+        key, _, value = item.partition("=")
         _assign(data, key.strip(), value)
     return _build(Config, data, "")
 

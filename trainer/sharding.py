@@ -3,7 +3,15 @@
 Parameters: one table of (regex on the "/"-joined param path -> PartitionSpec). Matrices split their
 input dim over fsdp and their output (head/MLP/vocab) dim over tp. An axis that does not divide its dim is
 dropped (replicated) for that parameter, so tiny models and odd head counts still shard.
-Activations: batch over (dp, fsdp). KV cache [L, B, S, K, H]: batch over (dp, fsdp), kv heads over tp.
+Activations carry logical axis names (`batch`, `length`, `embed`, `heads`, `kv_heads`, `mlp`, `vocab`) and
+one table (LOGICAL) maps them to mesh axes; the model constrains them by name at every layer boundary
+(`constrain`), so the batch stays split over (dp, fsdp) and XLA all-gathers each layer's weights (FSDP)
+instead of all-reducing whole-batch activations. Constraints apply under `jax.set_mesh(mesh)` and are no-ops
+without a mesh in context (single-device code and tests).
+KV cache [L, B, S, K, H]: batch over (dp, fsdp), kv heads over tp.
+Decode uses its own layout of the same devices (`rollout_mesh`: batch over dp, heads over tp, no fsdp) with
+the weights cast to the compute dtype once per step: a decode loop over FSDP-split weights would all-gather
+every weight for every token (`tpuops fit` shows the difference).
 The same code runs on 1 device, on forced CPU devices, and across processes with jax.distributed (the
 mesh then spans jax.devices(), i.e. every process's devices).
 """
@@ -21,6 +29,18 @@ from jax.sharding import PartitionSpec as P
 
 AXES = ("dp", "fsdp", "tp")
 BATCH = ("dp", "fsdp")
+
+# Logical activation axis -> mesh axes (MaxText's logical_axis_rules, one table).
+LOGICAL: dict[str, Any] = {
+    "batch": BATCH,
+    "length": None,
+    "embed": None,
+    "heads": "tp",
+    "kv_heads": "tp",
+    "head_dim": None,
+    "mlp": "tp",
+    "vocab": "tp",
+}
 
 PARAM_RULES: tuple[tuple[str, P], ...] = (
     (r"embed_tokens/embedding", P("tp", "fsdp")),  # [V, D]
@@ -44,7 +64,7 @@ def make_mesh(dp: int, fsdp: int, tp: int, devices: Sequence[jax.Device] | None 
     return Mesh(np.asarray(devices).reshape(dp, fsdp, tp), AXES)
 
 
-def _fit(spec: P, shape: tuple[int, ...], mesh: Mesh) -> P:
+def _fit(spec: P, shape: tuple[int, ...], mesh: Any) -> P:
     """Drop mesh axes that do not divide their dimension (replicate that dim instead)."""
     fitted: list[Any] = []
     for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec)), strict=True):
@@ -86,3 +106,24 @@ def batch_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
 def kv_cache_sharding(mesh: Mesh, shape_LBSKH: tuple[int, ...]) -> NamedSharding:
     """KV cache [L, B, S, K, H]: batch over (dp, fsdp), kv heads over tp."""
     return NamedSharding(mesh, _fit(P(None, BATCH, None, "tp", None), shape_LBSKH, mesh))
+
+
+def logical_spec(names: Sequence[str | None], shape: tuple[int, ...], mesh: Any) -> P:
+    """The PartitionSpec of an activation whose dims are named `names` (None: replicated)."""
+    return _fit(P(*[LOGICAL[n] if n else None for n in names]), shape, mesh)
+
+
+def constrain(x: jax.Array, *names: str | None) -> jax.Array:
+    """Pin an activation's layout by logical names under the mesh in context (no mesh: unchanged)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return x
+    return jax.lax.with_sharding_constraint(x, logical_spec(names, tuple(x.shape), mesh))
+
+
+def rollout_mesh(mesh: Mesh, tp: int) -> Mesh:
+    """The decode layout of `mesh`'s devices: (dp = devices / tp, fsdp = 1, tp)."""
+    devices = mesh.devices.reshape(-1)
+    if tp <= 0 or len(devices) % tp:
+        raise ValueError(f"rollout.tp must divide the device count {len(devices)}, received {tp}")
+    return Mesh(devices.reshape(len(devices) // tp, 1, tp), AXES)

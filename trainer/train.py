@@ -26,6 +26,7 @@ from trainer.grpo.advantages import group_advantages
 from trainer.grpo.loss import grpo_objective
 from trainer.grpo.rewards import Sample, score
 from trainer.kernels import resolve_impl, token_logprob_entropy_from_hidden
+from trainer.layout import OnMesh, decode_layout
 from trainer.model.qwen2 import forward_hidden, lm_head_weight
 from trainer.sampling.sampler import SamplingConfig, generate
 from trainer.sharding import make_mesh
@@ -85,16 +86,9 @@ def optimizer(cfg: Config) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(t.max_grad_norm), opt)
 
 
-def make_update(
-    cfg: Config, mconf: Any, opt: optax.GradientTransformation, P_len: int, impl: str, like: tuple[Any, Any]
-) -> Any:
-    """One jitted step: mean of the micro-batch gradients (lax.scan), applied once.
-
-    Outputs keep the inputs' shardings (`like` = (params, opt_state)): if XLA chose its own, the next step's
-    inputs would differ and the update would compile again.
-    """
+def make_loss_fn(cfg: Config, mconf: Any, P_len: int, impl: str) -> Any:
+    """loss_fn(params, micro_batch, dapo_tokens) -> (loss, aux): the GRPO objective of one micro-batch."""
     C = cfg.rollout.max_new_tokens
-    n_micro = cfg.accumulation_steps
     temperature = cfg.rollout.temperature
 
     def loss_fn(params: Any, mb: dict[str, jax.Array], dapo_tokens: jax.Array) -> tuple[jax.Array, Any]:
@@ -105,15 +99,23 @@ def make_update(
         )
         ref = mb.get("ref_logp") if cfg.loss.beta > 0 else None
         return grpo_objective(
-            logp_BC,
-            mb["old_logp"],
-            ref,
-            mb["adv"],
-            mb["comp_mask"],
-            ent_BC,
-            cfg.loss,
-            dapo_tokens=dapo_tokens,
+            logp_BC, mb["old_logp"], ref, mb["adv"], mb["comp_mask"], ent_BC, cfg.loss, dapo_tokens=dapo_tokens
         )
+
+    return loss_fn
+
+
+def make_update(
+    cfg: Config, mconf: Any, opt: optax.GradientTransformation, P_len: int, impl: str, like: tuple[Any, Any]
+) -> OnMesh:
+    """One jitted step: mean of the micro-batch gradients (lax.scan), applied once; traced on the params' mesh
+    with each decoder layer rematerialised per train.remat.
+
+    Outputs keep the inputs' shardings (`like` = (params, opt_state)): if XLA chose its own, the next step's
+    inputs would differ and the update would compile again.
+    """
+    n_micro = cfg.accumulation_steps
+    loss_fn = make_loss_fn(cfg, mconf.replace(remat=cfg.train.remat), P_len, impl)
 
     def update(
         params: Any, opt_state: Any, batch: dict[str, jax.Array]
@@ -135,7 +137,8 @@ def make_update(
         return params, opt_state, out
 
     shardings = jax.tree_util.tree_map(lambda x: x.sharding, like)
-    return jax.jit(update, donate_argnums=(0, 1), out_shardings=(*shardings, None))
+    mesh = jax.tree_util.tree_leaves(shardings)[0].mesh
+    return OnMesh(jax.jit(update, donate_argnums=(0, 1), out_shardings=(*shardings, None)), mesh)
 
 
 def global_array(mesh: Mesh, host: np.ndarray) -> jax.Array:
@@ -272,11 +275,12 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
         cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p
     )
     eos, pad = eos_ids(tokenizer), pad_id(tokenizer)
+    rmesh, to_decode = decode_layout(mesh, mconf, params, cfg.rollout.tp)
     impl = resolve_impl(cfg.train.loss_impl, jax.default_backend())
     P_len = max(cfg.data.prompt_buckets)
     updates = {P_len: make_update(cfg, mconf, opt, P_len, impl, (params, opt_state))}
     ref_logp_fn = (
-        jax.jit(lambda p, b, n: _ref_logp(p, b, mconf, n, cfg, impl), static_argnums=2)
+        OnMesh(jax.jit(lambda p, b, n: _ref_logp(p, b, mconf, n, cfg, impl), static_argnums=2), mesh)
         if ref_params is not None
         else None
     )
@@ -312,17 +316,12 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
         update = updates[p_len]
         ids_NP, mask_NP = np.repeat(ids_PP, G, axis=0), np.repeat(mask_PP, G, axis=0)
         rng = jax.random.fold_in(base_key, step)
+        rparams = to_decode(params)
         out = generate(
-            params,
-            mconf,
-            global_array(mesh, ids_NP),
-            global_array(mesh, mask_NP),
-            rng,
-            sampling,
-            eos,
-            pad,
-            mesh=mesh,
-        )
+            rparams, mconf, global_array(rmesh, ids_NP), global_array(rmesh, mask_NP), rng, sampling, eos, pad,
+            mesh=rmesh,
+        )  # fmt: skip
+        del rparams
         comp_NC, cmask_NC, old_NC = (
             to_host(out.completion_ids_BC),
             to_host(out.completion_mask_BC),

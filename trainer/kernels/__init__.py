@@ -13,7 +13,8 @@ import jax.numpy as jnp
 from jax import Array
 
 from trainer.kernels.ce import reference as ce_reference
-from trainer.kernels.logprob import chunked, fused_lm_head, pallas_tpu, reference
+from trainer.kernels.logprob import chunked, fused_lm_head, pallas_lm_head, pallas_tpu, reference
+from trainer.kernels.sharded import batch_sharded
 
 IMPLS = ("reference", "chunked", "pallas", "fused_lm_head")
 
@@ -34,6 +35,8 @@ HIDDEN_IMPLS: dict[str, Callable[[Array, Array, Array, float], tuple[Array, Arra
     "fused_lm_head": lambda h, w, ids, t: fused_lm_head.token_logprob_entropy_from_hidden(
         h, w, ids, temperature=t
     ),
+    # Pallas statistics over float32 logits one row chunk at a time (never [B, T, V] in float32).
+    "pallas": lambda h, w, ids, t: pallas_lm_head.token_logprob_entropy_from_hidden(h, w, ids, temperature=t),
 }
 
 
@@ -60,15 +63,22 @@ def token_logprob_entropy(
 def token_logprob_entropy_from_hidden(
     hidden_BTD: Array, w_DV: Array, ids_BT: Array, *, temperature: float = 1.0, impl: str = "fused_lm_head"
 ) -> tuple[Array, Array]:
-    """The same from hidden states and the LM-head weight; `fused_lm_head` never builds [B, T, V] logits."""
+    """The same from hidden states and the LM-head weight; `fused_lm_head` and `pallas` never build [B, T, V]
+    float32 logits. Under a mesh in context the kernel runs per device on its batch rows (kernels.sharded)."""
     name = resolve_impl(impl)
+    if hidden_BTD.shape[:-1] != ids_BT.shape:
+        raise ValueError(f"hidden [B, T, D] and ids [B, T] disagree: {hidden_BTD.shape} vs {ids_BT.shape}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, received {temperature}")
     if name in HIDDEN_IMPLS:
-        if hidden_BTD.shape[:-1] != ids_BT.shape:
-            raise ValueError(
-                f"hidden [B, T, D] and ids [B, T] disagree: {hidden_BTD.shape} vs {ids_BT.shape}"
-            )
-        return HIDDEN_IMPLS[name](hidden_BTD, w_DV, ids_BT, temperature)
-    return token_logprob_entropy(hidden_BTD @ w_DV, ids_BT, temperature=temperature, impl=name)
+        hidden_impl = HIDDEN_IMPLS[name]
+    else:
+        logits_impl = LOGITS_IMPLS[name]
+
+        def hidden_impl(h: Array, w: Array, ids: Array, t: float) -> tuple[Array, Array]:
+            return logits_impl(h @ w, ids, t)
+
+    return batch_sharded(lambda h, w, ids: hidden_impl(h, w, ids, temperature), hidden_BTD, w_DV, ids_BT)
 
 
 def _masked_mean_nll(logp_BT: Array, mask_BT: Array) -> Array:

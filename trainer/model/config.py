@@ -14,6 +14,7 @@ from typing import Any
 
 _DTYPES = ("float32", "bfloat16", "float16")
 _ROPE_TYPES = ("default", "linear")
+_REMATS = ("none", "dots", "full")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Qwen2Config:
     initializer_range: float = 0.02
     dtype: str = "bfloat16"
     param_dtype: str = "float32"
+    remat: str = "none"  # per decoder layer in the backward pass: none | dots (save matmuls) | full
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers"):
@@ -55,6 +57,8 @@ class Qwen2Config:
                 raise ValueError(
                     f"Qwen2Config.{name} must be one of {_DTYPES}, received {getattr(self, name)!r}"
                 )
+        if self.remat not in _REMATS:
+            raise ValueError(f"remat must be one of {_REMATS}, received {self.remat!r}")
         if self.rope_type not in _ROPE_TYPES:
             raise ValueError(f"rope_scaling type must be one of {_ROPE_TYPES}, received {self.rope_type!r}")
 

@@ -12,6 +12,8 @@ Public API (params is the dict under linen's "params" collection):
   decode_step(...)      one token per sequence against the KV cache (trainer/sampling/kv_cache.py)
 Attention scores and softmax are always float32; q/k/v and probs@v run in the compute dtype.
 The forward functions are jitted with `config` static (inlined when called inside another jit).
+Activations are constrained by logical axis names at every layer boundary (trainer.sharding.constrain: a
+no-op without a mesh in context); `config.remat` rematerialises each decoder layer in the backward pass.
 """
 
 from __future__ import annotations
@@ -26,8 +28,14 @@ import numpy as np
 from jax import Array
 
 from trainer.model.config import Qwen2Config
+from trainer.sharding import constrain
 
 Params = dict[str, Any]
+# Logical axis names of the activations (trainer.sharding.LOGICAL maps them to mesh axes).
+_BTD = ("batch", "length", "embed")
+_BTNH = ("batch", "length", "heads", "head_dim")
+_BTKH = ("batch", "length", "kv_heads", "head_dim")
+_BTF = ("batch", "length", "mlp")
 _NEG = -1e30  # finite "minus infinity": a fully masked row (left padding) softmaxes to uniform, not NaN
 
 
@@ -102,9 +110,9 @@ class Attention(nn.Module):
         c = self.config
         B, T, _ = x_BTD.shape
         N, K, H = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        q = self._dense(N * H, True, "q_proj")(x_BTD).reshape(B, T, N, H)
-        k = self._dense(K * H, True, "k_proj")(x_BTD).reshape(B, T, K, H)
-        v = self._dense(K * H, True, "v_proj")(x_BTD).reshape(B, T, K, H)
+        q = constrain(self._dense(N * H, True, "q_proj")(x_BTD).reshape(B, T, N, H), *_BTNH)
+        k = constrain(self._dense(K * H, True, "k_proj")(x_BTD).reshape(B, T, K, H), *_BTKH)
+        v = constrain(self._dense(K * H, True, "v_proj")(x_BTD).reshape(B, T, K, H), *_BTKH)
         q, k = _apply_rope(q, cos_BTH, sin_BTH), _apply_rope(k, cos_BTH, sin_BTH)
         if kv is None:
             keys, values, new_kv = k, v, (k, v)
@@ -116,8 +124,8 @@ class Attention(nn.Module):
             k_all = jax.lax.dynamic_update_slice(k_all, k.astype(k_all.dtype)[None], at)
             v_all = jax.lax.dynamic_update_slice(v_all, v.astype(v_all.dtype)[None], at)
             keys, values, new_kv = k_all[layer], v_all[layer], (k_all, v_all)
-        out = attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS)
-        return self._dense(c.hidden_size, False, "o_proj")(out.reshape(B, T, N * H)), new_kv
+        out = constrain(attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS), *_BTNH)
+        return constrain(self._dense(c.hidden_size, False, "o_proj")(out.reshape(B, T, N * H)), *_BTD), new_kv
 
 
 class MLP(nn.Module):
@@ -132,9 +140,9 @@ class MLP(nn.Module):
             "param_dtype": _dt(c.param_dtype),
             "kernel_init": nn.initializers.normal(c.initializer_range),
         }
-        gate = nn.Dense(c.intermediate_size, name="gate_proj", **kw)(x_BTD)
-        up = nn.Dense(c.intermediate_size, name="up_proj", **kw)(x_BTD)
-        return nn.Dense(c.hidden_size, name="down_proj", **kw)(nn.silu(gate) * up)
+        gate = constrain(nn.Dense(c.intermediate_size, name="gate_proj", **kw)(x_BTD), *_BTF)
+        up = constrain(nn.Dense(c.intermediate_size, name="up_proj", **kw)(x_BTD), *_BTF)
+        return constrain(nn.Dense(c.hidden_size, name="down_proj", **kw)(nn.silu(gate) * up), *_BTD)
 
 
 class DecoderLayer(nn.Module):
@@ -148,7 +156,15 @@ class DecoderLayer(nn.Module):
         attn_out, new_kv = Attention(c, name="self_attn")(h, cos_BTH, sin_BTH, mask_BTS, kv)
         x_BTD = x_BTD + attn_out
         h = RMSNorm(name="post_attention_layernorm", **norm)(x_BTD)
-        return x_BTD + MLP(c, name="mlp")(h), new_kv
+        return constrain(x_BTD + MLP(c, name="mlp")(h), *_BTD), new_kv
+
+
+# What each decoder layer keeps for the backward pass (config.remat): everything, only matmul outputs, or
+# only its input (the layer is recomputed).
+REMAT_POLICIES: dict[str, Any] = {
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "full": jax.checkpoint_policies.nothing_saveable,
+}
 
 
 class Qwen2(nn.Module):
@@ -165,7 +181,10 @@ class Qwen2(nn.Module):
             c.vocab_size, c.hidden_size, dtype=_dt(c.dtype), param_dtype=_dt(c.param_dtype),
             embedding_init=nn.initializers.normal(c.initializer_range),
         )  # fmt: skip
-        self.layers = [DecoderLayer(c, name=f"layers_{i}") for i in range(c.num_hidden_layers)]
+        layer_cls = DecoderLayer
+        if c.remat != "none":
+            layer_cls = nn.remat(DecoderLayer, policy=REMAT_POLICIES[c.remat], prevent_cse=True)
+        self.layers = [layer_cls(c, name=f"layers_{i}") for i in range(c.num_hidden_layers)]
         self.norm = RMSNorm(c.rms_norm_eps, _dt(c.dtype), _dt(c.param_dtype))
         if not c.tie_word_embeddings:
             self.lm_head = nn.Dense(
@@ -174,7 +193,7 @@ class Qwen2(nn.Module):
             )  # fmt: skip
 
     def __call__(self, input_ids_BT: Array, positions_BT: Array, mask_BTS: Array, cache: Any = None) -> Any:
-        x_BTD = self.embed_tokens(input_ids_BT)
+        x_BTD = constrain(self.embed_tokens(input_ids_BT), *_BTD)
         cos, sin = rope_cos_sin(positions_BT, self.config)
         if cache is None:  # prefill / training: collect each layer's fresh keys and values
             new_kv = []

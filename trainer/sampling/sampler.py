@@ -10,6 +10,7 @@ temperature-scaled softmax after top-k/top-p filtering (greedy: the unfiltered t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -221,6 +222,21 @@ def decode_one(
     return _record(s, token_B, logprob_B, eos_E, pad_id)
 
 
+def static_args(
+    config: Qwen2Config, sampling: SamplingConfig, eos_ids: tuple[int, ...], pad_id: int, mesh: Mesh | None
+) -> dict[str, Any]:
+    """The keyword arguments `_prefill` and `_decode` take besides params and data (trainer.fit uses them too)."""
+    if not 0 < len(eos_ids) <= _EOS_SLOTS:
+        raise ValueError(f"eos_ids must hold 1 to {_EOS_SLOTS} ids, received {eos_ids!r}")
+    # eos ids and pad id are traced values, not static, and the eos list is padded (with -1, never a
+    # token) to a fixed length: changing them does not recompile.
+    eos = list(eos_ids) + [-1] * (_EOS_SLOTS - len(eos_ids))
+    return {
+        "config": config, "sampling": sampling, "mesh": mesh,
+        "eos_E": jnp.asarray(eos, jnp.int32), "pad_id": jnp.int32(pad_id),
+    }  # fmt: skip
+
+
 def generate(
     params: Any,
     config: Qwen2Config,
@@ -235,21 +251,14 @@ def generate(
 ) -> SampleOutput:
     """Sample up to sampling.max_new_tokens tokens after LEFT-padded prompts [B, P].
 
-    With `mesh`, the KV cache is constrained to trainer.sharding's cache layout (params and prompts
-    should already be placed on that mesh)."""
-    if not 0 < len(eos_ids) <= _EOS_SLOTS:
-        raise ValueError(f"eos_ids must hold 1 to {_EOS_SLOTS} ids, received {eos_ids!r}")
-    # eos ids and pad id are traced values, not static, and the eos list is padded (with -1, never a
-    # token) to a fixed length: changing them does not recompile.
-    eos = list(eos_ids) + [-1] * (_EOS_SLOTS - len(eos_ids))
-    static = {
-        "config": config, "sampling": sampling, "mesh": mesh,
-        "eos_E": jnp.asarray(eos, jnp.int32), "pad_id": jnp.int32(pad_id),
-    }  # fmt: skip
+    With `mesh`, both programs are traced with it in context: activations and the KV cache are constrained
+    to trainer.sharding's layouts (params and prompts should already be placed on that mesh)."""
+    static = static_args(config, sampling, eos_ids, pad_id, mesh)
     prompt_ids_BP = jnp.asarray(prompt_ids_BP, jnp.int32)
     prompt_mask_BP = jnp.asarray(prompt_mask_BP, jnp.int32)
-    state = _prefill(params, prompt_ids_BP, prompt_mask_BP, rng, **static)
-    state = _decode(params, state, **static)
+    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+        state = _prefill(params, prompt_ids_BP, prompt_mask_BP, rng, **static)
+        state = _decode(params, state, **static)
     return SampleOutput(
         completion_ids_BC=state.tokens_BC,
         completion_mask_BC=state.mask_BC,

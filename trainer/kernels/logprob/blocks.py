@@ -7,6 +7,8 @@ and masked.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import jax.numpy as jnp
@@ -67,12 +69,31 @@ TUNED: dict[str, dict[str, BlockSizes]] = {
 KIND_KEYS = (("tpu", "tpu"), ("nvidia", "gpu"), ("gpu", "gpu"), ("amd", "gpu"), ("cpu", "cpu"))
 
 
-def for_device(impl: str, device_kind: str | None = None) -> BlockSizes:
-    """Tuned sizes for `impl` on a device kind (default: jax.devices()[0]'s); unknown kinds get CPU sizes."""
-    if device_kind is None:
-        import jax
+_TARGET: list[str] = []  # the device kind an ahead-of-time compile is for (trainer.fit), innermost last
 
-        device_kind = f"{jax.devices()[0].platform} {jax.devices()[0].device_kind}"
-    kind = device_kind.lower()
+
+@contextmanager
+def compile_target(device_kind: str) -> Iterator[None]:
+    """Pick kernels and tile sizes for `device_kind` (e.g. "tpu TPU v6 lite") instead of this process's devices:
+    an ahead-of-time compile for a TPU topology on a CPU machine lowers the real Mosaic kernels."""
+    _TARGET.append(device_kind)
+    try:
+        yield
+    finally:
+        _TARGET.pop()
+
+
+def device_kind() -> str:
+    """"platform kind" of the devices kernels are built for: the compile target, else jax.devices()[0]."""
+    if _TARGET:
+        return _TARGET[-1]
+    import jax
+
+    return f"{jax.devices()[0].platform} {jax.devices()[0].device_kind}"
+
+
+def for_device(impl: str, device_kind_: str | None = None) -> BlockSizes:
+    """Tuned sizes for `impl` on a device kind (default: `device_kind()`); unknown kinds get CPU sizes."""
+    kind = (device_kind_ or device_kind()).lower()
     key = next((k for sub, k in KIND_KEYS if sub in kind), "cpu")
     return TUNED[key][impl]

@@ -19,11 +19,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from trainer.kernels.logprob import softmax_stats as st
-from trainer.kernels.logprob.blocks import BlockSizes, for_device
+from trainer.kernels.logprob.blocks import BlockSizes, device_kind, for_device
 
 
 def _interpret() -> bool:
-    return jax.default_backend() != "tpu"
+    """Interpret mode everywhere but on a TPU (or when compiling ahead of time for one)."""
+    return not device_kind().lower().startswith("tpu")
 
 
 def _check(z_NV: Array, ids_N: Array, blocks: BlockSizes) -> None:

@@ -1,0 +1,122 @@
+"""`python -m trainer.fit --config NAME [--set k=v] [--accelerator v6e-8 | --topology v6e:2x4] [--json]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+EXIT_FITS, EXIT_CONFIG, EXIT_NO_FIT, EXIT_NO_LIBTPU = 0, 2, 11, 12
+
+
+def _quiet_libtpu(accelerator: str) -> None:
+    """Compile for a TPU on a CPU machine: no TPU runtime (so no /tmp/libtpu_lockfile), beside other JAX
+    processes, without libtpu's warnings about the host it cannot find."""
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+    os.environ["TPU_SKIP_MDS_QUERY"] = "1"
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", accelerator)
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def _libtpu_missing() -> str | None:
+    import importlib.metadata
+    import importlib.util
+
+    if importlib.util.find_spec("libtpu") is not None:
+        return None
+    version = importlib.metadata.version("jax")
+    return f"libtpu is not installed: pip install 'jax[tpu]=={version}' (or the project's tpu extra)"
+
+
+def fix_candidates(cfg: Any, batch_devices: int) -> list[list[str]]:
+    """Overrides to try when the update does not fit, cheapest first: more remat, then smaller micro-batches."""
+    remats = ["none", "dots", "full"]
+    stronger = remats[remats.index(cfg.train.remat) + 1 :]
+    out = [[f"train.remat={r}"] for r in stronger]
+    mb = cfg.train.micro_batch // 2
+    while mb >= batch_devices and mb % batch_devices == 0 and cfg.sequences_per_step % mb == 0:
+        out += [[f"train.micro_batch={mb}"], [f"train.micro_batch={mb}", "train.remat=full"]]
+        mb //= 2
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainer.fit", description=__doc__)
+    ap.add_argument("--config", required=True, help="preset name or YAML path")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    target = ap.add_mutually_exclusive_group()
+    target.add_argument("--accelerator", help="TPU accelerator type, e.g. v6e-8 (default: the config's mesh.accelerator)")
+    target.add_argument("--topology", help="JAX topology, e.g. v6e:2x4")
+    ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    ap.add_argument("--no-fix", action="store_true", help="do not search for overrides that would fit")
+    args = ap.parse_args(argv)
+
+    from trainer import config
+    from trainer.fit import tpus
+
+    try:
+        cfg = config.load(args.config, args.set)
+        spec = args.topology or args.accelerator or cfg.mesh.accelerator
+        if not spec:
+            raise config.ConfigError("no target TPU: pass --accelerator (e.g. v6e-8) or set mesh.accelerator")
+        tgt = tpus.from_topology(spec) if ":" in spec else tpus.from_accelerator(spec)
+    except (config.ConfigError, tpus.UnknownAccelerator) as e:
+        print(f"config: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    if (missing := _libtpu_missing()) is not None:
+        print(json.dumps({"error": "libtpu_missing", "message": missing}) if args.json else missing)
+        return EXIT_NO_LIBTPU
+    _quiet_libtpu(tgt.accelerator)
+    try:
+        result = run(cfg, tgt, args.set, fix=not args.no_fix)
+    except config.ConfigError as e:
+        print(f"config: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    result["config"] = args.config
+    if args.json:
+        print(json.dumps(result, default=float))
+    else:
+        from trainer.fit.text import render
+
+        print(render(result))
+    return EXIT_FITS if result["fits"] else EXIT_NO_FIT
+
+
+def run(cfg: Any, tgt: Any, sets: list[str], *, fix: bool = True) -> dict[str, Any]:
+    """Compile and judge every phase; when something does not fit, the first override list that does."""
+    from jax.experimental import topologies
+
+    from trainer import config
+    from trainer.fit import analyze, programs
+    from trainer.kernels.logprob.blocks import compile_target
+
+    devices = list(topologies.get_topology_desc(platform="tpu", topology_name=tgt.topology).devices)
+    per_device = tgt.per_device(len(devices))
+    with compile_target(f"tpu {devices[0].device_kind}"):
+        progs, facts = programs.step_programs(cfg, devices)
+        result = analyze.judge(progs, len(devices), per_device)
+        failed = [k for k, p in result["phases"].items() if not p["fits"]]
+        result["fix"] = None
+        if fix and failed and all(k in programs.UPDATE for k in failed):
+            batch_devices = facts["mesh"]["dp"] * facts["mesh"]["fsdp"]
+            for extra in fix_candidates(cfg, batch_devices):
+                trial = config.with_sets(cfg, extra)
+                tried = analyze.judge(programs.step_programs(trial, devices, only=programs.UPDATE)[0],
+                                      len(devices), per_device)  # fmt: skip
+                if tried["fits"]:
+                    result["fix"] = {"set": extra, "peak_bytes": max(p["peak_bytes"] for p in tried["phases"].values())}
+                    break
+    return {
+        "accelerator": tgt.accelerator, "topology": tgt.topology, "devices": len(devices),
+        "device_kind": devices[0].device_kind, "hbm_bytes_per_device": per_device["hbm_bytes"],
+        "usable_bytes_per_device": (1 - analyze.HEADROOM) * per_device["hbm_bytes"], "per_device": per_device,
+        "sets": sets, **facts, **result,
+    }  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())

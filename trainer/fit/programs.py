@@ -1,0 +1,182 @@
+"""The programs one GRPO step runs, lowered for a TPU topology with the trainer's own code and shardings.
+
+Dims: N sequences per step, P prompt bucket (the largest: the worst case), C max new tokens, M micro-batch.
+Phases: `decode_cast` (weights to the compute dtype, decode layout), `prefill`, `decode` (the whole
+while_loop, for memory), `decode_token` (one loop iteration, costed x (C - 1): XLA's cost analysis counts a
+loop body once), `ref_logp` (loss.beta > 0), `update` (the jitted step with its lax.scan over micro-batches)
+and `micro_batch` (one forward+backward, costed x (M - 1) on top of the update's own once-counted body).
+Each phase also holds what stays in HBM while it runs but is not its argument (`resident_bytes`): the FSDP
+parameters and optimizer state during the rollout.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from trainer import train
+from trainer.config import Config
+from trainer.kernels import resolve_impl
+from trainer.layout import OnMesh, decode_layout
+from trainer.model.config import Qwen2Config, preset
+from trainer.model.qwen2 import Qwen2
+from trainer.sampling import sampler
+from trainer.sharding import BATCH, make_mesh, param_shardings
+
+
+@dataclass
+class Program:
+    name: str
+    lowered: Any  # jax Lowered
+    multiplier: int  # how many times a step runs its cost (memory is per run)
+    resident_bytes: int  # per device, alive beside the program's own buffers
+    in_step: bool = True  # counted in the step-time estimate
+
+
+def model_config(cfg: Config) -> Qwen2Config:
+    """The model's shapes: a local folder's config.json, else the preset (hub ids are not fetched)."""
+    folder = Path(cfg.model.path).expanduser()
+    if (folder / "config.json").is_file():
+        return Qwen2Config.from_hf(json.loads((folder / "config.json").read_text()), dtype=cfg.model.dtype)
+    return preset(cfg.model.preset).replace(dtype=cfg.model.dtype)
+
+
+def device_bytes(tree: Any) -> int:
+    """Bytes one device holds of a pytree of sharded ShapeDtypeStructs (the largest shard)."""
+    total = 0
+    for x in jax.tree_util.tree_leaves(tree):
+        shard = x.sharding.shard_shape(x.shape)
+        total += int(np.prod(shard, dtype=np.int64)) * jnp.dtype(x.dtype).itemsize
+    return total
+
+
+def _sds(shape: tuple[int, ...], dtype: Any, sharding: Any) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+
+def _batch(mesh: Mesh, shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
+    return _sds(shape, dtype, NamedSharding(mesh, P(BATCH, *([None] * (len(shape) - 1)))))
+
+
+def training_mesh(cfg: Config, devices: list[Any]) -> Mesh:
+    """The mesh train.start_up builds (fsdp 0 = every remaining device)."""
+    devices = devices[: cfg.mesh.devices or None]
+    fsdp = cfg.mesh.fsdp or len(devices) // (cfg.mesh.dp * cfg.mesh.tp)
+    return make_mesh(cfg.mesh.dp, fsdp, cfg.mesh.tp, devices)
+
+
+def state(cfg: Config, mconf: Qwen2Config, mesh: Mesh) -> tuple[Any, Any, Any]:
+    """(params, optimizer state, optimizer) as sharded ShapeDtypeStructs, laid out as train.run lays them out."""
+    shapes = jax.eval_shape(
+        lambda: Qwen2(mconf).init(jax.random.key(0), jnp.zeros((1, 2), jnp.int32), method=Qwen2.init_all)
+    )["params"]
+    shardings = param_shardings(shapes, mesh)
+    params = jax.tree_util.tree_map(lambda x, s: _sds(x.shape, x.dtype, s), shapes, shardings)
+    opt = train.optimizer(cfg)
+    opt_shapes = jax.eval_shape(opt.init, params)
+    out_shardings = jax.jit(opt.init).lower(params).compile().output_shardings
+    replicated = NamedSharding(mesh, P())
+    opt_state = jax.tree_util.tree_map(
+        lambda x, s: _sds(x.shape, x.dtype, s if isinstance(s, NamedSharding) and x.ndim else replicated),
+        opt_shapes,
+        out_shardings,
+    )
+    return params, opt_state, opt
+
+
+ROLLOUT = ("decode_cast", "prefill", "decode", "decode_token")
+UPDATE = ("ref_logp", "update", "micro_batch")
+
+
+def step_programs(
+    cfg: Config, devices: list[Any], only: tuple[str, ...] = ROLLOUT + UPDATE
+) -> tuple[list[Program], dict[str, Any]]:
+    """Every program of one step (or those named in `only`), lowered; plus facts for the report."""
+    mconf = model_config(cfg)
+    mesh = training_mesh(cfg, devices)
+    cfg.check_batch(len({d.process_index for d in devices}), mesh.shape["dp"] * mesh.shape["fsdp"])
+    params, opt_state, opt = state(cfg, mconf, mesh)
+    N, P_len, C = cfg.sequences_per_step, max(cfg.data.prompt_buckets), cfg.rollout.max_new_tokens
+    impl = resolve_impl(cfg.train.loss_impl, "tpu")
+    programs: list[Program] = []
+
+    # Rollout: the decode layout, prefill, the decode loop and one decode iteration.
+    rmesh, to_decode = decode_layout(mesh, mconf, params, cfg.rollout.tp)
+    if any(name in only for name in ROLLOUT):
+        programs += _rollout(cfg, mconf, params, opt_state, rmesh, to_decode)
+    if any(name in only for name in UPDATE):
+        programs += _update(cfg, mconf, mesh, params, opt_state, opt, impl)
+    facts = {
+        "impl": impl, "mesh": dict(mesh.shape), "rollout_mesh": dict(rmesh.shape),
+        "params_bytes": device_bytes(params), "opt_state_bytes": device_bytes(opt_state),
+        "sequences": N, "prompt_len": P_len, "new_tokens": C, "micro_batch": cfg.train.micro_batch,
+        "accumulation": cfg.accumulation_steps, "remat": cfg.train.remat,
+    }  # fmt: skip
+    return [p for p in programs if p.name in only], facts
+
+
+def _rollout(
+    cfg: Config, mconf: Qwen2Config, params: Any, opt_state: Any, rmesh: Mesh, to_decode: OnMesh
+) -> list[Program]:
+    N, P_len, C = cfg.sequences_per_step, max(cfg.data.prompt_buckets), cfg.rollout.max_new_tokens
+    resident = device_bytes(params) + device_bytes(opt_state)
+    programs: list[Program] = []
+    cast = to_decode.lower(params)
+    programs.append(Program("decode_cast", cast, 1, device_bytes(opt_state)))
+    rparams = jax.tree_util.tree_map(
+        lambda x, s: _sds(x.shape, jnp.dtype(mconf.dtype), s), params, cast.compile().output_shardings
+    )
+    sampling = sampler.SamplingConfig(C, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p)
+    static = sampler.static_args(mconf, sampling, (1,), 0, rmesh)
+    rng = jax.eval_shape(lambda: jax.random.key(0))
+    ids = _batch(rmesh, (N, P_len), jnp.int32)
+    prefill = OnMesh(sampler._prefill, rmesh).lower(rparams, ids, ids, rng, **static)
+    programs.append(Program("prefill", prefill, 1, resident))
+    prefill_out = prefill.compile()
+    dstate = jax.tree_util.tree_map(
+        lambda x, s: _sds(x.shape, x.dtype, s), prefill_out.out_info, prefill_out.output_shardings
+    )
+    programs.append(Program("decode", OnMesh(sampler._decode, rmesh).lower(rparams, dstate, **static), 1,
+                            resident, in_step=False))  # fmt: skip
+    one = jax.jit(functools.partial(sampler.decode_one, **static))
+    programs.append(Program("decode_token", OnMesh(one, rmesh).lower(rparams, dstate), max(C - 1, 1), resident))
+    return programs
+
+
+def _update(
+    cfg: Config, mconf: Qwen2Config, mesh: Mesh, params: Any, opt_state: Any, opt: Any, impl: str
+) -> list[Program]:
+    N, P_len, C = cfg.sequences_per_step, max(cfg.data.prompt_buckets), cfg.rollout.max_new_tokens
+    resident = device_bytes(params) + device_bytes(opt_state)
+    programs: list[Program] = []
+    # Update: the jitted step and, for the cost of the other micro-batches, one micro-batch alone.
+    S = P_len + C
+    batch = {
+        "ids": _batch(mesh, (N, S), jnp.int32), "mask": _batch(mesh, (N, S), jnp.int32),
+        "pos": _batch(mesh, (N, S), jnp.int32), "comp": _batch(mesh, (N, C), jnp.int32),
+        "comp_mask": _batch(mesh, (N, C), jnp.int32), "old_logp": _batch(mesh, (N, C), jnp.float32),
+        "adv": _batch(mesh, (N,), jnp.float32),
+    }  # fmt: skip
+    if cfg.loss.beta > 0:
+        ref = OnMesh(jax.jit(lambda p, b: train._ref_logp(p, b, mconf, P_len, cfg, impl)), mesh)
+        programs.append(Program("ref_logp", ref.lower(params, batch), 1, resident))
+        batch["ref_logp"] = _batch(mesh, (N, C), jnp.float32)
+    update = train.make_update(cfg, mconf, opt, P_len, impl, (params, opt_state))
+    programs.append(Program("update", update.lower(params, opt_state, batch), 1, 0))
+    n_micro = cfg.accumulation_steps
+    if n_micro > 1:
+        M = cfg.train.micro_batch
+        mb = {k: _batch(mesh, (M, *v.shape[1:]), v.dtype) for k, v in batch.items()}
+        loss_fn = train.make_loss_fn(cfg, mconf.replace(remat=cfg.train.remat), P_len, impl)
+        grad = OnMesh(jax.jit(jax.value_and_grad(loss_fn, has_aux=True)), mesh)
+        programs.append(Program("micro_batch", grad.lower(params, mb, jnp.float32(1.0)), n_micro - 1, 0))
+    return programs

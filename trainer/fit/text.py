@@ -1,0 +1,35 @@
+"""The people's rendering of a fit result (tpuops renders the JSON with its own tables)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+GB = 1e9
+
+
+def render(r: dict[str, Any]) -> str:
+    head = (
+        f"{r['config']} on {r['accelerator']} ({r['topology']}, {r['devices']} x {r['device_kind']}, "
+        f"{r['hbm_bytes_per_device'] / GB:.1f} GB HBM per device; loss impl {r['impl']}, mesh {r['mesh']}, "
+        f"rollout mesh {r['rollout_mesh']})"
+    )
+    rows = [f"{'phase':<13}{'args':>8}{'out':>8}{'temp':>8}{'resident':>9}{'peak':>8}{'headroom':>9}"
+            f"{'TFLOP':>8}{'HBM GB':>8}{'coll GB':>8}{'s/step':>8}  largest"]  # fmt: skip
+    for name, p in r["phases"].items():
+        rows.append(
+            f"{name:<13}{p['argument_bytes'] / GB:>8.2f}{p['output_bytes'] / GB:>8.2f}{p['temp_bytes'] / GB:>8.2f}"
+            f"{p['resident_bytes'] / GB:>9.2f}{p['peak_bytes'] / GB:>8.2f}{p['headroom']:>9.0%}"
+            f"{p['flops'] / 1e12:>8.2f}{p['bytes_accessed'] / GB:>8.2f}{p['collective_bytes']['moved'] / GB:>8.2f}"
+            f"{p['seconds']:>8.3f}  {p['largest_term'] if p['runs_per_step'] else '-'}"
+        )
+    verdict = (
+        f"fits: every phase has >= 10% headroom (tightest: {r['tightest_phase']}, {r['headroom']:.0%})"
+        if r["fits"]
+        else f"does not fit: {r['tightest_phase']} peak {r['phases'][r['tightest_phase']]['peak_bytes'] / GB:.1f} GB "
+        f"> {r['usable_bytes_per_device'] / GB:.1f} GB usable"
+        + (f"; --set {' --set '.join(r['fix']['set'])} fits (peak {r['fix']['peak_bytes'] / GB:.1f} GB)" if r["fix"] else "")
+    )
+    est = r["estimate"]
+    return "\n".join([head, *rows, verdict,
+                      f"estimate: {est['step_s']:.2f} s/step at 100% of the roofline (a lower bound); "
+                      f"largest phase {est['largest_phase']}"])  # fmt: skip

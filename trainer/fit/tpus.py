@@ -1,0 +1,99 @@
+"""TPU accelerator types -> topology and per-device HBM, peak bf16 FLOP/s, HBM and ICI bandwidth (one table).
+
+Figures per chip from Google's Cloud TPU system-architecture pages (docs/performance.md cites them):
+v4 275 TFLOP/s, 32 GiB at 1200 GB/s; v5e 197 TFLOP/s, 16 GiB at 819 GB/s, ICI 400 GB/s; v5p 459 TFLOP/s,
+95 GiB at 2765 GB/s, ICI 1200 GB/s; v6e 918 TFLOP/s, 32 GiB at 1638 GB/s, ICI 800 GB/s (ICI bidirectional
+per chip; v4's page gives none: 1.1 PB/s all-reduce per 4096-chip pod = ~270 GB/s per chip one way).
+Collectives are costed at half the bidirectional ICI bandwidth (one direction), per chip.
+v4 and v5p name TensorCores (v4-8 = 4 chips); v5e and v6e name chips. JAX's v4 topologies show one device per
+TensorCore, v5p's one per chip (megacore): per-device figures divide the chip's by its devices.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Chip:
+    family: str  # the topology prefix JAX knows (v4, v5e, v5p, v6e)
+    names: str  # what the number in the accelerator type counts: "cores" or "chips"
+    hbm_bytes: int
+    bf16_flops: float
+    hbm_bw: float  # bytes/s
+    ici_bw: float  # bytes/s, one direction, per chip
+
+
+CHIPS: dict[str, Chip] = {
+    "v4": Chip("v4", "cores", 32 * GIB, 275e12, 1200e9, 270e9),
+    "v5e": Chip("v5e", "chips", 16 * GIB, 197e12, 819e9, 200e9),
+    "v5p": Chip("v5p", "cores", 95 * GIB, 459e12, 2765e9, 600e9),
+    "v6e": Chip("v6e", "chips", 32 * GIB, 918e12, 1638e9, 400e9),
+}
+ALIASES = {"v5litepod": "v5e"}
+
+# Chips -> JAX topology name (2D tori for v5e/v6e, 3D for v4/v5p).
+TOPOLOGY_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
+TOPOLOGY_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8"}
+
+_TYPE = re.compile(r"^(?P<family>v4|v5e|v5litepod|v5p|v6e)-(?P<size>\d+)$")
+_TOPO = re.compile(r"^(?P<family>v4|v5e|v5p|v6e):(?P<shape>\d+(x\d+)+)$")
+
+
+class UnknownAccelerator(ValueError):
+    """An accelerator type or topology this table cannot map."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a compile is for: the accelerator, its JAX topology and the per-chip figures."""
+
+    accelerator: str
+    topology: str
+    chip: Chip
+    chips: int
+
+    def per_device(self, devices: int) -> dict[str, float]:
+        """HBM bytes, FLOP/s and bandwidths of one JAX device when the slice shows `devices` of them."""
+        share = self.chips / devices
+        c = self.chip
+        return {
+            "hbm_bytes": c.hbm_bytes * share, "flops": c.bf16_flops * share,
+            "hbm_bw": c.hbm_bw * share, "ici_bw": c.ici_bw * share,
+        }  # fmt: skip
+
+
+def from_accelerator(accelerator: str) -> Target:
+    """`v6e-8` -> Target(topology `v6e:2x4`, 8 chips); an unknown type is an error naming the known forms."""
+    m = _TYPE.match(accelerator.strip().lower())
+    if not m:
+        raise UnknownAccelerator(
+            f"unknown accelerator type {accelerator!r}: expected v4-N, v5e-N (v5litepod-N), v5p-N or v6e-N, "
+            "e.g. v6e-8"
+        )
+    chip = CHIPS[ALIASES.get(m["family"], m["family"])]
+    size = int(m["size"])
+    chips = size // 2 if chip.names == "cores" else size
+    table = TOPOLOGY_3D if chip.family in ("v4", "v5p") else TOPOLOGY_2D
+    if chips not in table:
+        raise UnknownAccelerator(
+            f"accelerator {accelerator!r}: no topology known for {chips} chips (known: {sorted(table)} chips); "
+            "pass --topology FAMILY:AxB[xC]"
+        )
+    return Target(accelerator, f"{chip.family}:{table[chips]}", chip, chips)
+
+
+def from_topology(topology: str) -> Target:
+    """`v6e:2x4` -> Target (accelerator `v6e-8`)."""
+    m = _TOPO.match(topology.strip().lower())
+    if not m:
+        raise UnknownAccelerator(f"unknown topology {topology!r}: expected FAMILY:AxB[xC], e.g. v6e:2x4 or v4:2x2x1")
+    chip = CHIPS[m["family"]]
+    chips = 1
+    for d in m["shape"].split("x"):
+        chips *= int(d)
+    size = chips * 2 if chip.names == "cores" else chips
+    return Target(f"{chip.family}-{size}", topology.strip().lower(), chip, chips)

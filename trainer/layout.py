@@ -1,0 +1,55 @@
+"""Where a training step's programs run: the update on the training mesh (FSDP), the rollout on a decode mesh
+of the same devices with the weights cast once to the compute dtype (trainer.sharding.rollout_mesh).
+
+Every jitted program is traced, lowered and run with its mesh in context (`OnMesh`), so the model's
+activation constraints (trainer.sharding.constrain) and the batch-sharded loss kernels apply; trainer.fit
+lowers exactly these programs for a TPU topology.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from trainer.sharding import param_shardings, rollout_mesh
+
+
+@dataclass(frozen=True)
+class OnMesh:
+    """A jitted function that is traced, lowered and called with `mesh` in context."""
+
+    fn: Any
+    mesh: Mesh
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with jax.set_mesh(self.mesh):
+            return self.fn(*args, **kwargs)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        with jax.set_mesh(self.mesh):
+            return self.fn.lower(*args, **kwargs)
+
+
+def rollout_tp(requested: int, kv_heads: int, devices: int) -> int:
+    """rollout.tp, or (0 = auto) the largest divisor of the kv-head count that divides the device count: the
+    KV cache then splits over heads without replication and the weights over as many devices as that allows."""
+    if requested:
+        return requested
+    return math.gcd(kv_heads, devices)
+
+
+def decode_layout(mesh: Mesh, mconf: Any, params_like: Any, tp: int) -> tuple[Mesh, OnMesh]:
+    """(decode mesh, jitted params -> compute-dtype copy laid out for decode) over `mesh`'s devices."""
+    rmesh = rollout_mesh(mesh, rollout_tp(tp, mconf.num_key_value_heads, mesh.devices.size))
+    dtype = jnp.dtype(mconf.dtype)
+    shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, dtype), params_like)
+    cast = jax.jit(
+        lambda p: jax.tree_util.tree_map(lambda x: x.astype(dtype), p),
+        out_shardings=param_shardings(shapes, rmesh),
+    )
+    return rmesh, OnMesh(cast, rmesh)
