@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import getpass
 from dataclasses import dataclass
 from pathlib import Path
 
 from tpuops import config
 from tpuops.cloud.client import Api, Notify, connect
 from tpuops.cloud.create import CreateRequest, create_vm
+from tpuops.cloud.keys import default_user
 from tpuops.cloud.locate import find_vm, remember_zone
 from tpuops.cloud.tpu_api import VmInfo, delete_vm, list_vms, wait_vm
 from tpuops.errors import UsageError
@@ -60,7 +60,7 @@ def create(
         path = Path(ssh_public_key).expanduser()
         if not path.is_file():
             raise UsageError(f"--ssh-public-key {ssh_public_key}: no such file")
-        ssh_keys = f"{user or getpass.getuser()}:{path.read_text().strip()}"
+        ssh_keys = f"{user or default_user()}:{path.read_text().strip()}"
     req = CreateRequest(
         name,
         accelerator_type,
