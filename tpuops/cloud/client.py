@@ -119,7 +119,9 @@ def api_error(what: str, e: Exception) -> Exception:
     if isinstance(e, gexc.NotFound):
         return ApiNotFoundError(f"TPU API {what}: not found: {e.message}")
     if isinstance(e, gexc.PermissionDenied | gexc.Forbidden):
-        return PermissionDeniedError(f"TPU API {what}: permission denied: {short_error(e)}", hint=_role_hint(what))
+        return PermissionDeniedError(
+            f"TPU API {what}: permission denied: {short_error(e)}", hint=_role_hint(what)
+        )
     if isinstance(e, gexc.Unauthenticated):
         return CloudError(
             f"TPU API {what}: {e.message}",
