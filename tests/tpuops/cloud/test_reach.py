@@ -274,3 +274,21 @@ def test_tpu_api_403_names_the_role_in_one_line(cloud: Cloud, vm_name: str) -> N
     assert r.returncode == 6
     assert "roles/tpu.viewer" in r.stderr and "Traceback" not in r.stderr
     assert len([ln for ln in r.stderr.splitlines() if ln.strip()]) == 1, r.stderr
+
+
+def test_default_user_is_sanitised_as_gcloud_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    for login, expected in (("Ada.Lovelace", "ada_lovelace"), ("1x-Y", "g1x_y"), ("a" * 40, "a" * 32)):
+        monkeypatch.setenv("USER", login)
+        monkeypatch.setenv("LOGNAME", login)
+        assert default_user() == expected
+
+
+def test_key_ttl_and_route_options_are_checked() -> None:
+    from tpuops.cli.options import target
+    from tpuops.errors import UsageError
+
+    assert target(vm="v", key_ttl="12h").key_ttl_s == 43200
+    with pytest.raises(UsageError, match="--key-ttl '12 parsecs' is not a duration"):
+        target(vm="v", key_ttl="12 parsecs")
+    with pytest.raises(UsageError, match="--tunnel-through-iap and --internal-ip were both given"):
+        locate.route_of(None, TargetSpec(vm="v", internal_ip=True, tunnel_through_iap=True), print)  # type: ignore[arg-type]
