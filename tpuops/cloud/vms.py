@@ -53,6 +53,7 @@ def create(
     ssh_public_key: str | None,
     user: str | None,
     notify: Notify,
+    internal_ips: bool = False,
 ) -> VmInfo:
     api, zone = target.resolve(notify)
     ssh_keys = ""
@@ -71,6 +72,7 @@ def create(
         wait=wait,
         timeout=timeout,
         ssh_keys=ssh_keys,
+        internal_ips=internal_ips,
     )
     vm = create_vm(api, req)
     remember_zone(api, name, vm.zone)
