@@ -23,6 +23,9 @@ class UserConfig:
     identity: str | None = None
     parallel: int = 16
     internal_ip: bool = False
+    tunnel_through_iap: bool = False
+    key_push: bool = True
+    key_ttl_s: float | None = None
     api_endpoint: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     source: str = ""  # which files were read, for `tpuops config`

@@ -71,6 +71,12 @@ class CloudError(TpuopsError):
     kind = "cloud"
 
 
+class PermissionDeniedError(CloudError):
+    """A Google API answered 403: the message names the IAM role that is missing."""
+
+    kind = "permission"
+
+
 class PreemptedError(CloudError):
     exit_code = ExitCode.PREEMPTED
     kind = "preempted"

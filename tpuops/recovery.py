@@ -44,7 +44,7 @@ def run_with_recovery(
     """
     from tpuops import config as user_config
     from tpuops.cloud.client import connect
-    from tpuops.cloud.locate import find_vm, locate_workers
+    from tpuops.cloud.locate import find_vm, reach
     from tpuops.sop import loader
 
     spec = req.target.with_defaults(user_config.load(cwd or Path.cwd()))  # the VM may come from tpuops.toml
@@ -72,7 +72,7 @@ def run_with_recovery(
     for attempt in range(max_recoveries + 1):
         abort = threading.Event()
         lost = Lost()
-        endpoints = [(w.host, w.port) for w in locate_workers(spec)]
+        endpoints = reach(spec).watch_endpoints()
         watcher = threading.Thread(
             target=_watch,
             args=(api, vm.zone, vm.name, endpoints, watch_s, unreachable_s, abort, lost),
@@ -207,11 +207,12 @@ def _recreate(api, vm, spec, timeout: float) -> None:
         delete_vm(api, vm.zone, vm.name, timeout)
     except Exception:
         pass
-    ssh_keys = ""
-    if spec.identity:
-        pub = Path(f"{Path(spec.identity).expanduser()}.pub")
-        if pub.is_file():
-            ssh_keys = f"{spec.user or ''}:{pub.read_text().strip()}"
+    from tpuops.cloud.keys import default_identity, default_user
+
+    ssh_keys = ""  # the next run's first connection adds the key anyway (OS Login or metadata, as needed)
+    pub = Path(f"{Path(spec.identity).expanduser() if spec.identity else default_identity()}.pub")
+    if pub.is_file():
+        ssh_keys = f"{spec.user or default_user()}:{pub.read_text().strip()}"
     req = CreateRequest(
         vm.name,
         vm.accelerator_type,

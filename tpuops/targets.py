@@ -33,6 +33,9 @@ class TargetSpec:
     internal_ip: bool = False
     api_endpoint: str | None = None
     connect_timeout: float = 10.0
+    tunnel_through_iap: bool = False
+    key_push: bool = True  # False: never change a VM's ssh-keys metadata (fail when the key is missing)
+    key_ttl_s: float | None = None  # OS Login: the imported key expires after this long
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -57,6 +60,9 @@ class TargetSpec:
             internal_ip=self.internal_ip or cfg.internal_ip,
             api_endpoint=self.api_endpoint or cfg.api_endpoint,
             connect_timeout=self.connect_timeout,
+            tunnel_through_iap=self.tunnel_through_iap or cfg.tunnel_through_iap,
+            key_push=self.key_push and cfg.key_push,
+            key_ttl_s=self.key_ttl_s or cfg.key_ttl_s,
         )
 
 
@@ -96,10 +102,12 @@ def open_transport(spec: TargetSpec, redact: Redactor | None = None) -> Transpor
         from tpuops.transport.local import LocalTransport
 
         return LocalTransport(state_home() / "local", num_workers=spec.local_workers, redact=redact)
+    prepare = None
     if spec.kind == "vm":
-        from tpuops.cloud.locate import locate_workers
+        from tpuops.cloud.locate import reach
 
-        workers = locate_workers(spec)
+        found = reach(spec)
+        workers, prepare = found.workers, found.prepare
     else:
         workers = parse_hosts(spec.hosts, spec.hostkeys, spec.user)
     from tpuops.transport.ssh import SshTransport
@@ -110,6 +118,7 @@ def open_transport(spec: TargetSpec, redact: Redactor | None = None) -> Transpor
         identity=Path(spec.identity).expanduser() if spec.identity else None,
         connect_timeout=spec.connect_timeout,
         redact=redact,
+        prepare=prepare,
     )
 
 

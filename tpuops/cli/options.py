@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 import typer
@@ -55,6 +56,19 @@ MaxRecoveriesOpt = Annotated[
     int, typer.Option("--max-recoveries", min=0, help="Recoveries before giving up.")
 ]
 InternalIpOpt = Annotated[bool, typer.Option("--internal-ip", help="Connect to workers' internal IPs.")]
+TunnelOpt = Annotated[
+    bool,
+    typer.Option(
+        "--tunnel-through-iap", help="Reach workers through IAP TCP tunnels (automatic without external IPs)."
+    ),
+]
+NoKeyPushOpt = Annotated[
+    bool, typer.Option("--no-key-push", help="Never add your key to a VM's ssh-keys metadata.")
+]
+KeyTtlOpt = Annotated[
+    str | None,
+    typer.Option("--key-ttl", help="OS Login: the imported key expires after this (30m, 12h, 7d)."),
+]
 ApiEndpointOpt = Annotated[
     str | None,
     typer.Option(
@@ -87,6 +101,9 @@ def target(
     local_workers: int = 1,
     internal_ip: bool = False,
     api_endpoint: str | None = None,
+    tunnel_through_iap: bool = False,
+    no_key_push: bool = False,
+    key_ttl: str | None = None,
 ) -> TargetSpec:
     chosen = [name for name, on in (("--vm", vm), ("--host", host), ("--local", local)) if on]
     if len(chosen) > 1:
@@ -105,4 +122,15 @@ def target(
         project=project,
         internal_ip=internal_ip,
         api_endpoint=api_endpoint,
+        tunnel_through_iap=tunnel_through_iap,
+        key_push=not no_key_push,
+        key_ttl_s=parse_duration("--key-ttl", key_ttl) if key_ttl else None,
     )
+
+
+def parse_duration(option: str, text: str) -> float:
+    """`90`, `30m`, `12h`, `7d` -> seconds."""
+    m = re.fullmatch(r"(\d+)([smhd]?)", text.strip())
+    if not m or int(m.group(1)) == 0:
+        raise UsageError(f"{option} {text!r} is not a duration", hint="for example 3600, 30m, 12h or 7d")
+    return int(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]

@@ -36,6 +36,9 @@ def _sop_command(
         local_workers: o.LocalWorkersOpt = 1,
         internal_ip: o.InternalIpOpt = False,
         api_endpoint: o.ApiEndpointOpt = None,
+        tunnel_through_iap: o.TunnelOpt = False,
+        no_key_push: o.NoKeyPushOpt = False,
+        key_ttl: o.KeyTtlOpt = None,
         recover: o.RecoverOpt = False,
         max_recoveries: o.MaxRecoveriesOpt = 3,
         **extra: str,
@@ -52,6 +55,9 @@ def _sop_command(
             local_workers=local_workers,
             internal_ip=internal_ip,
             api_endpoint=api_endpoint,
+            tunnel_through_iap=tunnel_through_iap,
+            no_key_push=no_key_push,
+            key_ttl=key_ttl,
         )
         name = sop_name or extra.pop("name")
         sets = {**(fixed(**extra) if fixed else {}), **o.parse_sets(set_)}
@@ -252,6 +258,9 @@ def doctor(
     local: o.LocalOpt = False,
     internal_ip: o.InternalIpOpt = False,
     api_endpoint: o.ApiEndpointOpt = None,
+    tunnel_through_iap: o.TunnelOpt = False,
+    no_key_push: o.NoKeyPushOpt = False,
+    key_ttl: o.KeyTtlOpt = None,
     env_file: Annotated[str, typer.Option("--env-file", help="The local .env to compare with.")] = ".env",
     remote_env: Annotated[
         str, typer.Option("--remote-env", help="The .env path on the workers.")
@@ -284,6 +293,9 @@ def doctor(
         local=local,
         internal_ip=internal_ip,
         api_endpoint=api_endpoint,
+        tunnel_through_iap=tunnel_through_iap,
+        no_key_push=no_key_push,
+        key_ttl=key_ttl,
     )
     health = library.examine(
         spec, env_file=Path(env_file), remote_env=remote_env, lockfile=lockfile, cwd=Path.cwd()
@@ -324,6 +336,9 @@ def bench_rollout(
     local_workers: o.LocalWorkersOpt = 1,
     internal_ip: o.InternalIpOpt = False,
     api_endpoint: o.ApiEndpointOpt = None,
+    tunnel_through_iap: o.TunnelOpt = False,
+    no_key_push: o.NoKeyPushOpt = False,
+    key_ttl: o.KeyTtlOpt = None,
 ) -> None:
     """N GRPO steps per variant (same target, one after another), then step time and rollout_generate side by side.
 
@@ -347,6 +362,9 @@ def bench_rollout(
         local_workers=local_workers,
         internal_ip=internal_ip,
         api_endpoint=api_endpoint,
+        tunnel_through_iap=tunnel_through_iap,
+        no_key_push=no_key_push,
+        key_ttl=key_ttl,
     )
     req = runner.RunRequest(
         sop="grpo", sets=o.parse_sets(set_), target=spec, worker=worker, force=force, keep_going=keep_going,

@@ -78,6 +78,9 @@ def create(
         str | None, typer.Option("--ssh-public-key", help="Public key for the VM's ssh-keys metadata.")
     ] = None,
     user: o.UserOpt = None,
+    internal_ips: Annotated[
+        bool, typer.Option("--internal-ips", help="No external IPs (reach it with IAP or from the VPC).")
+    ] = False,
     project: o.ProjectOpt = None,
     api_endpoint: o.ApiEndpointOpt = None,
     json: o.JsonOpt = False,
@@ -104,6 +107,7 @@ def create(
         ssh_public_key=ssh_public_key,
         user=user,
         notify=report_cloud.note,
+        internal_ips=internal_ips,
     )
     report_cloud.vm_describe(vm, json, verb="created")
 

@@ -12,15 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tpuops.errors import CloudError, UsageError
+from tpuops.errors import CloudError, PermissionDeniedError, UsageError
 
 T = TypeVar("T")
 EMULATOR_PROJECT = "tpuops-emulator"  # used with --api-endpoint when no project is configured anywhere
 Notify = Callable[[str], None]
 
 
-def gcloud_config_project() -> str | None:
-    """gcloud's own `core/project` from its active configuration file (read, never by running gcloud)."""
+def gcloud_config_value(section: str, key: str) -> str | None:
+    """A value of gcloud's active configuration file (read, never by running gcloud)."""
     root = Path(os.environ.get("CLOUDSDK_CONFIG") or Path.home() / ".config" / "gcloud")
     active = root / "active_config"
     name = active.read_text().strip() if active.is_file() else "default"
@@ -29,7 +29,12 @@ def gcloud_config_project() -> str | None:
         parser.read(root / "configurations" / f"config_{name or 'default'}")
     except configparser.Error:
         return None
-    return parser.get("core", "project", fallback=None) or None
+    return parser.get(section, key, fallback=None) or None
+
+
+def gcloud_config_project() -> str | None:
+    """gcloud's own `core/project` from its active configuration file."""
+    return gcloud_config_value("core", "project")
 
 
 def resolve_project(flag: str | None, endpoint: str | None) -> tuple[str, str]:
@@ -86,12 +91,12 @@ class Api:
             except transient as e:
                 if attempt == self.retries:
                     raise CloudError(
-                        f"TPU API {what}: still failing after {self.retries} retries: {_short(e)}",
+                        f"TPU API {what}: still failing after {self.retries} retries: {short_error(e)}",
                         hint=f"{self.endpoint or 'tpu.googleapis.com'} is unavailable; try again later",
                     ) from None
                 delay = min(8.0, self.backoff_s * 2**attempt) * (0.5 + random.random() / 2)
                 self.notify(
-                    f"TPU API {what}: {_short(e)}; retry {attempt + 1}/{self.retries} in {delay:.1f}s"
+                    f"TPU API {what}: {short_error(e)}; retry {attempt + 1}/{self.retries} in {delay:.1f}s"
                 )
                 time.sleep(delay)
             except Exception as e:
@@ -113,7 +118,11 @@ def api_error(what: str, e: Exception) -> Exception:
 
     if isinstance(e, gexc.NotFound):
         return ApiNotFoundError(f"TPU API {what}: not found: {e.message}")
-    if isinstance(e, gexc.PermissionDenied | gexc.Unauthenticated):
+    if isinstance(e, gexc.PermissionDenied | gexc.Forbidden):
+        return PermissionDeniedError(
+            f"TPU API {what}: permission denied: {short_error(e)}", hint=_role_hint(what)
+        )
+    if isinstance(e, gexc.Unauthenticated):
         return CloudError(
             f"TPU API {what}: {e.message}",
             hint="check the project and `gcloud auth application-default login`",
@@ -128,7 +137,17 @@ def api_error(what: str, e: Exception) -> Exception:
     return e
 
 
-def _short(e: BaseException) -> str:
+# The TPU API calls that only read need roles/tpu.viewer; the others change nodes and need roles/tpu.admin.
+_READS = ("list", "get", "guest attributes", "poll")
+
+
+def _role_hint(what: str) -> str:
+    if what.startswith(_READS):
+        return "needs roles/tpu.viewer (or roles/tpu.admin) on the project; check the project too"
+    return "needs roles/tpu.admin on the project (creating, deleting and changing TPU VMs)"
+
+
+def short_error(e: BaseException) -> str:
     from google.api_core import exceptions as gexc
 
     if isinstance(e, gexc.GoogleAPICallError):

@@ -23,6 +23,7 @@ class CreateRequest:
     wait: bool = False
     timeout: float = 1800.0
     ssh_keys: str = ""  # GCP `ssh-keys` metadata: "user:ssh-ed25519 AAAA... comment" lines
+    internal_ips: bool = False  # no external IPs (gcloud's --internal-ips): reached over IAP or the VPC
 
 
 def _node(api: Api, req: CreateRequest) -> dict:
@@ -31,6 +32,8 @@ def _node(api: Api, req: CreateRequest) -> dict:
         node["scheduling_config"] = {"spot": True}
     if req.ssh_keys:
         node["metadata"] = {"ssh-keys": req.ssh_keys}
+    if req.internal_ips:
+        node["network_config"] = {"network": "default", "enable_external_ips": False}
     return node
 
 

@@ -1,19 +1,21 @@
-"""`--vm NAME [--zone Z]` -> one Worker per TPU host, host keys pinned from the node's guest attributes."""
+"""`--vm NAME [--zone Z]` -> one Worker per TPU host: host keys pinned from guest attributes, the route
+(external IP, internal IP, IAP) chosen, the key authorised at first connection."""
 
 from __future__ import annotations
 
 import difflib
-import getpass
 import json
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tpuops.cloud.client import Api, ApiNotFoundError, Notify, connect
+from tpuops.cloud.keys import default_user
 from tpuops.cloud.tpu_api import VmInfo, get_vm, host_keys, list_vms, list_zone
 from tpuops.config import state_home
-from tpuops.errors import CloudError, PreemptedError, UsageError
+from tpuops.errors import CloudError, ConnectError, PreemptedError, UsageError
 from tpuops.targets import TargetSpec
-from tpuops.transport.base import Worker
+from tpuops.transport.base import Prepared, Worker
 
 CACHE_TTL_S = 600.0  # a VM does not move zones; the entry is dropped as soon as the VM is not found there
 _KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ssh-rsa")  # paramiko's preference order
@@ -122,28 +124,120 @@ def pinned_fingerprints(attrs: list[dict[str, dict[str, str]]]) -> list[str | No
 def workers_of(
     vm: VmInfo, attrs: list[dict[str, dict[str, str]]], spec: TargetSpec, notify: Notify
 ) -> list[Worker]:
-    """Workers in index order. A user-given fingerprint (spec.hostkeys) overrides the guest attributes;
-    with an emulator endpoint the emulator's namespace supplies each worker's sshd port and user."""
+    """Workers in index order, each with its internal IP (the multi-host coordinator's address). A user-given
+    fingerprint (spec.hostkeys) overrides the guest attributes; with an emulator endpoint the emulator's
+    namespace supplies each worker's sshd port (and, for metadata keys, its Unix user)."""
     if spec.hostkeys and len(spec.hostkeys) != len(vm.workers):
         raise UsageError(f"got {len(spec.hostkeys)} host keys for {vm.name}'s {len(vm.workers)} workers")
     pins = list(spec.hostkeys) if spec.hostkeys else pinned_fingerprints(attrs)
     pins += [None] * (len(vm.workers) - len(pins))
     workers = []
     for w, pin in zip(vm.workers, pins, strict=True):
-        extra = (
-            attrs[w.index].get("tpuops-emulator", {}) if spec.api_endpoint and w.index < len(attrs) else {}
-        )
+        extra = _emulator_attrs(spec, attrs, w.index)
         host = w.internal_ip if spec.internal_ip or not w.external_ip else w.external_ip
-        if not spec.internal_ip and not w.external_ip:
-            notify(f"{vm.name} w{w.index} has no external IP; using its internal IP {w.internal_ip}")
-        user = spec.user or extra.get("ssh-user") or getpass.getuser()
-        workers.append(Worker(w.index, host, int(extra.get("ssh-port", 22)), user, pin))
+        user = spec.user or extra.get("ssh-user") or default_user()
+        port = int(extra.get("ssh-port", 22))
+        workers.append(Worker(w.index, host, port, user, pin, internal_host=w.internal_ip))
     return workers
 
 
-def locate_workers(spec: TargetSpec, notify: Notify | None = None) -> list[Worker]:
-    """The SOP target for `--vm`: find the VM (zone searched and cached when omitted), require READY,
-    and pin each worker's host key from the node's guest attributes."""
+def _emulator_attrs(spec: TargetSpec, attrs: list[dict[str, dict[str, str]]], index: int) -> dict[str, str]:
+    return attrs[index].get("tpuops-emulator", {}) if spec.api_endpoint and index < len(attrs) else {}
+
+
+def route_of(vm: VmInfo, spec: TargetSpec, notify: Notify) -> str:
+    """external, internal or iap: gcloud's choice, plus IAP on its own when a worker has no external IP."""
+    if spec.tunnel_through_iap and spec.internal_ip:
+        raise UsageError("--tunnel-through-iap and --internal-ip were both given: choose one")
+    if spec.tunnel_through_iap:
+        return "iap"
+    if spec.internal_ip:
+        return "internal"
+    bare = [f"w{w.index}" for w in vm.workers if not w.external_ip]
+    if bare:
+        notify(
+            f"{vm.name}: {', '.join(bare)} {'has' if len(bare) == 1 else 'have'} no external IP; tunnelling "
+            "through IAP (from inside the VPC pass --internal-ip instead)"
+        )
+        return "iap"
+    return "external"
+
+
+def instance_names(vm: VmInfo, attrs: list[dict[str, dict[str, str]]]) -> list[str]:
+    """Each worker's Compute Engine instance name: guest attribute `hostname`, as gcloud reads it for IAP."""
+    names = []
+    for w in vm.workers:
+        per = attrs[w.index] if w.index < len(attrs) else {}
+        name = next((keys["hostname"] for keys in per.values() if "hostname" in keys), None)
+        if not name:
+            raise ConnectError(
+                f"{vm.name} w{w.index} publishes no `hostname` guest attribute, so IAP cannot name its instance",
+                hint="the VM must be READY and HEALTHY, created after 2022-03-24, and the org policy "
+                "compute.disableGuestAttributesAccess must not be enforced",
+            )
+        names.append(name)
+    return names
+
+
+@dataclass
+class Reach:
+    """How tpuops reaches one VM. `workers` are known without side effects (plans, the watch); `prepare()`
+    runs at the first connection: the identity, the key (OS Login or metadata), the IAP tunnels."""
+
+    api: Api
+    vm: VmInfo
+    attrs: list[dict[str, dict[str, str]]]
+    spec: TargetSpec
+    route: str
+    workers: list[Worker]
+    notify: Notify
+
+    def watch_endpoints(self) -> list[tuple[str, int]]:
+        """What the recovery watch may probe with TCP: nothing behind IAP (a local tunnel always answers)."""
+        return [] if self.route == "iap" else [(w.host, w.port) for w in self.workers]
+
+    def prepare(self) -> Prepared:
+        from tpuops.cloud.access import authorize
+        from tpuops.cloud.keys import ensure_identity
+
+        identity = ensure_identity(self.spec.identity, self.notify)
+        auth = authorize(
+            self.api,
+            self.vm,
+            identity,
+            user=self.spec.user,
+            key_push=self.spec.key_push,
+            key_ttl_s=self.spec.key_ttl_s,
+            notify=self.notify,
+        )
+        workers = []
+        for w in self.workers:
+            # OS Login names the user; with metadata keys --user wins, then the emulator's fixed Unix user.
+            fixed = _emulator_attrs(self.spec, self.attrs, w.index).get("ssh-user")
+            user = auth.user if auth.via == "oslogin" else self.spec.user or fixed or auth.user
+            workers.append(replace(w, user=user))
+        tunnels = None
+        if self.route == "iap":
+            from tpuops.cloud.iap import Tunnels
+
+            tunnels = Tunnels(self.vm.project, self.vm.zone)
+            ports = tunnels.open_all(instance_names(self.vm, self.attrs))
+            workers = [replace(w, host="127.0.0.1", port=p) for w, p in zip(workers, ports, strict=True)]
+            self.notify(
+                f"{self.vm.name}: IAP tunnels up: "
+                + ", ".join(f"w{w.index} -> {w.host}:{w.port}" for w in workers)
+            )
+        return Prepared(
+            workers,
+            identity.path,
+            tunnels.close if tunnels else None,
+            auth_grace_s=60.0 if auth.pushed else 0.0,
+        )
+
+
+def reach(spec: TargetSpec, notify: Notify | None = None) -> Reach:
+    """Find the VM (zone searched and cached when omitted), require READY, read its guest attributes (host
+    keys, instance names) and pick the route; nothing on the VM or its metadata changes here."""
     if notify is None:
         from tpuops.report_cloud import note as notify
     if not spec.vm:
@@ -152,4 +246,10 @@ def locate_workers(spec: TargetSpec, notify: Notify | None = None) -> list[Worke
     vm = find_vm(api, spec.vm, spec.zone)
     check_ready(vm)
     attrs = host_keys(api, vm.zone, vm.name)
-    return workers_of(vm, attrs, spec, notify)
+    route = route_of(vm, spec, notify)
+    return Reach(api, vm, attrs, spec, route, workers_of(vm, attrs, spec, notify), notify)
+
+
+def locate_workers(spec: TargetSpec, notify: Notify | None = None) -> list[Worker]:
+    """The SOP target for `--vm`, before any key or tunnel (see `reach`)."""
+    return reach(spec, notify).workers

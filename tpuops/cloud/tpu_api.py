@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tpuops.cloud.client import Api, ApiNotFoundError
@@ -35,9 +35,13 @@ class VmInfo:
     workers: tuple[WorkerAddr, ...]
     queued_resource: str = ""
     create_time: str = ""
+    # The node's metadata (ssh-keys, enable-oslogin, ...); not in to_dict: ssh-keys is long and not state.
+    metadata: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "worker_count": len(self.workers)}
+        out = {**asdict(self), "worker_count": len(self.workers)}
+        out.pop("metadata")
+        return out
 
 
 def vm_from_node(node: Any) -> VmInfo:
@@ -58,6 +62,7 @@ def vm_from_node(node: Any) -> VmInfo:
         ),
         queued_resource=node.queued_resource,
         create_time=node.create_time.isoformat() if node.create_time else "",
+        metadata=dict(node.metadata),
     )
 
 
@@ -174,3 +179,18 @@ def delete_vm(api: Api, zone: str, name: str, timeout: float) -> None:
     raw = wait_op(api, op, f"delete {name}", timeout)
     if raw.error.code:
         raise CloudError(f"delete {name}: {raw.error.message}")
+
+
+def update_metadata(api: Api, vm: VmInfo, metadata: dict[str, str], timeout: float = 300.0) -> None:
+    """Replace the node's metadata (update mask `metadata`, as gcloud's tpu-vm ssh does) and wait for it."""
+    from google.protobuf import field_mask_pb2
+
+    op = api.call(
+        f"update metadata of {vm.name}",
+        api.client.update_node,
+        node={"name": node_name(api, vm.zone, vm.name), "metadata": metadata},
+        update_mask=field_mask_pb2.FieldMask(paths=["metadata"]),
+    )
+    raw = wait_op(api, op, f"update metadata of {vm.name}", timeout)
+    if raw.error.code:
+        raise CloudError(f"update metadata of {vm.name}: {raw.error.message}")

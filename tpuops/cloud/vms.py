@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import getpass
 from dataclasses import dataclass
 from pathlib import Path
 
 from tpuops import config
 from tpuops.cloud.client import Api, Notify, connect
 from tpuops.cloud.create import CreateRequest, create_vm
+from tpuops.cloud.keys import default_user
 from tpuops.cloud.locate import find_vm, remember_zone
 from tpuops.cloud.tpu_api import VmInfo, delete_vm, list_vms, wait_vm
 from tpuops.errors import UsageError
@@ -53,6 +53,7 @@ def create(
     ssh_public_key: str | None,
     user: str | None,
     notify: Notify,
+    internal_ips: bool = False,
 ) -> VmInfo:
     api, zone = target.resolve(notify)
     ssh_keys = ""
@@ -60,7 +61,7 @@ def create(
         path = Path(ssh_public_key).expanduser()
         if not path.is_file():
             raise UsageError(f"--ssh-public-key {ssh_public_key}: no such file")
-        ssh_keys = f"{user or getpass.getuser()}:{path.read_text().strip()}"
+        ssh_keys = f"{user or default_user()}:{path.read_text().strip()}"
     req = CreateRequest(
         name,
         accelerator_type,
@@ -71,6 +72,7 @@ def create(
         wait=wait,
         timeout=timeout,
         ssh_keys=ssh_keys,
+        internal_ips=internal_ips,
     )
     vm = create_vm(api, req)
     remember_zone(api, name, vm.zone)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 # Exit code reported for a command that ran past its timeout (as coreutils' `timeout` does).
@@ -36,6 +37,16 @@ class Worker:
     def address(self) -> str:
         user = f"{self.user}@" if self.user else ""
         return f"{user}{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a transport learns at its first connection (a VM's key authorised, tunnels opened)."""
+
+    workers: list[Worker]
+    identity: Path | None = None
+    close: Callable[[], None] | None = None  # stops what prepare started (IAP tunnels)
+    auth_grace_s: float = 0.0  # a key just added: retry refused logins this long while the VM applies it
 
 
 @dataclass(frozen=True)

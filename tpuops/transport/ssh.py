@@ -7,13 +7,14 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import paramiko
 
 from tpuops import shell
 from tpuops.errors import ConnectError, HostKeyError
-from tpuops.transport.base import CANCELLED_EXIT, TIMEOUT_EXIT, CmdResult, LineSink, Worker
+from tpuops.transport.base import CANCELLED_EXIT, TIMEOUT_EXIT, CmdResult, LineSink, Prepared, Worker
 from tpuops.transport.hostkeys import PinnedKeyPolicy, RejectWithAdvice, fingerprint, known_hosts_name
 
 
@@ -31,7 +32,10 @@ class SshTransport:
         connect_timeout: float = 10.0,
         connect_retries: int = 3,
         redact: shell.Redactor | None = None,
+        prepare: Callable[[], Prepared] | None = None,
     ) -> None:
+        """`prepare`, when given, runs once before the first connection and replaces workers and identity
+        (a VM's key is authorised and its tunnels opened only when something really connects)."""
         self.workers = workers
         self.known_hosts = known_hosts
         self.identity = identity
@@ -42,12 +46,35 @@ class SshTransport:
         self._sftps: dict[int, paramiko.SFTPClient] = {}
         self._homes: dict[int, str] = {}
         self._locks = {w.index: threading.Lock() for w in workers}
+        self._prepare = prepare
+        self._prepare_lock = threading.Lock()
+        self._prepare_error: Exception | None = None
+        self._on_close: Callable[[], None] | None = None
+        self._auth_deadline = 0.0
 
     # -- connections ---------------------------------------------------------------------------------
     def connect(self, worker: int) -> None:
         self._client(worker)
 
+    def _prepared(self) -> None:
+        with self._prepare_lock:
+            if self._prepare_error is not None:
+                raise self._prepare_error
+            if self._prepare is None:
+                return
+            try:
+                ready = self._prepare()
+            except Exception as e:
+                self._prepare_error = e  # every worker's connect reports the same cause, once computed
+                raise
+            self._prepare = None
+            self.workers = ready.workers
+            self.identity = ready.identity or self.identity
+            self._on_close = ready.close
+            self._auth_deadline = time.monotonic() + ready.auth_grace_s
+
     def _client(self, worker: int) -> paramiko.SSHClient:
+        self._prepared()
         with self._locks[worker]:
             client = self._clients.get(worker)
             if client is not None and client.get_transport() and client.get_transport().is_active():
@@ -98,6 +125,9 @@ class SshTransport:
                 ) from None
             except paramiko.AuthenticationException as e:
                 client.close()
+                if time.monotonic() < self._auth_deadline:  # the VM's guest agent is still adding the key
+                    time.sleep(2.0)
+                    return self._open(w)
                 raise ConnectError(
                     f"{w.label} ({w.address}) refused authentication: {e}",
                     hint="check --user and --identity (or your ssh-agent)",
@@ -118,6 +148,9 @@ class SshTransport:
             client.close()
         self._clients.clear()
         self._sftps.clear()
+        if self._on_close is not None:
+            self._on_close()
+            self._on_close = None
 
     # -- commands ------------------------------------------------------------------------------------
     def run(

@@ -16,8 +16,12 @@ from tpuops.cloud.accelerators import worker_count
 from tpuops.cloud.emulator.sshd import SshdWorker, start_worker
 from tpuops.cloud.emulator.users import UserLeases
 from tpuops.errors import UsageError
+from tpuops.transport.hostkeys import fingerprint_of_public_line
 
 INTERNAL_IP, EXTERNAL_IP = "127.0.0.1", "127.0.0.2"  # two loopback addresses so --internal-ip is testable
+# What a VM without external IPs reports as its internal IP: nobody listens there, as a laptop sees a VPC
+# address; its workers answer only through the emulator's IAP forwarder (tpuops/cloud/emulator/iap.py).
+UNREACHABLE_IP = "127.0.0.3"
 EMULATOR_NS = "tpuops-emulator"  # guest-attribute namespace carrying each worker's sshd port and user
 _OP_META = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
 _NODE_FIELDS = (
@@ -51,6 +55,37 @@ class Faults:
     unavailable: int = 0
     unavailable_code: int = 503
     capacity: dict[str, int] = field(default_factory=dict)  # zone (or "*") -> creates still to fail
+    oslogin_denied: bool = False  # OS Login answers 403 (the caller lacks roles/compute.osLogin)
+    iap_denied: bool = False  # IAP refuses tunnels (4033: no roles/iap.tunnelResourceAccessor)
+
+
+@dataclass
+class Profile:
+    """One account's OS Login profile: its POSIX user (a real Unix user here) and imported keys."""
+
+    account: str
+    user: str
+    keys: dict[str, dict[str, Any]] = field(default_factory=dict)  # fingerprint -> SshPublicKey JSON
+
+    def to_json(self, project: str) -> dict[str, Any]:
+        entry = pwd.getpwnam(self.user) if os.geteuid() == 0 else None
+        return {
+            "name": self.account,
+            "posixAccounts": [
+                {
+                    "primary": True,
+                    "username": self.user,
+                    "uid": str(entry.pw_uid if entry else os.geteuid()),
+                    "gid": str(entry.pw_gid if entry else os.getegid()),
+                    "homeDirectory": entry.pw_dir if entry else str(Path.home()),
+                    "shell": "/bin/sh",
+                    "systemId": project,
+                    "accountId": project,
+                    "operatingSystemType": "LINUX",
+                }
+            ],
+            "sshPublicKeys": self.keys,
+        }
 
 
 @dataclass
@@ -63,7 +98,18 @@ class NodeRec:
     queued_resource: str = ""
     create_time: str = field(default_factory=_now)
 
+    @property
+    def external(self) -> bool:
+        """External IPs unless a networkConfig says otherwise (proto3 JSON omits enableExternalIps=false)."""
+        return "networkConfig" not in self.body or bool(self.body["networkConfig"].get("enableExternalIps"))
+
+    def hostname(self, worker: int) -> str:
+        """The worker's Compute Engine instance name (what IAP tunnels address), as real TPU VMs name them."""
+        return f"t1v-n-{uuid.uuid5(uuid.NAMESPACE_URL, self.name).hex[:8]}-w-{worker}"
+
     def to_json(self) -> dict[str, Any]:
+        access = {"accessConfig": {"externalIp": EXTERNAL_IP}} if self.external else {}
+        ip = INTERNAL_IP if self.external else UNREACHABLE_IP
         return {
             **self.body,
             "name": self.name,
@@ -72,10 +118,7 @@ class NodeRec:
             "apiVersion": "V2",
             "createTime": self.create_time,
             "queuedResource": self.queued_resource,
-            "networkEndpoints": [
-                {"ipAddress": INTERNAL_IP, "port": w.port, "accessConfig": {"externalIp": EXTERNAL_IP}}
-                for w in self.workers
-            ],
+            "networkEndpoints": [{"ipAddress": ip, "port": w.port, **access} for w in self.workers],
         }
 
 
@@ -83,6 +126,11 @@ def authorized_keys_from_metadata(metadata: dict[str, str]) -> str:
     """GCP's `ssh-keys` metadata ("user:ssh-ed25519 AAAA... comment" per line) -> authorized_keys text."""
     lines = [ln.partition(":")[2].strip() for ln in metadata.get("ssh-keys", "").splitlines() if ":" in ln]
     return "\n".join(ln for ln in lines if ln)
+
+
+def _expired(key: dict[str, Any]) -> bool:
+    exp = int(key.get("expirationTimeUsec", 0) or 0)
+    return bool(exp) and exp < time.time() * 1e6
 
 
 def _trust_local_repos(w: SshdWorker) -> None:
@@ -125,6 +173,10 @@ class Model:
         self.requests: list[str] = []  # "METHOD /path" of every API call, for tests and `state`
         self.users = UserLeases(user_prefix)
         self._threads: list[threading.Thread] = []
+        self.projects: dict[str, dict[str, str]] = {}  # project -> common instance metadata
+        self.profiles: dict[str, Profile] = {}  # account -> OS Login profile
+        self.oslogin_users = UserLeases(f"{user_prefix}o")
+        self.oslogin_dir = state_dir / "oslogin"  # per POSIX user: the keys OS Login VMs accept
 
     # -- helpers ----------------------------------------------------------------------------------------
     def check_zone(self, project: str, zone: str) -> str:
@@ -213,7 +265,17 @@ class Model:
         workers: list[SshdWorker] = []
         try:
             for i, user in enumerate(users):
-                workers.append(start_worker(i, base / f"w{i}", keys, user=user, extra_listen=(EXTERNAL_IP,)))
+                workers.append(
+                    start_worker(
+                        i,
+                        base / f"w{i}",
+                        keys,
+                        user=user,
+                        extra_listen=(EXTERNAL_IP,),
+                        allow_users=(f"{self.user_prefix}o*",),
+                        keys_dir=self.oslogin_dir,
+                    )
+                )
                 _trust_local_repos(workers[-1])
         except (OSError, RuntimeError, subprocess.CalledProcessError) as e:
             rec.workers = workers
@@ -226,6 +288,7 @@ class Model:
         with self.lock:
             rec.workers = workers
             rec.published_keys = [w.host_public_key for w in workers]
+            self._apply_keys(rec)
             if rec.state == "CREATING":
                 rec.state = "READY"
             self._finish(op, {"@type": "type.googleapis.com/google.cloud.tpu.v2.Node", **rec.to_json()})
@@ -259,12 +322,120 @@ class Model:
                 keytype, blob = rec.published_keys[i].split()[:2]
                 items = [
                     {"namespace": "hostkeys", "key": keytype, "value": blob},
+                    {"namespace": "guestInventory", "key": "hostname", "value": rec.hostname(i)},
                     {"namespace": EMULATOR_NS, "key": "ssh-port", "value": str(w.port)},
-                    {"namespace": EMULATOR_NS, "key": "ssh-user", "value": w.user},
                 ]
+                if not self.oslogin_on(rec):  # with OS Login the login name is the profile's POSIX user
+                    items.append({"namespace": EMULATOR_NS, "key": "ssh-user", "value": w.user})
                 items = [it for it in items if f"{it['namespace']}/{it['key']}".startswith(query_path)]
                 out.append({"queryPath": query_path, "queryValue": {"items": items}})
             return {"guestAttributes": out}
+
+    def update_node(self, name: str, body: dict[str, Any], mask: list[str]) -> dict[str, Any]:
+        """nodes.patch: the masked fields are replaced; a metadata change reaches the workers' keys at once."""
+        with self.lock:
+            rec = self.node(name)
+            unknown = [f for f in mask if f not in _NODE_FIELDS]
+            if not mask or unknown:
+                raise ApiError(400, "INVALID_ARGUMENT", f"updateMask {','.join(mask)!r}: unsupported field")
+            for f in mask:
+                if f in body:
+                    rec.body[f] = body[f]
+                else:
+                    rec.body.pop(f, None)
+            op = self._op(name.rsplit("/nodes/", 1)[0], "update", name)
+            self._apply_keys(rec)
+            self._finish(op, {"@type": "type.googleapis.com/google.cloud.tpu.v2.Node", **rec.to_json()})
+            return op
+
+    # -- keys: metadata and OS Login ----------------------------------------------------------------------
+    def oslogin_on(self, rec: NodeRec) -> bool:
+        """The node's `enable-oslogin` when set, else its project's (gcloud and the guest agent agree)."""
+        project = rec.name.split("/")[1]
+        value = rec.body.get("metadata", {}).get(
+            "enable-oslogin", self.projects.get(project, {}).get("enable-oslogin", "")
+        )
+        return value.strip().upper() == "TRUE"
+
+    def _apply_keys(self, rec: NodeRec) -> None:
+        """What the guest agent does: with OS Login, metadata keys are ignored (sshd asks OS Login, here the
+        files under oslogin_dir); without, the worker user's authorized_keys are the `ssh-keys` lines."""
+        keys = "" if self.oslogin_on(rec) else self._metadata_keys(rec)
+        for w in rec.workers:
+            w.write_authorized_keys(keys)
+
+    def _metadata_keys(self, rec: NodeRec) -> str:
+        project = rec.name.split("/")[1]
+        md = rec.body.get("metadata", {})
+        lines = authorized_keys_from_metadata(md)
+        if md.get("block-project-ssh-keys", "").upper() != "TRUE":
+            lines = "\n".join(
+                x for x in (lines, authorized_keys_from_metadata(self.projects.get(project, {}))) if x
+            )
+        return lines or self.authorized_key
+
+    def set_project_metadata(self, project: str, metadata: dict[str, str]) -> None:
+        with self.lock:
+            self.projects.setdefault(project, {}).update(metadata)
+            for rec in self.nodes.values():
+                if rec.name.split("/")[1] == project and rec.workers:
+                    self._apply_keys(rec)
+
+    def import_ssh_key(self, account: str, body: dict[str, Any], project: str) -> dict[str, Any]:
+        """users.importSshPublicKey: the key joins the account's profile, whose POSIX user is created once."""
+        if self.faults.oslogin_denied:
+            raise ApiError(
+                403, "PERMISSION_DENIED", f"The caller does not have permission on users/{account}"
+            )
+        key = str(body.get("key", "")).strip()
+        if len(key.split()) < 2:
+            raise ApiError(400, "INVALID_ARGUMENT", "sshPublicKey.key must be an OpenSSH public key")
+        with self.lock:
+            prof = self.profiles.get(account)
+            if prof is None:
+                prof = Profile(account, self.oslogin_users.take())
+                if os.geteuid() == 0:
+                    from tpuops.cloud.emulator.sshd import ensure_user, reset_home
+
+                    home = Path("/home") / prof.user
+                    ensure_user(prof.user, home)
+                    reset_home(prof.user, home)
+                self.profiles[account] = prof
+            fp = fingerprint_of_public_line(key).removeprefix("SHA256:")
+            prof.keys[fp] = {
+                "key": key,
+                "fingerprint": fp,
+                "name": f"users/{account}/sshPublicKeys/{fp}",
+                **(
+                    {"expirationTimeUsec": str(body["expirationTimeUsec"])}
+                    if body.get("expirationTimeUsec")
+                    else {}
+                ),
+            }
+            self.oslogin_dir.mkdir(parents=True, exist_ok=True)
+            live = [k["key"] for k in prof.keys.values() if not _expired(k)]
+            (self.oslogin_dir / prof.user).write_text("\n".join(live) + "\n")
+            return {"loginProfile": prof.to_json(project)}
+
+    def login_profile(self, account: str, project: str) -> dict[str, Any]:
+        with self.lock:
+            prof = self.profiles.get(account)
+            return prof.to_json(project) if prof else {"name": account}
+
+    def iap_target(self, project: str, zone: str, instance: str, port: int) -> tuple[str, int]:
+        """Where IAP forwards a tunnel to INSTANCE:PORT: that worker's sshd (only port 22 is open)."""
+        if self.faults.iap_denied:
+            raise ApiError(403, "PERMISSION_DENIED", "4033: 'not authorized'")
+        with self.lock:
+            for rec in self.nodes.values():
+                if rec.name.split("/")[1] != project or rec.name.split("/")[3] != zone:
+                    continue
+                for i, w in enumerate(rec.workers):
+                    if rec.hostname(i) == instance:
+                        if port != 22:
+                            raise ApiError(400, "FAILED_PRECONDITION", "4003: 'failed to connect to backend'")
+                        return INTERNAL_IP, w.port
+        raise ApiError(404, "NOT_FOUND", f"4047: instance {instance} not found in {project}/{zone}")
 
     # -- faults -----------------------------------------------------------------------------------------
     def preempt(self, name: str) -> None:

@@ -9,7 +9,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from tpuops.cloud.emulator import queued
 from tpuops.cloud.emulator.model import ApiError, Model
@@ -30,11 +30,13 @@ DEFAULT_ZONES = [
 ]
 _LOC = r"/v2/projects/(?P<p>[^/]+)/locations"
 _ZONE = _LOC + r"/(?P<z>[^/:]+)"
-_STATUS = {503: "UNAVAILABLE", 429: "RESOURCE_EXHAUSTED"}
+_STATUS = {503: "UNAVAILABLE", 429: "RESOURCE_EXHAUSTED", 403: "PERMISSION_DENIED"}
 
 
 def _route(m: Model, method: str, path: str, q: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
     """One API call -> the JSON answer (raises ApiError)."""
+    if not path.startswith("/v2/"):
+        return _other_apis(m, method, unquote(path), q, body)
     if method == "GET" and (r := re.fullmatch(_LOC, path)):
         return {"locations": [{"name": f"projects/{r['p']}/locations/{z}", "locationId": z} for z in m.zones]}
     if not (r := re.match(_ZONE, path)):
@@ -55,6 +57,9 @@ def _route(m: Model, method: str, path: str, q: dict[str, str], body: dict[str, 
                 return m.node(name).to_json()
         if method == "DELETE":
             return m.delete_node(name)
+        if method == "PATCH":
+            mask = [f.strip() for f in q.get("updateMask", "").split(",") if f.strip()]
+            return m.update_node(name, body, [_snake_to_camel(f) for f in mask])
     if rest.endswith(":getGuestAttributes") and method == "POST":
         return m.guest_attributes(
             name.removesuffix(":getGuestAttributes"),
@@ -79,6 +84,30 @@ def _route(m: Model, method: str, path: str, q: dict[str, str], body: dict[str, 
     raise ApiError(404, "NOT_FOUND", f"no route for {method} {path}")
 
 
+def _other_apis(m: Model, method: str, path: str, q: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
+    """The bits of Compute Engine (project metadata), OS Login and IAP that reaching a VM needs."""
+    if method == "GET" and (r := re.fullmatch(r"/compute/v1/projects/([^/]+)", path)):
+        with m.lock:
+            md = m.projects.get(r[1], {})
+        return {
+            "name": r[1],
+            "commonInstanceMetadata": {"items": [{"key": k, "value": v} for k, v in md.items()]},
+        }
+    if method == "POST" and (r := re.fullmatch(r"/v1/users/([^/:]+):importSshPublicKey", path)):
+        return m.import_ssh_key(r[1], body, q.get("projectId", ""))
+    if method == "GET" and (r := re.fullmatch(r"/v1/users/([^/:]+)/loginProfile", path)):
+        return m.login_profile(r[1], q.get("projectId", ""))
+    if method == "POST" and path == "/iap/v1/tunnel":  # the emulator's own: asked by its IAP forwarder
+        host, port = m.iap_target(body["project"], body["zone"], body["instance"], int(body["port"]))
+        return {"host": host, "port": port}
+    raise ApiError(404, "NOT_FOUND", f"no route for {method} {path}")
+
+
+def _snake_to_camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p.title() for p in rest)
+
+
 def _id(q: dict[str, str], key: str) -> str:
     value = q.get(key, "")
     if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", value):
@@ -87,8 +116,11 @@ def _id(q: dict[str, str], key: str) -> str:
 
 
 def admin(m: Model, action: str, body: dict[str, Any]) -> dict[str, Any]:
-    """Fault injection: preempt, swap-host-key, faults (unavailable N + code, capacity {zone: N}), state."""
-    if action == "preempt":
+    """Fault injection: preempt, swap-host-key, faults (unavailable N + code, capacity {zone: N},
+    oslogin_denied, iap_denied), project-metadata (project, metadata {key: value}), state."""
+    if action == "project-metadata":
+        m.set_project_metadata(body["project"], {k: str(v) for k, v in body["metadata"].items()})
+    elif action == "preempt":
         m.preempt(_node_name(m, body["node"]))
     elif action == "swap-host-key":
         m.swap_host_key(_node_name(m, body["node"]), int(body.get("worker", 0)))
@@ -99,6 +131,9 @@ def admin(m: Model, action: str, body: dict[str, Any]) -> dict[str, Any]:
                 m.faults.unavailable_code = int(body.get("code", 503))
             for zone, n in body.get("capacity", {}).items():
                 m.faults.capacity[zone] = int(n)
+            for flag in ("oslogin_denied", "iap_denied"):
+                if flag in body:
+                    setattr(m.faults, flag, bool(body[flag]))
     elif action != "state":
         raise ApiError(404, "NOT_FOUND", f"unknown admin action {action!r}")
     with m.lock:

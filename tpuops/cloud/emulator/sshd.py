@@ -27,8 +27,8 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 UsePAM no
 PermitRootLogin prohibit-password
-AllowUsers {user}
-Subsystem sftp internal-sftp
+AllowUsers {user}{allow_users}
+{keys_command}Subsystem sftp internal-sftp
 PrintMotd no
 PrintLastLog no
 AcceptEnv NONE
@@ -53,6 +53,17 @@ class SshdWorker:
     state_dir: Path
     host_public_key: str  # "ssh-ed25519 AAAA..."
     proc: subprocess.Popen | None = field(default=None, repr=False)
+    authorized_keys: Path | None = None  # the worker user's authorized_keys file
+
+    def write_authorized_keys(self, text: str) -> None:
+        """Replace the worker user's authorized keys (what the guest agent does on a metadata change)."""
+        assert self.authorized_keys is not None
+        tmp = self.authorized_keys.with_name(".authorized_keys.tmp")
+        tmp.write_text(text.strip() + "\n" if text.strip() else "")
+        if os.geteuid() == 0:
+            entry = pwd.getpwnam(self.user)
+            os.chown(tmp, entry.pw_uid, entry.pw_gid)
+        tmp.replace(self.authorized_keys)
 
     @property
     def fingerprint(self) -> str:
@@ -182,10 +193,14 @@ def start_worker(
     home_root: Path = Path("/home"),
     port: int | None = None,
     extra_listen: tuple[str, ...] = (),
+    allow_users: tuple[str, ...] = (),
+    keys_dir: Path | None = None,
 ) -> SshdWorker:
     """Start one sshd. As root each worker gets its own user and home; otherwise all share this user.
 
     `extra_listen`: more loopback addresses to listen on (the emulator's "external IPs", e.g. 127.0.0.2).
+    `allow_users`: more login names (patterns) sshd accepts, e.g. the emulator's OS Login users, whose keys
+    sshd reads from `keys_dir/USER` (as the OS Login guest environment asks the OS Login API; root only).
     """
     state_dir.mkdir(parents=True, exist_ok=True)
     key = state_dir / "ssh_host_ed25519_key"
@@ -221,6 +236,12 @@ def start_worker(
             user=user,
             authorized_keys=auth,
             extra_listen="".join(f"ListenAddress {a}\n" for a in extra_listen),
+            allow_users="".join(f" {u}" for u in allow_users),
+            keys_command=(
+                f"AuthorizedKeysCommand /bin/cat {keys_dir}/%u\nAuthorizedKeysCommandUser root\n"
+                if keys_dir is not None and os.geteuid() == 0
+                else ""
+            ),
         )
     )
     worker = SshdWorker(
@@ -230,6 +251,7 @@ def start_worker(
         port=port,
         state_dir=state_dir,
         host_public_key=" ".join(Path(f"{key}.pub").read_text().split()[:2]),
+        authorized_keys=auth,
     )
     worker.start()
     return worker

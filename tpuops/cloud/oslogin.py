@@ -1,0 +1,108 @@
+"""OS Login: import the public key into the caller's login profile and take its POSIX username."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tpuops.cloud.client import gcloud_config_value, short_error
+from tpuops.errors import CloudError, PermissionDeniedError, UsageError
+
+EMULATOR_ACCOUNT = "tpuops-user@example.com"  # the emulator's caller when no account is configured
+ROLE_HINT = (
+    "needs roles/compute.osLogin (roles/compute.osAdminLogin for sudo) on project {project}; "
+    "users from outside the organisation also need roles/compute.osLoginExternalUser"
+)
+
+
+def account(endpoint: str | None, credentials: Any = None) -> str:
+    """Whose profile: gcloud's `core/account` (as gcloud uses), else the service account of the credentials,
+    else the email the access token belongs to."""
+    found = gcloud_config_value("core", "account")
+    if found:
+        return found
+    if endpoint:
+        return EMULATOR_ACCOUNT
+    email = getattr(credentials, "service_account_email", None)
+    if email and "@" in email:
+        return email
+    email = _token_email(credentials)
+    if email:
+        return email
+    raise UsageError(
+        "OS Login needs your Google account and none is configured",
+        hint="run `gcloud config set account YOU@EXAMPLE.COM` (or `gcloud auth login`)",
+    )
+
+
+def _token_email(credentials: Any) -> str | None:
+    import google.auth.transport.requests
+    import requests
+
+    try:
+        credentials.refresh(google.auth.transport.requests.Request())
+        resp = requests.get(
+            "https://oauth2.googleapis.com/tokeninfo", params={"access_token": credentials.token}, timeout=10
+        )
+        return resp.json().get("email") if resp.ok else None
+    except Exception:
+        return None
+
+
+def client(endpoint: str | None) -> tuple[Any, Any]:
+    """(OsLoginServiceClient over REST, its credentials): anonymous against an emulator endpoint."""
+    from google.api_core.client_options import ClientOptions
+    from google.cloud import oslogin_v1
+
+    if endpoint:
+        from google.auth.credentials import AnonymousCredentials
+
+        creds = AnonymousCredentials()
+        return (
+            oslogin_v1.OsLoginServiceClient(
+                transport="rest", credentials=creds, client_options=ClientOptions(api_endpoint=endpoint)
+            ),
+            creds,
+        )
+    import google.auth
+
+    creds, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+    return oslogin_v1.OsLoginServiceClient(transport="rest", credentials=creds), creds
+
+
+def import_key(
+    project: str, endpoint: str | None, public: str, ttl_s: float | None, requested_user: str | None = None
+) -> tuple[str, str]:
+    """ImportSshPublicKey into `users/ACCOUNT` for `project`; returns (POSIX username, account).
+
+    The username is chosen as gcloud does: the requested one when the profile has it, else the primary
+    POSIX account, else the first."""
+    from google.api_core import exceptions as gexc
+
+    svc, creds = client(endpoint)
+    who = account(endpoint, creds)
+    key: dict[str, Any] = {"key": public}
+    if ttl_s:
+        key["expiration_time_usec"] = int((time.time() + ttl_s) * 1e6)
+    try:
+        resp = svc.import_ssh_public_key(
+            request={"parent": f"users/{who}", "ssh_public_key": key, "project_id": project}, timeout=30
+        )
+    except (gexc.PermissionDenied, gexc.Forbidden, gexc.Unauthenticated) as e:
+        raise PermissionDeniedError(
+            f"OS Login refused to import your SSH key for {who}: {short_error(e)}",
+            hint=ROLE_HINT.format(project=project),
+        ) from None
+    except gexc.GoogleAPICallError as e:
+        raise CloudError(f"OS Login import of your SSH key for {who}: {short_error(e)}") from None
+    accounts = list(resp.login_profile.posix_accounts)
+    if not accounts:
+        raise CloudError(
+            f"OS Login profile of {who} has no POSIX account for project {project}",
+            hint=ROLE_HINT.format(project=project),
+        )
+    names = [a.username for a in accounts]
+    if requested_user in names:
+        return requested_user, who
+    primary = next((a.username for a in accounts if a.primary), names[0])
+    return primary, who
