@@ -19,6 +19,7 @@ class ExitCode(IntEnum):
     PREEMPTED = 8  # the VM was preempted
     HANG = 9  # a worker stopped making progress
     OOM = 10  # the trainer ran out of device memory
+    NO_FIT = 12  # the config does not fit its TPU (tpuops fit, and the preflight of a run on a VM)
 
 
 class TpuopsError(Exception):
@@ -80,3 +81,8 @@ class PermissionDeniedError(CloudError):
 class PreemptedError(CloudError):
     exit_code = ExitCode.PREEMPTED
     kind = "preempted"
+
+
+class DoesNotFitError(TpuopsError):
+    exit_code = ExitCode.NO_FIT
+    kind = "no_fit"

@@ -97,6 +97,7 @@ def _dry_run_dict(dr: Any) -> dict[str, Any]:
         "transport": dr.transport,
         "workers": dr.workers,
         "values": dr.values,
+        "fit": dr.fit,
         "plan": [
             {"step": title, "workers": {str(w): [a.render() for a in acts] for w, acts in per.items()}}
             for title, per in dr.plan
@@ -109,6 +110,8 @@ def dry_run(dr: Any, as_json: bool) -> None:
         out.print_json(json.dumps(_dry_run_dict(dr), default=str))
         return
     err.print(f"[bold]plan for {dr.sop}[/] on {dr.transport} workers {dr.workers} (nothing was run)")
+    if dr.fit:
+        err.print(f"fit: {_escape(dr.fit)}")
     out.out(render_plan(dr.plan), end="", highlight=False)
 
 
@@ -337,3 +340,32 @@ def microbench_table(ms: list[dict[str, Any]]) -> Table:
             str(m.get("backend")),
         )
     return table
+
+
+def fit_report(result: dict[str, Any], as_json: bool) -> None:
+    """`tpuops fit`: one row per phase (per-device bytes, headroom, cost, collectives, estimated seconds)."""
+    from tpuops.fit import GB, summary
+
+    if as_json:
+        out.print_json(json.dumps(result, default=float))
+    title = (
+        f"{result['config']} on {result['accelerator']} ({result['topology']}: {result['devices']} x "
+        f"{result['device_kind']}, {result['hbm_bytes_per_device'] / GB:.1f} GB HBM each) - loss {result['impl']}, "
+        f"mesh {result['mesh']}, rollout mesh {result['rollout_mesh']}, {result['method']}"
+    )
+    t = Table("phase", "arguments", "outputs", "temp", "resident", "peak", "headroom", "TFLOP", "HBM GB",
+              "collective GB", "runs", "s/step", "largest", title=title, title_justify="left")  # fmt: skip
+    for name, p in result["phases"].items():
+        t.add_row(
+            name, *(f"{p[k] / GB:.2f}" for k in ("argument_bytes", "output_bytes", "temp_bytes", "resident_bytes")),
+            f"{p['peak_bytes'] / GB:.2f}", f"[{'green' if p['fits'] else 'bold red'}]{p['headroom']:.0%}[/]",
+            f"{p['flops'] / 1e12:.2f}", f"{p['bytes_accessed'] / GB:.2f}",
+            f"{p['collective_bytes']['moved'] / GB:.2f}", str(p["runs_per_step"]), f"{p['seconds']:.3f}",
+            p["largest_term"],
+        )  # fmt: skip
+    err.print(t)
+    est = result["estimate"]
+    err.print(f"estimate: {est['step_s']:.2f} s per step at 100% of the roofline (a lower bound, not a promise); "
+              f"largest phase: {est['largest_phase']}")  # fmt: skip
+    style = "green" if result["fits"] else "bold red"
+    err.print(f"[{style}]{_escape(summary(result))}[/]" + (" (cached)" if result.get("cached") else ""))

@@ -34,6 +34,7 @@ class RunRequest:
     keep_going: bool = False
     parallel: int | None = None
     run_id: str | None = None
+    skip_fit: bool = False  # --skip-fit: start without the ahead-of-time fit check
 
 
 @dataclass
@@ -43,6 +44,7 @@ class DryRun:
     workers: list[int]
     values: dict[str, object]
     plan: Plan
+    fit: str | None = None  # the fit preflight's verdict line
 
 
 def new_run_id(sop: str) -> str:
@@ -67,6 +69,7 @@ def run(
     _preflight(sop, values)
     redact = Redactor()
     transport = open_transport(target, redact)
+    fit_line = _fit_preflight(sop, values, transport.accelerator, skip=req.skip_fit, cwd=cwd)
     workers = select_workers(req.worker, len(transport.workers))
     executor = Executor(
         transport,
@@ -83,7 +86,7 @@ def run(
         executor.abort = abort
     if req.dry_run:
         plan = executor.plan(sop, values, DRY_RUN_ID, workers)
-        return DryRun(sop.name, transport.name, workers, values, plan)
+        return DryRun(sop.name, transport.name, workers, values, plan, fit_line)
     run_id = req.run_id or new_run_id(sop.name)
     _record(run_id, sop.name, target, workers, values, secret_files(sop, values, cwd), runs_dir(sop, values))
     from tpuops.runs import OffsetWriter, save_result
@@ -149,6 +152,29 @@ def _preflight(sop: loader.Sop, values: dict[str, object]) -> None:
             lines = [ln for ln in (r.stderr or r.stdout).strip().splitlines() if ln.strip()]
             last = lines[-1] if lines else f"exit {r.returncode}"
             raise UsageError(f"{check.what}: {last.removeprefix('config: ')}")
+
+
+def _fit_preflight(
+    sop: loader.Sop, values: dict[str, object], accelerator: str | None, *, skip: bool, cwd: Path
+) -> str | None:
+    """On a VM, before any SSH: the trainer config compiled for the VM's TPU type (cached). A config that
+    does not fit stops here (exit 11); without libtpu on this machine one warning line and the run goes on."""
+    if sop.fit is None or skip or not accelerator:
+        return None
+    from tpuops import fit
+    from tpuops.report_cloud import note
+
+    config = TEMPLATE.sub(lambda m: str(values[m.group(1)]), sop.fit.config)
+    sets = values.get(sop.fit.sets.strip("{}"), []) if sop.fit.sets else []
+    try:
+        result = fit.check(config, list(sets), accelerator=accelerator, cwd=cwd)  # type: ignore[arg-type]
+    except fit.FitUnavailable as e:
+        note(f"fit: not checked ({e.message}); the run goes on (--skip-fit silences this)")
+        return f"not checked: {e.message}"
+    fit.require_fit(result)
+    line = fit.summary(result)
+    note(f"fit: {line}{' (cached)' if result.get('cached') else ''}")
+    return line
 
 
 def _scan(sop: loader.Sop, report: SopReport, local_run: Path, warmup: int):

@@ -103,16 +103,17 @@ def open_transport(spec: TargetSpec, redact: Redactor | None = None) -> Transpor
 
         return LocalTransport(state_home() / "local", num_workers=spec.local_workers, redact=redact)
     prepare = None
+    accelerator = None
     if spec.kind == "vm":
         from tpuops.cloud.locate import reach
 
         found = reach(spec)
-        workers, prepare = found.workers, found.prepare
+        workers, prepare, accelerator = found.workers, found.prepare, found.vm.accelerator_type
     else:
         workers = parse_hosts(spec.hosts, spec.hostkeys, spec.user)
     from tpuops.transport.ssh import SshTransport
 
-    return SshTransport(
+    transport = SshTransport(
         workers,
         known_hosts=state_home() / "known_hosts",
         identity=Path(spec.identity).expanduser() if spec.identity else None,
@@ -120,6 +121,8 @@ def open_transport(spec: TargetSpec, redact: Redactor | None = None) -> Transpor
         redact=redact,
         prepare=prepare,
     )
+    transport.accelerator = accelerator  # the VM's TPU type (the fit preflight); None for --host
+    return transport
 
 
 def select_workers(selector: str, count: int) -> list[int]:

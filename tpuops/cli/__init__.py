@@ -8,6 +8,7 @@ import sys
 import typer
 
 from tpuops.cli import emulator, runs, sop, vm
+from tpuops.cli.fit import fit
 from tpuops.cli.report import report
 from tpuops.cli.state import JSON_MODE
 
@@ -30,6 +31,7 @@ app.add_typer(runs.bench_app, name="bench")
 app.add_typer(vm.app, name="vm")
 app.add_typer(emulator.app, name="emulator")
 app.command("report")(report)
+app.command("fit")(fit)
 
 
 def main() -> None:

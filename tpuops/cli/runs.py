@@ -41,6 +41,7 @@ def _sop_command(
         key_ttl: o.KeyTtlOpt = None,
         recover: o.RecoverOpt = False,
         max_recoveries: o.MaxRecoveriesOpt = 3,
+        skip_fit: o.SkipFitOpt = False,
         **extra: str,
     ) -> None:
         spec = o.target(
@@ -72,6 +73,7 @@ def _sop_command(
             keep_going=keep_going,
             parallel=parallel,
             recover=max_recoveries if recover else None,
+            skip_fit=skip_fit,
         )
 
     command.__doc__ = doc

@@ -26,6 +26,7 @@ def run_sop(
     keep_going: bool = False,
     parallel: int | None = None,
     recover: int | None = None,
+    skip_fit: bool = False,
 ) -> None:
     from tpuops import report, runner
 
@@ -39,6 +40,7 @@ def run_sop(
         force=force,
         keep_going=keep_going,
         parallel=parallel,
+        skip_fit=skip_fit,
     )
     on_step = None if json else report.step_done
     if not dry_run and (recover is not None or _on_a_vm(spec)):

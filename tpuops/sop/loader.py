@@ -38,6 +38,13 @@ class Scan(Frozen):
     fail_on_recompile: bool = False
 
 
+class Fit(Frozen):
+    """Before a run on a VM: the trainer config compiled ahead of time for the VM's accelerator type (tpuops fit)."""
+
+    config: str
+    sets: str | None = None  # a list parameter of trainer overrides (`--set=k=v` items)
+
+
 class Sop(Frozen):
     """A procedure: parameters with defaults and an ordered list of typed steps."""
 
@@ -47,6 +54,7 @@ class Sop(Frozen):
     # Dotted --set keys (train.lr=1e-5) are collected into this list parameter as `key=value` items.
     overrides: str | None = None
     preflight: list[Validate] = []
+    fit: Fit | None = None
     scan: Scan | None = None
     steps: list[AnyStep]
 

@@ -21,6 +21,8 @@ from tpuops.transport.hostkeys import PinnedKeyPolicy, RejectWithAdvice, fingerp
 class SshTransport:
     """All workers of a VM over SSH. Connections open lazily, once, and stay open for the whole SOP."""
 
+    accelerator: str | None = None
+
     name = "ssh"
 
     def __init__(

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-EXIT_FITS, EXIT_CONFIG, EXIT_NO_FIT, EXIT_NO_LIBTPU = 0, 2, 11, 12
+EXIT_FITS, EXIT_CONFIG, EXIT_NO_FIT, EXIT_NO_LIBTPU = 0, 2, 3, 4
 
 
 def _quiet_libtpu(accelerator: str) -> None:
@@ -53,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     target.add_argument("--topology", help="JAX topology, e.g. v6e:2x4")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     ap.add_argument("--no-fix", action="store_true", help="do not search for overrides that would fit")
+    ap.add_argument(
+        "--probe", metavar="A,B",
+        help="compile at A and B decoder layers and extrapolate to the model's depth (fast; CI uses 2,3)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
 
     from trainer import config
@@ -72,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_NO_LIBTPU
     _quiet_libtpu(tgt.accelerator)
     try:
-        result = run(cfg, tgt, args.set, fix=not args.no_fix)
+        probe = tuple(int(x) for x in args.probe.split(",")) if args.probe else None
+        result = run(cfg, tgt, args.set, fix=not args.no_fix, probe=probe)
     except config.ConfigError as e:
         print(f"config: {e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -86,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_FITS if result["fits"] else EXIT_NO_FIT
 
 
-def run(cfg: Any, tgt: Any, sets: list[str], *, fix: bool = True) -> dict[str, Any]:
-    """Compile and judge every phase; when something does not fit, the first override list that does."""
+def run(cfg: Any, tgt: Any, sets: list[str], *, fix: bool = True, probe: tuple[int, int] | None = None) -> dict[str, Any]:
+    """Compile and judge every phase (at the model's depth, or extrapolated from two `probe` depths); when
+    only the update does not fit, the first override list that does (`fix_candidates`)."""
     from jax.experimental import topologies
 
     from trainer import config
@@ -96,25 +102,36 @@ def run(cfg: Any, tgt: Any, sets: list[str], *, fix: bool = True) -> dict[str, A
 
     devices = list(topologies.get_topology_desc(platform="tpu", topology_name=tgt.topology).devices)
     per_device = tgt.per_device(len(devices))
+    layers = programs.model_config(cfg).num_hidden_layers
+
+    def measured(c: Any, only: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+        if probe is None:
+            progs, facts = programs.step_programs(c, devices, only)
+            return analyze.measure_all(progs, len(devices)), facts
+        la, lb = probe
+        at_a = analyze.measure_all(programs.step_programs(c, devices, only, layers=la)[0], len(devices))
+        progs, facts = programs.step_programs(c, devices, only, layers=lb)
+        at_b = analyze.measure_all(progs, len(devices))
+        return {k: analyze.extrapolate(at_a[k], at_b[k], la, lb, layers) for k in at_b}, facts
+
     with compile_target(f"tpu {devices[0].device_kind}"):
-        progs, facts = programs.step_programs(cfg, devices)
-        result = analyze.judge(progs, len(devices), per_device)
+        raw, facts = measured(cfg, programs.ROLLOUT + programs.UPDATE)
+        result = analyze.judge(raw, per_device)
         failed = [k for k, p in result["phases"].items() if not p["fits"]]
         result["fix"] = None
         if fix and failed and all(k in programs.UPDATE for k in failed):
             batch_devices = facts["mesh"]["dp"] * facts["mesh"]["fsdp"]
             for extra in fix_candidates(cfg, batch_devices):
-                trial = config.with_sets(cfg, extra)
-                tried = analyze.judge(programs.step_programs(trial, devices, only=programs.UPDATE)[0],
-                                      len(devices), per_device)  # fmt: skip
+                tried = analyze.judge(measured(config.with_sets(cfg, extra), programs.UPDATE)[0], per_device)
                 if tried["fits"]:
                     result["fix"] = {"set": extra, "peak_bytes": max(p["peak_bytes"] for p in tried["phases"].values())}
                     break
+    method = f"extrapolated from {probe[0]} and {probe[1]} layers" if probe else "compiled"
     return {
         "accelerator": tgt.accelerator, "topology": tgt.topology, "devices": len(devices),
         "device_kind": devices[0].device_kind, "hbm_bytes_per_device": per_device["hbm_bytes"],
         "usable_bytes_per_device": (1 - analyze.HEADROOM) * per_device["hbm_bytes"], "per_device": per_device,
-        "sets": sets, **facts, **result,
+        "sets": sets, "layers": layers, "method": method, **facts, **result,
     }  # fmt: skip
 
 

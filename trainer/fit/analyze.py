@@ -4,7 +4,9 @@ lower bound of its time.
 Per phase: peak = arguments + outputs - donated (aliased) + temporaries + what stays resident beside it.
 It fits when peak <= (1 - HEADROOM) x HBM per device. Time per run = max(flops / peak FLOP/s, HBM bytes /
 HBM bandwidth) + bytes moved by collectives / ICI bandwidth (100% of the roofline: a lower bound, not a
-promise), times the phase's multiplier; a step is the sum over its phases.
+promise), times the phase's runs per step; a step is the sum over its phases.
+Probes: every figure is affine in the number of (identical, unrolled) decoder layers, so compiles at two
+small depths extrapolate exactly to the model's depth up to XLA's buffer packing (`extrapolate`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from trainer.fit import hlo
 from trainer.fit.programs import Program
 
 HEADROOM = 0.10
+_TEMP = re.compile(r"HLO temporaries \(([0-9.]+)([KMGT])\)")
+_SIZES = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "resident_bytes")
 
 
 def _cost(compiled: Any) -> dict[str, float]:
@@ -27,69 +31,75 @@ def _cost(compiled: Any) -> dict[str, float]:
     return {"flops": float(cost.get("flops", 0.0)), "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
 
 
-def phase(program: Program, devices: int, per_device: dict[str, float]) -> dict[str, Any]:
-    """Compile one program and measure it (bytes are per device)."""
+def measure(program: Program, devices: int) -> dict[str, Any]:
+    """Compile one program: its per-device sizes, cost and collectives (raw figures, no verdict)."""
     t0 = time.perf_counter()
+    raw: dict[str, Any] = {"runs_per_step": program.multiplier, "resident_bytes": program.resident_bytes}
     try:
         compiled = program.lowered.compile()
-    except Exception as e:  # libtpu refuses a program whose temporaries exceed HBM: that is a verdict
+    except Exception as e:  # libtpu refuses a program whose temporaries exceed HBM: that is a verdict too
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise
-        return _too_big(program, str(e), time.perf_counter() - t0, per_device)
+        m = _TEMP.search(str(e))
+        temp = int(float(m[1]) * 1024 ** " KMGT".index(m[2])) if m else 1 << 50
+        print(f"fit: {program.name} does not fit: {str(e).splitlines()[0][:200]}", file=sys.stderr, flush=True)
+        return {**raw, "argument_bytes": 0, "output_bytes": 0, "alias_bytes": 0, "temp_bytes": temp, "flops": 0.0,
+                "bytes_accessed": 0.0, "collective_bytes": dict.fromkeys((*hlo.KINDS, "moved"), 0),
+                "compile_s": time.perf_counter() - t0, "error": str(e).splitlines()[0][:300]}  # fmt: skip
     compile_s = time.perf_counter() - t0
     print(f"fit: compiled {program.name} in {compile_s:.1f} s", file=sys.stderr, flush=True)
     mem = compiled.memory_analysis()
-    arg, out, alias, temp = (int(getattr(mem, f"{k}_size_in_bytes")) for k in ("argument", "output", "alias", "temp"))
-    peak = arg + out - alias + temp + program.resident_bytes
-    cost = _cost(compiled)
-    coll = hlo.collectives(compiled.as_text(), devices)
+    for k in ("argument", "output", "alias", "temp"):
+        raw[f"{k}_bytes"] = int(getattr(mem, f"{k}_size_in_bytes"))
+    return {**raw, **_cost(compiled), "collective_bytes": hlo.collectives(compiled.as_text(), devices),
+            "compile_s": compile_s}  # fmt: skip
+
+
+def extrapolate(a: dict[str, Any], b: dict[str, Any], la: int, lb: int, layers: int) -> dict[str, Any]:
+    """Figures at `layers` from the same phase measured at la and lb layers (affine in the layer count)."""
+
+    def at(x: float, y: float) -> float:
+        return x + (y - x) * (layers - la) / (lb - la)
+
+    out = {k: int(at(a[k], b[k])) for k in _SIZES}
+    out.update({k: at(a[k], b[k]) for k in ("flops", "bytes_accessed")})
+    out["collective_bytes"] = {k: int(at(a["collective_bytes"][k], b["collective_bytes"][k])) for k in b["collective_bytes"]}
+    out.update(runs_per_step=b["runs_per_step"], compile_s=a["compile_s"] + b["compile_s"])
+    if "error" in a or "error" in b:
+        out["error"] = a.get("error") or b.get("error")
+    return out
+
+
+def verdict(raw: dict[str, Any], per_device: dict[str, float]) -> dict[str, Any]:
+    """Peak, fit, headroom and the roofline time of one measured phase."""
+    peak = (raw["argument_bytes"] + raw["output_bytes"] - raw["alias_bytes"] + raw["temp_bytes"]
+            + raw["resident_bytes"])  # fmt: skip
     terms = {
-        "compute": cost["flops"] / per_device["flops"],
-        "hbm": cost["bytes_accessed"] / per_device["hbm_bw"],
-        "collectives": coll["moved"] / per_device["ici_bw"],
+        "compute": raw["flops"] / per_device["flops"],
+        "hbm": raw["bytes_accessed"] / per_device["hbm_bw"],
+        "collectives": raw["collective_bytes"]["moved"] / per_device["ici_bw"],
     }
     once = max(terms["compute"], terms["hbm"]) + terms["collectives"]
-    usable = (1 - HEADROOM) * per_device["hbm_bytes"]
-    return {
-        "argument_bytes": arg, "output_bytes": out, "alias_bytes": alias, "temp_bytes": temp,
-        "resident_bytes": program.resident_bytes, "peak_bytes": peak, "fits": peak <= usable,
-        "headroom": 1 - peak / per_device["hbm_bytes"], "flops": cost["flops"],
-        "bytes_accessed": cost["bytes_accessed"], "collective_bytes": coll, "compile_s": round(compile_s, 2),
-        "runs_per_step": program.multiplier if program.in_step else 0,
-        "seconds": once * program.multiplier if program.in_step else 0.0,
-        "largest_term": max(terms, key=terms.get), "terms_s": terms,
-    }  # fmt: skip
+    fits = "error" not in raw and peak <= (1 - HEADROOM) * per_device["hbm_bytes"]
+    return {**raw, "peak_bytes": peak, "fits": fits, "headroom": 1 - peak / per_device["hbm_bytes"],
+            "seconds": once * raw["runs_per_step"], "terms_s": terms,
+            "largest_term": max(terms, key=terms.get)}  # fmt: skip
 
 
-_TEMP = re.compile(r"HLO temporaries \(([0-9.]+)([KMGT])\)")
-
-
-def _too_big(program: Program, message: str, compile_s: float, per_device: dict[str, float]) -> dict[str, Any]:
-    """The phase record of a program libtpu would not compile: its temporaries alone exceed HBM."""
-    m = _TEMP.search(message)
-    temp = int(float(m[1]) * 1024 ** " KMGT".index(m[2])) if m else int(per_device["hbm_bytes"])
-    peak = temp + program.resident_bytes
-    print(f"fit: {program.name} does not fit: {message.splitlines()[0][:200]}", file=sys.stderr, flush=True)
-    return {
-        "argument_bytes": 0, "output_bytes": 0, "alias_bytes": 0, "temp_bytes": temp,
-        "resident_bytes": program.resident_bytes, "peak_bytes": peak, "fits": False,
-        "headroom": 1 - peak / per_device["hbm_bytes"], "flops": 0.0, "bytes_accessed": 0.0,
-        "collective_bytes": {"moved": 0}, "compile_s": round(compile_s, 2), "runs_per_step": 0, "seconds": 0.0,
-        "largest_term": "-", "terms_s": {}, "error": message.splitlines()[0][:300],
-    }  # fmt: skip
-
-
-def judge(programs: list[Program], devices: int, per_device: dict[str, float]) -> dict[str, Any]:
-    """Every phase measured, the verdict and the step estimate."""
-    phases = {p.name: phase(p, devices, per_device) for p in programs}
-    fits = all(p["fits"] for p in phases.values())
+def judge(phases_raw: dict[str, dict[str, Any]], per_device: dict[str, float]) -> dict[str, Any]:
+    """Every phase judged, the overall verdict and the step estimate."""
+    phases = {k: verdict(v, per_device) for k, v in phases_raw.items()}
     worst = min(phases, key=lambda k: phases[k]["headroom"])
-    seconds = sum(p["seconds"] for p in phases.values())
     return {
-        "phases": phases, "fits": fits, "headroom": phases[worst]["headroom"], "tightest_phase": worst,
+        "phases": phases, "fits": all(p["fits"] for p in phases.values()), "headroom": phases[worst]["headroom"],
+        "tightest_phase": worst,
         "estimate": {
-            "step_s": seconds,
+            "step_s": sum(p["seconds"] for p in phases.values()),
             "phases_s": {k: p["seconds"] for k, p in phases.items() if p["runs_per_step"]},
             "largest_phase": max(phases, key=lambda k: phases[k]["seconds"]),
         },
     }  # fmt: skip
+
+
+def measure_all(programs: list[Program], devices: int) -> dict[str, dict[str, Any]]:
+    return {p.name: measure(p, devices) for p in programs}

@@ -2,16 +2,16 @@
 
 Dims: N sequences per step, P prompt bucket (the largest: the worst case), C max new tokens, M micro-batch.
 Phases: `decode_cast` (weights to the compute dtype, decode layout), `prefill`, `decode` (the whole
-while_loop, for memory), `decode_token` (one loop iteration, costed x (C - 1): XLA's cost analysis counts a
-loop body once), `ref_logp` (loss.beta > 0), `update` (the jitted step with its lax.scan over micro-batches)
-and `micro_batch` (one forward+backward, costed x (M - 1) on top of the update's own once-counted body).
+while_loop), `ref_logp` (loss.beta > 0) and `update` (the jitted step with its lax.scan over micro-batches).
+XLA's cost analysis counts a loop body once, so `decode` is costed x (C - 1) tokens and `update` x the
+accumulation steps (the optimizer's elementwise update, a few ms, is then counted that many times too: the
+estimate errs high there, by design of a lower bound it does not matter much).
 Each phase also holds what stays in HBM while it runs but is not its argument (`resident_bytes`): the FSDP
 parameters and optimizer state during the rollout.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,15 +39,17 @@ class Program:
     lowered: Any  # jax Lowered
     multiplier: int  # how many times a step runs its cost (memory is per run)
     resident_bytes: int  # per device, alive beside the program's own buffers
-    in_step: bool = True  # counted in the step-time estimate
 
 
-def model_config(cfg: Config) -> Qwen2Config:
-    """The model's shapes: a local folder's config.json, else the preset (hub ids are not fetched)."""
+def model_config(cfg: Config, layers: int = 0) -> Qwen2Config:
+    """The model's shapes: a local folder's config.json, else the preset (hub ids are not fetched);
+    `layers` > 0 keeps only that many decoder layers (trainer.fit's probes)."""
     folder = Path(cfg.model.path).expanduser()
     if (folder / "config.json").is_file():
-        return Qwen2Config.from_hf(json.loads((folder / "config.json").read_text()), dtype=cfg.model.dtype)
-    return preset(cfg.model.preset).replace(dtype=cfg.model.dtype)
+        mconf = Qwen2Config.from_hf(json.loads((folder / "config.json").read_text()), dtype=cfg.model.dtype)
+    else:
+        mconf = preset(cfg.model.preset).replace(dtype=cfg.model.dtype)
+    return mconf.replace(num_hidden_layers=layers) if layers else mconf
 
 
 def device_bytes(tree: Any) -> int:
@@ -93,15 +95,15 @@ def state(cfg: Config, mconf: Qwen2Config, mesh: Mesh) -> tuple[Any, Any, Any]:
     return params, opt_state, opt
 
 
-ROLLOUT = ("decode_cast", "prefill", "decode", "decode_token")
-UPDATE = ("ref_logp", "update", "micro_batch")
+ROLLOUT = ("decode_cast", "prefill", "decode")
+UPDATE = ("ref_logp", "update")
 
 
 def step_programs(
-    cfg: Config, devices: list[Any], only: tuple[str, ...] = ROLLOUT + UPDATE
+    cfg: Config, devices: list[Any], only: tuple[str, ...] = ROLLOUT + UPDATE, layers: int = 0
 ) -> tuple[list[Program], dict[str, Any]]:
     """Every program of one step (or those named in `only`), lowered; plus facts for the report."""
-    mconf = model_config(cfg)
+    mconf = model_config(cfg, layers)
     mesh = training_mesh(cfg, devices)
     cfg.check_batch(len({d.process_index for d in devices}), mesh.shape["dp"] * mesh.shape["fsdp"])
     params, opt_state, opt = state(cfg, mconf, mesh)
@@ -145,10 +147,8 @@ def _rollout(
     dstate = jax.tree_util.tree_map(
         lambda x, s: _sds(x.shape, x.dtype, s), prefill_out.out_info, prefill_out.output_shardings
     )
-    programs.append(Program("decode", OnMesh(sampler._decode, rmesh).lower(rparams, dstate, **static), 1,
-                            resident, in_step=False))  # fmt: skip
-    one = jax.jit(functools.partial(sampler.decode_one, **static))
-    programs.append(Program("decode_token", OnMesh(one, rmesh).lower(rparams, dstate), max(C - 1, 1), resident))
+    decode = OnMesh(sampler._decode, rmesh).lower(rparams, dstate, **static)
+    programs.append(Program("decode", decode, max(C - 1, 1), resident))
     return programs
 
 
@@ -171,12 +171,5 @@ def _update(
         programs.append(Program("ref_logp", ref.lower(params, batch), 1, resident))
         batch["ref_logp"] = _batch(mesh, (N, C), jnp.float32)
     update = train.make_update(cfg, mconf, opt, P_len, impl, (params, opt_state))
-    programs.append(Program("update", update.lower(params, opt_state, batch), 1, 0))
-    n_micro = cfg.accumulation_steps
-    if n_micro > 1:
-        M = cfg.train.micro_batch
-        mb = {k: _batch(mesh, (M, *v.shape[1:]), v.dtype) for k, v in batch.items()}
-        loss_fn = train.make_loss_fn(cfg, mconf.replace(remat=cfg.train.remat), P_len, impl)
-        grad = OnMesh(jax.jit(jax.value_and_grad(loss_fn, has_aux=True)), mesh)
-        programs.append(Program("micro_batch", grad.lower(params, mb, jnp.float32(1.0)), n_micro - 1, 0))
+    programs.append(Program("update", update.lower(params, opt_state, batch), cfg.accumulation_steps, 0))
     return programs

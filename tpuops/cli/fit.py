@@ -1,0 +1,48 @@
+"""`tpuops fit CONFIG`: will this trainer config fit its TPU? (an ahead-of-time compile on this machine)"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from tpuops.cli import options as o
+from tpuops.cli.state import JSON_MODE
+
+
+def fit(
+    config: Annotated[str, typer.Argument(help="Trainer config: a preset name (trainer/configs) or a YAML path.")],
+    set_: o.SetOpt = None,
+    accelerator: Annotated[
+        str | None, typer.Option("--accelerator", help="TPU type, e.g. v6e-8 (default: the config's mesh.accelerator).")
+    ] = None,
+    topology: Annotated[str | None, typer.Option("--topology", help="JAX topology instead, e.g. v6e:2x4.")] = None,
+    probe: Annotated[
+        str | None, typer.Option("--probe", help="Compile at two depths A,B and extrapolate (faster, approximate).")
+    ] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Compile again even when a verdict is cached.")] = False,
+    json: o.JsonOpt = False,
+) -> None:
+    """Compile every program of a training step for a TPU, on this machine (no TPU needed), and judge it.
+
+    Per phase (rollout: decode_cast, prefill, decode; update): per-device bytes against HBM, FLOPs, HBM bytes,
+    collectives and a roofline estimate of the step time. Exit 0 when every phase keeps >= 10% of HBM free,
+    12 when not (with the cheapest override that fits). Needs libtpu: pip install -e '.[tpu]'.
+
+    \b
+    Examples:
+      tpuops fit qwen2.5-3b-v6e-8
+      tpuops fit qwen2.5-3b-v6e-8 --accelerator v5e-8 --set train.micro_batch=16 --json
+    """
+    JSON_MODE["on"] = json
+    if accelerator and topology:
+        from tpuops.errors import UsageError
+
+        raise UsageError("--accelerator and --topology name the same thing: pass one")
+    from tpuops import fit as fitlib
+    from tpuops import report
+
+    sets = [f"{k}={v}" for k, v in o.parse_sets(set_).items()]
+    result = fitlib.check(config, sets, accelerator=accelerator, topology=topology, probe=probe, use_cache=not no_cache)
+    report.fit_report(result, json)
+    raise typer.Exit(0 if result["fits"] else int(fitlib.DoesNotFitError.exit_code))

@@ -1,0 +1,113 @@
+"""`tpuops fit` and the run preflight: the trainer's ahead-of-time fit check (`python -m trainer.fit`), run on
+this machine for a TPU type, its verdict cached by everything that can change it.
+
+tpuops and trainer meet at the command line: this module runs the trainer as a subprocess with this
+interpreter and reads its JSON. Cache key: config (name, preset file or YAML text), overrides, target, the
+jax and libtpu versions and the trainer's source; entries are written to a temporary file and renamed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tpuops.config import state_home
+from tpuops.errors import DoesNotFitError, TpuopsError, UsageError
+
+EXIT_NO_FIT, EXIT_NO_LIBTPU = 3, 4  # trainer.fit's exit codes (docs/contracts.md)
+GB = 1e9
+
+
+class FitUnavailable(UsageError):
+    """libtpu is not installed here, so nothing can be compiled for a TPU."""
+
+    kind = "fit_unavailable"
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "-"
+
+
+def cache_key(config: str, sets: list[str], target: str, probe: str | None, cwd: Path) -> str:
+    h = hashlib.sha256()
+    for part in (config, *sets, target, probe or "", _version("jax"), _version("libtpu")):
+        h.update(part.encode() + b"\0")
+    trainer = cwd / "trainer"
+    candidates = [Path(config), trainer / "configs" / f"{config}.yaml"]
+    files = [c for c in candidates if c.suffix in (".yaml", ".yml") and c.is_file()]
+    files += sorted(trainer.rglob("*.py")) if trainer.is_dir() else []
+    for f in files:
+        h.update(str(f.relative_to(cwd) if f.is_relative_to(cwd) else f).encode() + f.read_bytes())
+    return h.hexdigest()[:24]
+
+
+def check(
+    config: str,
+    sets: list[str] | None = None,
+    *,
+    accelerator: str | None = None,
+    topology: str | None = None,
+    probe: str | None = None,
+    cwd: Path | None = None,
+    use_cache: bool = True,
+) -> dict[str, Any]:
+    """The fit result (JSON of trainer.fit, plus `cached`); FitUnavailable without libtpu, UsageError for a
+    bad config or target."""
+    cwd = cwd or Path.cwd()
+    sets = [s.removeprefix("--set=") for s in sets or []]
+    target = f"topology={topology}" if topology else f"accelerator={accelerator or ''}"
+    entry = state_home() / "fit" / f"{cache_key(config, sets, target, probe, cwd)}.json"
+    if use_cache and entry.is_file():
+        try:
+            return {**json.loads(entry.read_text()), "cached": True}
+        except (OSError, ValueError):
+            pass  # a damaged entry is recomputed
+    argv = [sys.executable, "-m", "trainer.fit", "--config", config, "--json"]
+    argv += [f"--set={s}" for s in sets]
+    argv += ["--topology", topology] if topology else (["--accelerator", accelerator] if accelerator else [])
+    argv += ["--probe", probe] if probe else []
+    r = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
+    if r.returncode == EXIT_NO_LIBTPU:
+        raise FitUnavailable(json.loads(r.stdout.strip().splitlines()[-1])["message"])
+    if r.returncode not in (0, EXIT_NO_FIT):
+        lines = [ln for ln in (r.stderr or r.stdout).strip().splitlines() if ln.strip() and not ln.startswith("fit: ")]
+        last = lines[-1].removeprefix("config: ") if lines else f"exit {r.returncode}"
+        error = UsageError if r.returncode == 2 else TpuopsError
+        raise error(f"fit {config}: {last}")
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = entry.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(entry)
+    return {**result, "cached": False}
+
+
+def summary(result: dict[str, Any]) -> str:
+    """One line: the verdict, the tightest phase and, when it does not fit, the cheapest fix found."""
+    tight = result["phases"][result["tightest_phase"]]
+    where = f"{result['config']} on {result['accelerator']}"
+    if result["fits"]:
+        return (f"{where} fits: tightest phase {result['tightest_phase']} peaks at {tight['peak_bytes'] / GB:.1f} GB "
+                f"of {result['hbm_bytes_per_device'] / GB:.1f} GB per device ({result['headroom']:.0%} headroom); "
+                f"estimated step >= {result['estimate']['step_s']:.2f} s")  # fmt: skip
+    line = (f"{where} does not fit: {result['tightest_phase']} peak {tight['peak_bytes'] / GB:.1f} GB > "
+            f"{result['usable_bytes_per_device'] / GB:.1f} GB usable per device")  # fmt: skip
+    fix = result.get("fix")
+    if fix:
+        sets = " ".join(f"--set {s}" for s in fix["set"])
+        return f"{line}: {sets} fits (peak {fix['peak_bytes'] / GB:.1f} GB)"
+    return f"{line}: lower train.micro_batch, set train.remat=full, or pick a larger TPU (tpuops fit {result['config']} --accelerator ...)"
+
+
+def require_fit(result: dict[str, Any]) -> None:
+    if not result["fits"]:
+        raise DoesNotFitError(summary(result))
