@@ -232,7 +232,13 @@ def doctor(health: list[Any], as_json: bool) -> None:
         *keys,
         title=".env keys compared by hash (values never shown)",
     )
-    style = {"match": "green", "differs": "bold red", "missing": "bold yellow", "extra": "yellow"}
+    style = {
+        "match": "green",
+        "differs": "bold red",
+        "missing": "bold yellow",
+        "extra": "yellow",
+        "unreadable": "bold red",
+    }
     for h in health:
         conn = "[green]ok[/]" if h.connected else f"[red]{_escape(h.error or 'failed')}[/]"
         cells = [
