@@ -107,13 +107,19 @@ def _form(key: str, value: str, path: Path | None = None) -> str:
     Single quotes: sh takes everything literally; python-dotenv only decodes `\\\\` and `\\'` -- so any value
     without `'` or `\\`. Double quotes, escaping `\\` and `"`: both decode `\\\\` and `\\"` alike, and neither
     touches `'` -- so any value without `$` or a backtick (sh would expand them; an escaped one stays escaped
-    for python-dotenv). A value with both kinds (say `a'b$c`) has no form both read back; it is refused.
+    for python-dotenv). A value with both kinds (say `a'b$c`) has no form both read back, nor has a value
+    ending in `\\` (python-dotenv takes `\\"` for an escaped quote there): those are refused (exit 2).
     """
+    where = f"{path}: " if path else ""
+    if value.endswith("\\"):
+        raise UsageError(
+            f"{where}the value of {key} ends with \\: python-dotenv cannot read that back",
+            hint="end it with another character",
+        )
     if "'" not in value and "\\" not in value:
         return f"'{value}'"
     if "$" not in value and "`" not in value:
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    where = f"{path}: " if path else ""
     raise UsageError(
         f"{where}the value of {key} has ' or \\ and also $ or `: no .env form reads back the same in sh and "
         "python-dotenv",
