@@ -20,7 +20,25 @@ from tpuops import secrets
 from tpuops.errors import ExitCode, UsageError
 
 # Pieces of hostile values: quotes, backslashes, expansions, comments, blanks, line ends, unicode.
-ATOMS = ["'", '"', "\\", "$", "${X}", "$(id)", "`id`", "#", " ", "\n", "\r\n", "\r", "\t", "é☃", "=", "\\n", "!"]
+ATOMS = [
+    "'",
+    '"',
+    "\\",
+    "$",
+    "${X}",
+    "$(id)",
+    "`id`",
+    "#",
+    " ",
+    "\n",
+    "\r\n",
+    "\r",
+    "\t",
+    "é☃",
+    "=",
+    "\\n",
+    "!",
+]
 ENV_SOP = """name: envcheck
 params:
   env_file: {type: path, default: .env}
@@ -62,7 +80,7 @@ def test_every_writable_value_reads_back_exactly_in_sh_and_python_dotenv(tmp_pat
             shell_checks.append((value, data))
     assert len(shell_checks) > 40
     script = tmp_path / "check.sh"
-    for k, (value, data) in enumerate(shell_checks):
+    for k, (_value, data) in enumerate(shell_checks):
         (tmp_path / f"{k}.env").write_bytes(data)
     script.write_text(
         "for f in " + " ".join(f"{k}.env" for k in range(len(shell_checks))) + "; do\n"
@@ -74,7 +92,7 @@ def test_every_writable_value_reads_back_exactly_in_sh_and_python_dotenv(tmp_pat
 
 def test_values_are_literal_and_fixes_are_named(tmp_path: Path) -> None:
     f = tmp_path / ".env"
-    f.write_bytes("\ufeffPW=pa$$wd${HOME}\r\nQUOTED=\"a'b\"\r\nexport E=1 # comment\r\n".encode())
+    f.write_bytes('\ufeffPW=pa$$wd${HOME}\r\nQUOTED="a\'b"\r\nexport E=1 # comment\r\n'.encode())
     env = secrets.load(f)
     assert env.values == {"PW": "pa$$wd${HOME}", "QUOTED": "a'b", "E": "1"}
     assert env.fixes == ("a byte-order mark", "CRLF line endings")
@@ -85,7 +103,7 @@ def test_values_are_literal_and_fixes_are_named(tmp_path: Path) -> None:
     [
         ('A="never closed\nB=1\n', "line 1: A cannot be parsed"),
         ("my-key=1\n", "key 'my-key' is not a shell variable name"),
-        ("K=\"a'b$c\"\n", "the value of K has ' or \\ and also $ or `"),
+        ('K="a\'b$c"\n', "the value of K has ' or \\ and also $ or `"),
         ('K="a\\\\"\n', "the value of K ends with \\"),
     ],
 )
@@ -157,7 +175,9 @@ def test_hostile_values_reach_the_worker_and_doctor_exactly_and_appear_nowhere(
         cwd=tmp_path,
     )  # fmt: skip
     assert doctor.returncode == 0, doctor.stderr
-    assert json.loads(doctor.stdout)[0]["env_keys"] == dict.fromkeys(sorted(values), "match")  # = doctor-parsed
+    assert json.loads(doctor.stdout)[0]["env_keys"] == dict.fromkeys(
+        sorted(values), "match"
+    )  # = doctor-parsed
     home = Path(os.environ["TPUOPS_HOME"])
     records = [f.read_text(errors="replace") for f in home.rglob("*") if f.is_file()]
     places = [ran.stdout, ran.stderr, doctor.stdout, doctor.stderr, *records, *argv.seen]
@@ -197,7 +217,7 @@ def test_doctor_never_calls_a_present_key_missing(sshd_pool: SshdPool, tmp_path:
     """A worker file python-dotenv cannot read on one line (the old shell-quoted form of `a'b`): that key is
     `unreadable`, not `missing`; the others still compare."""
     (w,) = sshd_pool.take(1)
-    (tmp_path / ".env").write_text("X=\"a'b\"\nY=plain\n")
+    (tmp_path / ".env").write_text('X="a\'b"\nY=plain\n')
     (w.home / "remote.env").write_text("X='a'\"'\"'b'\nY='plain'\n")
     r = tpuops(
         "doctor", *sshd_pool.host_args([w]), "--remote-env", "~/remote.env", "--lockfile", "~/l", "--json",
