@@ -160,25 +160,10 @@ CHROMIUM_FLAGS = [
 
 
 def chromium() -> str:
-    """Debian's chromium; installed with apt-get when missing. Skips only when it cannot be installed."""
+    """Debian's chromium. Installed by scripts/test.sh, never from inside pytest (a test installs nothing)."""
     found = shutil.which("chromium")
-    if found:
-        return found
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.skip("chromium is not installed and apt-get cannot install it here (not root or no apt-get)")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    r = subprocess.run(
-        "apt-get update -qq && apt-get install -y -qq chromium",
-        check=False,
-        shell=True,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    found = shutil.which("chromium")
-    if r.returncode or not found:
-        pytest.skip(f"chromium could not be installed with apt-get: {(r.stderr or r.stdout)[-300:]}")
+    if not found:
+        pytest.fail("Debian's chromium is required (bash scripts/test.sh installs it with apt-get)")
     return found
 
 

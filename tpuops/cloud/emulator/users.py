@@ -19,20 +19,25 @@ class UserLeases:
         self.held: dict[str, int] = {}
 
     def take(self) -> str:
-        self.lock_dir.mkdir(mode=0o1777, parents=True, exist_ok=True)
         for k in itertools.count():
             name = f"{self.prefix}{k}"
-            if name in self.held:
-                continue
-            fd = os.open(self.lock_dir / f"{name}.lock", os.O_CREAT | os.O_RDWR, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            self.held[name] = fd
-            return name
+            if name not in self.held and self.hold(name):
+                return name
         raise AssertionError("unreachable")
+
+    def hold(self, name: str) -> bool:
+        """Lease exactly this name; False when another live process holds it."""
+        if name in self.held:
+            return True
+        self.lock_dir.mkdir(mode=0o1777, parents=True, exist_ok=True)
+        fd = os.open(self.lock_dir / f"{name}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self.held[name] = fd
+        return True
 
     def give_back(self, name: str) -> None:
         fd = self.held.pop(name, None)
