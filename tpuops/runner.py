@@ -122,6 +122,8 @@ def exit_code(report: SopReport) -> ExitCode:
     kind = step.error_kind.get(worker)
     if kind in {"connect", "host_key"}:
         return ExitCode.CONNECT
+    if kind == "usage":  # bad input only the worker could see (a branch the remote does not have)
+        return ExitCode.USAGE
     codes = {"busy": ExitCode.TPU_BUSY, "timeout": ExitCode.TIMEOUT, "hang": ExitCode.HANG}
     if outcome.status == "failed" and log is not None and log.failures:
         return _LOG_FAILURE_CODES.get(log.failures[0].kind, ExitCode.FAILED)

@@ -8,12 +8,15 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from tpuops import shell
+from tpuops.errors import UsageError
 from tpuops.sop.actions import Action, Command, Upload
 from tpuops.sop.model import Outcome, PlanContext, Step, markers
 from tpuops.transport.base import CmdResult
 
 # Exit code of a clear_lockfile script that found a holder and was not allowed to kill it.
 BUSY_EXIT = 75
+# Exit code of a git_sync script given a branch or commit the remote does not have (bad input: exit 2).
+UNKNOWN_REF_EXIT = 2
 _DEVICE_GLOB = re.compile(r"[A-Za-z0-9_./*?-]+")
 
 
@@ -41,8 +44,11 @@ git remote set-url origin "$repo"
 before=$(git rev-parse --verify --quiet HEAD || echo none)
 dirty=$(git status --porcelain --untracked-files=all -- . {kept} | grep -c . || true)
 git fetch --all --prune --quiet
+refs() {{ {{ git for-each-ref --format='%(refname:lstrip=3)' refs/remotes/origin | grep -vx HEAD
+  git for-each-ref --format='%(refname:lstrip=2)' refs/tags; }} | head -n 20 | paste -sd, - | sed 's/,/, /g'; }}
 if git rev-parse --verify --quiet "refs/remotes/origin/$ref^{{commit}}" >/dev/null; then target="origin/$ref"
-else target=$(git rev-parse --verify --quiet "$ref^{{commit}}") || {{ echo "unknown branch or commit: $ref" >&2; exit 2; }}; fi
+else target=$(git rev-parse --verify --quiet "$ref^{{commit}}") || {{
+  echo "unknown branch or commit: $ref (branches and tags found: $(refs))" >&2; exit {UNKNOWN_REF_EXIT}; }}; fi
 git checkout --quiet --force --detach "$target"
 git reset --quiet --hard "$target"
 git clean -fdq {excludes}
@@ -53,6 +59,11 @@ echo "tpuops: sha=$(git rev-parse --short HEAD) changed=$changed"
         return [Command(script, timeout=self.timeout)]
 
     def outcome(self, results: list[CmdResult]) -> Outcome:
+        if results and results[-1].exit_code == UNKNOWN_REF_EXIT and not results[-1].error:
+            lines = results[-1].stderr.strip().splitlines()
+            raise UsageError(
+                lines[-1] if lines else "unknown branch or commit", hint="pass --set branch=NAME"
+            )
         found = markers(results[-1].stdout) if results and results[-1].ok else []
         if not found:
             return super().outcome(results)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -210,6 +212,7 @@ def test_hostile_set_value_is_inert(
     )
     assert report.steps[0].outcomes[0].status == "failed"
     assert "unknown branch or commit" in report.steps[0].outcomes[0].detail
+    assert runner.exit_code(report) == ExitCode.USAGE
     echo = run(sshd_pool, [w], "exec", tmp_path, sets={"cmd": "echo", "repo_dir": f"~/d; touch {marker}"})
     assert echo.ok
     assert not marker.exists()
@@ -258,3 +261,24 @@ def test_secret_env_values_never_reach_ps_or_outputs(sshd_pool: SshdPool, tmp_pa
         secret not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
     )
     assert int(count) <= 1
+
+
+def test_an_unknown_branch_is_bad_input_naming_the_branches_and_tags_found(
+    sshd_pool: SshdPool, git_remote: tuple[Path, str], tmp_path: Path
+) -> None:
+    (w,) = sshd_pool.take(1)
+    bare, first = git_remote
+    subprocess.run(["git", "-C", str(bare), "tag", "v1.0", first], check=True)
+    subprocess.run(["git", "-C", str(bare), "branch", "dev", first], check=True)
+    subprocess.run(["chmod", "-R", "a+rX", str(bare)], check=True)
+    r = subprocess.run(  # noqa: PLW1510 - the exit code is what this test checks
+        [sys.executable, "-m", "tpuops", "sop", "run", "sync", *sshd_pool.host_args([w]),
+         "--set", f"repo_url={bare}", "--set", "branch=mian", "--set", "lockfile=~/l", "--json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == ExitCode.USAGE, r.stderr
+    data = json.loads(r.stdout)
+    assert data["error_class"] == "usage"
+    assert data["failure"]["detail"] == (
+        "unknown branch or commit: mian (branches and tags found: dev, main, v1.0) (pass --set branch=NAME)"
+    )
