@@ -93,8 +93,6 @@ class ClearLockfile(Step):
         # Globs stay unquoted in `for d in ...` (they must expand) but are checked to hold no shell syntax.
         for g in globs:
             if not _DEVICE_GLOB.fullmatch(g):
-                from tpuops.errors import UsageError
-
                 raise UsageError(
                     f"clear_lockfile devices: {g!r} is not a plain path glob (letters, digits, /._-*?)"
                 )
