@@ -223,9 +223,10 @@ class Model:
                 _trust_local_repos(workers[-1])
         except (OSError, RuntimeError, subprocess.CalledProcessError) as e:
             rec.workers = workers
-            self._teardown(rec, None)
-            for user in users:
-                self._release(user)
+            self._teardown(rec, None)  # releases the users of the workers that started
+            with self.lock:
+                for user in users[len(workers) :]:
+                    self._release(user)
             self._finish(op, error=(13, f"emulator could not start sshd for {rec.name}: {e}"))
             return
         time.sleep(self.create_delay)
@@ -289,6 +290,7 @@ class Model:
         rec.workers[worker].regenerate_host_key()
 
     def _release(self, user: str) -> None:
+        """Hand a worker's user back (callers hold the lock)."""
         if user in self.created:
             self.spare.append(user)  # still leased: only this emulator may delete it
         else:
