@@ -1,7 +1,7 @@
 """The local .env: read literally, written in one form that `sh` and python-dotenv read back exactly.
 
 Reading: python-dotenv's own parser (quotes, escapes, `export`, comments) with no `${VAR}` interpolation, so a
-value is what the file says (`PW=pa$$wd${HOME}` is those 14 characters). A byte-order mark and CRLF line
+value is what the file says (`PW=pa$$wd${HOME}` is sent as exactly that text). A byte-order mark and CRLF line
 endings are removed and reported. Writing (`serialize`): one `KEY='value'` or `KEY="value"` line per key,
 chosen per value so that `set -a; . ./.env` in a POSIX shell and `dotenv_values(path, interpolate=False)`
 both give back the value exactly. Values are never shown: only key names, hashes and fix notes leave here.
