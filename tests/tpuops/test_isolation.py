@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tpuops.cloud.emulator.sshd import client_keypair, remove_users, start_worker
+from tpuops.cloud.emulator.users import UserLeases
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="per-worker Unix users exist only when run as root")
 
@@ -72,3 +73,4 @@ def test_the_users_and_homes_a_session_made_are_deleted_with_their_processes(
     with pytest.raises(KeyError):
         pwd.getpwnam(w.user)
     assert not w.home.exists() and not w.running
+    assert not (UserLeases("").lock_dir / f"{w.user}.lock").exists()  # the lease's file went with it
