@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tpuops.cloud.emulator.sshd import client_keypair, start_worker
+from tpuops.cloud.emulator.sshd import client_keypair, remove_users, start_worker
 from tpuops.sop.executor import Executor
 from tpuops.sop.loader import Sop
 from tpuops.transport.base import Worker
@@ -116,8 +116,7 @@ def main() -> None:
         print(f"tpuops --help start-up (median of 10): {help_time():.3f} s")
         print(f"python -c pass (floor):                 {_python_floor():.3f} s")
     finally:
-        for w in pool:
-            w.stop()
+        remove_users(pool)  # stops each sshd; deletes the users and homes this run created
 
 
 def _python_floor() -> float:

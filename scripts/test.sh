@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # Install what the tests need (Debian's openssh-server and chromium when missing, the Python extras) and
-# run the whole suite. Extra arguments go to pytest.
+# run the whole suite. Extra arguments go to pytest. Installing happens here only, never inside pytest, and
+# under one lock, so two runs started at once on one machine do not race apt-get or pip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-missing=()
-[ -x /usr/sbin/sshd ] || missing+=(openssh-server)
-command -v chromium >/dev/null 2>&1 || missing+=(chromium)
-if [ ${#missing[@]} -gt 0 ]; then
-  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
-python3 -m pip install -q -e '.[trainer,test]'
+(
+  flock 9
+  missing=()
+  [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  if [ ${#missing[@]} -gt 0 ]; then
+    sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+  python3 -m pip install -q -e '.[trainer,test]'
+) 9>"${TMPDIR:-/tmp}/tpuops-test-install-$(id -u).lock"
 exec python3 -m pytest "$@"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ class WorkerHealth:
     address: str
     connected: bool
     error: str | None = None
-    env_keys: dict[str, str] = field(default_factory=dict)  # key -> match | differs | missing | extra
+    env_keys: dict[str, str] = field(default_factory=dict)  # key -> match|differs|missing|extra|unreadable
     env_hashes: dict[str, str] = field(default_factory=dict)  # key -> short sha256 of the worker's value
     lock: str = ""
 
@@ -30,8 +29,9 @@ def examine(
 ) -> list[WorkerHealth]:
     """Connect to every worker; compare its .env with the local one key by key (values never leave hashes)."""
     spec = spec.with_defaults(load_config(cwd))
-    local = secrets.load(env_file).key_hashes() if env_file.exists() else {}
-    redact = Redactor(secrets.load(env_file).values.values() if env_file.exists() else ())
+    local_values = secrets.parse(env_file.read_bytes())[0] if env_file.exists() else {}
+    local = secrets.key_hashes(local_values)
+    redact = Redactor(local_values.values())
     transport = open_transport(spec, redact)
 
     def one(w: int) -> WorkerHealth:
@@ -40,10 +40,13 @@ def examine(
             transport.connect(w)
             h.connected = True
             data = transport.read_from(w, remote_env, 0)
-            remote = _key_hashes(data) if data is not None else {}
+            remote = secrets.key_hashes(secrets.parse(data)[0]) if data is not None else {}
+            unreadable = set(secrets.unreadable_keys(data)) if data is not None else set()
             h.env_hashes = remote
-            for key in sorted(set(local) | set(remote)):
-                if key not in remote:
+            for key in sorted(set(local) | set(remote) | unreadable):
+                if key in unreadable and key not in remote:
+                    h.env_keys[key] = "unreadable"  # present on a line python-dotenv cannot parse
+                elif key not in remote:
                     h.env_keys[key] = "missing"
                 elif key not in local:
                     h.env_keys[key] = "extra"
@@ -60,12 +63,3 @@ def examine(
             return list(pool.map(one, range(len(transport.workers))))
     finally:
         transport.close()
-
-
-def _key_hashes(data: bytes) -> dict[str, str]:
-    import io
-
-    from dotenv import dotenv_values
-
-    values = dotenv_values(stream=io.StringIO(data.decode(errors="replace")))
-    return {k: hashlib.sha256((v or "").strip().encode()).hexdigest()[:12] for k, v in values.items()}

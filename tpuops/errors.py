@@ -19,6 +19,7 @@ class ExitCode(IntEnum):
     PREEMPTED = 8  # the VM was preempted
     HANG = 9  # a worker stopped making progress
     OOM = 10  # the trainer ran out of device memory
+    INCONSISTENT = 11  # workers differ in code, .env or versions: the run was not started
     NO_FIT = 12  # the config does not fit its TPU (tpuops fit, and the preflight of a run on a VM)
 
 

@@ -24,7 +24,7 @@ EXIT_NO_FIT, EXIT_NO_LIBTPU = 3, 4  # trainer.fit's exit codes (docs/contracts.m
 GB = 1e9
 
 
-class FitUnavailable(UsageError):
+class FitUnavailableError(UsageError):
     """libtpu is not installed here, so nothing can be compiled for a TPU."""
 
     kind = "fit_unavailable"
@@ -60,7 +60,7 @@ def check(
     cwd: Path | None = None,
     use_cache: bool = True,
 ) -> dict[str, Any]:
-    """The fit result (JSON of trainer.fit, plus `cached`); FitUnavailable without libtpu, UsageError for a
+    """The fit result (JSON of trainer.fit, plus `cached`); FitUnavailableError without libtpu, UsageError for a
     bad config or target."""
     cwd = cwd or Path.cwd()
     sets = [s.removeprefix("--set=") for s in sets or []]
@@ -77,9 +77,13 @@ def check(
     argv += ["--probe", probe] if probe else []
     r = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
     if r.returncode == EXIT_NO_LIBTPU:
-        raise FitUnavailable(json.loads(r.stdout.strip().splitlines()[-1])["message"])
+        raise FitUnavailableError(json.loads(r.stdout.strip().splitlines()[-1])["message"])
     if r.returncode not in (0, EXIT_NO_FIT):
-        lines = [ln for ln in (r.stderr or r.stdout).strip().splitlines() if ln.strip() and not ln.startswith("fit: ")]
+        lines = [
+            ln
+            for ln in (r.stderr or r.stdout).strip().splitlines()
+            if ln.strip() and not ln.startswith("fit: ")
+        ]
         last = lines[-1].removeprefix("config: ") if lines else f"exit {r.returncode}"
         error = UsageError if r.returncode == 2 else TpuopsError
         raise error(f"fit {config}: {last}")
@@ -105,7 +109,7 @@ def summary(result: dict[str, Any]) -> str:
     if fix:
         sets = " ".join(f"--set {s}" for s in fix["set"])
         return f"{line}: {sets} fits (peak {fix['peak_bytes'] / GB:.1f} GB)"
-    return f"{line}: lower train.micro_batch, set train.remat=full, or pick a larger TPU (tpuops fit {result['config']} --accelerator ...)"
+    return f"{line}: lower train.micro_batch, set train.remat=full, or pick a larger TPU (tpuops fit --accelerator)"
 
 
 def require_fit(result: dict[str, Any]) -> None:

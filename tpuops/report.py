@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -126,14 +127,19 @@ def dry_runs(labelled: list[tuple[str, Any]], as_json: bool) -> None:
         dry_run(dr, False)
 
 
-def sop_list(rows: list[tuple[str, str, str]], as_json: bool) -> None:
+def sop_list(rows: list[tuple[str, str, str]], as_json: bool, broken: list[tuple[str, str]] = ()) -> None:
+    """The valid SOPs, then each file that does not load with its error (`error` in JSON)."""
     if as_json:
-        out.print_json(json.dumps([{"name": n, "description": d, "path": p} for n, d, p in rows]))
+        ok = [{"name": n, "description": d, "path": p, "error": None} for n, d, p in rows]
+        bad = [{"name": Path(p).stem, "description": "", "path": p, "error": e} for p, e in broken]
+        out.print_json(json.dumps(ok + bad))
         return
     table = Table("SOP", "description", "file")
     for n, d, p in rows:
         table.add_row(n, d, p)
     out.print(table)
+    for p, e in broken:  # the loader's message starts with the file (and line) already
+        err.print(f"[bold red]broken SOP[/] {_escape(e if e.startswith(p) else f'{p}: {e}')}")
 
 
 def sop_show(sop: Any, path: str, as_json: bool) -> None:
@@ -235,7 +241,13 @@ def doctor(health: list[Any], as_json: bool) -> None:
         *keys,
         title=".env keys compared by hash (values never shown)",
     )
-    style = {"match": "green", "differs": "bold red", "missing": "bold yellow", "extra": "yellow"}
+    style = {
+        "match": "green",
+        "differs": "bold red",
+        "missing": "bold yellow",
+        "extra": "yellow",
+        "unreadable": "bold red",
+    }
     for h in health:
         conn = "[green]ok[/]" if h.connected else f"[red]{_escape(h.error or 'failed')}[/]"
         cells = [

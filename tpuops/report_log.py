@@ -71,12 +71,8 @@ def render(
             f"steady dt over {d.n} steps: mean {d.mean:.3f}s  p50 {d.p50:.3f}s  p90 {d.p90:.3f}s{extra}"
         )
     c = report.compiles
-    if c.get("total", 0) == 0 and report.steps:
-        # With logging on, step 0 always compiles: none at all means JAX's compile log was off.
-        err.print(
-            "compiles: not logged (JAX compile logging was off; `tpuops recompile-check` or "
-            "--set compile_log=true turns it on)"
-        )
+    if not compiles_logged(report):
+        err.print(f"compiles: {NOT_LOGGED}")
     else:
         err.print(
             f"compiles: {c.get('total', 0)} total, {c.get('warmup', 0)} in warm-up, {c.get('eval', 0)} in "
@@ -180,6 +176,16 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return [lo + (hi - lo) * i / (n - 1) for i in range(n)]
 
 
+NOT_LOGGED = (
+    "not logged (JAX compile logging was off; `tpuops recompile-check` or --set compile_log=true turns it on)"
+)
+
+
+def compiles_logged(report: LogReport) -> bool:
+    """With logging on, step 0 always compiles: no compile at all in a run with steps means it was off."""
+    return report.compiles.get("total", 0) > 0 or not report.steps
+
+
 def svg_plot(
     plot_id: str, title: str, xs: list[int], series: list[tuple[str, list[float | None]]], marks: list[int]
 ) -> str:
@@ -191,7 +197,9 @@ def svg_plot(
         return head + f'<text x="{W // 2}" y="{H // 2}" text-anchor="middle">no data</text></svg>'
     x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
     y0, y1 = min(p[1] for p in pts), max(p[1] for p in pts)
-    x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + abs(y0) * 0.1 + 1e-9)
+    x1 = x1 if x1 > x0 else x0 + 1
+    if y1 <= y0:  # a flat series: an axis around its value, never a 1e-09-wide one that reads as noise
+        y0, y1 = (y0 - abs(y0) * 0.1, y1 + abs(y0) * 0.1) if y0 else (0.0, 1.0)
     pw, ph = W - PAD_L - PAD_R, H - PAD_T - PAD_B
 
     def sx(x: float) -> float:
@@ -302,20 +310,16 @@ def page(report: LogReport, deltas: list[Delta] | None = None) -> str:
     parts.append(svg_plot("plot-loss", "loss", xs, [("loss", [r.loss for r in rows])], []))
     c = report.compiles
     parts.append("<h2>Compiles</h2>")
+    keys = ["total", "warmup", "eval", "after_warmup", "open"]
+    logged = compiles_logged(report)
     parts.append(
         _table(
             ["total", "warm-up", "eval", "after warm-up", "after the last step"],
-            [
-                [
-                    c.get("total", 0),
-                    c.get("warmup", 0),
-                    c.get("eval", 0),
-                    c.get("after_warmup", 0),
-                    c.get("open", 0),
-                ]
-            ],
+            [[c.get(k, 0) if logged else "not logged" for k in keys]],
         )
     )
+    if not logged:
+        parts.append(f"<p class='warn'>compiles: {_esc(NOT_LOGGED)}</p>")
     for comp in report.recompiles:
         parts.append(
             f"<p class='warn'>recompile at step {comp.step} (w{comp.worker}): {_esc(comp.function)}</p>"

@@ -66,6 +66,7 @@ def run(
     target = req.target.with_defaults(cfg)
     context = _context_defaults(sop.params, target, cwd, given={*req.sets, *cfg.params})
     values = sop.resolve(req.sets, {**context, **cfg.params})
+    _check_env_files(sop, values, {*req.sets, *cfg.params}, cwd)
     _preflight(sop, values)
     redact = Redactor()
     transport = open_transport(target, redact)
@@ -119,9 +120,13 @@ def exit_code(report: SopReport) -> ExitCode:
             return ExitCode.RECOMPILE
         return ExitCode.OK
     step, worker, outcome = failure
+    if step.kind == "preflight":  # the consistency check refused to start the run
+        return ExitCode.INCONSISTENT
     kind = step.error_kind.get(worker)
     if kind in {"connect", "host_key"}:
         return ExitCode.CONNECT
+    if kind == "usage":  # bad input only the worker could see (a branch the remote does not have)
+        return ExitCode.USAGE
     codes = {"busy": ExitCode.TPU_BUSY, "timeout": ExitCode.TIMEOUT, "hang": ExitCode.HANG}
     if outcome.status == "failed" and log is not None and log.failures:
         return _LOG_FAILURE_CODES.get(log.failures[0].kind, ExitCode.FAILED)
@@ -168,7 +173,7 @@ def _fit_preflight(
     sets = values.get(sop.fit.sets.strip("{}"), []) if sop.fit.sets else []
     try:
         result = fit.check(config, list(sets), accelerator=accelerator, cwd=cwd)  # type: ignore[arg-type]
-    except fit.FitUnavailable as e:
+    except fit.FitUnavailableError as e:
         note(f"fit: not checked ({e.message}); the run goes on (--skip-fit silences this)")
         return f"not checked: {e.message}"
     fit.require_fit(result)
@@ -292,6 +297,22 @@ def secret_files(sop: loader.Sop, values: dict[str, object], cwd: Path) -> list[
     ctx = _context(values, cwd)
     found = [cwd / ".env", *(s.local_path(ctx) for s in sop.steps if isinstance(s, SyncEnv))]
     return sorted({str(p.resolve()) for p in found})
+
+
+def _check_env_files(sop: loader.Sop, values: dict[str, object], given: set[str], cwd: Path) -> None:
+    """Every .env a sync_env step would send parses and can be written (exit 2 otherwise); one named with
+    --set (or tpuops.toml, or `required: true`) must exist: a typo must not leave a stale .env in use."""
+    from tpuops import secrets
+    from tpuops.sop.steps import SyncEnv
+
+    ctx = _context(values, cwd)
+    for step in sop.steps:
+        if not isinstance(step, SyncEnv):
+            continue
+        path = step.local_path(ctx)
+        named = step.required or any(m.group(1) in given for m in TEMPLATE.finditer(step.source))
+        if path.exists() or named:
+            secrets.load(path)  # "PATH: file not found" when it was named and is not there
 
 
 def runs_dir(sop: loader.Sop, values: dict[str, object]) -> str:

@@ -37,7 +37,8 @@ class RunRecord:
         from tpuops import secrets
 
         files = [Path(f) for f in self.secret_files if Path(f).is_file()]
-        return Redactor(v for f in files for v in secrets.load(f).values.values())
+        # Read leniently: redaction must work even if a file was since edited into one tpuops would not send.
+        return Redactor(v for f in files for v in secrets.parse(f.read_bytes())[0].values())
 
     @property
     def local_dir(self) -> Path:

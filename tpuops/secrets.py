@@ -1,53 +1,136 @@
-"""The local .env: parsed with python-dotenv, normalised (CRLF, stray spaces), hashed; values never shown."""
+"""The local .env: read literally, written in one form that `sh` and python-dotenv read back exactly.
+
+Reading: python-dotenv's own parser (quotes, escapes, `export`, comments) with no `${VAR}` interpolation, so a
+value is what the file says (`PW=pa$$wd${HOME}` is sent as exactly that text). A byte-order mark and CRLF line
+endings are removed and reported. Writing (`serialize`): one `KEY='value'` or `KEY="value"` line per key,
+chosen per value so that `set -a; . ./.env` in a POSIX shell and `dotenv_values(path, interpolate=False)`
+both give back the value exactly. Values are never shown: only key names, hashes and fix notes leave here.
+"""
 
 from __future__ import annotations
 
 import hashlib
-import shlex
+import io
+import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from tpuops.errors import UsageError
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_KEY_OF_LINE = re.compile(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=")
 
 
 @dataclass(frozen=True)
 class EnvFile:
     values: dict[str, str]
-    fixed: tuple[str, ...]  # key names whose raw value had CRLF or surrounding whitespace removed
+    fixes: tuple[str, ...] = ()  # what was fixed on reading ("CRLF line endings", "a byte-order mark")
 
     def digest(self) -> str:
         return hashlib.sha256(serialize(self.values)).hexdigest()
 
     def key_hashes(self) -> dict[str, str]:
         """Per-key short hashes, to compare workers' files without showing a value."""
-        return {k: hashlib.sha256(v.encode()).hexdigest()[:12] for k, v in self.values.items()}
+        return key_hashes(self.values)
+
+
+def key_hashes(values: dict[str, str]) -> dict[str, str]:
+    return {k: hashlib.sha256(v.encode()).hexdigest()[:12] for k, v in values.items()}
+
+
+def parse(data: bytes) -> tuple[dict[str, str], list[str], list[str]]:
+    """Literal values, fixes made, and one message per line that could not be read (never with its value)."""
+    from dotenv.parser import parse_stream  # light: python-dotenv only
+
+    fixes: list[str] = []
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as e:
+        return {}, fixes, [f"not UTF-8 text (byte {e.start})"]
+    if text.startswith("\ufeff"):
+        text = text[1:]
+        fixes.append("a byte-order mark")
+    values: dict[str, str] = {}
+    errors: list[str] = []
+    crlf = False
+    # python-dotenv reads CRLF line ends itself (a CR inside a quoted value stays part of the value); the file
+    # sent to workers has LF ends, and the note says so.
+    for b in parse_stream(io.StringIO(text, newline="")):
+        crlf = crlf or b.original.string.endswith("\r\n")
+        if b.error:
+            m = _KEY_OF_LINE.match(b.original.string)
+            what = f"{m.group(1)} " if m else ""
+            errors.append(f"line {b.original.line}: {what}cannot be parsed (check its quotes)")
+        elif b.key is not None:
+            values[b.key] = b.value or ""
+    if crlf:
+        fixes.append("CRLF line endings")
+    return values, fixes, errors
+
+
+def unreadable_keys(data: bytes) -> list[str]:
+    """Names of keys on lines python-dotenv cannot parse (a worker's hand-edited file, say)."""
+    from dotenv.parser import parse_stream
+
+    text = data.decode(errors="replace").lstrip("\ufeff")
+    found = []
+    for b in parse_stream(io.StringIO(text, newline="")):
+        m = _KEY_OF_LINE.match(b.original.string) if b.error else None
+        if m:
+            found.append(m.group(1))
+    return found
 
 
 def load(path: Path) -> EnvFile:
-    from dotenv import dotenv_values
+    """The local .env, checked: every line parsed, every key a shell name, every value writable (else exit 2)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(
+            f"{path}: file not found", hint="create it or name another with --set env_file=PATH"
+        ) from None
+    values, fixes, errors = parse(data)
+    if errors:
+        raise UsageError(f"{path} {errors[0]}", hint="KEY=value, KEY='value' or KEY=\"value\", one per line")
+    for key, value in values.items():
+        if not _NAME.fullmatch(key):
+            raise UsageError(
+                f"{path}: key {key!r} is not a shell variable name", hint="use letters, digits and _"
+            )
+        _form(key, value, path)
+    return EnvFile(values, tuple(fixes))
 
-    text = path.read_bytes().decode()
-    raw = dotenv_values(stream=_StringIO(text.replace("\r\n", "\n").replace("\r", "\n")))
-    crlf = "\r" in text
-    values: dict[str, str] = {}
-    fixed: list[str] = []
-    for key, value in raw.items():
-        v = value or ""
-        clean = v.strip()
-        if clean != v or crlf:
-            fixed.append(key)
-        values[key] = clean
-    return EnvFile(values, tuple(fixed) if crlf or fixed else ())
+
+def _form(key: str, value: str, path: Path | None = None) -> str:
+    """The one quoting both readers agree on for this value.
+
+    Single quotes: sh takes everything literally; python-dotenv only decodes `\\\\` and `\\'` -- so any value
+    without `'` or `\\`. Double quotes, escaping `\\` and `"`: both decode `\\\\` and `\\"` alike, and neither
+    touches `'` -- so any value without `$` or a backtick (sh would expand them; an escaped one stays escaped
+    for python-dotenv). A value with both kinds (say `a'b$c`) has no form both read back, nor has a value
+    ending in `\\` (python-dotenv takes `\\"` for an escaped quote there): those are refused (exit 2).
+    """
+    where = f"{path}: " if path else ""
+    if value.endswith("\\"):
+        raise UsageError(
+            f"{where}the value of {key} ends with \\: python-dotenv cannot read that back",
+            hint="end it with another character",
+        )
+    if "'" not in value and "\\" not in value:
+        return f"'{value}'"
+    if "$" not in value and "`" not in value:
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    raise UsageError(
+        f"{where}the value of {key} has ' or \\ and also $ or `: no .env form reads back the same in sh and "
+        "python-dotenv",
+        hint="pass it another way (e.g. a file the job reads) or drop one of the two kinds",
+    )
 
 
 def serialize(values: dict[str, str]) -> bytes:
-    """A canonical file any POSIX shell can source (`set -a; . ./.env`) and python-dotenv can read."""
-    return "".join(f"{k}={shlex.quote(v)}\n" for k, v in sorted(values.items())).encode()
+    """The file sent to workers: `set -a; . ./.env` and `dotenv_values(p, interpolate=False)` read it back."""
+    return "".join(f"{k}={_form(k, v)}\n" for k, v in sorted(values.items())).encode()
 
 
 def normalized_env_bytes(path: Path) -> bytes:
     return serialize(load(path).values)
-
-
-def _StringIO(text: str):  # noqa: N802 - tiny local import keeps `io` off the hot path
-    import io
-
-    return io.StringIO(text)

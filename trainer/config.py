@@ -234,7 +234,11 @@ def presets() -> list[str]:
 def load(name_or_path: str, sets: list[str] | None = None) -> Config:
     """A preset by name (trainer/configs/NAME.yaml) or a YAML path, then each `a.b=c` override in order."""
     path = Path(name_or_path)
-    if not (path.suffix in {".yaml", ".yml"} and path.exists()):
+    if path.suffix in {".yaml", ".yml"} or "/" in name_or_path:  # a path, not a preset name
+        _check(
+            path.is_file(), f"config file {name_or_path!r}: file not found (presets: {', '.join(presets())})"
+        )
+    else:
         path = CONFIGS / f"{name_or_path}.yaml"
         if not path.exists():
             close = difflib.get_close_matches(name_or_path, presets(), n=1)

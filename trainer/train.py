@@ -99,7 +99,14 @@ def make_loss_fn(cfg: Config, mconf: Any, P_len: int, impl: str) -> Any:
         )
         ref = mb.get("ref_logp") if cfg.loss.beta > 0 else None
         return grpo_objective(
-            logp_BC, mb["old_logp"], ref, mb["adv"], mb["comp_mask"], ent_BC, cfg.loss, dapo_tokens=dapo_tokens
+            logp_BC,
+            mb["old_logp"],
+            ref,
+            mb["adv"],
+            mb["comp_mask"],
+            ent_BC,
+            cfg.loss,
+            dapo_tokens=dapo_tokens,
         )
 
     return loss_fn

@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tpuops.cloud.emulator.sshd import SshdWorker, client_keypair, sshd_available, start_worker
+from tpuops.cloud.emulator.sshd import (
+    SshdWorker,
+    client_keypair,
+    remove_users,
+    sshd_available,
+    start_worker,
+)
 from tpuops.transport.base import Worker
 from tpuops.transport.ssh import SshTransport
 
@@ -62,7 +68,11 @@ class SshdPool:
 
 
 def _clean(w: SshdWorker) -> None:
-    """Stop the worker user's leftover processes and empty its home (keeping its authorized key)."""
+    """Stop the worker user's leftover processes and empty its home (keeping its authorized key).
+
+    The user is this session's own: its name is unique to this process and leased (tpuops.cloud.emulator.
+    sshd.start_worker), so every process it has was started by this session's tests.
+    """
     if os.geteuid() != 0:
         return
     subprocess.run(["pkill", "-KILL", "-u", w.user], check=False, capture_output=True)
@@ -82,8 +92,7 @@ def sshd_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdPool]:
     key, public = client_keypair(base / "client")
     pool = SshdPool(base, key, public, [])
     yield pool
-    for w in pool.workers:
-        w.stop()
+    remove_users(pool.workers)  # stops each sshd; deletes the users and homes this session created
 
 
 @pytest.fixture
@@ -136,8 +145,9 @@ def worker_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield sys.executable
         return
     copy = Path("/opt") / f"tpuops-test-python-{os.getpid()}"
-    for left in copy.parent.glob("tpuops-test-python-*.trash-*"):  # an earlier session's unfinished delete
-        _delete_in_background(left)
+    for left in copy.parent.glob("tpuops-test-python-*.trash-*"):  # an ended session's unfinished delete
+        if not _alive(int(left.name.split("-")[3].split(".")[0])):  # a live session deletes its own
+            _delete_in_background(left)
     if copy.exists():  # a crashed session that had this pid
         _discard(copy)
     subprocess.run(["cp", "-al", str(prefix), str(copy)], check=True)
@@ -147,6 +157,10 @@ def worker_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     wrapper.chmod(0o755)
     yield str(wrapper)
     _discard(copy)
+
+
+def _alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
 
 
 def _discard(folder: Path) -> None:

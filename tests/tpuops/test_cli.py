@@ -150,7 +150,8 @@ def test_secret_never_in_output_plan_or_json(
     # The worker got the value (normalised: CRLF and spaces gone) in a 0600 file, and the job could read it.
     env_file = w.home / "tpuops/repo/.env"
     assert env_file.stat().st_mode & 0o777 == 0o600
-    assert env_file.read_text() == f"OTHER=x\nWANDB_API_KEY={secret}\n"
+    assert env_file.read_text() == f"OTHER='x'\nWANDB_API_KEY='{secret}'\n"
+    assert "fixed CRLF line endings" in json.loads(ran.stdout)["steps"][2]["workers"]["0"]["detail"]
     run_id = json.loads(ran.stdout)["run_id"]
     local = Path(os.environ["TPUOPS_HOME"]) / "runs" / run_id
     for f in local.rglob("*"):
@@ -292,6 +293,6 @@ def test_a_job_that_prints_its_secret_is_redacted_in_every_later_view(tmp_path: 
         assert secret not in text, name
         assert name == "report" or "[w0] starting with key ***" in text, (name, text)
     home = Path(os.environ["TPUOPS_HOME"])
-    assert (home / "local/w0/.env").read_text() == f"WANDB_API_KEY={secret}\n"  # the job did get the value
+    assert (home / "local/w0/.env").read_text() == f"WANDB_API_KEY='{secret}'\n"  # the job did get the value
     for f in (home / "runs" / run_id).rglob("*"):
         assert secret not in f.read_text(), f

@@ -75,3 +75,9 @@ def test_print_config_exits_2_on_bad_key_and_does_not_import_jax() -> None:
 def test_main_returns_2_on_unknown_preset(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--config", "tinny", "--print-config"]) == 2
     assert "did you mean 'tiny'" in capsys.readouterr().err
+
+
+def test_a_config_path_that_does_not_exist_says_file_not_found(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--config", "/nonexistent/cfg.yaml", "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "config file '/nonexistent/cfg.yaml': file not found" in err and "no config preset" not in err

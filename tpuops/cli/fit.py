@@ -11,16 +11,24 @@ from tpuops.cli.state import JSON_MODE
 
 
 def fit(
-    config: Annotated[str, typer.Argument(help="Trainer config: a preset name (trainer/configs) or a YAML path.")],
+    config: Annotated[
+        str, typer.Argument(help="Trainer config: a preset name (trainer/configs) or a YAML path.")
+    ],
     set_: o.SetOpt = None,
     accelerator: Annotated[
-        str | None, typer.Option("--accelerator", help="TPU type, e.g. v6e-8 (default: the config's mesh.accelerator).")
+        str | None,
+        typer.Option("--accelerator", help="TPU type, e.g. v6e-8 (default: the config's mesh.accelerator)."),
     ] = None,
-    topology: Annotated[str | None, typer.Option("--topology", help="JAX topology instead, e.g. v6e:2x4.")] = None,
+    topology: Annotated[
+        str | None, typer.Option("--topology", help="JAX topology instead, e.g. v6e:2x4.")
+    ] = None,
     probe: Annotated[
-        str | None, typer.Option("--probe", help="Compile at two depths A,B and extrapolate (faster, approximate).")
+        str | None,
+        typer.Option("--probe", help="Compile at two depths A,B and extrapolate (faster, approximate)."),
     ] = None,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="Compile again even when a verdict is cached.")] = False,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="Compile again even when a verdict is cached.")
+    ] = False,
     json: o.JsonOpt = False,
 ) -> None:
     """Compile every program of a training step for a TPU, on this machine (no TPU needed), and judge it.
@@ -43,6 +51,8 @@ def fit(
     from tpuops import report
 
     sets = [f"{k}={v}" for k, v in o.parse_sets(set_).items()]
-    result = fitlib.check(config, sets, accelerator=accelerator, topology=topology, probe=probe, use_cache=not no_cache)
+    result = fitlib.check(
+        config, sets, accelerator=accelerator, topology=topology, probe=probe, use_cache=not no_cache
+    )
     report.fit_report(result, json)
     raise typer.Exit(0 if result["fits"] else int(fitlib.DoesNotFitError.exit_code))

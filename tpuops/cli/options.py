@@ -56,7 +56,10 @@ MaxRecoveriesOpt = Annotated[
     int, typer.Option("--max-recoveries", min=0, help="Recoveries before giving up.")
 ]
 SkipFitOpt = Annotated[
-    bool, typer.Option("--skip-fit", help="On a VM, start without compiling the config for its TPU first (tpuops fit).")
+    bool,
+    typer.Option(
+        "--skip-fit", help="On a VM, start without compiling the config for its TPU first (tpuops fit)."
+    ),
 ]
 InternalIpOpt = Annotated[bool, typer.Option("--internal-ip", help="Connect to workers' internal IPs.")]
 TunnelOpt = Annotated[

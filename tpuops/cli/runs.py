@@ -304,7 +304,8 @@ def doctor(
     )
     report.doctor(health, json)
     bad = any(
-        not h.connected or any(s in ("differs", "missing") for s in h.env_keys.values()) for h in health
+        not h.connected or any(s in ("differs", "missing", "unreadable") for s in h.env_keys.values())
+        for h in health
     )
     raise typer.Exit(1 if bad else 0)
 

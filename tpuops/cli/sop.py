@@ -22,7 +22,10 @@ def list_(json: o.JsonOpt = False) -> None:
     from tpuops.sop import loader
 
     finish_json(json)
-    report.sop_list(loader.list_sops(), json)
+    rows, broken = loader.scan_sops()
+    report.sop_list(rows, json, broken)
+    if broken:  # listed with their errors; a broken SOP file is bad input
+        raise typer.Exit(2)
 
 
 @app.command("show")

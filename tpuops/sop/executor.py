@@ -141,7 +141,8 @@ class Executor:
                 if not active:
                     break
                 if step.kind == "run" and len(active) > 1:
-                    check = consistency(report.steps, active)
+                    env = self._env_hashes(pool, sop, step, values, run_id, active)
+                    check = consistency(report.steps, active, env)
                     if check is not None:
                         report.steps.append(check)
                         if self.on_step:
@@ -159,6 +160,27 @@ class Executor:
                         active = [w for w in active if w not in sr.failed]
         report.duration_s = time.monotonic() - t0
         return report
+
+    def _env_hashes(
+        self, pool: ThreadPoolExecutor, sop: Sop, step: Step, values: dict, run_id: str, workers: list[int]
+    ) -> dict[int, str]:
+        """Each worker's own hash of the .env its job will source ("none" without one): drift between workers
+        stops the run even when no sync_env step sent them the same file."""
+        source = getattr(step, "source_env_file", None)
+        if not source:
+            return {}
+        n = len(self.transport.workers)
+
+        def one(w: int) -> tuple[int, str]:
+            f = shell.path(self._ctx(sop, w, n, run_id, values).raw(source))
+            script = f"if [ -f {f} ]; then sha256sum < {f} | cut -c1-12; else echo none; fi"
+            try:
+                r = self.transport.run(w, script, timeout=30)
+            except TpuopsError:
+                return w, "unknown"
+            return w, r.stdout.strip() if r.ok else "unknown"
+
+        return dict(pool.map(one, workers))
 
     def _run_step(
         self, pool: ThreadPoolExecutor, sop: Sop, step: Step, values: dict, run_id: str, workers: list[int]
@@ -199,10 +221,11 @@ class Executor:
                 if not r.ok or SKIP_REST in r.stdout.splitlines():
                     break
             elif isinstance(action, Upload):
-                data = secrets.normalized_env_bytes(action.local)
-                self.redact.add(secrets.load(action.local).values.values())
-                self.transport.put_bytes(w, data, action.remote, mode=action.mode)
-                results.append(CmdResult(w, action.render(), 0))
+                env = secrets.load(action.local)
+                self.redact.add(env.values.values())
+                self.transport.put_bytes(w, secrets.serialize(env.values), action.remote, mode=action.mode)
+                note = f"tpuops: fixed {' and '.join(env.fixes)}\n" if env.fixes else ""
+                results.append(CmdResult(w, action.render(), 0, stdout=note))
             elif isinstance(action, Follow):
                 results.append(self._follow(w, action, cancel))
             elif isinstance(action, Fetch):
@@ -331,6 +354,7 @@ def error_class(code: int) -> str:
         ExitCode.OK: "ok", ExitCode.FAILED: "user_code", ExitCode.USAGE: "usage", ExitCode.CONNECT: "connect",
         ExitCode.TPU_BUSY: "tpu_busy", ExitCode.TIMEOUT: "timeout", ExitCode.CLOUD: "cloud",
         ExitCode.RECOMPILE: "recompile", ExitCode.PREEMPTED: "preempted", ExitCode.HANG: "hang", ExitCode.OOM: "oom",
+        ExitCode.INCONSISTENT: "inconsistent",
     }  # fmt: skip
     return names.get(ExitCode(code), "failed") if code in ExitCode._value2member_map_ else "failed"
 
@@ -338,13 +362,21 @@ def error_class(code: int) -> str:
 CONSISTENT = ("sha", "versions", "env_sha")  # what must be identical on every worker before a run starts
 
 
-def consistency(steps: list[StepReport], workers: list[int]) -> StepReport | None:
-    """Refuse to start a multi-worker run when workers differ in code, .env or Python/JAX versions."""
+def consistency(
+    steps: list[StepReport], workers: list[int], env: dict[int, str] | None = None
+) -> StepReport | None:
+    """Refuse to start a multi-worker run when workers differ in code, .env or Python/JAX versions.
+
+    `env`: each worker's own .env hash as read just now (it wins over what earlier steps reported).
+    """
     seen: dict[int, dict[str, object]] = {w: {} for w in workers}
     for s in steps:
         for w, o in s.outcomes.items():
             if w in seen:
                 seen[w].update({k: o.data[k] for k in CONSISTENT if k in o.data})
+    for w, digest in (env or {}).items():
+        if w in seen:
+            seen[w]["env_sha"] = digest
     diffs: dict[int, list[str]] = {w: [] for w in workers}
     for key in CONSISTENT:
         values = {w: d.get(key) for w, d in seen.items() if key in d}

@@ -226,14 +226,26 @@ def _suggest(word: str, options: Any) -> str:
 
 
 def list_sops() -> list[tuple[str, str, str]]:
-    """(name, description, path) of every SOP in ./sops and the bundled sops/ (the first of a name wins)."""
+    """(name, description, path) of every valid SOP in ./sops and the bundled sops/ (the first of a name wins)."""
+    return scan_sops()[0]
+
+
+def scan_sops() -> tuple[list[tuple[str, str, str]], list[tuple[str, str]]]:
+    """The valid SOPs as list_sops() gives them, and (path, error line) of each file that does not load."""
     rows: dict[str, tuple[str, str, str]] = {}
+    broken: list[tuple[str, str]] = []
     for d in [Path.cwd() / "sops", sops_dir()]:
         for f in sorted(d.glob("*.yaml")) if d.is_dir() else []:
-            if f.stem not in rows:
-                rows[f.stem] = (
-                    f.stem,
-                    load(f).description.strip().splitlines()[0] if load(f).description else "",
-                    str(f),
-                )
-    return sorted(rows.values())
+            if f.stem in rows:
+                continue
+            try:
+                sop = load(f)
+            except UsageError as e:
+                broken.append((str(f), e.line()))
+                continue
+            rows[f.stem] = (
+                f.stem,
+                sop.description.strip().splitlines()[0] if sop.description else "",
+                str(f),
+            )
+    return sorted(rows.values()), broken

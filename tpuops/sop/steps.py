@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from typing import ClassVar, Literal
 
 from tpuops import shell
+from tpuops.errors import UsageError
 from tpuops.sop.actions import Action, Command, Upload
 from tpuops.sop.model import Outcome, PlanContext, Step, markers
 from tpuops.transport.base import CmdResult
 
 # Exit code of a clear_lockfile script that found a holder and was not allowed to kill it.
 BUSY_EXIT = 75
+# Exit code of a git_sync script given a branch or commit the remote does not have (bad input: exit 2).
+UNKNOWN_REF_EXIT = 2
+_DEVICE_GLOB = re.compile(r"[A-Za-z0-9_./*?-]+")
 
 
 class GitSync(Step):
@@ -39,8 +44,11 @@ git remote set-url origin "$repo"
 before=$(git rev-parse --verify --quiet HEAD || echo none)
 dirty=$(git status --porcelain --untracked-files=all -- . {kept} | grep -c . || true)
 git fetch --all --prune --quiet
+refs() {{ {{ git for-each-ref --format='%(refname:lstrip=3)' refs/remotes/origin | grep -vx HEAD
+  git for-each-ref --format='%(refname:lstrip=2)' refs/tags; }} | head -n 20 | paste -sd, - | sed 's/,/, /g'; }}
 if git rev-parse --verify --quiet "refs/remotes/origin/$ref^{{commit}}" >/dev/null; then target="origin/$ref"
-else target=$(git rev-parse --verify --quiet "$ref^{{commit}}") || {{ echo "unknown branch or commit: $ref" >&2; exit 2; }}; fi
+else target=$(git rev-parse --verify --quiet "$ref^{{commit}}") || {{
+  echo "unknown branch or commit: $ref (branches and tags found: $(refs))" >&2; exit {UNKNOWN_REF_EXIT}; }}; fi
 git checkout --quiet --force --detach "$target"
 git reset --quiet --hard "$target"
 git clean -fdq {excludes}
@@ -51,6 +59,11 @@ echo "tpuops: sha=$(git rev-parse --short HEAD) changed=$changed"
         return [Command(script, timeout=self.timeout)]
 
     def outcome(self, results: list[CmdResult]) -> Outcome:
+        if results and results[-1].exit_code == UNKNOWN_REF_EXIT and not results[-1].error:
+            lines = results[-1].stderr.strip().splitlines()
+            raise UsageError(
+                lines[-1] if lines else "unknown branch or commit", hint="pass --set branch=NAME"
+            )
         found = markers(results[-1].stdout) if results and results[-1].ok else []
         if not found:
             return super().outcome(results)
@@ -60,35 +73,50 @@ echo "tpuops: sha=$(git rev-parse --short HEAD) changed=$changed"
 
 
 class ClearLockfile(Step):
-    """Report who holds the TPU; refuse while a holder runs unless forced; then kill, wait, remove the lock."""
+    """Report who holds the TPU; refuse while a holder runs unless forced; then kill, wait, remove the lock.
+
+    A holder is a process with a TPU device file open (found through /proc/*/fd, as `lsof -w /dev/accel*`
+    would) or with the lockfile open. Never a name: on a machine with no TPU device file nothing is a holder,
+    so another job that merely looks like a trainer is never refused for, or killed.
+    """
 
     kind: Literal["clear_lockfile"] = "clear_lockfile"
     lockfile: str = "/tmp/libtpu_lockfile"
-    # Command lines that count as TPU holders even when they have no device open yet.
-    holder_pattern: str = "python[0-9.]* .*-m trainer[.]"
+    # TPU device files: /dev/accel* on v2-v4, /dev/vfio/* on v5e/v5p/v6e (tests point these at a temp dir).
+    devices: list[str] = ["/dev/accel*", "/dev/vfio/*"]
     grace_s: float = 10.0
-    template_fields: ClassVar[tuple[str, ...]] = ("lockfile", "holder_pattern")
+    template_fields: ClassVar[tuple[str, ...]] = ("lockfile", "devices")
 
     def plan(self, ctx: PlanContext) -> list[Action]:
         force = "1" if ctx.force else "0"
+        globs = [g for d in self.devices for g in ctx.raw(d).split()]  # a list parameter: one glob a word
+        # Globs stay unquoted in `for d in ...` (they must expand) but are checked to hold no shell syntax.
+        for g in globs:
+            if not _DEVICE_GLOB.fullmatch(g):
+                raise UsageError(
+                    f"clear_lockfile devices: {g!r} is not a plain path glob (letters, digits, /._-*?)"
+                )
+        patterns = "|".join(globs)
         script = f"""{shell.ALIVE}
-lock={shell.path(ctx.raw(self.lockfile))}; pattern={shell.quote(ctx.raw(self.holder_pattern))}
+lock={shell.path(ctx.raw(self.lockfile))}
 force={force}; grace={int(self.grace_s * 10)}
+tpu=0; for d in {" ".join(globs)}; do [ -e "$d" ] && tpu=1 && break; done
 holders=""
+if [ $tpu = 1 ]; then
 for p in /proc/[0-9]*; do
   pid=${{p#/proc/}}; [ "$pid" = "$$" ] && continue
   [ -O "$p" ] || continue  # only our own processes: we could neither see their fds nor stop them
   why=""
   for fd in "$p"/fd/*; do
     t=$(readlink "$fd" 2>/dev/null) || continue
-    case "$t" in /dev/accel*|/dev/vfio/*) why=device; break;; "$lock") why=lockfile; break;; esac
+    case "$t" in {patterns}) why=device; break;; "$lock") why=lockfile; break;; esac
   done
-  cmd=$(tr '\\0' ' ' < "$p/cmdline" 2>/dev/null) || continue
-  [ -z "$why" ] && printf '%s' "$cmd" | grep -Eq -- "$pattern" && why=trainer
   [ -n "$why" ] || continue
+  cmd=$(tr '\\0' ' ' < "$p/cmdline" 2>/dev/null) || continue
   holders="$holders $pid"
   echo "tpuops: holder pid=$pid why=$why cmd=$(printf '%s' "$cmd" | cut -c1-120)"
 done
+fi
 if [ -e "$lock" ]; then echo "tpuops: lock age=$(( $(date +%s) - $(stat -c %Y "$lock") ))s"; fi
 if [ -z "$holders" ] && [ ! -e "$lock" ]; then echo "tpuops: nothing to do"; exit 0; fi
 if [ -n "$holders" ] && [ "$force" != 1 ]; then echo "TPU is held by pid$holders" >&2; exit {BUSY_EXIT}; fi
@@ -119,12 +147,16 @@ rm -f "$lock" && echo "tpuops: removed lock"
 
 
 class SyncEnv(Step):
-    """Send the local .env to each worker over SFTP with mode 0600 (nothing to do when already identical)."""
+    """Send the local .env to each worker over SFTP with mode 0600 (nothing to do when already identical).
+
+    With no local .env the worker's old one is removed, so a job never sources stale secrets. The file sent is
+    `secrets.serialize` of the local values: `set -a; . .env` and python-dotenv read back exactly those.
+    """
 
     kind: Literal["sync_env"] = "sync_env"
     source: str = ".env"
     dest: str = "~/tpuops/repo/.env"
-    required: bool = False
+    required: bool = False  # a missing source is bad input (exit 2); so is an env_file named with --set
     template_fields: ClassVar[tuple[str, ...]] = ("source", "dest")
 
     def local_path(self, ctx: PlanContext) -> Path:
@@ -132,30 +164,38 @@ class SyncEnv(Step):
         return p if p.is_absolute() else ctx.local_dir / p
 
     def plan(self, ctx: PlanContext) -> list[Action]:
-        src = self.local_path(ctx)
+        src, dest = self.local_path(ctx), shell.path(ctx.raw(self.dest))
         if not src.exists():
-            return []
+            return [
+                Command(
+                    f"if [ -e {dest} ]; then rm -f {dest} && echo 'tpuops: removed env_sha=none'; "
+                    "else echo 'tpuops: nothing env_sha=none'; fi"
+                )
+            ]
         from tpuops.secrets import normalized_env_bytes  # light: python-dotenv only
 
         digest = hashlib.sha256(normalized_env_bytes(src)).hexdigest()
-        dest = ctx.raw(self.dest)
         check = Command(
             f"echo 'tpuops: env_sha={digest[:12]}'; "
-            f'if [ -f {shell.path(dest)} ] && [ "$(sha256sum < {shell.path(dest)} | cut -c1-64)" = {digest} ]; '
+            f'if [ -f {dest} ] && [ "$(sha256sum < {dest} | cut -c1-64)" = {digest} ]; '
             f"then echo 'tpuops: same'; fi"
         )
-        return [check, Upload(src, dest, 0o600, digest[:12])]
+        return [check, Upload(src, ctx.raw(self.dest), 0o600, digest[:12])]
 
     def outcome(self, results: list[CmdResult]) -> Outcome:
-        if not results:
-            return Outcome("nothing", "no local .env")
-        found = markers(results[0].stdout)
+        found = markers(results[0].stdout) if results else []
         data = {k: m[k] for m in found for k in ("env_sha",) if k in m}
+        if any(m["_"].startswith("removed") for m in found):
+            return Outcome("changed", "no local .env: removed the worker's old .env", data)
+        if any(m["_"].startswith("nothing") for m in found):
+            return Outcome("nothing", "no local .env", data)
         if any(m["_"] == "same" for m in found):
             return Outcome("nothing", "already identical", data)
-        return (
-            super().outcome(results) if not results[-1].ok else Outcome("changed", "sent (mode 0600)", data)
-        )
+        if not results or not results[-1].ok:
+            return super().outcome(results)
+        # The upload's result carries what reading the local file fixed ("tpuops: fixed CRLF line endings").
+        fixed = [m["_"] for m in markers(results[-1].stdout) if m["_"].startswith("fixed ")]
+        return Outcome("changed", "; ".join(["sent (mode 0600)", *fixed]), data)
 
 
 class Shell(Step):

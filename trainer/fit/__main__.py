@@ -49,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", required=True, help="preset name or YAML path")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     target = ap.add_mutually_exclusive_group()
-    target.add_argument("--accelerator", help="TPU accelerator type, e.g. v6e-8 (default: the config's mesh.accelerator)")
+    target.add_argument(
+        "--accelerator", help="TPU accelerator type, e.g. v6e-8 (default: the config's mesh.accelerator)"
+    )
     target.add_argument("--topology", help="JAX topology, e.g. v6e:2x4")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     ap.add_argument("--no-fix", action="store_true", help="do not search for overrides that would fit")
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         if not spec:
             raise config.ConfigError("no target TPU: pass --accelerator (e.g. v6e-8) or set mesh.accelerator")
         tgt = tpus.from_topology(spec) if ":" in spec else tpus.from_accelerator(spec)
-    except (config.ConfigError, tpus.UnknownAccelerator) as e:
+    except (config.ConfigError, tpus.UnknownAcceleratorError) as e:
         print(f"config: {e}", file=sys.stderr)
         return EXIT_CONFIG
     if (missing := _libtpu_missing()) is not None:
@@ -91,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_FITS if result["fits"] else EXIT_NO_FIT
 
 
-def run(cfg: Any, tgt: Any, sets: list[str], *, fix: bool = True, probe: tuple[int, int] | None = None) -> dict[str, Any]:
+def run(
+    cfg: Any, tgt: Any, sets: list[str], *, fix: bool = True, probe: tuple[int, int] | None = None
+) -> dict[str, Any]:
     """Compile and judge every phase (at the model's depth, or extrapolated from two `probe` depths); when
     only the update does not fit, the first override list that does (`fix_candidates`)."""
     from jax.experimental import topologies
@@ -124,7 +128,10 @@ def run(cfg: Any, tgt: Any, sets: list[str], *, fix: bool = True, probe: tuple[i
             for extra in fix_candidates(cfg, batch_devices):
                 tried = analyze.judge(measured(config.with_sets(cfg, extra), programs.UPDATE)[0], per_device)
                 if tried["fits"]:
-                    result["fix"] = {"set": extra, "peak_bytes": max(p["peak_bytes"] for p in tried["phases"].values())}
+                    result["fix"] = {
+                        "set": extra,
+                        "peak_bytes": max(p["peak_bytes"] for p in tried["phases"].values()),
+                    }
                     break
     method = f"extrapolated from {probe[0]} and {probe[1]} layers" if probe else "compiled"
     return {

@@ -42,7 +42,9 @@ def measure(program: Program, devices: int) -> dict[str, Any]:
             raise
         m = _TEMP.search(str(e))
         temp = int(float(m[1]) * 1024 ** " KMGT".index(m[2])) if m else 1 << 50
-        print(f"fit: {program.name} does not fit: {str(e).splitlines()[0][:200]}", file=sys.stderr, flush=True)
+        print(
+            f"fit: {program.name} does not fit: {str(e).splitlines()[0][:200]}", file=sys.stderr, flush=True
+        )
         return {**raw, "argument_bytes": 0, "output_bytes": 0, "alias_bytes": 0, "temp_bytes": temp, "flops": 0.0,
                 "bytes_accessed": 0.0, "collective_bytes": dict.fromkeys((*hlo.KINDS, "moved"), 0),
                 "compile_s": time.perf_counter() - t0, "error": str(e).splitlines()[0][:300]}  # fmt: skip
@@ -63,7 +65,9 @@ def extrapolate(a: dict[str, Any], b: dict[str, Any], la: int, lb: int, layers: 
 
     out = {k: int(at(a[k], b[k])) for k in _SIZES}
     out.update({k: at(a[k], b[k]) for k in ("flops", "bytes_accessed")})
-    out["collective_bytes"] = {k: int(at(a["collective_bytes"][k], b["collective_bytes"][k])) for k in b["collective_bytes"]}
+    out["collective_bytes"] = {
+        k: int(at(a["collective_bytes"][k], b["collective_bytes"][k])) for k in b["collective_bytes"]
+    }
     out.update(runs_per_step=b["runs_per_step"], compile_s=a["compile_s"] + b["compile_s"])
     if "error" in a or "error" in b:
         out["error"] = a.get("error") or b.get("error")

@@ -27,7 +27,11 @@ def render(r: dict[str, Any]) -> str:
         if r["fits"]
         else f"does not fit: {r['tightest_phase']} peak {r['phases'][r['tightest_phase']]['peak_bytes'] / GB:.1f} GB "
         f"> {r['usable_bytes_per_device'] / GB:.1f} GB usable"
-        + (f"; --set {' --set '.join(r['fix']['set'])} fits (peak {r['fix']['peak_bytes'] / GB:.1f} GB)" if r["fix"] else "")
+        + (
+            f"; --set {' --set '.join(r['fix']['set'])} fits (peak {r['fix']['peak_bytes'] / GB:.1f} GB)"
+            if r["fix"]
+            else ""
+        )
     )
     est = r["estimate"]
     return "\n".join([head, *rows, verdict,

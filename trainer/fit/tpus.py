@@ -43,7 +43,7 @@ _TYPE = re.compile(r"^(?P<family>v4|v5e|v5litepod|v5p|v6e)-(?P<size>\d+)$")
 _TOPO = re.compile(r"^(?P<family>v4|v5e|v5p|v6e):(?P<shape>\d+(x\d+)+)$")
 
 
-class UnknownAccelerator(ValueError):
+class UnknownAcceleratorError(ValueError):
     """An accelerator type or topology this table cannot map."""
 
 
@@ -70,7 +70,7 @@ def from_accelerator(accelerator: str) -> Target:
     """`v6e-8` -> Target(topology `v6e:2x4`, 8 chips); an unknown type is an error naming the known forms."""
     m = _TYPE.match(accelerator.strip().lower())
     if not m:
-        raise UnknownAccelerator(
+        raise UnknownAcceleratorError(
             f"unknown accelerator type {accelerator!r}: expected v4-N, v5e-N (v5litepod-N), v5p-N or v6e-N, "
             "e.g. v6e-8"
         )
@@ -79,7 +79,7 @@ def from_accelerator(accelerator: str) -> Target:
     chips = size // 2 if chip.names == "cores" else size
     table = TOPOLOGY_3D if chip.family in ("v4", "v5p") else TOPOLOGY_2D
     if chips not in table:
-        raise UnknownAccelerator(
+        raise UnknownAcceleratorError(
             f"accelerator {accelerator!r}: no topology known for {chips} chips (known: {sorted(table)} chips); "
             "pass --topology FAMILY:AxB[xC]"
         )
@@ -90,7 +90,9 @@ def from_topology(topology: str) -> Target:
     """`v6e:2x4` -> Target (accelerator `v6e-8`)."""
     m = _TOPO.match(topology.strip().lower())
     if not m:
-        raise UnknownAccelerator(f"unknown topology {topology!r}: expected FAMILY:AxB[xC], e.g. v6e:2x4 or v4:2x2x1")
+        raise UnknownAcceleratorError(
+            f"unknown topology {topology!r}: expected FAMILY:AxB[xC], e.g. v6e:2x4 or v4:2x2x1"
+        )
     chip = CHIPS[m["family"]]
     chips = 1
     for d in m["shape"].split("x"):

@@ -16,7 +16,7 @@ import pytest
 
 from tpuops.cloud.client import Api, connect
 from tpuops.cloud.emulator.server import Emulator
-from tpuops.cloud.emulator.sshd import client_keypair, sshd_available
+from tpuops.cloud.emulator.sshd import client_keypair, sshd_available, user_prefix
 
 REPO = Path(__file__).resolve().parents[3]
 ZONES = ["us-central1-a", "us-east1-d", "us-east5-a", "europe-west4-a"]
@@ -57,7 +57,8 @@ def cloud_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
     base = tmp_path_factory.mktemp("emulator")
     base.chmod(0o755)
     identity, public = client_keypair(base / "client")
-    emu = Emulator(base / "state", zones=ZONES, authorized_key=public)
+    # This session's own worker users (deleted when the emulator stops), apart from `tpuops emulator serve`'s.
+    emu = Emulator(base / "state", zones=ZONES, authorized_key=public, user_prefix=f"{user_prefix()}e")
     url = emu.start()
     yield Cloud(emu, url, identity, public)
     emu.stop()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,34 +99,71 @@ def test_git_sync_to_a_commit(sshd_pool: SshdPool, git_remote: tuple[Path, str],
     assert report.steps[0].outcomes[0].data["sha"] == first[:7]
 
 
+def _start(transport: object, script: str, fd: str = "") -> int:
+    """A detached stand-in process on worker 0 (optionally holding a file open as fd 9); its pid."""
+    line = f"setsid nohup sh -c {shlex.quote(script)} {fd} > /dev/null 2>&1 < /dev/null & echo $!"
+    return int(transport.run(0, line).stdout.strip())  # type: ignore[attr-defined]
+
+
 def test_clear_lockfile_refuses_while_a_holder_runs_then_force_kills_in_order(
     sshd_pool: SshdPool, tmp_path: Path
 ) -> None:
+    """Holders by device, not by name: a process with a (fake) TPU device open and one with the lock open are
+    holders; a same-user process whose command line looks like the trainer is not, and --force spares it."""
     (w,) = sshd_pool.take(1)
     lock = w.home / "libtpu_lockfile"
+    dev = w.home / "fakedev"
     transport = sshd_pool.transport([w])
-    # A stand-in for libtpu: it holds the lockfile open; on SIGTERM it records whether the lock still existed.
-    holder = (
-        "touch ~/libtpu_lockfile; "
-        'setsid nohup sh -c \'trap "[ -e ~/libtpu_lockfile ] && echo lock-present > ~/term.txt; exit 0" TERM; '
-        "while :; do sleep 0.05; done' 9<~/libtpu_lockfile > /dev/null 2>&1 < /dev/null & echo $!"
-    )
-    pid = int(transport.run(0, holder).stdout.strip())
-    transport.close()
-    busy = run(sshd_pool, [w], "lockfile", tmp_path, sets={"lockfile": "~/libtpu_lockfile"})
-    outcome = busy.steps[0].outcomes[0]
-    assert outcome.status == "busy"
-    assert f"pid={pid}" in outcome.detail and "why=lockfile" in outcome.detail
-    assert runner.exit_code(busy) == ExitCode.TPU_BUSY
-    assert lock.exists()
-    forced = run(sshd_pool, [w], "lockfile", tmp_path, sets={"lockfile": "~/libtpu_lockfile"}, force=True)
-    assert forced.steps[0].outcomes[0].status == "changed"
-    assert str(pid) in forced.steps[0].outcomes[0].data["killed"]  # (its sleep child holds the fd too)
-    assert not lock.exists()
-    # The holder saw SIGTERM while the lock still existed: kill and wait came before the removal.
-    assert (w.home / "term.txt").read_text().strip() == "lock-present"
-    again = run(sshd_pool, [w], "lockfile", tmp_path, sets={"lockfile": "~/libtpu_lockfile"})
-    assert again.steps[0].outcomes[0].status == "nothing"
+    transport.run(0, f"mkdir -p {dev} && touch {dev}/accel0 ~/libtpu_lockfile")
+    # A stand-in for libtpu: it holds a TPU device open; on SIGTERM it records whether the lock still existed.
+    trap = 'trap "[ -e ~/libtpu_lockfile ] && echo lock-present > ~/term.txt; exit 0" TERM; '
+    device_holder = _start(transport, trap + "while :; do sleep 0.05; done", f"9<{dev}/accel0")
+    lock_holder = _start(transport, "while :; do sleep 0.05; done", "9<~/libtpu_lockfile")
+    # Another job of the same user that only looks like a trainer (the old name match took it for a holder).
+    lookalike = _start(transport, "while :; do sleep 0.05; done; : python3 -m trainer.main")
+    sets = {"lockfile": "~/libtpu_lockfile", "devices": f"{dev}/accel* {dev}/vfio/*"}
+    try:
+        busy = run(sshd_pool, [w], "lockfile", tmp_path, sets=sets)
+        outcome = busy.steps[0].outcomes[0]
+        assert outcome.status == "busy"
+        assert f"pid={device_holder} why=device" in outcome.detail
+        assert f"pid={lock_holder} why=lockfile" in outcome.detail
+        assert f"pid={lookalike} " not in outcome.detail
+        assert runner.exit_code(busy) == ExitCode.TPU_BUSY
+        assert lock.exists()
+        forced = run(sshd_pool, [w], "lockfile", tmp_path, sets=sets, force=True)
+        assert forced.steps[0].outcomes[0].status == "changed"
+        killed = forced.steps[0].outcomes[0].data["killed"]
+        assert str(device_holder) in killed and str(lock_holder) in killed  # (their sleep children too)
+        assert str(lookalike) not in killed
+        assert transport.run(0, f"kill -0 {lookalike} && echo alive").stdout.strip() == "alive"
+        assert not lock.exists()
+        # The holder saw SIGTERM while the lock still existed: kill and wait came before the removal.
+        assert (w.home / "term.txt").read_text().strip() == "lock-present"
+        again = run(sshd_pool, [w], "lockfile", tmp_path, sets=sets)
+        assert again.steps[0].outcomes[0].status == "nothing"
+    finally:
+        transport.run(0, f"kill {lookalike} {device_holder} {lock_holder} 2>/dev/null; true")
+        transport.close()
+
+
+def test_without_tpu_device_files_nothing_is_a_holder(sshd_pool: SshdPool, tmp_path: Path) -> None:
+    """A CPU box: no device file exists, so even a process with the lock open is left alone (a stale lock
+    is removed, nothing is signalled)."""
+    (w,) = sshd_pool.take(1)
+    transport = sshd_pool.transport([w])
+    transport.run(0, "touch ~/libtpu_lockfile")
+    pid = _start(transport, "while :; do sleep 0.05; done; : python3 -m trainer.main", "9<~/libtpu_lockfile")
+    sets = {"lockfile": "~/libtpu_lockfile", "devices": f"{w.home}/no-such-dev/accel*"}
+    try:
+        report = run(sshd_pool, [w], "lockfile", tmp_path, sets=sets, force=True)
+        outcome = report.steps[0].outcomes[0]
+        assert (outcome.status, outcome.detail) == ("changed", "lockfile removed")
+        assert runner.exit_code(report) == ExitCode.OK
+        assert transport.run(0, f"kill -0 {pid} && echo alive").stdout.strip() == "alive"
+    finally:
+        transport.run(0, f"kill {pid} 2>/dev/null; true")
+        transport.close()
 
 
 def test_detached_run_survives_closing_the_connection(
@@ -172,6 +212,7 @@ def test_hostile_set_value_is_inert(
     )
     assert report.steps[0].outcomes[0].status == "failed"
     assert "unknown branch or commit" in report.steps[0].outcomes[0].detail
+    assert runner.exit_code(report) == ExitCode.USAGE
     echo = run(sshd_pool, [w], "exec", tmp_path, sets={"cmd": "echo", "repo_dir": f"~/d; touch {marker}"})
     assert echo.ok
     assert not marker.exists()
@@ -220,3 +261,24 @@ def test_secret_env_values_never_reach_ps_or_outputs(sshd_pool: SshdPool, tmp_pa
         secret not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
     )
     assert int(count) <= 1
+
+
+def test_an_unknown_branch_is_bad_input_naming_the_branches_and_tags_found(
+    sshd_pool: SshdPool, git_remote: tuple[Path, str], tmp_path: Path
+) -> None:
+    (w,) = sshd_pool.take(1)
+    bare, first = git_remote
+    subprocess.run(["git", "-C", str(bare), "tag", "v1.0", first], check=True)
+    subprocess.run(["git", "-C", str(bare), "branch", "dev", first], check=True)
+    subprocess.run(["chmod", "-R", "a+rX", str(bare)], check=True)
+    r = subprocess.run(  # noqa: PLW1510 - the exit code is what this test checks
+        [sys.executable, "-m", "tpuops", "sop", "run", "sync", *sshd_pool.host_args([w]),
+         "--set", f"repo_url={bare}", "--set", "branch=mian", "--set", "lockfile=~/l", "--json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == ExitCode.USAGE, r.stderr
+    data = json.loads(r.stdout)
+    assert data["error_class"] == "usage"
+    assert data["failure"]["detail"] == (
+        "unknown branch or commit: mian (branches and tags found: dev, main, v1.0) (pass --set branch=NAME)"
+    )

@@ -95,3 +95,25 @@ def test_every_bundled_sop_loads() -> None:
 def test_missing_sop_lists_known_ones() -> None:
     with pytest.raises(UsageError, match=r"no SOP named 'synk'; did you mean 'sync'"):
         loader.find("synk")
+
+
+def test_sop_list_shows_the_valid_sops_and_each_broken_file_with_its_error(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "sops").mkdir()
+    (tmp_path / "sops" / "typo.yaml").write_text("name: typo\nsteps:\n  - kind: shel\n    command: x\n")
+    (tmp_path / "sops" / "cut.yaml").write_text("name: cut\nsteps: [\n")
+    tpuops = [sys.executable, "-m", "tpuops", "sop", "list"]
+    people = subprocess.run(tpuops, cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert people.returncode == 2
+    assert "sync" in people.stdout and "smoke" in people.stdout  # the valid ones are still listed
+    broken = [ln for ln in people.stderr.splitlines() if ln.startswith("broken SOP")]
+    assert len(broken) == 2
+    assert "typo.yaml:3: steps[0] has unknown kind 'shel'; did you mean 'shell'?" in people.stderr
+    assert "cut.yaml:3: invalid YAML" in people.stderr
+    as_json = subprocess.run([*tpuops, "--json"], cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert as_json.returncode == 2
+    rows = {r["name"]: r for r in json.loads(as_json.stdout)}
+    assert rows["sync"]["error"] is None and "unknown kind 'shel'" in rows["typo"]["error"]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuops.cloud.accelerators import worker_count
-from tpuops.cloud.emulator.sshd import SshdWorker, start_worker
+from tpuops.cloud.emulator.sshd import SshdWorker, remove_users, start_worker
 from tpuops.cloud.emulator.users import UserLeases
 from tpuops.errors import UsageError
 from tpuops.transport.hostkeys import fingerprint_of_public_line
@@ -172,6 +172,9 @@ class Model:
         self.faults = Faults()
         self.requests: list[str] = []  # "METHOD /path" of every API call, for tests and `state`
         self.users = UserLeases(user_prefix)
+        # Unix users this emulator created: kept (leased) for reuse by later VMs, deleted by stop_all.
+        self.created: dict[str, SshdWorker] = {}
+        self.spare: list[str] = []
         self._threads: list[threading.Thread] = []
         self.projects: dict[str, dict[str, str]] = {}  # project -> common instance metadata
         self.profiles: dict[str, Profile] = {}  # account -> OS Login profile
@@ -256,7 +259,7 @@ class Model:
                 name, {k: body[k] for k in _NODE_FIELDS if k in body}, queued_resource=queued_resource
             )
             self.nodes[name] = rec
-            users = [self.users.take() for _ in range(count)]
+            users = [self.spare.pop() if self.spare else self.users.take() for _ in range(count)]
         self._spawn(self._boot, rec, op, keys, users)
         return op
 
@@ -276,12 +279,16 @@ class Model:
                         keys_dir=self.oslogin_dir,
                     )
                 )
+                if workers[-1].created_user:
+                    with self.lock:
+                        self.created[user] = workers[-1]
                 _trust_local_repos(workers[-1])
         except (OSError, RuntimeError, subprocess.CalledProcessError) as e:
             rec.workers = workers
-            self._teardown(rec, None)
-            for user in users:
-                self.users.give_back(user)
+            self._teardown(rec, None)  # releases the users of the workers that started
+            with self.lock:
+                for user in users[len(workers) :]:
+                    self._release(user)
             self._finish(op, error=(13, f"emulator could not start sshd for {rec.name}: {e}"))
             return
         time.sleep(self.create_delay)
@@ -306,7 +313,7 @@ class Model:
             _power_off(w)
         with self.lock:
             for w in rec.workers:
-                self.users.give_back(w.user)
+                self._release(w.user)
             self.nodes.pop(rec.name, None)
         if op is not None:
             self._finish(op)
@@ -453,8 +460,21 @@ class Model:
             rec = self.node(name)
         rec.workers[worker].regenerate_host_key()
 
+    def _release(self, user: str) -> None:
+        """Hand a worker's user back (callers hold the lock)."""
+        if user in self.created:
+            self.spare.append(user)  # still leased: only this emulator may delete it
+        else:
+            self.users.give_back(user)
+
     def stop_all(self) -> None:
+        """Tear every VM down, then delete the Unix users (and homes) this emulator created."""
         for t in list(self._threads):
             t.join(timeout=30)
         for rec in list(self.nodes.values()):
             self._teardown(rec, None)
+        with self.lock:
+            made, self.created, self.spare = list(self.created.values()), {}, []
+        remove_users(made)
+        for w in made:
+            self.users.give_back(w.user)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import secrets
 import shutil
 import socket
 import subprocess
@@ -11,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tpuops.cloud.emulator.users import UserLeases
 from tpuops.transport.hostkeys import fingerprint_of_public_line
 
 SSHD = shutil.which("sshd", path="/usr/sbin:/usr/bin:/sbin:/bin") or "/usr/sbin/sshd"
@@ -53,6 +55,7 @@ class SshdWorker:
     state_dir: Path
     host_public_key: str  # "ssh-ed25519 AAAA..."
     proc: subprocess.Popen | None = field(default=None, repr=False)
+    created_user: bool = False  # this process made the Unix user (remove_users deletes it with its home)
     authorized_keys: Path | None = None  # the worker user's authorized_keys file
 
     def write_authorized_keys(self, text: str) -> None:
@@ -157,8 +160,18 @@ def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 10.0) ->
     raise RuntimeError(f"sshd on port {port} did not start listening within {timeout}s")
 
 
-def ensure_user(name: str, home: Path) -> None:
-    """Create a Unix user with a plain /bin/sh login (fast logins: no rc files) if it is missing."""
+# Worker users of this process: TPUOPS_SSHD_USER_PREFIX, else a prefix no other live process has (its pid).
+_RUN_PREFIX = f"tpuops-{os.getpid()}-{secrets.token_hex(1)}-"
+_LEASES = UserLeases("")
+
+
+def user_prefix() -> str:
+    return os.environ.get("TPUOPS_SSHD_USER_PREFIX") or _RUN_PREFIX
+
+
+def ensure_user(name: str, home: Path) -> bool:
+    """Create a Unix user with a plain /bin/sh login (fast logins: no rc files) if it is missing; True if made."""
+    created = False
     try:
         pwd.getpwnam(name)
     except KeyError:
@@ -167,11 +180,34 @@ def ensure_user(name: str, home: Path) -> None:
             check=True,
             capture_output=True,
         )
+        created = True
     # A new account is locked ("!" in shadow) and sshd without PAM refuses locked accounts even for keys;
     # "*" means "no password can match", which leaves key logins open.
     shadow = Path("/etc/shadow").read_text().splitlines()
     if not any(line.startswith(f"{name}:*:") for line in shadow):
         subprocess.run(["usermod", "--password", "*", name], check=True, capture_output=True)
+    return created
+
+
+def remove_users(workers: list[SshdWorker]) -> None:
+    """Delete the Unix users (and homes) that this process created, after their sshd stopped.
+
+    Only users this process made and leased are touched, so stopping every process of such a user (the
+    detached jobs its tests started) never reaches anything of another run.
+    """
+    for w in workers:
+        w.stop()
+        if not w.created_user:
+            continue
+        subprocess.run(["pkill", "-KILL", "-u", w.user], check=False, capture_output=True)
+        for _ in range(50):  # userdel refuses while a process of the user is still exiting
+            r = subprocess.run(["userdel", w.user], check=False, capture_output=True)
+            if r.returncode in (0, 6):  # 6: no such user
+                break
+            time.sleep(0.1)
+        shutil.rmtree(w.home, ignore_errors=True)
+        w.created_user = False
+        _LEASES.give_back(w.user)
 
 
 def reset_home(name: str, home: Path) -> None:
@@ -211,10 +247,16 @@ def start_worker(
         )
     if os.geteuid() == 0:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation directory
-        # TPUOPS_SSHD_USER_PREFIX keeps concurrent suites on one machine apart (each its own users).
-        user = user or f"{os.environ.get('TPUOPS_SSHD_USER_PREFIX', 'tpuops-')}w{index}"
+        if user is None:
+            # Unique per process by default; leased so a prefix two runs were both given is caught, not shared.
+            user = f"{user_prefix()}w{index}"
+            if not _LEASES.hold(user):
+                raise RuntimeError(
+                    f"sshd worker user {user} is in use by another live run on this machine "
+                    "(give this one another TPUOPS_SSHD_USER_PREFIX)"
+                )
         home = home_root / user
-        ensure_user(user, home)
+        created = ensure_user(user, home)
         reset_home(user, home)
         # sshd reads authorized_keys as the user, so it lives in the user's own home.
         auth = home / ".ssh" / "authorized_keys"
@@ -224,37 +266,47 @@ def start_worker(
         for p in (auth.parent, auth):
             os.chown(p, entry.pw_uid, entry.pw_gid)
     else:
+        created = False
         user = pwd.getpwuid(os.geteuid()).pw_name
         home = Path.home()
         auth = state_dir / "authorized_keys"
         auth.write_text(authorized_key.strip() + "\n")
-    port = port or free_port()
-    (state_dir / "sshd_config").write_text(
-        _CONFIG.format(
-            port=port,
-            dir=state_dir,
-            user=user,
-            authorized_keys=auth,
-            extra_listen="".join(f"ListenAddress {a}\n" for a in extra_listen),
-            allow_users="".join(f" {u}" for u in allow_users),
-            keys_command=(
-                f"AuthorizedKeysCommand /bin/cat {keys_dir}/%u\nAuthorizedKeysCommandUser root\n"
-                if keys_dir is not None and os.geteuid() == 0
-                else ""
-            ),
+    # A free port can be taken by another process (a concurrent test run) before sshd binds it: try another.
+    for attempt in range(5):
+        chosen = port or free_port()
+        (state_dir / "sshd_config").write_text(
+            _CONFIG.format(
+                port=chosen,
+                dir=state_dir,
+                user=user,
+                authorized_keys=auth,
+                extra_listen="".join(f"ListenAddress {a}\n" for a in extra_listen),
+                allow_users="".join(f" {u}" for u in allow_users),
+                keys_command=(
+                    f"AuthorizedKeysCommand /bin/cat {keys_dir}/%u\nAuthorizedKeysCommandUser root\n"
+                    if keys_dir is not None and os.geteuid() == 0
+                    else ""
+                ),
+            )
         )
-    )
-    worker = SshdWorker(
-        index=index,
-        user=user,
-        home=home,
-        port=port,
-        state_dir=state_dir,
-        host_public_key=" ".join(Path(f"{key}.pub").read_text().split()[:2]),
-        authorized_keys=auth,
-    )
-    worker.start()
-    return worker
+        worker = SshdWorker(
+            index=index,
+            user=user,
+            home=home,
+            port=chosen,
+            state_dir=state_dir,
+            host_public_key=" ".join(Path(f"{key}.pub").read_text().split()[:2]),
+            authorized_keys=auth,
+            created_user=created,
+        )
+        try:
+            worker.start()
+        except RuntimeError:
+            if port or attempt == 4:
+                raise
+            continue
+        return worker
+    raise AssertionError("unreachable")
 
 
 def client_keypair(directory: Path) -> tuple[Path, str]:

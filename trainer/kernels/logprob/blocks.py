@@ -84,7 +84,7 @@ def compile_target(device_kind: str) -> Iterator[None]:
 
 
 def device_kind() -> str:
-    """"platform kind" of the devices kernels are built for: the compile target, else jax.devices()[0]."""
+    """ "platform kind" of the devices kernels are built for: the compile target, else jax.devices()[0]."""
     if _TARGET:
         return _TARGET[-1]
     import jax

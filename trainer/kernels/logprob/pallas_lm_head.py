@@ -39,7 +39,9 @@ def forward_stats(
         h_RD = lax.dynamic_slice_in_dim(h_ND, i * r, r)
         ids_R = lax.dynamic_slice_in_dim(ids_N, i * r, r)
         stats = pallas_tpu.forward_stats(_logits(h_RD, w_DV), ids_R, temperature, blocks)
-        return tuple(lax.dynamic_update_slice_in_dim(a, s, i * r, 0) for a, s in zip(carry, stats, strict=True))
+        return tuple(
+            lax.dynamic_update_slice_in_dim(a, s, i * r, 0) for a, s in zip(carry, stats, strict=True)
+        )
 
     zeros = jnp.zeros((n,), jnp.float32)
     return lax.fori_loop(0, n // r, body, (zeros, zeros, zeros))
@@ -95,7 +97,12 @@ _fused.defvjp(_fwd, _bwd)
 
 
 def token_logprob_entropy_from_hidden(
-    hidden_BTD: Array, w_DV: Array, ids_BT: Array, *, temperature: float = 1.0, blocks: BlockSizes | None = None
+    hidden_BTD: Array,
+    w_DV: Array,
+    ids_BT: Array,
+    *,
+    temperature: float = 1.0,
+    blocks: BlockSizes | None = None,
 ) -> tuple[Array, Array]:
     """log p(ids) and entropy of softmax(hidden @ W / temperature), float32 [B, T], with the Pallas kernels."""
     *lead, d = hidden_BTD.shape

@@ -1,0 +1,76 @@
+"""Test runs on one machine stay apart: sshd worker users unique per process, leased, deleted at the end."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tpuops.cloud.emulator.sshd import client_keypair, remove_users, start_worker
+from tpuops.cloud.emulator.users import UserLeases
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="per-worker Unix users exist only when run as root")
+
+PREFIX_OF_A_NEW_PROCESS = (
+    "from tpuops.cloud.emulator.sshd import user_prefix; import os; print(user_prefix(), os.getpid())"
+)
+
+
+def _fresh_prefix() -> tuple[str, int]:
+    env = {k: v for k, v in os.environ.items() if k != "TPUOPS_SSHD_USER_PREFIX"}
+    out = subprocess.run(
+        [sys.executable, "-c", PREFIX_OF_A_NEW_PROCESS], env=env, capture_output=True, text=True, check=True
+    )
+    prefix, pid = out.stdout.split()
+    return prefix, int(pid)
+
+
+def test_each_process_gets_its_own_worker_user_names() -> None:
+    (a, pid_a), (b, pid_b) = _fresh_prefix(), _fresh_prefix()
+    assert a != b and a.startswith(f"tpuops-{pid_a}-") and b.startswith(f"tpuops-{pid_b}-")
+    assert len(f"{a}w99") <= 32  # useradd's limit
+
+
+def test_a_worker_user_another_live_run_holds_is_refused_not_shared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix = f"tpt{os.getpid()}x-"
+    monkeypatch.setenv("TPUOPS_SSHD_USER_PREFIX", prefix)
+    holder = subprocess.Popen(  # another run holding the lease of {prefix}w0
+        [sys.executable, "-c", f"from tpuops.cloud.emulator.users import UserLeases; import sys, time; "
+         f"assert UserLeases('').hold('{prefix}w0'); print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        _, public = client_keypair(tmp_path / "client")
+        with pytest.raises(RuntimeError, match=rf"{prefix}w0 is in use by another live run"):
+            start_worker(0, tmp_path / "w0", public)
+        with pytest.raises(KeyError):
+            pwd.getpwnam(f"{prefix}w0")  # nothing was made for it
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_the_users_and_homes_a_session_made_are_deleted_with_their_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TPUOPS_SSHD_USER_PREFIX", f"tpt{os.getpid()}y-")
+    base = tmp_path / "sshd"
+    base.mkdir(mode=0o755)
+    _, public = client_keypair(base / "client")
+    w = start_worker(0, base / "w0", public)
+    assert w.created_user and w.running and w.home.is_dir()
+    uid = pwd.getpwnam(w.user).pw_uid
+    job = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sleep", "60"])
+    remove_users([w])
+    assert job.wait(timeout=10) == -9  # the user's own leftover process (this session's) was stopped
+    with pytest.raises(KeyError):
+        pwd.getpwnam(w.user)
+    assert not w.home.exists() and not w.running
+    assert not (UserLeases("").lock_dir / f"{w.user}.lock").exists()  # the lease's file went with it
