@@ -14,6 +14,6 @@ cd "$(dirname "$0")/.."
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
-  python3 -m pip install -q -e '.[trainer,test]'
+  python3 -m pip install -q -e '.[trainer,test,tpu]'
 ) 9>"${TMPDIR:-/tmp}/tpuops-test-install-$(id -u).lock"
 exec python3 -m pytest "$@"

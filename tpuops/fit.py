@@ -37,16 +37,26 @@ def _version(dist: str) -> str:
         return "-"
 
 
+def _trainer_dir(cwd: Path) -> Path:
+    """The trainer `python -m trainer.fit` runs from cwd: ./trainer, else the installed one (found, not imported)."""
+    if (cwd / "trainer" / "fit").is_dir():
+        return cwd / "trainer"
+    import importlib.util
+
+    spec = importlib.util.find_spec("trainer")
+    return Path(next(iter(spec.submodule_search_locations))) if spec and spec.submodule_search_locations else cwd
+
+
 def cache_key(config: str, sets: list[str], target: str, probe: str | None, cwd: Path) -> str:
     h = hashlib.sha256()
     for part in (config, *sets, target, probe or "", _version("jax"), _version("libtpu")):
         h.update(part.encode() + b"\0")
-    trainer = cwd / "trainer"
-    candidates = [Path(config), trainer / "configs" / f"{config}.yaml"]
+    trainer = _trainer_dir(cwd)
+    candidates = [cwd / config, trainer / "configs" / f"{config}.yaml"]
     files = [c for c in candidates if c.suffix in (".yaml", ".yml") and c.is_file()]
     files += sorted(trainer.rglob("*.py")) if trainer.is_dir() else []
     for f in files:
-        h.update(str(f.relative_to(cwd) if f.is_relative_to(cwd) else f).encode() + f.read_bytes())
+        h.update(str(f).encode() + f.read_bytes())
     return h.hexdigest()[:24]
 
 

@@ -14,7 +14,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from trainer.sharding import param_shardings, rollout_mesh
 
@@ -53,3 +55,21 @@ def decode_layout(mesh: Mesh, mconf: Any, params_like: Any, tp: int) -> tuple[Me
         out_shardings=param_shardings(shapes, rmesh),
     )
     return rmesh, OnMesh(cast, rmesh)
+
+
+def opt_state_shardings(opt: optax.GradientTransformation, params_like: Any, mesh: Mesh) -> Any:
+    """The optimizer state's shardings: moments split exactly like their parameters, counters replicated.
+
+    Left to XLA, `opt.init`'s zeros depend on no input and come out replicated: every device would hold
+    the whole float32 Adam state (2 x 12 GB for a 3B model)."""
+    shapes = jax.eval_shape(opt.init, params_like)
+    per_param = jax.tree_util.tree_map(lambda x: x.sharding, params_like)
+    replicated = NamedSharding(mesh, P())
+    return optax.tree_map_params(
+        opt, lambda _, s: s, shapes, per_param, transform_non_params=lambda _: replicated
+    )
+
+
+def init_opt_state(opt: optax.GradientTransformation, params_like: Any, mesh: Mesh) -> Any:
+    """A jitted `opt.init` whose outputs are laid out by `opt_state_shardings` (call it on the params)."""
+    return jax.jit(opt.init, out_shardings=opt_state_shardings(opt, params_like, mesh))

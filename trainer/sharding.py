@@ -8,7 +8,7 @@ one table (LOGICAL) maps them to mesh axes; the model constrains them by name at
 (`constrain`), so the batch stays split over (dp, fsdp) and XLA all-gathers each layer's weights (FSDP)
 instead of all-reducing whole-batch activations. Constraints apply under `jax.set_mesh(mesh)` and are no-ops
 without a mesh in context (single-device code and tests).
-KV cache [L, B, S, K, H]: batch over (dp, fsdp), kv heads over tp.
+KV cache, one [B, S, K, H] per layer: batch over (dp, fsdp), kv heads over tp.
 Decode uses its own layout of the same devices (`rollout_mesh`: batch over dp, heads over tp, no fsdp) with
 the weights cast to the compute dtype once per step: a decode loop over FSDP-split weights would all-gather
 every weight for every token (`tpuops fit` shows the difference).
@@ -103,9 +103,9 @@ def batch_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
     return NamedSharding(mesh, _fit(P(BATCH), shape, mesh))
 
 
-def kv_cache_sharding(mesh: Mesh, shape_LBSKH: tuple[int, ...]) -> NamedSharding:
-    """KV cache [L, B, S, K, H]: batch over (dp, fsdp), kv heads over tp."""
-    return NamedSharding(mesh, _fit(P(None, BATCH, None, "tp", None), shape_LBSKH, mesh))
+def kv_cache_sharding(mesh: Mesh, shape_BSKH: tuple[int, ...]) -> NamedSharding:
+    """One layer's KV cache [B, S, K, H]: batch over (dp, fsdp), kv heads over tp."""
+    return NamedSharding(mesh, _fit(P(BATCH, None, "tp", None), shape_BSKH, mesh))
 
 
 def logical_spec(names: Sequence[str | None], shape: tuple[int, ...], mesh: Any) -> P:

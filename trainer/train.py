@@ -26,7 +26,7 @@ from trainer.grpo.advantages import group_advantages
 from trainer.grpo.loss import grpo_objective
 from trainer.grpo.rewards import Sample, score
 from trainer.kernels import resolve_impl, token_logprob_entropy_from_hidden
-from trainer.layout import OnMesh, decode_layout
+from trainer.layout import OnMesh, decode_layout, init_opt_state
 from trainer.model.qwen2 import forward_hidden, lm_head_weight
 from trainer.sampling.sampler import SamplingConfig, generate
 from trainer.sharding import make_mesh
@@ -270,13 +270,9 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
     )
 
     opt = optimizer(cfg)
-    # Scalars (step counts) replicated on the mesh from the start, as update() returns them: else step 1
-    # would see a different input sharding and compile the update a second time.
-    replicated = NamedSharding(mesh, P())
-    opt_state = jax.tree_util.tree_map(
-        lambda x: x if isinstance(x.sharding, NamedSharding) and x.ndim else jax.device_put(x, replicated),
-        jax.jit(opt.init)(params),
-    )
+    # Moments split like their parameters and scalars (step counts) replicated from the start, as update()
+    # returns them: else step 1 would see other input shardings and compile the update a second time.
+    opt_state = init_opt_state(opt, params, mesh)(params)
     ref_params = jax.tree_util.tree_map(jnp.copy, params) if cfg.loss.beta > 0 else None
     sampling = SamplingConfig(
         cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p

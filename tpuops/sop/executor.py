@@ -354,7 +354,7 @@ def error_class(code: int) -> str:
         ExitCode.OK: "ok", ExitCode.FAILED: "user_code", ExitCode.USAGE: "usage", ExitCode.CONNECT: "connect",
         ExitCode.TPU_BUSY: "tpu_busy", ExitCode.TIMEOUT: "timeout", ExitCode.CLOUD: "cloud",
         ExitCode.RECOMPILE: "recompile", ExitCode.PREEMPTED: "preempted", ExitCode.HANG: "hang", ExitCode.OOM: "oom",
-        ExitCode.INCONSISTENT: "inconsistent",
+        ExitCode.INCONSISTENT: "inconsistent", ExitCode.NO_FIT: "no_fit",
     }  # fmt: skip
     return names.get(ExitCode(code), "failed") if code in ExitCode._value2member_map_ else "failed"
 

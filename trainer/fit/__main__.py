@@ -26,8 +26,11 @@ def _libtpu_missing() -> str | None:
     import importlib.metadata
     import importlib.util
 
-    if importlib.util.find_spec("libtpu") is not None:
-        return None
+    try:
+        if importlib.util.find_spec("libtpu") is not None:
+            return None
+    except ImportError:
+        pass
     version = importlib.metadata.version("jax")
     return f"libtpu is not installed: pip install 'jax[tpu]=={version}' (or the project's tpu extra)"
 
@@ -93,18 +96,27 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_FITS if result["fits"] else EXIT_NO_FIT
 
 
+def topology_devices(topology: str) -> list[Any]:
+    """The devices of a JAX TPU topology; slices smaller than one host's 2x2 chips say so to libtpu."""
+    from jax.experimental import topologies
+
+    shape = [int(d) for d in topology.split(":")[1].split("x")]
+    kwargs: dict[str, Any] = {}
+    if len(shape) == 2 and shape[0] * shape[1] < 4:
+        kwargs["chips_per_host_bounds"] = (*shape, 1)
+    return list(topologies.get_topology_desc(platform="tpu", topology_name=topology, **kwargs).devices)
+
+
 def run(
     cfg: Any, tgt: Any, sets: list[str], *, fix: bool = True, probe: tuple[int, int] | None = None
 ) -> dict[str, Any]:
     """Compile and judge every phase (at the model's depth, or extrapolated from two `probe` depths); when
     only the update does not fit, the first override list that does (`fix_candidates`)."""
-    from jax.experimental import topologies
-
     from trainer import config
     from trainer.fit import analyze, programs
     from trainer.kernels.logprob.blocks import compile_target
 
-    devices = list(topologies.get_topology_desc(platform="tpu", topology_name=tgt.topology).devices)
+    devices = list(topology_devices(tgt.topology))
     per_device = tgt.per_device(len(devices))
     layers = programs.model_config(cfg).num_hidden_layers
 

@@ -36,12 +36,14 @@ def measure(program: Program, devices: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     raw: dict[str, Any] = {"runs_per_step": program.multiplier, "resident_bytes": program.resident_bytes}
     try:
+        if program.error is not None:
+            raise RuntimeError(program.error)
         compiled = program.lowered.compile()
     except Exception as e:  # libtpu refuses a program whose temporaries exceed HBM: that is a verdict too
-        if "RESOURCE_EXHAUSTED" not in str(e):
+        if "RESOURCE_EXHAUSTED" not in str(e) and program.error is None:
             raise
         m = _TEMP.search(str(e))
-        temp = int(float(m[1]) * 1024 ** " KMGT".index(m[2])) if m else 1 << 50
+        temp = int(float(m[1]) * 1024 ** " KMGT".index(m[2])) if m else 0
         print(
             f"fit: {program.name} does not fit: {str(e).splitlines()[0][:200]}", file=sys.stderr, flush=True
         )

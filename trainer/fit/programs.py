@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 from trainer import train
 from trainer.config import Config
 from trainer.kernels import resolve_impl
-from trainer.layout import OnMesh, decode_layout
+from trainer.layout import OnMesh, decode_layout, opt_state_shardings
 from trainer.model.config import Qwen2Config, preset
 from trainer.model.qwen2 import Qwen2
 from trainer.sampling import sampler
@@ -39,6 +39,7 @@ class Program:
     lowered: Any  # jax Lowered
     multiplier: int  # how many times a step runs its cost (memory is per run)
     resident_bytes: int  # per device, alive beside the program's own buffers
+    error: str | None = None  # already known not to compile (libtpu's RESOURCE_EXHAUSTED)
 
 
 def model_config(cfg: Config, layers: int = 0) -> Qwen2Config:
@@ -84,13 +85,9 @@ def state(cfg: Config, mconf: Qwen2Config, mesh: Mesh) -> tuple[Any, Any, Any]:
     shardings = param_shardings(shapes, mesh)
     params = jax.tree_util.tree_map(lambda x, s: _sds(x.shape, x.dtype, s), shapes, shardings)
     opt = train.optimizer(cfg)
-    opt_shapes = jax.eval_shape(opt.init, params)
-    out_shardings = jax.jit(opt.init).lower(params).compile().output_shardings
-    replicated = NamedSharding(mesh, P())
+    shapes = jax.eval_shape(opt.init, params)
     opt_state = jax.tree_util.tree_map(
-        lambda x, s: _sds(x.shape, x.dtype, s if isinstance(s, NamedSharding) and x.ndim else replicated),
-        opt_shapes,
-        out_shardings,
+        lambda x, s: _sds(x.shape, x.dtype, s), shapes, opt_state_shardings(opt, params, mesh)
     )
     return params, opt_state, opt
 
@@ -132,18 +129,25 @@ def _rollout(
     N, P_len, C = cfg.sequences_per_step, max(cfg.data.prompt_buckets), cfg.rollout.max_new_tokens
     resident = device_bytes(params) + device_bytes(opt_state)
     programs: list[Program] = []
-    cast = to_decode.lower(params)
-    programs.append(Program("decode_cast", cast, 1, device_bytes(opt_state)))
+    programs.append(Program("decode_cast", to_decode.lower(params), 1, device_bytes(opt_state)))
+    rparams = jax.tree_util.tree_map(lambda x: _sds(x.shape, jnp.dtype(mconf.dtype), None), params)
     rparams = jax.tree_util.tree_map(
-        lambda x, s: _sds(x.shape, jnp.dtype(mconf.dtype), s), params, cast.compile().output_shardings
+        lambda x, s: _sds(x.shape, x.dtype, s), rparams, param_shardings(rparams, rmesh)
     )
     sampling = sampler.SamplingConfig(C, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p)
     static = sampler.static_args(mconf, sampling, (1,), 0, rmesh)
     rng = jax.eval_shape(lambda: jax.random.key(0))
     ids = _batch(rmesh, (N, P_len), jnp.int32)
     prefill = OnMesh(sampler._prefill, rmesh).lower(rparams, ids, ids, rng, **static)
+    try:
+        prefill_out = prefill.compile()
+    except Exception as e:  # too big for the TPU: both rollout programs are judged by this
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        programs.append(Program("prefill", prefill, 1, resident, error=str(e)))
+        programs.append(Program("decode", None, max(C - 1, 1), resident, error="not compiled: the prefill does not fit"))
+        return programs
     programs.append(Program("prefill", prefill, 1, resident))
-    prefill_out = prefill.compile()
     dstate = jax.tree_util.tree_map(
         lambda x, s: _sds(x.shape, x.dtype, s), prefill_out.out_info, prefill_out.output_shardings
     )

@@ -105,8 +105,8 @@ class Attention(nn.Module):
     @nn.compact
     def __call__(self, x_BTD: Array, cos_BTH: Array, sin_BTH: Array, mask_BTS: Array, kv: Any) -> Any:
         """`kv` None: attend over this call's own keys (mask_BTS is [B, T, T]) and return them; else
-        (k_LBSKH, v_LBSKH, slot, layer): write the new keys/values at `slot` of this layer, attend over
-        the layer's S slots (mask_BTS is [B, T, S]) and return the updated full cache."""
+        (k_BSKH, v_BSKH, slot): write the new keys/values at `slot` of this layer's cache, attend over its
+        S slots (mask_BTS is [B, T, S]) and return the updated layer cache."""
         c = self.config
         B, T, _ = x_BTD.shape
         N, K, H = c.num_attention_heads, c.num_key_value_heads, c.head_dim
@@ -117,13 +117,12 @@ class Attention(nn.Module):
         if kv is None:
             keys, values, new_kv = k, v, (k, v)
         else:
-            # Write into the whole [L, B, S, K, H] cache in place (one small update per layer) rather than
-            # slicing out and re-stacking layers, which would copy the entire cache every decode step.
-            k_all, v_all, slot, layer = kv
-            at = (jnp.int32(layer), jnp.int32(0), jnp.asarray(slot, jnp.int32), jnp.int32(0), jnp.int32(0))
-            k_all = jax.lax.dynamic_update_slice(k_all, k.astype(k_all.dtype)[None], at)
-            v_all = jax.lax.dynamic_update_slice(v_all, v.astype(v_all.dtype)[None], at)
-            keys, values, new_kv = k_all[layer], v_all[layer], (k_all, v_all)
+            # One small in-place update of this layer's own cache buffer per decode step.
+            k_BSKH, v_BSKH, slot = kv
+            at = (jnp.int32(0), jnp.asarray(slot, jnp.int32), jnp.int32(0), jnp.int32(0))
+            k_BSKH = jax.lax.dynamic_update_slice(k_BSKH, k.astype(k_BSKH.dtype), at)
+            v_BSKH = jax.lax.dynamic_update_slice(v_BSKH, v.astype(v_BSKH.dtype), at)
+            keys, values, new_kv = k_BSKH, v_BSKH, (k_BSKH, v_BSKH)
         out = constrain(attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS), *_BTNH)
         return constrain(self._dense(c.hidden_size, False, "o_proj")(out.reshape(B, T, N * H)), *_BTD), new_kv
 
@@ -170,8 +169,8 @@ REMAT_POLICIES: dict[str, Any] = {
 class Qwen2(nn.Module):
     """Embedding -> L decoder layers -> final RMSNorm.
 
-    Returns (hidden_BTD, [(k_BTKH, v_BTKH)] per layer) without a cache, (hidden_BTD, (k_LBSKH, v_LBSKH))
-    with one."""
+    Returns (hidden_BTD, [(k_BTKH, v_BTKH)] per layer) without a cache, (hidden_BTD, (keys, values)) with
+    one (a [B, S, K, H] array per layer in each)."""
 
     config: Qwen2Config
 
@@ -201,10 +200,13 @@ class Qwen2(nn.Module):
                 x_BTD, layer_kv = layer(x_BTD, cos, sin, mask_BTS, None)
                 new_kv.append(layer_kv)
             return self.norm(x_BTD), new_kv
-        k_LBSKH, v_LBSKH, slot = cache  # decode: thread the whole cache through the layers
-        for i, layer in enumerate(self.layers):
-            x_BTD, (k_LBSKH, v_LBSKH) = layer(x_BTD, cos, sin, mask_BTS, (k_LBSKH, v_LBSKH, slot, i))
-        return self.norm(x_BTD), (k_LBSKH, v_LBSKH)
+        keys, values, slot = cache  # decode: each layer updates and reads its own cache buffers
+        new_keys, new_values = [], []
+        for layer, k_BSKH, v_BSKH in zip(self.layers, keys, values, strict=True):
+            x_BTD, (k_BSKH, v_BSKH) = layer(x_BTD, cos, sin, mask_BTS, (k_BSKH, v_BSKH, slot))
+            new_keys.append(k_BSKH)
+            new_values.append(v_BSKH)
+        return self.norm(x_BTD), (tuple(new_keys), tuple(new_values))
 
     def init_all(self, input_ids_BT: Array) -> Any:
         """Touches every parameter (the untied lm_head included) for `init`."""
@@ -286,15 +288,16 @@ def decode_step(
     config: Qwen2Config,
     input_ids_BT: Array,
     positions_BT: Array,
-    k_LBSKH: Array,
-    v_LBSKH: Array,
+    keys: tuple[Array, ...],
+    values: tuple[Array, ...],
     slot: Array,
     slot_mask_BTS: Array,
-) -> tuple[Array, Array, Array]:
-    """Write the new tokens' keys/values at cache `slot` and attend over the cache.
+) -> tuple[Array, tuple[Array, ...], tuple[Array, ...]]:
+    """Write the new tokens' keys/values at cache `slot` and attend over the cache (one [B, S, K, H] array
+    per layer in `keys` and `values`).
 
-    Returns (logits_BTV float32, k_LBSKH, v_LBSKH) with the cache updated."""
-    hidden, (k_LBSKH, v_LBSKH) = Qwen2(config).apply(
-        {"params": params}, input_ids_BT, positions_BT, slot_mask_BTS, (k_LBSKH, v_LBSKH, slot)
+    Returns (logits_BTV float32, keys, values) with the cache updated."""
+    hidden, (keys, values) = Qwen2(config).apply(
+        {"params": params}, input_ids_BT, positions_BT, slot_mask_BTS, (keys, values, slot)
     )
-    return logits_from_hidden(params, config, hidden), k_LBSKH, v_LBSKH
+    return logits_from_hidden(params, config, hidden), keys, values

@@ -2,7 +2,9 @@
 
 Dims: L layers, B batch, S = P + C slots (prompt bucket + max new tokens), K kv heads, H head dim.
 Fields:
-  k_LBSKH, v_LBSKH  keys (after RoPE) and values, in the compute dtype (bf16 in training runs).
+  keys, values      one [B, S, K, H] array per layer (after RoPE, in the compute dtype): a layer's decode
+                    step updates and reads only its own buffer, in place (a stacked [L, ...] array made
+                    each layer's slice-and-update touch the whole cache in XLA's accounting and copies).
   mask_BS           bool: slot s holds a real token (left-padding slots of the prompt stay False).
   index             int32 scalar: the next slot to write. Prompts are left-padded to the same P, so
                     every sequence writes its t-th new token into the same slot P + t and one index serves
@@ -21,24 +23,24 @@ from jax import Array
 
 @flax.struct.dataclass
 class KVCache:
-    k_LBSKH: Array
-    v_LBSKH: Array
+    keys: tuple[Array, ...]  # L x [B, S, K, H]
+    values: tuple[Array, ...]  # L x [B, S, K, H]
     mask_BS: Array
     index: Array
 
     @property
     def length(self) -> int:
-        return self.k_LBSKH.shape[2]
+        return self.keys[0].shape[1]
 
 
 def from_prefill(kv_per_layer: list[tuple[Array, Array]], prompt_mask_BP: Array, length: int) -> KVCache:
     """A cache of `length` slots holding the prompt's keys/values in slots [0, P); index = P."""
-    k_LBPKH = jnp.stack([k for k, _ in kv_per_layer])
-    v_LBPKH = jnp.stack([v for _, v in kv_per_layer])
-    P = k_LBPKH.shape[2]
-    pad = [(0, 0), (0, 0), (0, length - P), (0, 0), (0, 0)]
+    P = prompt_mask_BP.shape[1]
+    pad = [(0, 0), (0, length - P), (0, 0), (0, 0)]
     mask_BS = jnp.pad(prompt_mask_BP.astype(bool), [(0, 0), (0, length - P)])
-    return KVCache(jnp.pad(k_LBPKH, pad), jnp.pad(v_LBPKH, pad), mask_BS, jnp.int32(P))
+    keys = tuple(jnp.pad(k_BPKH, pad) for k_BPKH, _ in kv_per_layer)
+    values = tuple(jnp.pad(v_BPKH, pad) for _, v_BPKH in kv_per_layer)
+    return KVCache(keys, values, mask_BS, jnp.int32(P))
 
 
 def mark_written(cache: KVCache, width: int = 1) -> KVCache:

@@ -155,10 +155,10 @@ def _prefill(
     hidden_BPD, kv = qwen2.forward_with_kv(params, config, prompt_ids_BP, positions_BP, prompt_mask_BP)
     cache = kv_cache.from_prefill(kv, prompt_mask_BP, P + C)
     if mesh is not None:
-        spec = sharding.kv_cache_sharding(mesh, cache.k_LBSKH.shape)
+        spec = sharding.kv_cache_sharding(mesh, cache.keys[0].shape)
         cache = cache.replace(
-            k_LBSKH=jax.lax.with_sharding_constraint(cache.k_LBSKH, spec),
-            v_LBSKH=jax.lax.with_sharding_constraint(cache.v_LBSKH, spec),
+            keys=tuple(jax.lax.with_sharding_constraint(k, spec) for k in cache.keys),
+            values=tuple(jax.lax.with_sharding_constraint(v, spec) for v in cache.values),
         )
     logits_BV = _whole_rows(qwen2.logits_from_hidden(params, config, hidden_BPD[:, -1:])[:, 0], mesh)
     rng, key = jax.random.split(rng)
@@ -211,13 +211,13 @@ def decode_one(
     """One decode position: feed the last sampled token through the cache, sample and record the next."""
     cache = kv_cache.mark_written(s.cache)
     last_B1 = jax.lax.dynamic_slice_in_dim(s.tokens_BC, s.step, 1, axis=1)
-    logits_B1V, k, v = qwen2.decode_step(
-        params, config, last_B1, s.positions_B[:, None], cache.k_LBSKH, cache.v_LBSKH,
+    logits_B1V, keys, values = qwen2.decode_step(
+        params, config, last_B1, s.positions_B[:, None], cache.keys, cache.values,
         cache.index, cache.mask_BS[:, None, :],
     )  # fmt: skip
     rng, key = jax.random.split(s.rng)
     token_B, logprob_B = sample_token(_whole_rows(logits_B1V[:, 0], mesh), key, sampling)
-    cache = cache.replace(k_LBSKH=k, v_LBSKH=v, index=cache.index + 1)
+    cache = cache.replace(keys=keys, values=values, index=cache.index + 1)
     s = s.replace(cache=cache, positions_B=s.positions_B + 1, step=s.step + 1, rng=rng)
     return _record(s, token_B, logprob_B, eos_E, pad_id)
 

@@ -205,7 +205,7 @@ def test_preempted_grpo_run_resumes_from_its_checkpoint_with_the_uninterrupted_p
     lines: list[str] = []
     killer = _preempt_after(cloud, node, lines, 8)  # after step=7
     report = recovery.run_with_recovery(
-        runner.RunRequest(sop="grpo", sets=sets, target=spec),
+        runner.RunRequest(sop="grpo", sets=sets, target=spec, skip_fit=True),  # CPU workers: test_fit.py
         max_recoveries=1,
         watch_s=0.2,
         ready_timeout=120,

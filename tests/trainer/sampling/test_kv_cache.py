@@ -29,20 +29,15 @@ def test_cached_decode_matches_full_forward(tiny_f32: tuple, prompts: tuple) -> 
         params, config, jnp.asarray(prompt_ids), jnp.asarray(full_pos[:, :P]), jnp.asarray(prompt_mask)
     )
     cache = kv_cache.from_prefill(kv, jnp.asarray(prompt_mask), P + C)
-    assert cache.k_LBSKH.shape == (
-        config.num_hidden_layers,
-        B,
-        P + C,
-        config.num_key_value_heads,
-        config.head_dim,
-    )
+    assert len(cache.keys) == len(cache.values) == config.num_hidden_layers
+    assert cache.keys[0].shape == (B, P + C, config.num_key_value_heads, config.head_dim)
     assert int(cache.index) == P
     for t in range(C):
         cache = kv_cache.mark_written(cache)
         logits_B1V, k, v = qwen2.decode_step(
             params, config, jnp.asarray(new_BN[:, t : t + 1]), jnp.asarray(full_pos[:, P + t : P + t + 1]),
-            cache.k_LBSKH, cache.v_LBSKH, cache.index, cache.mask_BS[:, None, :],
+            cache.keys, cache.values, cache.index, cache.mask_BS[:, None, :],
         )  # fmt: skip
-        cache = cache.replace(k_LBSKH=k, v_LBSKH=v, index=cache.index + 1)
+        cache = cache.replace(keys=k, values=v, index=cache.index + 1)
         np.testing.assert_allclose(np.asarray(logits_B1V[:, 0]), expected_BTV[:, P + t], atol=2e-5, rtol=0)
     np.testing.assert_array_equal(np.asarray(cache.mask_BS), full_mask.astype(bool))

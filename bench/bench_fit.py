@@ -1,0 +1,61 @@
+"""Every shipped TPU preset compiled for its TPU (tpuops fit): per-phase per-device peak, headroom, FLOPs,
+collectives and roofline seconds as the markdown tables of docs/performance.md.
+
+    python bench/bench_fit.py                        # every trainer/configs/qwen2.5-*.yaml, full depth
+    python bench/bench_fit.py qwen2.5-3b-v6e-8 --set rollout.tp=1   # one preset, an alternative layout
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+GB = 1e9
+
+
+def fit(preset: str, sets: list[str]) -> dict:
+    argv = [sys.executable, "-m", "trainer.fit", "--config", preset, "--json", "--no-fix"]
+    r = subprocess.run(
+        argv + [f"--set={s}" for s in sets], capture_output=True, text=True, cwd=REPO, check=False
+    )
+    if r.returncode not in (0, 3):
+        raise SystemExit(f"{preset}: exit {r.returncode}: {r.stderr.strip().splitlines()[-1:]}")
+    return json.loads(r.stdout)
+
+
+def table(r: dict) -> str:
+    head = (
+        f"**{r['config']}** on {r['accelerator']} ({r['topology']}, {r['devices']} devices, "
+        f"{r['hbm_bytes_per_device'] / GB:.1f} GB HBM each; loss `{r['impl']}`, update mesh {r['mesh']}, "
+        f"decode mesh {r['rollout_mesh']}, micro-batch {r['micro_batch']} x {r['accumulation']}, "
+        f"remat {r['remat']}): **{'fits' if r['fits'] else 'does not fit'}**, tightest "
+        f"{r['tightest_phase']} at {r['headroom']:.0%} headroom; estimate **{r['estimate']['step_s']:.2f} s/step**"
+    )
+    rows = ["| phase | peak GB | headroom | TFLOP / run | HBM GB / run | all-gather GB | reduce-scatter GB | "
+            "all-reduce GB | runs / step | s / step | largest term |", "|" + " --- |" * 11]  # fmt: skip
+    for name, p in r["phases"].items():
+        c = p["collective_bytes"]
+        rows.append(
+            f"| {name} | {p['peak_bytes'] / GB:.2f} | {p['headroom']:.0%} | {p['flops'] / 1e12:.2f} | "
+            f"{p['bytes_accessed'] / GB:.2f} | {c['all-gather'] / GB:.2f} | {c['reduce-scatter'] / GB:.2f} | "
+            f"{c['all-reduce'] / GB:.2f} | {p['runs_per_step']} | {p['seconds']:.3f} | {p['largest_term']} |"
+        )
+    return "\n".join([head, "", *rows])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("presets", nargs="*")
+    ap.add_argument("--set", action="append", default=[])
+    args = ap.parse_args()
+    presets = args.presets or sorted(p.stem for p in (REPO / "trainer" / "configs").glob("qwen2.5-*.yaml"))
+    for preset in presets:
+        print(table(fit(preset, args.set)), end="\n\n", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""The fit preflight of `tpuops run grpo --vm`: the config compiled for the VM's TPU type before any SSH."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.tpuops.cloud.conftest import Cloud
+from tests.tpuops.cloud.test_e2e_commands import tpuops
+from tests.tpuops.test_fit import TOO_BIG
+
+ZONE = "us-east1-d"
+
+
+def _vm(cloud: Cloud, name: str, accelerator: str, tmp_path: Path) -> list[Path]:
+    made = tpuops(cloud, ["vm", "create", name, "--type", accelerator, "--zone", ZONE, "--runtime-version", "base"],
+                  tmp_path)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    return [w.home for w in cloud.emu.model.nodes[name].workers]
+
+
+@pytest.mark.slow
+def test_a_vm_whose_tpu_cannot_hold_the_config_is_refused_before_any_ssh(
+    cloud: Cloud, vm_name: str, tmp_path: Path
+) -> None:
+    homes = _vm(cloud, vm_name, "v5litepod-1", tmp_path)
+    before = [sorted(p.name for p in h.iterdir()) for h in homes]
+    (tmp_path / "too-big.yaml").write_text(TOO_BIG)
+    r = tpuops(cloud, ["run", "grpo", "--vm", vm_name, "--zone", ZONE, "--identity", str(cloud.identity),
+                       "--set", f"config={tmp_path / 'too-big.yaml'}", "--set", "repo_url=/nonexistent.git",
+                       "--set", "branch=main", "--json"], tmp_path, timeout=900)  # fmt: skip
+    assert r.returncode == 12, r.stderr[-2000:]
+    data = json.loads(r.stdout)
+    assert data["error_class"] == "no_fit" and "does not fit" in data["message"] and "v5litepod-1" in data["message"]
+    assert [sorted(p.name for p in h.iterdir()) for h in homes] == before  # nothing reached the workers
+    runs = Path(__import__("os").environ["TPUOPS_HOME"]) / "runs"
+    assert not runs.exists() or not any(runs.iterdir())  # no run was recorded
+
+
+@pytest.mark.slow
+def test_the_dry_run_plan_shows_the_fit_verdict(cloud: Cloud, vm_name: str, tmp_path: Path) -> None:
+    _vm(cloud, vm_name, "v4-8", tmp_path)
+    r = tpuops(cloud, ["run", "grpo", "--vm", vm_name, "--zone", ZONE, "--identity", str(cloud.identity),
+                       "--set", "repo_url=/nonexistent.git", "--set", "branch=main", "--dry-run", "--json"],
+               tmp_path, timeout=900)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    fit = json.loads(r.stdout)["fit"]
+    assert " on v4-8 fits: tightest phase" in fit, fit
+    skipped = tpuops(cloud, ["run", "grpo", "--vm", vm_name, "--zone", ZONE, "--identity", str(cloud.identity),
+                             "--set", "repo_url=/nonexistent.git", "--set", "branch=main", "--dry-run", "--json",
+                             "--skip-fit"], tmp_path)  # fmt: skip
+    assert skipped.returncode == 0 and json.loads(skipped.stdout)["fit"] is None
