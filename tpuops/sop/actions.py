@@ -16,6 +16,7 @@ class Command:
     env: dict[str, str] = field(default_factory=dict)
     secret_env: tuple[str, ...] = ()  # names whose values come from the local .env at execution time
     timeout: float | None = None
+    stream: bool = False  # show each output line live, prefixed by its worker
 
     def render(self) -> str:
         names = [*self.env, *self.secret_env]

@@ -18,9 +18,9 @@ from tpuops.shell import Redactor
 from tpuops.sop.actions import Action, Command, Fetch, Follow, Upload
 from tpuops.sop.loader import Sop
 from tpuops.sop.model import Outcome, PlanContext, Step
+from tpuops.sop.status import FAILED
 from tpuops.transport.base import CmdResult, LineSink, Transport
 
-FAILED = {"failed", "busy", "timeout", "cancelled", "hang"}
 SKIP_REST = "tpuops: same"  # a check command printing this makes the rest of the step unnecessary
 
 Plan = list[tuple[str, dict[int, list[Action]]]]
@@ -194,7 +194,10 @@ class Executor:
         for action in actions:
             if isinstance(action, Command):
                 env = {**action.env, **self._secret_values(action.secret_env)}
-                r = self.transport.run(w, action.script, env=env, timeout=action.timeout, cancel=cancel)
+                show = self._show if action.stream and self.on_line else None
+                r = self.transport.run(
+                    w, action.script, env=env, timeout=action.timeout, cancel=cancel, on_line=show
+                )
                 results.append(r)
                 if not r.ok or SKIP_REST in r.stdout.splitlines():
                     break
@@ -208,6 +211,10 @@ class Executor:
             elif isinstance(action, Fetch):
                 results.append(self._fetch(w, action))
         return results
+
+    def _show(self, w: int, text: str) -> None:
+        if self.on_line:
+            self.on_line(w, self.redact(text))
 
     def _secret_values(self, names: tuple[str, ...]) -> dict[str, str]:
         if not names:

@@ -166,12 +166,38 @@ class Shell(Step):
     cwd: str | None = None
     env: dict[str, str] = {}
     secret_env: list[str] = []  # names taken from the local .env
-    timeout: float | None = 600.0
-    template_fields: ClassVar[tuple[str, ...]] = ("command", "cwd", "env")
+    timeout: float | str | None = 600.0  # seconds, or a template such as "{timeout}"
+    # Show every line the command prints, prefixed by its worker, and keep it (bounded) in the report.
+    output: bool = False
+    template_fields: ClassVar[tuple[str, ...]] = ("command", "cwd", "env", "timeout")
 
     def plan(self, ctx: PlanContext) -> list[Action]:
         body = ctx.command(self.command)
         if self.cwd:
             body = f"cd {shell.path(ctx.raw(self.cwd))} && {body}"
         env = {k: ctx.raw(v) for k, v in self.env.items()}
-        return [Command(body, env=env, secret_env=tuple(self.secret_env), timeout=self.timeout)]
+        timeout = ctx.number(self.timeout, "timeout")
+        return [Command(body, env=env, secret_env=tuple(self.secret_env), timeout=timeout, stream=self.output)]
+
+    def outcome(self, results: list[CmdResult]) -> Outcome:
+        base = super().outcome(results)
+        if not self.output or not results:
+            return base
+        last = results[-1]
+        data = {**base.data, **bounded("stdout", last.stdout), **bounded("stderr", last.stderr)}
+        lines = len(last.stdout.splitlines()) + len(last.stderr.splitlines())
+        detail = base.detail if base.status != "ok" else f"{lines} line(s) of output"
+        return Outcome(base.status, detail, data)
+
+
+OUTPUT_LIMIT = 64 * 1024  # characters of a command's stdout/stderr kept per worker in the report
+
+
+def bounded(name: str, text: str) -> dict[str, object]:
+    """`{name: text}`, cut to its last OUTPUT_LIMIT characters with a note saying how much was left out."""
+    if len(text) <= OUTPUT_LIMIT:
+        return {name: text}
+    return {
+        name: text[-OUTPUT_LIMIT:],
+        f"{name}_note": f"cut: only the last {OUTPUT_LIMIT} of {len(text)} characters are kept",
+    }
