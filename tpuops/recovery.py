@@ -83,7 +83,11 @@ def run_with_recovery(
         run_id = base_id if attempt == 0 else f"{base_id}-r{attempt}"
         try:
             result = runner.run(
-                replace(req, run_id=run_id), on_line=line, on_step=on_step, cwd=cwd, abort=abort
+                replace(req, run_id=run_id, accelerator=vm.accelerator_type),
+                on_line=line,
+                on_step=on_step,
+                cwd=cwd,
+                abort=abort,
             )
         finally:
             abort.set()  # also stops the watcher

@@ -73,6 +73,11 @@ def sop_report(report: Any, code: int, as_json: bool) -> None:
     if failure:
         step, worker, outcome = failure
         err.print(f"[bold red]failed[/]: step {step.title} on w{worker}: {_escape(outcome.detail)}")
+    cause = report.log.cause() if report.log is not None else None
+    if cause is not None and code:
+        err.print(f"[bold red]cause[/] ({cause.kind}, w{cause.worker}): {_escape(cause.message)}")
+    if report.hint:
+        err.print(f"[bold]fix[/]: {_escape(report.hint)}")
     for s in report.steps:
         for w, o in sorted(s.outcomes.items()):
             if o.data.get("py_spy"):

@@ -51,6 +51,7 @@ class SopReport:
     log: Any = None  # tpuops.logscan.LogReport when the SOP scans its logs
     fail_on_recompile: bool = False
     recoveries: list[dict[str, Any]] = field(default_factory=list)  # --recover: one entry per VM recreation
+    hint: str | None = None  # what to try next, for failures with a known fix (an out-of-memory)
 
     @property
     def ok(self) -> bool:
@@ -88,6 +89,7 @@ class SopReport:
                 for s in self.steps
             ],
             "error_class": error_class(code),
+            "hint": self.hint,
             "recoveries": self.recoveries,
             "log": None if self.log is None else self.log.to_dict(),
         }

@@ -177,7 +177,9 @@ class Shell(Step):
             body = f"cd {shell.path(ctx.raw(self.cwd))} && {body}"
         env = {k: ctx.raw(v) for k, v in self.env.items()}
         timeout = ctx.number(self.timeout, "timeout")
-        return [Command(body, env=env, secret_env=tuple(self.secret_env), timeout=timeout, stream=self.output)]
+        return [
+            Command(body, env=env, secret_env=tuple(self.secret_env), timeout=timeout, stream=self.output)
+        ]
 
     def outcome(self, results: list[CmdResult]) -> Outcome:
         base = super().outcome(results)

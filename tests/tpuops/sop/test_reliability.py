@@ -158,7 +158,9 @@ def test_hung_python_job_is_dumped_with_py_spy(sshd_pool: SshdPool, worker_pytho
 
 
 def _watch(**kw: float) -> _HangWatch:
-    return _HangWatch(Follow("~/runs/x", hang_factor=kw.get("factor", 10), hang_min_s=kw.get("min_s", 1.0)), now=0)
+    return _HangWatch(
+        Follow("~/runs/x", hang_factor=kw.get("factor", 10), hang_min_s=kw.get("min_s", 1.0)), now=0
+    )
 
 
 def test_hang_bound_before_a_median_is_the_longest_step_so_far() -> None:
@@ -167,7 +169,9 @@ def test_hang_bound_before_a_median_is_the_longest_step_so_far() -> None:
     assert w.check([b"step=0 loss=0.1 dt=5.00s"], now=5.0) is None
     assert w.check([], now=5.0 + 49) is None
     hung = w.check([], now=5.0 + 51)
-    assert hung is not None and "after step 0" in hung and "longest step 5.00s" in hung and "limit 50s" in hung
+    assert (
+        hung is not None and "after step 0" in hung and "longest step 5.00s" in hung and "limit 50s" in hung
+    )
     assert w.check([], now=200) is None  # said once until a new step line comes
 
 
@@ -192,7 +196,9 @@ def test_many_step_lines_in_one_poll_count_as_steps_with_their_own_dt() -> None:
 
 def test_hang_min_s_is_the_floor_and_nothing_is_hung_before_the_first_step() -> None:
     w = _watch(min_s=30.0)
-    assert w.check([b"Compiling jit(train_step) ..."], now=1000) is None  # no step line yet: the timeout rules
+    assert (
+        w.check([b"Compiling jit(train_step) ..."], now=1000) is None
+    )  # no step line yet: the timeout rules
     w.check([b"step=0 dt=0.01s"], now=1000)
     assert w.limit()[0] == 10_000.0  # step 0 came 1000 s after the follow began: its compile counts
     w = _watch(min_s=30.0)
