@@ -23,6 +23,7 @@ class UserConfig:
     identity: str | None = None
     parallel: int = 16
     internal_ip: bool = False
+    unreachable_s: float = 300.0  # a VM none of whose workers answers on SSH this long is lost (exit 8)
     api_endpoint: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     source: str = ""  # which files were read, for `tpuops config`

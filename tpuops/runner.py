@@ -47,7 +47,10 @@ class DryRun:
 
 
 def new_run_id(sop: str) -> str:
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{sop}-{_secrets.token_hex(2)}"
+    """A unique run id named after the SOP (a SOP given as a file path counts by its file name: the id is
+    also a folder name, here and on the workers)."""
+    name = Path(sop).stem if sop.endswith((".yaml", ".yml")) else sop
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{name}-{_secrets.token_hex(2)}"
 
 
 def run(

@@ -54,6 +54,15 @@ RecoverOpt = Annotated[
 MaxRecoveriesOpt = Annotated[
     int, typer.Option("--max-recoveries", min=0, help="Recoveries before giving up.")
 ]
+UnreachableOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--unreachable-s",
+        min=1.0,
+        help="Seconds no worker of the VM answers on SSH before it counts as lost (default 300, or "
+        "unreachable_s in tpuops.toml).",
+    ),
+]
 InternalIpOpt = Annotated[bool, typer.Option("--internal-ip", help="Connect to workers' internal IPs.")]
 ApiEndpointOpt = Annotated[
     str | None,

@@ -38,6 +38,7 @@ def _sop_command(
         api_endpoint: o.ApiEndpointOpt = None,
         recover: o.RecoverOpt = False,
         max_recoveries: o.MaxRecoveriesOpt = 3,
+        unreachable_s: o.UnreachableOpt = None,
         **extra: str,
     ) -> None:
         spec = o.target(
@@ -66,6 +67,7 @@ def _sop_command(
             keep_going=keep_going,
             parallel=parallel,
             recover=max_recoveries if recover else None,
+            unreachable_s=unreachable_s,
         )
 
     command.__doc__ = doc
