@@ -174,3 +174,30 @@ def test_a_preempted_vm_is_exit_8_in_both_outputs(matrix_vm: tuple[Cloud, str, P
             check_people(r, 8, "was PREEMPTED at step 2")
         else:
             check_json(r, 8, "preempted")
+
+
+def test_tpu_api_retries_of_a_vm_run_are_printed_at_start_and_in_the_watch(
+    matrix_vm: tuple[Cloud, str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cloud, vm, home = matrix_vm
+    cloud.emu.admin("faults", unavailable=2)  # the run's first two API calls answer 503
+    r = run(cloud, home, *job_args(cloud, vm, home, CASES["ok"], False))
+    check_people(r, 0, "exit code 0")
+    retries = [ln for ln in r.stderr.splitlines() if ln.startswith("tpu-api ") and "retry" in ln]
+    assert [("retry 1/5" in ln, "retry 2/5" in ln) for ln in retries] == [(True, False), (False, True)], r.stderr
+
+    # The VM watch (every 0.2 s here): a 503 while the job runs is retried and said, and the run goes on.
+    from tpuops import recovery, runner
+    from tpuops.targets import TargetSpec
+
+    monkeypatch.setenv("TPUOPS_TPU_API", cloud.url)
+    notes: list[str] = []
+
+    def line(w: int, text: str) -> None:
+        if text.startswith("step=1 "):
+            cloud.emu.admin("faults", unavailable=1)
+
+    spec = TargetSpec(vm=vm, zone=ZONE, api_endpoint=cloud.url, identity=str(cloud.identity))
+    req = runner.RunRequest(str(home / "job.yaml"), {"cmd": f"{STEPS}; sleep 1.5"}, spec, force=True)
+    report = recovery.run_with_recovery(req, max_recoveries=0, watch_s=0.2, on_line=line, notify=notes.append, cwd=home)
+    assert report.ok and any("get" in n.lower() and "retry 1/5" in n for n in notes), notes

@@ -109,9 +109,8 @@ def test_a_vm_whose_workers_all_stop_answering_is_recreated(
             w.stop()  # sshd gone on every worker; the node record stays READY
 
     cutter = _after_steps(lines, 5, cut)
-    report = _recover_smoke(
-        cloud, vm_name, git_remote[0], tmp_path, lines, events, max_recoveries=1, unreachable_s=1.5
-    )
+    (tmp_path / "tpuops.toml").write_text("unreachable_s = 1.5\n")  # the window, from the config file
+    report = _recover_smoke(cloud, vm_name, git_remote[0], tmp_path, lines, events, max_recoveries=1)
     cutter.join()
     assert report.ok, report.first_failure()
     (got,) = report.recoveries
