@@ -39,8 +39,12 @@ git remote set-url origin "$repo"
 before=$(git rev-parse --verify --quiet HEAD || echo none)
 dirty=$(git status --porcelain --untracked-files=all -- . {kept} | grep -c . || true)
 git fetch --all --prune --quiet
+# A commit no branch reaches (a pull request's merge commit, which CI checks out) is fetched by itself:
+# by its full SHA, or by the ref CI names (refs/pull/N/merge).
 if git rev-parse --verify --quiet "refs/remotes/origin/$ref^{{commit}}" >/dev/null; then target="origin/$ref"
-else target=$(git rev-parse --verify --quiet "$ref^{{commit}}") || {{ echo "unknown branch or commit: $ref" >&2; exit 2; }}; fi
+elif target=$(git rev-parse --verify --quiet "$ref^{{commit}}"); then :
+elif git fetch --quiet origin "$ref" 2>/dev/null && target=$(git rev-parse --verify --quiet "FETCH_HEAD^{{commit}}"); then :
+else echo "unknown branch or commit: $ref" >&2; exit 2; fi
 git checkout --quiet --force --detach "$target"
 git reset --quiet --hard "$target"
 git clean -fdq {excludes}
