@@ -39,20 +39,24 @@ def pr_remote(tmp_path: Path) -> tuple[str, str, str]:
 
 
 def _sha(repo: Path, rev: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), "rev-parse", rev], capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", rev], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def test_a_pull_request_checkout_syncs_its_merge_commit_to_the_workers(
     sshd_pool: SshdPool, pr_remote: tuple[str, str, str], tmp_path: Path
 ) -> None:
-    url, main, merge = pr_remote
+    url, _main, merge = pr_remote
     # What actions/checkout does on pull_request: fetch the merge ref into refs/remotes/pull/7/merge, detach.
     work = tmp_path / "checkout"
     subprocess.run([*GIT, "init", "-q", str(work)], check=True)
     subprocess.run([*GIT, "-C", str(work), "remote", "add", "origin", url], check=True)
     subprocess.run([*GIT, "-C", str(work), "fetch", "-q", "--depth=1", "origin",
                     f"+{merge}:refs/remotes/pull/7/merge"], check=True)  # fmt: skip
-    subprocess.run([*GIT, "-C", str(work), "checkout", "-q", "--detach", "refs/remotes/pull/7/merge"], check=True)
+    subprocess.run(
+        [*GIT, "-C", str(work), "checkout", "-q", "--detach", "refs/remotes/pull/7/merge"], check=True
+    )
     workers = sshd_pool.take(2)
     r = subprocess.run(
         [sys.executable, "-m", "tpuops", "sop", "run", "sync", *sshd_pool.host_args(workers),

@@ -79,14 +79,28 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def matrix_vm(cloud_session: Cloud, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cloud, str, Path]]:
+def matrix_vm(
+    cloud_session: Cloud, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Cloud, str, Path]]:
     """One 1-worker VM and a folder holding the job SOP; the VMs this module made are gone after it."""
     model = cloud_session.emu.model
     before = set(model.nodes)
     home = tmp_path_factory.mktemp("matrix")
     (home / "job.yaml").write_text(JOB)
     name = f"m{os.getpid() % 1000}-matrix"
-    made = run(cloud_session, home, "vm", "create", name, "--type", "v4-8", "--zone", ZONE, "--runtime-version", "base")
+    made = run(
+        cloud_session,
+        home,
+        "vm",
+        "create",
+        name,
+        "--type",
+        "v4-8",
+        "--zone",
+        ZONE,
+        "--runtime-version",
+        "base",
+    )
     assert made.returncode == 0, made.stderr
     yield cloud_session, name, home
     with model.lock:
@@ -109,7 +123,17 @@ def job_args(cloud: Cloud, vm: str, home: Path, case: Case, as_json: bool) -> li
     extra = [a for a in case.args if not a.startswith("vm=")]
     vm = next((a[3:] for a in case.args if a.startswith("vm=")), vm)
     # --force: a job a timeout or a hang left running on the VM is stopped (one run per VM).
-    args = ["sop", "run", str(home / "job.yaml"), "--vm", vm, "--zone", ZONE, "--identity", str(cloud.identity)]
+    args = [
+        "sop",
+        "run",
+        str(home / "job.yaml"),
+        "--vm",
+        vm,
+        "--zone",
+        ZONE,
+        "--identity",
+        str(cloud.identity),
+    ]
     args.append("--force")
     args += [w for k, v in case.sets.items() for w in ("--set", f"{k}={v}")] + extra
     return args + (["--json"] if as_json else [])
@@ -118,7 +142,9 @@ def job_args(cloud: Cloud, vm: str, home: Path, case: Case, as_json: bool) -> li
 def check_people(r: subprocess.CompletedProcess[str], code: int, says: str) -> None:
     """People's output: the exit code, said on stderr, what went wrong named, and never a traceback."""
     assert r.returncode == code, r.stderr[-3000:]
-    assert "Traceback (most recent" not in r.stderr.replace("[w0] Traceback (most recent", ""), r.stderr[-3000:]
+    assert "Traceback (most recent" not in r.stderr.replace("[w0] Traceback (most recent", ""), r.stderr[
+        -3000:
+    ]
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") or last.endswith(f"exit code {code}"), last
     assert says in " ".join(r.stderr.split()), r.stderr[-3000:]
@@ -157,13 +183,22 @@ def test_a_preempted_vm_is_exit_8_in_both_outputs(matrix_vm: tuple[Cloud, str, P
     cloud, _, home = matrix_vm
     for mode in ("people", "json"):
         name = f"m{os.getpid() % 1000}-pre-{mode}"
-        made = run(cloud, home, "vm", "create", name, "--type", "v4-8", "--zone", ZONE, "--runtime-version", "base")
+        made = run(
+            cloud, home, "vm", "create", name, "--type", "v4-8", "--zone", ZONE, "--runtime-version", "base"
+        )
         assert made.returncode == 0, made.stderr
         node = next(k for k in cloud.emu.model.nodes if k.endswith(f"/{name}"))
         case = Case(8, "preempted", {"cmd": f"{STEPS}; sleep 120"})
         argv = [sys.executable, "-m", "tpuops", *job_args(cloud, name, home, case, mode == "json")]
-        env = {**os.environ, "TPUOPS_TPU_API": cloud.url, "COLUMNS": "200", "CLOUDSDK_CONFIG": str(home / "no-gcloud")}
-        proc = subprocess.Popen(argv, cwd=home, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env = {
+            **os.environ,
+            "TPUOPS_TPU_API": cloud.url,
+            "COLUMNS": "200",
+            "CLOUDSDK_CONFIG": str(home / "no-gcloud"),
+        }
+        proc = subprocess.Popen(
+            argv, cwd=home, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         assert proc.stderr is not None
         while "[w0] step=2 " not in (line := proc.stderr.readline()):
             assert line, "the run ended before step 2"
@@ -184,7 +219,9 @@ def test_tpu_api_retries_of_a_vm_run_are_printed_at_start_and_in_the_watch(
     r = run(cloud, home, *job_args(cloud, vm, home, CASES["ok"], False))
     check_people(r, 0, "exit code 0")
     retries = [ln for ln in r.stderr.splitlines() if ln.startswith("tpu-api ") and "retry" in ln]
-    assert [("retry 1/5" in ln, "retry 2/5" in ln) for ln in retries] == [(True, False), (False, True)], r.stderr
+    assert [("retry 1/5" in ln, "retry 2/5" in ln) for ln in retries] == [(True, False), (False, True)], (
+        r.stderr
+    )
 
     # The VM watch (every 0.2 s here): a 503 while the job runs is retried and said, and the run goes on.
     from tpuops import recovery, runner
@@ -199,5 +236,7 @@ def test_tpu_api_retries_of_a_vm_run_are_printed_at_start_and_in_the_watch(
 
     spec = TargetSpec(vm=vm, zone=ZONE, api_endpoint=cloud.url, identity=str(cloud.identity))
     req = runner.RunRequest(str(home / "job.yaml"), {"cmd": f"{STEPS}; sleep 1.5"}, spec, force=True)
-    report = recovery.run_with_recovery(req, max_recoveries=0, watch_s=0.2, on_line=line, notify=notes.append, cwd=home)
+    report = recovery.run_with_recovery(
+        req, max_recoveries=0, watch_s=0.2, on_line=line, notify=notes.append, cwd=home
+    )
     assert report.ok and any("get" in n.lower() and "retry 1/5" in n for n in notes), notes
