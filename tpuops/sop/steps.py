@@ -190,10 +190,9 @@ class Shell(Step):
         if not self.output or not results:
             return base
         last = results[-1]
+        # The detail stays the last line (the table's cell); every line was shown live and is in `data`.
         data = {**base.data, **bounded("stdout", last.stdout), **bounded("stderr", last.stderr)}
-        lines = len(last.stdout.splitlines()) + len(last.stderr.splitlines())
-        detail = base.detail if base.status != "ok" else f"{lines} line(s) of output"
-        return Outcome(base.status, detail, data)
+        return Outcome(base.status, base.detail, data)
 
 
 OUTPUT_LIMIT = 64 * 1024  # characters of a command's stdout/stderr kept per worker in the report
