@@ -26,6 +26,7 @@ class UserConfig:
     tunnel_through_iap: bool = False
     key_push: bool = True
     key_ttl_s: float | None = None
+    unreachable_s: float = 300.0  # a VM none of whose workers answers on SSH this long is lost (exit 8)
     api_endpoint: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     source: str = ""  # which files were read, for `tpuops config`

@@ -44,7 +44,9 @@ def _trainer_dir(cwd: Path) -> Path:
     import importlib.util
 
     spec = importlib.util.find_spec("trainer")
-    return Path(next(iter(spec.submodule_search_locations))) if spec and spec.submodule_search_locations else cwd
+    return (
+        Path(next(iter(spec.submodule_search_locations))) if spec and spec.submodule_search_locations else cwd
+    )
 
 
 def cache_key(config: str, sets: list[str], target: str, probe: str | None, cwd: Path) -> str:

@@ -51,6 +51,9 @@ FAILURE_HINT = re.compile(
     r"RESOURCE_EXHAUSTED|ut of memory|OOM when|already in use|TPU is held|libtpu_lockfile|/dev/vfio"
     r"|/dev/accel|wandb|Run initialization|api_key|arrier timed out|RegisterTask|oordinat|heartbeats|has not"
 )
+# Failure kinds from the most specific to the least: the first one present is the run's cause (an OOM
+# inside a traceback is an OOM; a traceback says more than "exited 1"). Unknown kinds rank last.
+RANK = ("oom", "tpu_busy", "multihost", "wandb_init", "traceback", "exit_code", "no_exit_file")
 WORKER_LOG = re.compile(r"^worker-(?P<k>\d+)\.log$")
 
 MAX_ROWS = 4096  # step rows kept for tables and plots: every 2^k-th step once a log has more
@@ -139,12 +142,20 @@ class LogReport:
     def failed(self) -> bool:
         return bool(self.failures)
 
+    def cause(self) -> Failure | None:
+        """The most specific failure (RANK), the earliest of its kind: what the exit code is made from."""
+        if not self.failures:
+            return None
+        return min(self.failures, key=lambda f: RANK.index(f.kind) if f.kind in RANK else len(RANK))
+
     @property
     def recompiled(self) -> bool:
         return self.compiles.get("after_warmup", 0) > 0
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        cause = self.cause()
+        data["cause"] = None if cause is None else asdict(cause)
         data["compiles_by_step"] = {str(k): v for k, v in self.compiles_by_step.items()}
         data["exit_codes"] = {str(k): v for k, v in self.exit_codes.items()}
         return data

@@ -25,11 +25,12 @@ def run_with_recovery(
     *,
     max_recoveries: int = 3,
     watch_s: float = 10.0,
-    unreachable_s: float = 300.0,
+    unreachable_s: float | None = None,
     ready_timeout: float = 1800.0,
     on_line: LineSink | None = None,
     on_step: Callable[[StepReport], None] | None = None,
     on_event: Callable[[str], None] | None = None,
+    notify: Callable[[str], None] | None = None,
     cwd: Path | None = None,
 ) -> SopReport:
     """Run the SOP; whenever the VM is lost, recreate it (same type, zone, runtime) and run it again.
@@ -39,6 +40,8 @@ def run_with_recovery(
 
     Lost: the TPU API says PREEMPTED (or TERMINATED), or no worker has accepted a TCP connection on its SSH
     port for `unreachable_s` while the API still says otherwise (a host gone without a state change yet).
+    `unreachable_s` None: the config file's `unreachable_s` (default 300). `notify` hears the TPU API's
+    retries (the run's own lookups and the watch), as `vm list` prints them.
     The trainer resumes from its latest checkpoint, which must live off the VM (gs://..., or a shared
     path in tests). Each recovery is recorded: when, how long, why, the last step seen, the step resumed at.
     """
@@ -47,14 +50,16 @@ def run_with_recovery(
     from tpuops.cloud.locate import find_vm, reach
     from tpuops.sop import loader
 
-    spec = req.target.with_defaults(user_config.load(cwd or Path.cwd()))  # the VM may come from tpuops.toml
+    cfg = user_config.load(cwd or Path.cwd())
+    spec = req.target.with_defaults(cfg)  # the VM may come from tpuops.toml
+    unreachable_s = cfg.unreachable_s if unreachable_s is None else unreachable_s
     if spec.kind != "vm":
         raise UsageError("--recover needs --vm: only a VM can be watched and recreated")
     say = on_event or (lambda _: None)
     if max_recoveries and loader.load(loader.find(req.sop)).overrides:  # a trainer SOP (dotted --set)
         for warning in checkpoint_warnings(req.sets):
             say(warning)
-    api = connect(spec.project, spec.api_endpoint)
+    api = connect(spec.project, spec.api_endpoint, notify)
     vm = find_vm(api, spec.vm or "", spec.zone)
     base_id = req.run_id or runner.new_run_id(req.sop)
     recoveries: list[dict[str, object]] = []
@@ -83,7 +88,11 @@ def run_with_recovery(
         run_id = base_id if attempt == 0 else f"{base_id}-r{attempt}"
         try:
             result = runner.run(
-                replace(req, run_id=run_id), on_line=line, on_step=on_step, cwd=cwd, abort=abort
+                replace(req, run_id=run_id, accelerator=vm.accelerator_type),
+                on_line=line,
+                on_step=on_step,
+                cwd=cwd,
+                abort=abort,
             )
         finally:
             abort.set()  # also stops the watcher

@@ -11,20 +11,30 @@ from rich.console import Console
 from rich.table import Table
 
 from tpuops.sop.actions import render_plan
+from tpuops.sop.status import Status
 
 out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
 err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
 
-_STYLE = {
-    "changed": "green",
-    "ok": "green",
-    "nothing": "dim",
-    "failed": "bold red",
-    "busy": "bold yellow",
-    "timeout": "bold red",
-    "cancelled": "yellow",
-    "skipped": "dim",
+# One style per Status member (a test checks every member renders); anything else shows unstyled.
+_STYLE: dict[str, str] = {
+    Status.CHANGED: "green",
+    Status.OK: "green",
+    Status.NOTHING: "dim",
+    Status.FAILED: "bold red",
+    Status.BUSY: "bold yellow",
+    Status.TIMEOUT: "bold red",
+    Status.HANG: "bold red",
+    Status.CANCELLED: "yellow",
+    Status.SKIPPED: "dim",
 }
+
+
+def status_cell(status: str, detail: str) -> str:
+    """A table cell: the status in its style, then the detail, both escaped (never an empty `[]` tag)."""
+    text = f"{_escape(str(status))} {_escape(detail)}".rstrip()
+    style = _STYLE.get(status)
+    return f"[{style}]{_escape(str(status))}[/] {_escape(detail)}".rstrip() if style else text
 
 
 def line(worker: int, text: str) -> None:
@@ -57,15 +67,18 @@ def sop_report(report: Any, code: int, as_json: bool) -> None:
         cells = []
         for w in report.workers:
             o = s.outcomes.get(w)
-            cells.append(
-                "" if o is None else f"[{_STYLE.get(o.status, '')}]{o.status}[/] {_escape(o.detail)}"
-            )
+            cells.append("" if o is None else status_cell(o.status, o.detail))
         table.add_row(s.title, *cells)
     err.print(table)
     failure = report.first_failure()
     if failure:
         step, worker, outcome = failure
         err.print(f"[bold red]failed[/]: step {step.title} on w{worker}: {_escape(outcome.detail)}")
+    cause = report.log.cause() if report.log is not None else None
+    if cause is not None and code:
+        err.print(f"[bold red]cause[/] ({cause.kind}, w{cause.worker}): {_escape(cause.message)}")
+    if report.hint:
+        err.print(f"[bold]fix[/]: {_escape(report.hint)}")
     for s in report.steps:
         for w, o in sorted(s.outcomes.items()):
             if o.data.get("py_spy"):

@@ -35,6 +35,7 @@ class RunRequest:
     parallel: int | None = None
     run_id: str | None = None
     skip_fit: bool = False  # --skip-fit: start without the ahead-of-time fit check
+    accelerator: str | None = None  # the VM's type when known (named in the fix of an out-of-memory)
 
 
 @dataclass
@@ -48,7 +49,10 @@ class DryRun:
 
 
 def new_run_id(sop: str) -> str:
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{sop}-{_secrets.token_hex(2)}"
+    """A unique run id named after the SOP (a SOP given as a file path counts by its file name: the id is
+    also a folder name, here and on the workers)."""
+    name = Path(sop).stem if sop.endswith((".yaml", ".yml")) else sop
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{name}-{_secrets.token_hex(2)}"
 
 
 def run(
@@ -105,6 +109,8 @@ def run(
     if sop.scan is not None:
         warmup = int(values.get("warmup", sop.scan.warmup))  # type: ignore[arg-type]
         report.log = _scan(sop, report, user_config.state_home() / "runs" / run_id, warmup)
+    if exit_code(report) == ExitCode.OOM:
+        report.hint = oom_hint(str(values.get("config") or "CONFIG"), req.accelerator)
     save_result(run_id, report.to_dict(int(exit_code(report))))
     return report
 
@@ -113,9 +119,10 @@ def exit_code(report: SopReport) -> ExitCode:
     """The process exit code for a finished SOP (see README: Exit codes)."""
     failure = report.first_failure()
     log = report.log
+    cause = log.cause() if log is not None else None
     if failure is None:
-        if log is not None and log.failures:
-            return _LOG_FAILURE_CODES.get(log.failures[0].kind, ExitCode.FAILED)
+        if cause is not None:
+            return _LOG_FAILURE_CODES.get(cause.kind, ExitCode.FAILED)
         if log is not None and report.fail_on_recompile and log.recompiled:
             return ExitCode.RECOMPILE
         return ExitCode.OK
@@ -128,12 +135,20 @@ def exit_code(report: SopReport) -> ExitCode:
     if kind == "usage":  # bad input only the worker could see (a branch the remote does not have)
         return ExitCode.USAGE
     codes = {"busy": ExitCode.TPU_BUSY, "timeout": ExitCode.TIMEOUT, "hang": ExitCode.HANG}
-    if outcome.status == "failed" and log is not None and log.failures:
-        return _LOG_FAILURE_CODES.get(log.failures[0].kind, ExitCode.FAILED)
+    if outcome.status == "failed" and cause is not None:
+        return _LOG_FAILURE_CODES.get(cause.kind, ExitCode.FAILED)
     return codes.get(outcome.status, ExitCode.FAILED)
 
 
 _LOG_FAILURE_CODES = {"oom": ExitCode.OOM, "tpu_busy": ExitCode.TPU_BUSY}
+
+
+def oom_hint(config: str, accelerator: str | None) -> str:
+    """What to do about an out-of-memory: find a batch that fits this accelerator before spending a VM on it."""
+    return (
+        f"find a batch that fits: tpuops fit {config} --accelerator {accelerator or 'TYPE'} "
+        "--set train.micro_batch=... (a smaller train.micro_batch, or more gradient accumulation)"
+    )
 
 
 def _preflight(sop: loader.Sop, values: dict[str, object]) -> None:

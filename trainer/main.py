@@ -26,6 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(json.dumps({**config.to_dict(cfg), "batch": cfg.batch_line()}, indent=1, default=list))
         return 0
+    from trainer import checkpoint
+
+    try:
+        if str(cfg.checkpoint.dir).startswith("gs://"):  # before minutes of loading: fail in seconds
+            checkpoint.gcs_ready(str(cfg.checkpoint.dir))
+    except checkpoint.CheckpointAccessError as e:
+        print(f"checkpoint: {e}", file=sys.stderr)
+        return 2
     from trainer import train
 
     train.run(cfg)

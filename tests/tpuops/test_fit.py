@@ -24,7 +24,9 @@ mesh: {accelerator: v5e-1}
 """
 
 
-def tpuops(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+def tpuops(
+    *args: str, env: dict[str, str] | None = None, cwd: Path = REPO
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tpuops", *args], capture_output=True, text=True, check=False, cwd=cwd,
         env={**os.environ, "COLUMNS": "220", **(env or {})}, stdin=subprocess.DEVNULL, timeout=900,

@@ -383,3 +383,31 @@ def test_real_jax_compile_logging_is_attributed_to_the_step_that_recompiled(tmp_
     assert r.recompiles[0].explanation is not None
     assert "at x, now f32[3] and before f32[2]" in r.recompiles[0].explanation
     assert r.compiles["eval"] == 1 and r.compiles["warmup"] >= 1 and r.compiles["open"] == 0
+
+
+def _cause(lines: list[str], exit_code: int | None = 1) -> str | None:
+    scanner = LogScanner(warmup=0)
+    for line in lines:
+        scanner.feed(line)
+    report = scanner.close()
+    logscan.apply_exit(report, 0, exit_code)
+    cause = report.cause()
+    return None if cause is None else cause.kind
+
+
+OOM_TRACEBACK = [
+    "step=0 loss=0.1 dt=1.00s",
+    "Traceback (most recent call last):",
+    '  File "/w/trainer/train.py", line 300, in run',
+    "    state = update(state, batch)",
+    "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 8.00GiB.",
+]
+
+
+def test_the_most_specific_failure_is_the_cause_whatever_came_first() -> None:
+    assert _cause(OOM_TRACEBACK) == "oom"  # the traceback is recorded first; the OOM inside it wins
+    assert _cause([*OOM_TRACEBACK[:-1], "ValueError: my bug"]) == "traceback"  # over "exited 1"
+    assert _cause(["step=0 dt=1.00s"]) == "exit_code"
+    assert _cause(["step=0 dt=1.00s"], exit_code=0) is None
+    assert _cause(["RuntimeError: The TPU is already in use by process with pid 4242", *OOM_TRACEBACK[1:4],
+                   "ValueError: x"]) == "tpu_busy"  # fmt: skip

@@ -34,12 +34,35 @@ app.command("report")(report)
 app.command("fit")(fit)
 
 
-def main() -> None:
-    """Entry point: one actionable line per error and a fixed exit code; tracebacks only with TPUOPS_DEBUG=1."""
+def _click_exceptions() -> tuple[tuple[type[BaseException], ...], ...]:
+    """(Exit, usage errors, Abort) classes of click, of typer, and of the copy of click's exceptions newer
+    typer versions bundle (typer._click): the top-level handler must catch whichever the installed one raises."""
     import click
 
+    modules: list[object] = [click.exceptions, typer]
+    try:
+        from typer._click import exceptions as bundled
+
+        modules.append(bundled)
+    except ImportError:
+        pass
+    names = (("Exit",), ("ClickException",), ("Abort",))
+    return tuple(tuple(getattr(m, n) for m in modules for n in group if hasattr(m, n)) for group in names)
+
+
+def _usage_line(e: BaseException) -> str:
+    """A click usage error as one line: what is wrong, then where the valid options are listed."""
+    ctx = getattr(e, "ctx", None)
+    where = f"{ctx.command_path} --help" if ctx is not None else "tpuops --help"
+    message = e.format_message() if hasattr(e, "format_message") else str(e)
+    return f"{' '.join(message.split())} (see {where})"
+
+
+def main() -> None:
+    """Entry point: one actionable line per error and a fixed exit code; tracebacks only with TPUOPS_DEBUG=1."""
     from tpuops.errors import ExitCode, TpuopsError
 
+    exits, click_errors, aborts = _click_exceptions()
     try:
         # Without standalone mode click returns a command's typer.Exit code instead of exiting.
         code = app(standalone_mode=False)
@@ -50,12 +73,22 @@ def main() -> None:
 
         report.error(e.line(), int(e.exit_code), JSON_MODE["on"], e.kind)
         sys.exit(int(e.exit_code))
-    except click.exceptions.Exit as e:
+    except exits as e:
         sys.exit(e.exit_code)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(int(ExitCode.USAGE))
-    except click.exceptions.Abort:
+    except click_errors as e:
+        if os.environ.get("TPUOPS_DEBUG") == "1":
+            raise
+        if type(e).__name__ == "NoArgsIsHelpError":  # `tpuops vm` alone: the help is the answer
+            e.show()
+            sys.exit(int(ExitCode.USAGE))
+        from tpuops import report
+
+        # Usage errors come before any command ran (so before --json was seen): look for it on the line.
+        usage = int(getattr(e, "exit_code", 2)) == 2
+        code = int(ExitCode.USAGE) if usage else int(getattr(e, "exit_code", 1))
+        report.error(_usage_line(e), code, JSON_MODE["on"] or "--json" in sys.argv[1:], "usage")
+        sys.exit(code)
+    except aborts:
         sys.exit(int(ExitCode.FAILED))
     except KeyboardInterrupt:
         sys.exit(130)

@@ -61,6 +61,15 @@ SkipFitOpt = Annotated[
         "--skip-fit", help="On a VM, start without compiling the config for its TPU first (tpuops fit)."
     ),
 ]
+UnreachableOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--unreachable-s",
+        min=1.0,
+        help="Seconds no worker of the VM answers on SSH before it counts as lost (default 300, or "
+        "unreachable_s in tpuops.toml).",
+    ),
+]
 InternalIpOpt = Annotated[bool, typer.Option("--internal-ip", help="Connect to workers' internal IPs.")]
 TunnelOpt = Annotated[
     bool,

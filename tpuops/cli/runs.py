@@ -42,6 +42,7 @@ def _sop_command(
         recover: o.RecoverOpt = False,
         max_recoveries: o.MaxRecoveriesOpt = 3,
         skip_fit: o.SkipFitOpt = False,
+        unreachable_s: o.UnreachableOpt = None,
         **extra: str,
     ) -> None:
         spec = o.target(
@@ -74,6 +75,7 @@ def _sop_command(
             parallel=parallel,
             recover=max_recoveries if recover else None,
             skip_fit=skip_fit,
+            unreachable_s=unreachable_s,
         )
 
     command.__doc__ = doc

@@ -27,8 +27,9 @@ def run_sop(
     parallel: int | None = None,
     recover: int | None = None,
     skip_fit: bool = False,
+    unreachable_s: float | None = None,
 ) -> None:
-    from tpuops import report, runner
+    from tpuops import report, report_cloud, runner
 
     finish_json(json)
     req = runner.RunRequest(
@@ -49,7 +50,13 @@ def run_sop(
         # On a VM the run is always watched through the TPU API: a preempted VM ends it at once (exit 8);
         # with --recover it is recreated and the SOP runs again.
         result = recovery.run_with_recovery(
-            req, max_recoveries=recover or 0, on_line=report.line, on_step=on_step, on_event=report.event
+            req,
+            max_recoveries=recover or 0,
+            unreachable_s=unreachable_s,
+            on_line=report.line,
+            on_step=on_step,
+            on_event=report.event,
+            notify=report_cloud.note,
         )
     else:
         result = runner.run(req, on_line=report.line, on_step=on_step)

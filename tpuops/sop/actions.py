@@ -16,6 +16,7 @@ class Command:
     env: dict[str, str] = field(default_factory=dict)
     secret_env: tuple[str, ...] = ()  # names whose values come from the local .env at execution time
     timeout: float | None = None
+    stream: bool = False  # show each output line live, prefixed by its worker
 
     def render(self) -> str:
         names = [*self.env, *self.secret_env]
@@ -44,8 +45,9 @@ class Follow:
     stream: str = "all"  # "all" workers' lines, or "first" (process 0 only; all are still watched)
     timeout: float = 3600.0
     poll_s: float = 0.5
-    # Hang detection on process 0's `step=` lines: no new one within hang_factor x the median interval
-    # (after hang_warmup steps, and never sooner than hang_min_s). 0 turns it off.
+    # Hang detection on process 0's `step=` lines: no new one within max(hang_min_s, hang_factor x the
+    # expected step time): the median steady step after hang_warmup steps, before that the longest step so
+    # far (step 0 holds the compile). 0 turns it off.
     hang_factor: float = 0.0
     hang_warmup: int = 2
     hang_min_s: float = 60.0

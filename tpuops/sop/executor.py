@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
+import re
 import statistics
 import threading
 import time
@@ -18,9 +18,9 @@ from tpuops.shell import Redactor
 from tpuops.sop.actions import Action, Command, Fetch, Follow, Upload
 from tpuops.sop.loader import Sop
 from tpuops.sop.model import Outcome, PlanContext, Step
+from tpuops.sop.status import FAILED
 from tpuops.transport.base import CmdResult, LineSink, Transport
 
-FAILED = {"failed", "busy", "timeout", "cancelled", "hang"}
 SKIP_REST = "tpuops: same"  # a check command printing this makes the rest of the step unnecessary
 
 Plan = list[tuple[str, dict[int, list[Action]]]]
@@ -51,6 +51,7 @@ class SopReport:
     log: Any = None  # tpuops.logscan.LogReport when the SOP scans its logs
     fail_on_recompile: bool = False
     recoveries: list[dict[str, Any]] = field(default_factory=list)  # --recover: one entry per VM recreation
+    hint: str | None = None  # what to try next, for failures with a known fix (an out-of-memory)
 
     @property
     def ok(self) -> bool:
@@ -88,6 +89,7 @@ class SopReport:
                 for s in self.steps
             ],
             "error_class": error_class(code),
+            "hint": self.hint,
             "recoveries": self.recoveries,
             "log": None if self.log is None else self.log.to_dict(),
         }
@@ -216,7 +218,10 @@ class Executor:
         for action in actions:
             if isinstance(action, Command):
                 env = {**action.env, **self._secret_values(action.secret_env)}
-                r = self.transport.run(w, action.script, env=env, timeout=action.timeout, cancel=cancel)
+                show = self._show if action.stream and self.on_line else None
+                r = self.transport.run(
+                    w, action.script, env=env, timeout=action.timeout, cancel=cancel, on_line=show
+                )
                 results.append(r)
                 if not r.ok or SKIP_REST in r.stdout.splitlines():
                     break
@@ -231,6 +236,10 @@ class Executor:
             elif isinstance(action, Fetch):
                 results.append(self._fetch(w, action))
         return results
+
+    def _show(self, w: int, text: str) -> None:
+        if self.on_line:
+            self.on_line(w, self.redact(text))
 
     def _secret_values(self, names: tuple[str, ...]) -> dict[str, str]:
         if not names:
@@ -399,30 +408,55 @@ def _short(v: object) -> str:
     return str(v)
 
 
-class _HangWatch:
-    """Times between `step=` lines as tpuops sees them; flags a stall beyond k x their median."""
+_STEP_LINE = re.compile(rb"^step=(?P<step>-?\d+) .*?\bdt=(?P<dt>[0-9.]+)s")
 
-    def __init__(self, action: Follow) -> None:
+
+class _HangWatch:
+    """Calls process 0 hung when no new step line came within max(hang_min_s, hang_factor x expected step).
+
+    Counted by steps (every `step=` line, however many one poll brings) and timed from the last one. The
+    expected step time is the median time per steady step (after hang_warmup steps): each step's own `dt=`,
+    or the time between its line and the one before when that is longer (work between steps counts). Before
+    any steady step exists, the longest step so far stands in (step 0's time holds the compile), so a stall
+    right after the first step line is still caught. Before the first step line only the timeout applies.
+    """
+
+    def __init__(self, action: Follow, now: float | None = None) -> None:
         self.action = action
-        self.arrivals: list[float] = []
+        self.last: float | None = None  # when the latest step line arrived
+        self.first_seen = time.monotonic() if now is None else now
+        self.steps: list[tuple[int, float]] = []  # (step, seconds it took), in arrival order
         self.reported = False
 
-    def check(self, lines: list[bytes]) -> str | None:
-        now = time.monotonic()
-        if any(line.startswith(b"step=") for line in lines):
-            self.arrivals.append(now)
-            self.reported = False
-        a = self.action
-        if len(self.arrivals) < a.hang_warmup + 2 or self.reported:
+    def check(self, lines: list[bytes], now: float | None = None) -> str | None:
+        now = time.monotonic() if now is None else now
+        step_lines = [line for line in lines if line.startswith(b"step=")]
+        for line in step_lines:
+            m = _STEP_LINE.match(line)
+            step = int(m["step"]) if m else (self.steps[-1][0] + 1 if self.steps else 0)
+            # Arrival gaps mean something only for a poll that brought one step line.
+            since = now - (self.last if self.last is not None else self.first_seen)
+            took = max(float(m["dt"]) if m else 0.0, since if len(step_lines) == 1 or not m else 0.0)
+            self.steps.append((step, took))
+            self.last, self.reported = now, False
+        if self.last is None or self.reported:
             return None
-        steady = self.arrivals[a.hang_warmup :]
-        median = statistics.median(b - x for x, b in itertools.pairwise(steady))
-        quiet = now - self.arrivals[-1]
-        limit = max(a.hang_factor * median, a.hang_min_s)
+        limit, how = self.limit()
+        quiet = now - self.last
         if quiet <= limit:
             return None
         self.reported = True
-        return f"no step line for {quiet:.0f}s (median step {median:.2f}s, limit {limit:.0f}s)"
+        return f"no step line for {quiet:.0f}s after step {self.steps[-1][0]} ({how}, limit {limit:.0f}s)"
+
+    def limit(self) -> tuple[float, str]:
+        a = self.action
+        steady = [t for _, t in self.steps[a.hang_warmup :]]
+        if steady:
+            expected, how = statistics.median(steady), f"median step {statistics.median(steady):.2f}s"
+        else:
+            expected = max(t for _, t in self.steps)
+            how = f"no steady step yet, longest step {expected:.2f}s"
+        return max(a.hang_factor * expected, a.hang_min_s), how
 
 
 def _follow_outcome(r: CmdResult) -> Outcome:

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict
 from tpuops import shell
 from tpuops.errors import UsageError
 from tpuops.sop.actions import Action
+from tpuops.sop.status import Status
 from tpuops.transport.base import CmdResult
 
 # `{name}` with a lower-case name is a parameter; `${NAME}` and `{{` stay shell text.
@@ -101,6 +102,19 @@ class PlanContext:
         scope = {**self.values, **self.builtins()}
         return TEMPLATE.sub(lambda m: _text(scope[m.group(1)]), template)
 
+    def number(self, value: float | str | None, field_name: str) -> float | None:
+        """A numeric step field, or its template (`"{timeout}"`) checked once the parameters are in."""
+        if not isinstance(value, str):
+            return value
+        text = self.raw(value)
+        try:
+            return float(text)
+        except ValueError:
+            raise UsageError(
+                f"step field {field_name} must be a number of seconds, received {text!r} (from {value!r})",
+                hint=f"for example {field_name}: 600, or a float parameter such as {{{field_name}}}",
+            ) from None
+
     def command(self, template: str) -> str:
         """Substitute parameters into shell text, each value quoted: a value is data, never code."""
         scope = {**self.values, **self.builtins()}
@@ -118,7 +132,7 @@ class PlanContext:
 class Outcome:
     """One step's result on one worker."""
 
-    status: Literal["changed", "nothing", "ok", "failed", "busy", "skipped", "cancelled", "timeout"]
+    status: Status | str  # a Status value (a plain string compares equal to its member)
     detail: str = ""
     data: dict[str, object] = field(default_factory=dict)
 

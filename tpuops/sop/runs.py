@@ -108,8 +108,8 @@ class FollowStep(Step):
     )
 
     def plan(self, ctx: PlanContext) -> list[Action]:
-        def num(v: float | str) -> float:
-            return float(ctx.raw(v)) if isinstance(v, str) else v
+        def num(name: str) -> float:
+            return float(ctx.number(getattr(self, name), name) or 0.0)
 
         on_hang = ctx.raw(self.on_hang)
         if on_hang not in ("stop", "wait"):
@@ -121,10 +121,10 @@ class FollowStep(Step):
             Follow(
                 run_dir(ctx.raw(self.runs_dir), ctx.run_id),
                 self.stream,
-                num(self.timeout),
+                num("timeout"),
                 self.poll_s,
-                hang_factor=num(self.hang_factor),
-                hang_min_s=num(self.hang_min_s),
+                hang_factor=num("hang_factor"),
+                hang_min_s=num("hang_min_s"),
                 on_hang=on_hang,
                 py_spy=py_spy,
             )

@@ -46,9 +46,12 @@ dirty=$(git status --porcelain --untracked-files=all -- . {kept} | grep -c . || 
 git fetch --all --prune --quiet
 refs() {{ {{ git for-each-ref --format='%(refname:lstrip=3)' refs/remotes/origin | grep -vx HEAD
   git for-each-ref --format='%(refname:lstrip=2)' refs/tags; }} | head -n 20 | paste -sd, - | sed 's/,/, /g'; }}
+# A commit no branch reaches (a pull request's merge commit, which CI checks out) is fetched by itself:
+# by its full SHA, or by the ref CI names (refs/pull/N/merge).
 if git rev-parse --verify --quiet "refs/remotes/origin/$ref^{{commit}}" >/dev/null; then target="origin/$ref"
-else target=$(git rev-parse --verify --quiet "$ref^{{commit}}") || {{
-  echo "unknown branch or commit: $ref (branches and tags found: $(refs))" >&2; exit {UNKNOWN_REF_EXIT}; }}; fi
+elif target=$(git rev-parse --verify --quiet "$ref^{{commit}}"); then :
+elif git fetch --quiet origin "$ref" 2>/dev/null && target=$(git rev-parse --verify --quiet "FETCH_HEAD^{{commit}}"); then :
+else echo "unknown branch or commit: $ref (branches and tags found: $(refs))" >&2; exit {UNKNOWN_REF_EXIT}; fi
 git checkout --quiet --force --detach "$target"
 git reset --quiet --hard "$target"
 git clean -fdq {excludes}
@@ -206,12 +209,39 @@ class Shell(Step):
     cwd: str | None = None
     env: dict[str, str] = {}
     secret_env: list[str] = []  # names taken from the local .env
-    timeout: float | None = 600.0
-    template_fields: ClassVar[tuple[str, ...]] = ("command", "cwd", "env")
+    timeout: float | str | None = 600.0  # seconds, or a template such as "{timeout}"
+    # Show every line the command prints, prefixed by its worker, and keep it (bounded) in the report.
+    output: bool = False
+    template_fields: ClassVar[tuple[str, ...]] = ("command", "cwd", "env", "timeout")
 
     def plan(self, ctx: PlanContext) -> list[Action]:
         body = ctx.command(self.command)
         if self.cwd:
             body = f"cd {shell.path(ctx.raw(self.cwd))} && {body}"
         env = {k: ctx.raw(v) for k, v in self.env.items()}
-        return [Command(body, env=env, secret_env=tuple(self.secret_env), timeout=self.timeout)]
+        timeout = ctx.number(self.timeout, "timeout")
+        return [
+            Command(body, env=env, secret_env=tuple(self.secret_env), timeout=timeout, stream=self.output)
+        ]
+
+    def outcome(self, results: list[CmdResult]) -> Outcome:
+        base = super().outcome(results)
+        if not self.output or not results:
+            return base
+        last = results[-1]
+        # The detail stays the last line (the table's cell); every line was shown live and is in `data`.
+        data = {**base.data, **bounded("stdout", last.stdout), **bounded("stderr", last.stderr)}
+        return Outcome(base.status, base.detail, data)
+
+
+OUTPUT_LIMIT = 64 * 1024  # characters of a command's stdout/stderr kept per worker in the report
+
+
+def bounded(name: str, text: str) -> dict[str, object]:
+    """`{name: text}`, cut to its last OUTPUT_LIMIT characters with a note saying how much was left out."""
+    if len(text) <= OUTPUT_LIMIT:
+        return {name: text}
+    return {
+        name: text[-OUTPUT_LIMIT:],
+        f"{name}_note": f"cut: only the last {OUTPUT_LIMIT} of {len(text)} characters are kept",
+    }

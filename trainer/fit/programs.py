@@ -145,7 +145,9 @@ def _rollout(
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise
         programs.append(Program("prefill", prefill, 1, resident, error=str(e)))
-        programs.append(Program("decode", None, max(C - 1, 1), resident, error="not compiled: the prefill does not fit"))
+        programs.append(
+            Program("decode", None, max(C - 1, 1), resident, error="not compiled: the prefill does not fit")
+        )
         return programs
     programs.append(Program("prefill", prefill, 1, resident))
     dstate = jax.tree_util.tree_map(

@@ -203,9 +203,9 @@ class Qwen2(nn.Module):
         keys, values, slot = cache  # decode: each layer updates and reads its own cache buffers
         new_keys, new_values = [], []
         for layer, k_BSKH, v_BSKH in zip(self.layers, keys, values, strict=True):
-            x_BTD, (k_BSKH, v_BSKH) = layer(x_BTD, cos, sin, mask_BTS, (k_BSKH, v_BSKH, slot))
-            new_keys.append(k_BSKH)
-            new_values.append(v_BSKH)
+            x_BTD, (new_k, new_v) = layer(x_BTD, cos, sin, mask_BTS, (k_BSKH, v_BSKH, slot))
+            new_keys.append(new_k)
+            new_values.append(new_v)
         return self.norm(x_BTD), (tuple(new_keys), tuple(new_values))
 
     def init_all(self, input_ids_BT: Array) -> Any:

@@ -400,7 +400,9 @@ def test_detached_multihost_recompile_check_runs_logs_attach_report(vm2: Vm, tmp
 
 @pytest.mark.slow
 def test_stop_a_detached_run_on_two_workers(vm2: Vm, tmp_path: Path) -> None:
-    follower = Follower(vm2.cloud, [*vm2.args("run", "grpo", sets=vm2.trainer_sets(500)), "--skip-fit"], tmp_path)
+    follower = Follower(
+        vm2.cloud, [*vm2.args("run", "grpo", sets=vm2.trainer_sets(500)), "--skip-fit"], tmp_path
+    )
     try:
         follower.wait_for("[w0] start: ")  # both processes joined the job
     finally:

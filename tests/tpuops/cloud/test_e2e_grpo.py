@@ -41,7 +41,18 @@ def test_run_grpo_on_an_emulated_vm(
         "train.prompts_per_step": "2", "log.output_dir": "~/trainer-out",
     }  # fmt: skip
     # --skip-fit: the emulated workers run the trainer on CPU (the fit preflight is tested in test_fit.py).
-    args = ["run", "grpo", "--vm", vm_name, "--zone", ZONE, "--identity", str(cloud.identity), "--json", "--skip-fit"]
+    args = [
+        "run",
+        "grpo",
+        "--vm",
+        vm_name,
+        "--zone",
+        ZONE,
+        "--identity",
+        str(cloud.identity),
+        "--json",
+        "--skip-fit",
+    ]
     for k, v in sets.items():
         args += ["--set", f"{k}={v}"]
     r = cloud.cli(*args, cwd=tmp_path)

@@ -33,7 +33,11 @@ def test_a_vm_whose_tpu_cannot_hold_the_config_is_refused_before_any_ssh(
                        "--set", "branch=main", "--json"], tmp_path, timeout=900)  # fmt: skip
     assert r.returncode == 12, r.stderr[-2000:]
     data = json.loads(r.stdout)
-    assert data["error_class"] == "no_fit" and "does not fit" in data["message"] and "v5litepod-1" in data["message"]
+    assert (
+        data["error_class"] == "no_fit"
+        and "does not fit" in data["message"]
+        and "v5litepod-1" in data["message"]
+    )
     assert [sorted(p.name for p in h.iterdir()) for h in homes] == before  # nothing reached the workers
     runs = Path(__import__("os").environ["TPUOPS_HOME"]) / "runs"
     assert not runs.exists() or not any(runs.iterdir())  # no run was recorded

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.gcs import BUCKET, gcs_server
 from tests.tpuops.cloud.conftest import Cloud
 from tpuops import recovery, runner
 from tpuops.cloud.emulator.sshd import free_port
@@ -109,9 +111,8 @@ def test_a_vm_whose_workers_all_stop_answering_is_recreated(
             w.stop()  # sshd gone on every worker; the node record stays READY
 
     cutter = _after_steps(lines, 5, cut)
-    report = _recover_smoke(
-        cloud, vm_name, git_remote[0], tmp_path, lines, events, max_recoveries=1, unreachable_s=1.5
-    )
+    (tmp_path / "tpuops.toml").write_text("unreachable_s = 1.5\n")  # the window, from the config file
+    report = _recover_smoke(cloud, vm_name, git_remote[0], tmp_path, lines, events, max_recoveries=1)
     cutter.join()
     assert report.ok, report.first_failure()
     (got,) = report.recoveries
@@ -181,25 +182,47 @@ def test_a_vm_run_without_recover_ends_at_once_with_exit_8_when_preempted(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("store", ["shared-dir", "gs"])
 def test_preempted_grpo_run_resumes_from_its_checkpoint_with_the_uninterrupted_parameters(
-    cloud: Cloud, vm_name: str, committed_repo: Path, worker_python: str, tmp_path: Path
+    store: str, cloud: Cloud, vm_name: str, committed_repo: Path, worker_python: str, tmp_path: Path
 ) -> None:
-    """20 toy GRPO steps, a checkpoint every 5, preempted at step ~7: recreated, resumed at 5, the same end."""
+    """20 toy GRPO steps, a checkpoint every 5, preempted at step ~7: recreated, resumed at 5, the same end.
+
+    The checkpoint lives off the VM: a folder every worker user may write, or gs:// on a local GCS-compatible
+    server (its address reaches the workers' jobs through .env as STORAGE_EMULATOR_HOST)."""
+    with contextlib.ExitStack() as stack:
+        _resume_after_preemption(store, stack, cloud, vm_name, committed_repo, worker_python, tmp_path)
+
+
+def _resume_after_preemption(
+    store: str,
+    stack: contextlib.ExitStack,
+    cloud: Cloud,
+    vm_name: str,
+    committed_repo: Path,
+    worker_python: str,
+    tmp_path: Path,
+) -> None:
     node = _vm(cloud, vm_name, "v4-8")
-    # Off the VM, like gs://: a folder every worker user may write (a recreated VM starts with empty homes).
     ckpt = Path(tempfile.mkdtemp(prefix="tpuops-ckpt-"))
     ckpt.chmod(0o1777)
+    stack.callback(subprocess.run, ["rm", "-rf", str(ckpt)], check=False)
+    ckpt_dir, env_file = str(ckpt / "run"), tmp_path / "no.env"
+    if store == "gs":
+        url = stack.enter_context(gcs_server())
+        ckpt_dir, env_file = f"gs://{BUCKET}/{vm_name}", tmp_path / ".env"
+        env_file.write_text(f"STORAGE_EMULATOR_HOST={url}\n")
     head = subprocess.run(
         ["git", "-C", str(committed_repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
     )
     trainer = {
-        "train.steps": "20", "checkpoint.dir": str(ckpt / "run"), "checkpoint.every": "5",
+        "train.steps": "20", "checkpoint.dir": ckpt_dir, "checkpoint.every": "5",
         "log.param_digest": "true", "log.output_dir": "~/trainer-out",
     }  # fmt: skip
     sets = {
         "repo_url": str(committed_repo), "branch": head.stdout.strip(), "venv": "none", "python": worker_python,
         "data_dir": str(DATA), "config": "toy", "steps": "20", "lockfile": "~/libtpu_lockfile",
-        "coordinator_port": str(free_port()), **trainer,
+        "coordinator_port": str(free_port()), "env_file": str(env_file), **trainer,
     }  # fmt: skip
     spec = TargetSpec(vm=vm_name, zone=ZONE, api_endpoint=cloud.url, identity=str(cloud.identity))
     lines: list[str] = []
@@ -235,7 +258,6 @@ def test_preempted_grpo_run_resumes_from_its_checkpoint_with_the_uninterrupted_p
     assert whole.returncode == 0, whole.stderr[-3000:]
     summary = json.loads(next(ln for ln in whole.stdout.splitlines() if ln.startswith("summary: "))[9:])
     assert log["summary"]["param_digest"] == summary["param_digest"]
-    subprocess.run(["rm", "-rf", str(ckpt)], check=False)
 
 
 def test_a_recovery_that_could_not_resume_is_said_up_front() -> None:

@@ -22,7 +22,12 @@ def test_per_device_figures_split_a_chip_between_its_devices() -> None:
     v4 = tpus.from_accelerator("v4-8")  # JAX shows 8 TensorCores for 4 chips
     assert v4.per_device(8)["hbm_bytes"] == 16 * tpus.GIB
     v6e = tpus.from_accelerator("v6e-8")
-    assert v6e.per_device(8) == {"hbm_bytes": 32 * tpus.GIB, "flops": 918e12, "hbm_bw": 1638e9, "ici_bw": 400e9}
+    assert v6e.per_device(8) == {
+        "hbm_bytes": 32 * tpus.GIB,
+        "flops": 918e12,
+        "hbm_bw": 1638e9,
+        "ici_bw": 400e9,
+    }
 
 
 @pytest.mark.parametrize("bad", ["v6e", "v9-8", "v6e-3", "tpu"])

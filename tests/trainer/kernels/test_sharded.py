@@ -74,10 +74,12 @@ def test_pallas_from_hidden_ragged_rows_single_device() -> None:
     blocks = BlockSizes(rows=16, vocab=256)
 
     def fused(h, w, ids):
-        return pallas_lm_head.token_logprob_entropy_from_hidden(h, w, ids, temperature=TEMPERATURE, blocks=blocks)
+        return pallas_lm_head.token_logprob_entropy_from_hidden(
+            h, w, ids, temperature=TEMPERATURE, blocks=blocks
+        )
 
     y = {**x, "ids": ids, "c_logp": x["c_logp"][:, :5], "c_ent": x["c_ent"][:, :5]}
-    (val, (lp, ent)), (dh, dw) = jax.jit(_grads(fused, y))(h, x["w"])
-    (want_val, (want_lp, want_ent)), (want_dh, want_dw) = _want({**y, "h": h})
+    (_, (lp, ent)), (dh, dw) = jax.jit(_grads(fused, y))(h, x["w"])
+    (_, (want_lp, want_ent)), (want_dh, want_dw) = _want({**y, "h": h})
     for got, want in ((lp, want_lp), (ent, want_ent), (dh, want_dh), (dw, want_dw)):
         assert rel_err(got, want) <= TOL["float32"]

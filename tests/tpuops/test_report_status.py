@@ -1,0 +1,37 @@
+"""Every outcome status renders in both outputs: the people's table (rich markup) and --json."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from tpuops import report
+from tpuops.sop.executor import SopReport, StepReport
+from tpuops.sop.model import Outcome
+from tpuops.sop.status import FAILED, Status
+
+
+@pytest.mark.parametrize("status", list(Status))
+def test_every_status_renders_for_people_and_in_json(status: Status, monkeypatch: pytest.MonkeyPatch) -> None:
+    err, out = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(report, "err", Console(file=err, width=200, highlight=False, soft_wrap=True))
+    monkeypatch.setattr(report, "out", Console(file=out, width=200, highlight=False, soft_wrap=True))
+    step = StepReport("follow", "follow", outcomes={0: Outcome(status, "[/] brackets [bold]stay text")})
+    rep = SopReport("job", "r1", "ssh", [0], steps=[step])
+    code = 9 if status in FAILED else 0
+    report.sop_report(rep, code, as_json=False)
+    text = err.getvalue()
+    assert f"│ {status} [/] brackets [bold]stay text" in text and f"exit code {code}" in text, text
+    report.step_done(step)
+    assert f"({status}, " in err.getvalue()
+    report.sop_report(rep, code, as_json=True)
+    data = json.loads(out.getvalue())
+    assert data["steps"][0]["workers"]["0"]["status"] == status
+    assert data["failure"] == (None if status not in FAILED or status == "cancelled" else data["failure"])
+
+
+def test_every_status_has_its_own_style() -> None:
+    assert set(report._STYLE) == set(Status)
