@@ -17,8 +17,9 @@ REPO = Path(__file__).resolve().parents[1]
 GB = 1e9
 
 
-def fit(preset: str, sets: list[str]) -> dict:
+def fit(preset: str, sets: list[str], phases: str | None = None) -> dict:
     argv = [sys.executable, "-m", "trainer.fit", "--config", preset, "--json", "--no-fix"]
+    argv += ["--phases", phases] if phases else []
     r = subprocess.run(
         argv + [f"--set={s}" for s in sets], capture_output=True, text=True, cwd=REPO, check=False
     )
@@ -51,10 +52,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("presets", nargs="*")
     ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--phases", help="only these phases, e.g. decode_cast,prefill,decode")
     args = ap.parse_args()
     presets = args.presets or sorted(p.stem for p in (REPO / "trainer" / "configs").glob("qwen2.5-*.yaml"))
     for preset in presets:
-        print(table(fit(preset, args.set)), end="\n\n", flush=True)
+        print(table(fit(preset, args.set, args.phases)), end="\n\n", flush=True)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     ap.add_argument("--no-fix", action="store_true", help="do not search for overrides that would fit")
     ap.add_argument(
+        "--phases", help="compile only these phases, e.g. decode_cast,prefill,decode (default: all)"
+    )
+    ap.add_argument(
         "--probe", metavar="A,B",
         help="compile at A and B decoder layers and extrapolate to the model's depth (fast; CI uses 2,3)",
     )  # fmt: skip
@@ -82,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_libtpu(tgt.accelerator)
     try:
         probe = tuple(int(x) for x in args.probe.split(",")) if args.probe else None
-        result = run(cfg, tgt, args.set, fix=not args.no_fix, probe=probe)
+        only = tuple(args.phases.split(",")) if args.phases else None
+        result = run(cfg, tgt, args.set, fix=not args.no_fix, probe=probe, only=only)
     except config.ConfigError as e:
         print(f"config: {e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -108,7 +112,13 @@ def topology_devices(topology: str) -> list[Any]:
 
 
 def run(
-    cfg: Any, tgt: Any, sets: list[str], *, fix: bool = True, probe: tuple[int, int] | None = None
+    cfg: Any,
+    tgt: Any,
+    sets: list[str],
+    *,
+    fix: bool = True,
+    probe: tuple[int, int] | None = None,
+    only: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """Compile and judge every phase (at the model's depth, or extrapolated from two `probe` depths); when
     only the update does not fit, the first override list that does (`fix_candidates`)."""
@@ -131,7 +141,7 @@ def run(
         return {k: analyze.extrapolate(at_a[k], at_b[k], la, lb, layers) for k in at_b}, facts
 
     with compile_target(f"tpu {devices[0].device_kind}"):
-        raw, facts = measured(cfg, programs.ROLLOUT + programs.UPDATE)
+        raw, facts = measured(cfg, only or programs.ROLLOUT + programs.UPDATE)
         result = analyze.judge(raw, per_device)
         failed = [k for k, p in result["phases"].items() if not p["fits"]]
         result["fix"] = None
