@@ -5,6 +5,7 @@ Dims: N sequences per step (prompts × G), P prompt bucket, C = rollout.max_new_
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import threading
@@ -20,7 +21,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from trainer import checkpoint, data, distributed, metrics
+from trainer import checkpoint, data, distributed, metrics, tasks
 from trainer.config import Config, ConfigError, dumps
 from trainer.grpo.advantages import group_advantages
 from trainer.grpo.loss import grpo_objective
@@ -52,20 +53,29 @@ def setup_jax(cfg: Config) -> None:
 
 
 def model_folder(cfg: Config, process_index: int) -> Path:
-    """The local folder of the checkpoint (weights and tokenizer): `tiny` is made (seeded) on first use under
-    log.output_dir; a hub id is downloaded (or found in the HF cache); a folder is used as it is."""
+    """The local folder of the checkpoint (weights and tokenizer): `tiny` is made (seeded, with
+    model.tokenizer) on first use under log.output_dir; a hub id is downloaded (or found in the HF cache); a
+    folder is used as it is. A cached tiny folder is trusted only when complete (make_tiny writes it under a
+    temporary name and renames it into place); anything else there is rebuilt."""
     if cfg.model.path != "tiny":
         from trainer.model.loading import resolve_path
 
         return resolve_path(cfg.model.path)
-    from trainer.make_tiny import make_tiny
+    from trainer.make_tiny import complete, make_tiny
+    from trainer.make_tokenizer import BUNDLED
 
+    tok = cfg.model.tokenizer
+    # The bundled tokenizer's content is in the name, so a changed tokenizer.json never meets an old model.
+    name = {
+        "qwen2.5": "qwen2.5",
+        "bundled": "bundled-" + hashlib.sha256((BUNDLED / "tokenizer.json").read_bytes()).hexdigest()[:8],
+    }.get(tok) or "tok-" + hashlib.sha256(tok.encode()).hexdigest()[:8]
     out = (
         Path(cfg.log.output_dir).expanduser()
-        / f"tiny-{cfg.model.preset}-seed{cfg.model.seed}-p{process_index}"
+        / f"tiny-{cfg.model.preset}-{name}-seed{cfg.model.seed}-p{process_index}"
     )
-    if not (out / "config.json").exists():
-        make_tiny(out, cfg.model.preset, cfg.model.seed)
+    if not complete(out):
+        make_tiny(out, cfg.model.preset, cfg.model.seed, tokenizer=tok)
     return out
 
 
@@ -163,7 +173,7 @@ def draw_prompts(stream: data.PromptStream, tokenizer: Any, cfg: Config, n: int)
         tried += 1
         if tried > len(stream.examples) and not out:
             raise SystemExit(f"config: no prompt fits data.prompt_buckets (largest {limit} tokens); raise it")
-        text = chat_text(tokenizer, data.messages(ex, cfg.data.task))
+        text = chat_text(tokenizer, tasks.get(cfg.data.task).messages(ex))
         if len(tokenizer(text, add_special_tokens=False)["input_ids"]) <= limit:
             out.append(ex)
     return out
@@ -251,13 +261,12 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
     mconf, params = load_pretrained(folder, mesh=mesh, dtype=cfg.model.dtype)
     tok_dir = folder if cfg.data.tokenizer == "auto" else Path(cfg.data.tokenizer)
     tokenizer = load_tokenizer(tok_dir)
-    examples = data.load_gsm8k(cfg.data.path, "train") if cfg.data.task == "gsm8k" else data.toy_examples()
-    stream = data.PromptStream(examples, cfg.train.seed)
+    task = tasks.get(cfg.data.task)
+    stream = data.PromptStream(task.examples(cfg), cfg.train.seed)
     target_ids = (
-        toy_targets(params, mconf, mesh, cfg.data.toy_fraction, cfg.train.seed)
-        if cfg.data.task == "toy"
-        else None
+        toy_targets(params, mconf, mesh, cfg.data.toy_fraction, cfg.train.seed) if task.token_targets else None
     )
+    weights = task.weights(cfg)
 
     opt = optimizer(cfg)
     # Scalars (step counts) replicated on the mesh from the start, as update() returns them: else step 1
@@ -304,7 +313,7 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
         prompts = draw_prompts(stream, tokenizer, cfg, cfg.train.prompts_per_step)
         buckets = [P_len] if cfg.data.fixed_bucket else cfg.data.prompt_buckets
         ids_PP, mask_PP = encode_chat(
-            tokenizer, [data.messages(ex, cfg.data.task) for ex in prompts], buckets
+            tokenizer, [task.messages(ex) for ex in prompts], buckets
         )
         p_len = ids_PP.shape[1]
         if p_len not in updates:
@@ -342,9 +351,6 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
             )
             for i, text in enumerate(texts)
         ]
-        weights = {"toy": cfg.rewards.toy} if cfg.data.task == "toy" else {
-            "correctness": cfg.rewards.correctness, "format": cfg.rewards.format, "tag_count": cfg.rewards.tag_count,
-        }  # fmt: skip
         scores = score(samples, weights)
         for name, count in scores.errors.items():
             emit.reward_errors(step, name, count)
