@@ -375,16 +375,17 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
         t_update = time.perf_counter() - t1
         dt = time.perf_counter() - t0
         lens = cmask_NC.sum(axis=1)
+        reward = float(scores.total_N.mean())
         row = {
-            "loss": stats["loss"], "entropy": stats["entropy"], "reward_mean": float(scores.total_N.mean()), "dt": dt,
-            "rollout_generate": t_roll, "update": t_update, "reward_score": t_reward,
+            "reward_mean": reward, "reward_delta": reward - history[-1]["reward_mean"] if history else 0.0,
+            **({"kl": stats["kl"]} if "kl" in stats else {}), "kl_old": stats["kl_old"],
+            "clip_frac": stats["clip_low_frac"] + stats["clip_high_frac"], "grad_norm": stats["grad_norm"],
+            "entropy": stats["entropy"], "tokens_per_s": float(lens.sum() / max(t_roll, 1e-9)), "dt": dt,
+            "rollout_generate": t_roll, "update": t_update, "reward_score": t_reward, "loss": stats["loss"],
             "completion_len_mean": float(lens.mean()), "completion_len_max": int(lens.max()),
-            "tokens_per_s": float(lens.sum() / max(t_roll, 1e-9)), "grad_norm": stats["grad_norm"],
             "clip_low_frac": stats["clip_low_frac"], "clip_high_frac": stats["clip_high_frac"],
             **{f"reward_{k}": v for k, v in scores.per_name.items()},
         }  # fmt: skip
-        if "kl" in stats:
-            row["kl"] = stats["kl"]
         emit.step(step, row)
         history.append(row)
         done = step + 1
