@@ -22,12 +22,6 @@ ARITH_SYSTEM = "Answer with the number only."
 
 def arith_examples() -> list[Example]:
     """Every `a + b` with single digits and a sum below 10 (55 questions), in a fixed order."""
-    import os
-    v = os.environ.get("ARITH", "add")
-    if v == "succ":
-        return [Example(f"What is {a} + 1?", str(a + 1)) for a in range(9)]
-    if v == "copy":
-        return [Example(f"Repeat the number {a}.", str(a)) for a in range(10)]
     return [Example(f"What is {a} + {b}?", str(a + b)) for a in range(10) for b in range(10 - a)]
 
 
@@ -69,9 +63,7 @@ TASKS: dict[str, Task] = {
             },
             SYSTEM_PROMPT,
         ),
-        Task(
-            "toy", lambda cfg: toy_examples(), lambda cfg: {"toy": cfg.rewards.toy}, token_targets=True
-        ),
+        Task("toy", lambda cfg: toy_examples(), lambda cfg: {"toy": cfg.rewards.toy}, token_targets=True),
     )
 }
 

@@ -264,7 +264,9 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
     task = tasks.get(cfg.data.task)
     stream = data.PromptStream(task.examples(cfg), cfg.train.seed)
     target_ids = (
-        toy_targets(params, mconf, mesh, cfg.data.toy_fraction, cfg.train.seed) if task.token_targets else None
+        toy_targets(params, mconf, mesh, cfg.data.toy_fraction, cfg.train.seed)
+        if task.token_targets
+        else None
     )
     weights = task.weights(cfg)
 
@@ -312,9 +314,7 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
         t0 = time.perf_counter()
         prompts = draw_prompts(stream, tokenizer, cfg, cfg.train.prompts_per_step)
         buckets = [P_len] if cfg.data.fixed_bucket else cfg.data.prompt_buckets
-        ids_PP, mask_PP = encode_chat(
-            tokenizer, [task.messages(ex) for ex in prompts], buckets
-        )
+        ids_PP, mask_PP = encode_chat(tokenizer, [task.messages(ex) for ex in prompts], buckets)
         p_len = ids_PP.shape[1]
         if p_len not in updates:
             updates[p_len] = make_update(cfg, mconf, opt, p_len, impl, (params, opt_state))
@@ -449,7 +449,8 @@ def _summary(history: list[dict[str, float]], start: int) -> dict[str, Any]:
     dts = sorted(h["dt"] for h in history[1:]) or [history[0]["dt"]]
     return {
         "steps": len(history), "start_step": start, "reward_mean_first": history[0]["reward_mean"],
-        "reward_mean_last": history[-1]["reward_mean"], "loss_last": history[-1]["loss"],
+        "reward_mean_last": history[-1]["reward_mean"],
+        "reward_mean_change": history[-1]["reward_mean"] - history[0]["reward_mean"], "loss_last": history[-1]["loss"],
         "dt_p50": dts[len(dts) // 2], "rollout_generate_mean": float(np.mean([h["rollout_generate"] for h in history])),
         "update_mean": float(np.mean([h["update"] for h in history])),
     }  # fmt: skip
