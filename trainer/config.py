@@ -31,7 +31,7 @@ class ModelConfig:
     path: str = "tiny"  # "tiny", a local Hugging Face folder, or a hub id (downloads on a VM with internet)
     dtype: Literal["float32", "bfloat16"] = "float32"  # compute dtype
     seed: int = 0  # the tiny checkpoint's seed
-    # The tokenizer a `path: tiny` checkpoint is made with: `bundled` (trainer/assets/tokenizer, 384 tokens, in
+    # The tokenizer a `path: tiny` checkpoint is made with: `bundled` (trainer/assets/tokenizer, 378 tokens, in
     # the repository: no download), `qwen2.5` (the real 151,665-token vocabulary, which the tiny presets are
     # shaped for: $TRAINER_DATA_DIR/qwen2.5-tokenizer, ../shared/data, else the hub) or a folder.
     tokenizer: str = "qwen2.5"

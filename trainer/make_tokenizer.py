@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 BUNDLED = Path(__file__).resolve().parent / "assets" / "tokenizer"
-VOCAB_SIZE = 384  # 256 bytes + 3 specials + 125 merges: small, so the tiny model's head is cheap
+VOCAB_SIZE = 384  # at most: 256 bytes + 3 specials + merges (the corpus yields 119: 378 tokens); a cheap head
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # the Qwen2.5 names: pad, turn start, eos
 # GPT-2's word split, except that every digit is its own piece (as in Qwen2.5).
 SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
