@@ -52,6 +52,22 @@ def setup_jax(cfg: Config) -> None:
         jax.config.update("jax_explain_cache_misses", True)
 
 
+def tiny_folder(cfg: Config, process_index: int) -> Path:
+    """Where the `tiny` checkpoint of this config lives under log.output_dir (one folder per process)."""
+    from trainer.make_tokenizer import BUNDLED
+
+    tok = cfg.model.tokenizer
+    # The bundled tokenizer's content is in the name, so a changed tokenizer.json never meets an old model.
+    name = {
+        "qwen2.5": "qwen2.5",
+        "bundled": "bundled-" + hashlib.sha256((BUNDLED / "tokenizer.json").read_bytes()).hexdigest()[:8],
+    }.get(tok) or "tok-" + hashlib.sha256(tok.encode()).hexdigest()[:8]
+    return (
+        Path(cfg.log.output_dir).expanduser()
+        / f"tiny-{cfg.model.preset}-{name}-seed{cfg.model.seed}-p{process_index}"
+    )
+
+
 def model_folder(cfg: Config, process_index: int) -> Path:
     """The local folder of the checkpoint (weights and tokenizer): `tiny` is made (seeded, with
     model.tokenizer) on first use under log.output_dir; a hub id is downloaded (or found in the HF cache); a
@@ -62,20 +78,10 @@ def model_folder(cfg: Config, process_index: int) -> Path:
 
         return resolve_path(cfg.model.path)
     from trainer.make_tiny import complete, make_tiny
-    from trainer.make_tokenizer import BUNDLED
 
-    tok = cfg.model.tokenizer
-    # The bundled tokenizer's content is in the name, so a changed tokenizer.json never meets an old model.
-    name = {
-        "qwen2.5": "qwen2.5",
-        "bundled": "bundled-" + hashlib.sha256((BUNDLED / "tokenizer.json").read_bytes()).hexdigest()[:8],
-    }.get(tok) or "tok-" + hashlib.sha256(tok.encode()).hexdigest()[:8]
-    out = (
-        Path(cfg.log.output_dir).expanduser()
-        / f"tiny-{cfg.model.preset}-{name}-seed{cfg.model.seed}-p{process_index}"
-    )
+    out = tiny_folder(cfg, process_index)
     if not complete(out):
-        make_tiny(out, cfg.model.preset, cfg.model.seed, tokenizer=tok)
+        make_tiny(out, cfg.model.preset, cfg.model.seed, tokenizer=cfg.model.tokenizer)
     return out
 
 
