@@ -21,4 +21,7 @@ def group_advantages(rewards_N: Array, group_size: int, scale: str = "group") ->
     if scale != "group":
         raise ValueError(f"scale must be 'group' or 'none', received {scale!r}")
     std_P1 = jnp.std(r_PG, axis=1, keepdims=True, ddof=1)
+    # A group of equal rewards has nothing to learn: its advantages are 0, not the float32 rounding of its mean
+    # (0.9 - mean(0.9 × 8) is ~6e-8) divided by 1e-4, which pushed every sampled token down by 6e-4.
+    centred_PG = jnp.where(std_P1 > 0, centred_PG, 0.0)
     return (centred_PG / (std_P1 + STD_EPS)).reshape(-1)
