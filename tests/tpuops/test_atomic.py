@@ -30,7 +30,9 @@ while True:
 def test_a_writer_killed_mid_write_leaves_the_previous_whole_record(tmp_path: Path) -> None:
     target = tmp_path / "run.json"
     for _ in range(3):  # a few kills at different moments
-        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(target)], stdout=subprocess.PIPE, text=True)
+        writer = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(target)], stdout=subprocess.PIPE, text=True
+        )
         assert writer.stdout is not None
         done = int(writer.stdout.readline())  # at least one complete write, then more under way
         time.sleep(0.05)
