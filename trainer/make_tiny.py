@@ -21,10 +21,8 @@ from pathlib import Path
 from trainer.make_tokenizer import BUNDLED
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # all a fast tokenizer needs
-QWEN_EXTRA_FILES = (
-    "vocab.json",
-    "merges.txt",
-)  # the Qwen2.5 folder's slow-tokenizer files, copied when there
+# The Qwen2.5 folder's slow-tokenizer files, copied when there.
+QWEN_EXTRA_FILES = ("vocab.json", "merges.txt")
 HUB_TOKENIZER = "Qwen/Qwen2.5-0.5B-Instruct"  # the same tokenizer, for a VM without the shared data folder
 MARKER = "tiny-complete"  # written last, inside the temporary folder, before the rename
 
@@ -97,17 +95,17 @@ def make_tiny(
         params = init_params(config, jax.random.key(seed))
         # Host-local parameters: every process of a multi-host run writes its own copy (train uses one per process).
         save_pretrained(config, params, tmp, every_process=True)
-        hf = json.loads(
-            (tmp / "config.json").read_text()
-        )  # special ids of this tokenizer (Qwen2.5's by default)
+        # The special ids of this tokenizer (the preset's are Qwen2.5's, outside a small vocabulary).
+        hf = json.loads((tmp / "config.json").read_text())
         hf.update(bos_token_id=pad_id(tok), eos_token_id=int(tok.eos_token_id))
         (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-        (tmp / MARKER).write_text(f"preset={preset} seed={seed} tokenizer={choice or 'qwen2.5'}\n")
+        marker = f"preset={preset} seed={seed} tokenizer={choice or 'qwen2.5'}\n"
+        (tmp / MARKER).write_text(marker)
         _fsync_dir(tmp)
-        if complete(out):  # another process finished the same folder meanwhile: keep theirs
+        if complete(out) and (out / MARKER).read_text() == marker:  # another process made the same meanwhile
             shutil.rmtree(tmp)
             return out
-        if out.exists():  # an incomplete leftover of an interrupted write: never trusted
+        if out.exists():  # an interrupted write's leftover (never trusted), or another model
             shutil.rmtree(out)
         tmp.replace(out)
         _fsync_dir(out.parent)
