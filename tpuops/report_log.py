@@ -64,6 +64,19 @@ def render(
     )
     if report.rows:
         err.print(steps_table(report))
+    first, last = (report.rows[0], report.rows[-1]) if report.rows else (None, None)
+    if (
+        first
+        and last
+        and first.reward_mean is not None
+        and last.reward_mean is not None
+        and last is not first
+    ):
+        change = last.reward_mean - first.reward_mean
+        err.print(
+            f"reward_mean {first.reward_mean:.4f} at step {first.step} -> {last.reward_mean:.4f} at step "
+            f"{last.step} ({change:+.4f})"
+        )
     if report.dt:
         d = report.dt
         extra = "" if report.tokens_per_s_mean is None else f"  tokens/s mean {report.tokens_per_s_mean:.1f}"

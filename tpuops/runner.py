@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tpuops import atomic
 from tpuops import config as user_config
 from tpuops.errors import ConnectError, ExitCode, TpuopsError, UsageError
 from tpuops.shell import Redactor
@@ -365,4 +366,4 @@ def _record(
         "secret_files": secret_files,
         "runs_dir": runs_dir,
     }
-    (d / "run.json").write_text(json.dumps(record, indent=1, default=str))
+    atomic.write_text(d / "run.json", json.dumps(record, indent=1, default=str))  # never half a record

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tpuops import atomic, shell
 from tpuops import config as user_config
-from tpuops import shell
 from tpuops.errors import UsageError
 from tpuops.shell import Redactor
 from tpuops.sop.actions import Fetch, Follow
@@ -58,8 +58,13 @@ def load(run_id: str) -> RunRecord:
     if not (d / "run.json").exists():
         known = [r.run_id for r in list_runs()[:5]]
         raise UsageError(f"no run {run_id!r} in {d.parent}", hint=f"recent: {', '.join(known) or 'none'}")
-    data = json.loads((d / "run.json").read_text())
-    result = json.loads((d / "result.json").read_text()) if (d / "result.json").exists() else None
+    try:
+        data = json.loads((d / "run.json").read_text())
+        result = json.loads((d / "result.json").read_text()) if (d / "result.json").exists() else None
+    except ValueError:  # written before records were atomic, and cut short
+        raise UsageError(
+            f"run record {d} is unreadable (an interrupted write)", hint="remove that folder"
+        ) from None
     return RunRecord(
         **{k: data[k] for k in ("run_id", "sop", "target", "workers", "values", "started")},
         result=result,
@@ -71,7 +76,13 @@ def load(run_id: str) -> RunRecord:
 def list_runs() -> list[RunRecord]:
     root = user_config.state_home() / "runs"
     ids = sorted((p.parent.name for p in root.glob("*/run.json")), reverse=True) if root.exists() else []
-    return [load(i) for i in ids]
+    out = []
+    for i in ids:
+        try:
+            out.append(load(i))
+        except UsageError:
+            continue  # an unreadable record is not a run to list (`tpuops logs ID` says what is wrong)
+    return out
 
 
 def offsets_path(run_id: str) -> Path:
@@ -87,10 +98,7 @@ class OffsetWriter:
 
     def __call__(self, offsets: dict[int, int]) -> None:
         with self.lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({str(k): v for k, v in offsets.items()}))
-            tmp.replace(self.path)
+            atomic.write_text(self.path, json.dumps({str(k): v for k, v in offsets.items()}))
 
 
 def saved_offsets(run_id: str) -> dict[int, int]:
@@ -229,5 +237,4 @@ def record_end(run_id: str, exit_codes: dict[int, int | None], code: int) -> Non
 
 def save_result(run_id: str, data: dict[str, Any]) -> None:
     d = user_config.state_home() / "runs" / run_id
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "result.json").write_text(json.dumps({**data, "finished": time.time()}, default=str))
+    atomic.write_text(d / "result.json", json.dumps({**data, "finished": time.time()}, default=str))

@@ -31,11 +31,15 @@ class ModelConfig:
     path: str = "tiny"  # "tiny", a local Hugging Face folder, or a hub id (downloads on a VM with internet)
     dtype: Literal["float32", "bfloat16"] = "float32"  # compute dtype
     seed: int = 0  # the tiny checkpoint's seed
+    # The tokenizer a `path: tiny` checkpoint is made with: `bundled` (trainer/assets/tokenizer, 378 tokens, in
+    # the repository: no download), `qwen2.5` (the real 151,665-token vocabulary, which the tiny presets are
+    # shaped for: $TRAINER_DATA_DIR/qwen2.5-tokenizer, ../shared/data, else the hub) or a folder.
+    tokenizer: str = "qwen2.5"
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    task: Literal["gsm8k", "toy"] = "gsm8k"
+    task: Literal["arith", "gsm8k", "toy"] = "gsm8k"  # trainer/tasks.py TASKS
     path: str = "auto"  # GSM8K JSONL folder; auto: <repo>/../shared/data/gsm8k, else the hub
     tokenizer: str = "auto"  # tokenizer folder; auto: the model folder
     prompt_buckets: tuple[int, ...] = (128, 256)  # prompt lengths, tokens
@@ -159,6 +163,8 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class RewardConfig:
+    number: float = 0.9  # arith: the completion is a bare number (the format)
+    exact: float = 0.1  # arith: the completion is the right sum
     correctness: float = 1.0
     format: float = 0.2
     tag_count: float = 0.1

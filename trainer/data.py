@@ -1,4 +1,4 @@
-"""Prompts: GSM8K from local JSONL (or the hub on a VM), the toy task, a resumable seeded prompt stream."""
+"""Prompts: GSM8K from local JSONL (or the hub on a VM), a resumable seeded prompt stream (tasks: trainer/tasks.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
-
-from trainer.grpo.rewards import SYSTEM_PROMPT
 
 
 def data_dir() -> Path:
@@ -54,18 +52,6 @@ def hub_rows(split: str) -> list[dict[str, str]]:
 
     file = hf_hub_download(HUB_DATASET, f"main/{split}-00000-of-00001.parquet", repo_type="dataset")
     return pq.read_table(file, columns=["question", "answer"]).to_pylist()
-
-
-def toy_examples(n: int = 64) -> list[Example]:
-    words = ["apple", "river", "stone", "cloud", "lamp", "field", "horse", "glass"]
-    rng = random.Random(0)
-    return [Example(f"Say something about {rng.choice(words)} {i}.", None) for i in range(n)]
-
-
-def messages(ex: Example, task: str) -> list[dict[str, str]]:
-    if task == "toy":
-        return [{"role": "user", "content": ex.question}]
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": ex.question}]
 
 
 class PromptStream:

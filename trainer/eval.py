@@ -44,7 +44,7 @@ def eval_batch_size(cfg: Config, batch_devices: int) -> int:
 def prompt_rows(cfg: Config, tokenizer: Any) -> tuple[list[list[int]], list[str | None], int]:
     """(token rows, gold answers, skipped): the first eval.max_examples test questions (0: all) as chat
     prompts; those longer than the largest prompt bucket are skipped and counted."""
-    from trainer import data
+    from trainer import data, tasks
     from trainer.tokenizer import chat_text
 
     examples = data.load_gsm8k(cfg.data.path, SPLIT)
@@ -53,7 +53,7 @@ def prompt_rows(cfg: Config, tokenizer: Any) -> tuple[list[list[int]], list[str 
     limit = max(cfg.data.prompt_buckets)
     rows, golds, skipped = [], [], 0
     for ex in examples:
-        text = chat_text(tokenizer, data.messages(ex, "gsm8k"))
+        text = chat_text(tokenizer, tasks.get("gsm8k").messages(ex))
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) > limit:
             skipped += 1

@@ -11,7 +11,9 @@ def main(argv: list[str] | None = None) -> int:
     from trainer import config
 
     ap = argparse.ArgumentParser(prog="python -m trainer.main", description=__doc__)
-    ap.add_argument("--config", default="tiny", help=f"preset ({', '.join(config.presets())}) or a YAML path")
+    ap.add_argument(
+        "--config", default="arith", help=f"preset ({', '.join(config.presets())}) or a YAML path"
+    )
     ap.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. train.steps=20"
     )

@@ -7,10 +7,21 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-# The fixed head of a step line, in this order; then the time breakdown; then everything else.
-HEAD = (("loss", ".6f"), ("entropy", ".4f"), ("reward_mean", ".4f"))
+# The fixed head of a step line: three fields, then `dt` (tpuops/logscan.py reads dt as the fifth field),
+# chosen to say whether the run learns (docs/trainer.md "The step line"); then the other learning signals,
+# the time breakdown, `loss` (about 0 by construction in GRPO: no progress signal) and everything else.
+HEAD = (("reward_mean", ".4f"), ("reward_delta", "+.4f"), ("entropy", ".4f"))
+SIGNALS = (
+    ("kl", ".6f"),
+    ("kl_old", ".6f"),
+    ("clip_frac", ".4f"),
+    ("grad_norm", ".4f"),
+    ("tokens_per_s", ".1f"),
+)
+OPTIONAL = ("kl", "kl_old")  # printed only when given (the KL to the reference needs loss.beta > 0)
 TIMES = ("rollout_generate", "update")
 EXTRA_TIMES = ("reward_score",)  # further phases, seconds
+TAIL_HEAD = (("loss", ".6f"),)
 
 
 def _fmt(value: Any) -> str:
@@ -24,13 +35,19 @@ def _fmt(value: Any) -> str:
 
 
 def format_step(step: int, values: Mapping[str, Any]) -> str:
-    """`step={i} loss={:.6f} entropy={:.4f} reward_mean={:.4f} dt={:.2f}s rollout_generate=..s update=..s ...`"""
+    """`step={i} reward_mean={:.4f} reward_delta={:+.4f} entropy={:.4f} dt={:.2f}s [kl={:.6f}] [kl_old={:.6f}]
+    clip_frac={:.4f} grad_norm={:.4f} tokens_per_s={:.1f} rollout_generate=..s update=..s [reward_score=..s]
+    loss={:.6f} ...` (the rest in the order given)."""
     v = dict(values)
     parts = [f"step={step}"]
     parts += [f"{key}={float(v.pop(key, 0.0)):{spec}}" for key, spec in HEAD]
     parts.append(f"dt={float(v.pop('dt', 0.0)):.2f}s")
+    parts += [
+        f"{key}={float(v.pop(key, 0.0)):{spec}}" for key, spec in SIGNALS if key in v or key not in OPTIONAL
+    ]
     parts += [f"{key}={float(v.pop(key, 0.0)):.2f}s" for key in TIMES]
     parts += [f"{key}={float(v.pop(key)):.2f}s" for key in EXTRA_TIMES if key in v]
+    parts += [f"{key}={float(v.pop(key, 0.0)):{spec}}" for key, spec in TAIL_HEAD]
     parts += [f"{k}={_fmt(x)}" for k, x in v.items()]
     return " ".join(parts)
 

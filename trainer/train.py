@@ -5,6 +5,7 @@ Dims: N sequences per step (prompts × G), P prompt bucket, C = rollout.max_new_
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import threading
@@ -20,7 +21,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from trainer import checkpoint, data, distributed, metrics
+from trainer import checkpoint, data, distributed, metrics, tasks
 from trainer.config import Config, ConfigError, dumps
 from trainer.grpo.advantages import group_advantages
 from trainer.grpo.loss import grpo_objective
@@ -52,21 +53,36 @@ def setup_jax(cfg: Config) -> None:
         jax.config.update("jax_explain_cache_misses", True)
 
 
+def tiny_folder(cfg: Config, process_index: int) -> Path:
+    """Where the `tiny` checkpoint of this config lives under log.output_dir (one folder per process)."""
+    from trainer.make_tokenizer import BUNDLED
+
+    tok = cfg.model.tokenizer
+    # The bundled tokenizer's content is in the name, so a changed tokenizer.json never meets an old model.
+    name = {
+        "qwen2.5": "qwen2.5",
+        "bundled": "bundled-" + hashlib.sha256((BUNDLED / "tokenizer.json").read_bytes()).hexdigest()[:8],
+    }.get(tok) or "tok-" + hashlib.sha256(tok.encode()).hexdigest()[:8]
+    return (
+        Path(cfg.log.output_dir).expanduser()
+        / f"tiny-{cfg.model.preset}-{name}-seed{cfg.model.seed}-p{process_index}"
+    )
+
+
 def model_folder(cfg: Config, process_index: int) -> Path:
-    """The local folder of the checkpoint (weights and tokenizer): `tiny` is made (seeded) on first use under
-    log.output_dir; a hub id is downloaded (or found in the HF cache); a folder is used as it is."""
+    """The local folder of the checkpoint (weights and tokenizer): `tiny` is made (seeded, with
+    model.tokenizer) on first use under log.output_dir; a hub id is downloaded (or found in the HF cache); a
+    folder is used as it is. A cached tiny folder is trusted only when complete (make_tiny writes it under a
+    temporary name and renames it into place); anything else there is rebuilt."""
     if cfg.model.path != "tiny":
         from trainer.model.loading import resolve_path
 
         return resolve_path(cfg.model.path)
-    from trainer.make_tiny import make_tiny
+    from trainer.make_tiny import complete, make_tiny
 
-    out = (
-        Path(cfg.log.output_dir).expanduser()
-        / f"tiny-{cfg.model.preset}-seed{cfg.model.seed}-p{process_index}"
-    )
-    if not (out / "config.json").exists():
-        make_tiny(out, cfg.model.preset, cfg.model.seed)
+    out = tiny_folder(cfg, process_index)
+    if not complete(out):
+        make_tiny(out, cfg.model.preset, cfg.model.seed, tokenizer=cfg.model.tokenizer)
     return out
 
 
@@ -173,7 +189,7 @@ def draw_prompts(stream: data.PromptStream, tokenizer: Any, cfg: Config, n: int)
         tried += 1
         if tried > len(stream.examples) and not out:
             raise SystemExit(f"config: no prompt fits data.prompt_buckets (largest {limit} tokens); raise it")
-        text = chat_text(tokenizer, data.messages(ex, cfg.data.task))
+        text = chat_text(tokenizer, tasks.get(cfg.data.task).messages(ex))
         if len(tokenizer(text, add_special_tokens=False)["input_ids"]) <= limit:
             out.append(ex)
     return out
@@ -261,13 +277,14 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
     mconf, params = load_pretrained(folder, mesh=mesh, dtype=cfg.model.dtype)
     tok_dir = folder if cfg.data.tokenizer == "auto" else Path(cfg.data.tokenizer)
     tokenizer = load_tokenizer(tok_dir)
-    examples = data.load_gsm8k(cfg.data.path, "train") if cfg.data.task == "gsm8k" else data.toy_examples()
-    stream = data.PromptStream(examples, cfg.train.seed)
+    task = tasks.get(cfg.data.task)
+    stream = data.PromptStream(task.examples(cfg), cfg.train.seed)
     target_ids = (
         toy_targets(params, mconf, mesh, cfg.data.toy_fraction, cfg.train.seed)
-        if cfg.data.task == "toy"
+        if task.token_targets
         else None
     )
+    weights = task.weights(cfg)
 
     opt = optimizer(cfg)
     # Moments split like their parameters and scalars (step counts) replicated from the start, as update()
@@ -310,9 +327,7 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
         t0 = time.perf_counter()
         prompts = draw_prompts(stream, tokenizer, cfg, cfg.train.prompts_per_step)
         buckets = [P_len] if cfg.data.fixed_bucket else cfg.data.prompt_buckets
-        ids_PP, mask_PP = encode_chat(
-            tokenizer, [data.messages(ex, cfg.data.task) for ex in prompts], buckets
-        )
+        ids_PP, mask_PP = encode_chat(tokenizer, [task.messages(ex) for ex in prompts], buckets)
         p_len = ids_PP.shape[1]
         if p_len not in updates:
             updates[p_len] = make_update(cfg, mconf, opt, p_len, impl, (params, opt_state))
@@ -344,9 +359,6 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
             )
             for i, text in enumerate(texts)
         ]
-        weights = {"toy": cfg.rewards.toy} if cfg.data.task == "toy" else {
-            "correctness": cfg.rewards.correctness, "format": cfg.rewards.format, "tag_count": cfg.rewards.tag_count,
-        }  # fmt: skip
         scores = score(samples, weights)
         for name, count in scores.errors.items():
             emit.reward_errors(step, name, count)
@@ -371,16 +383,17 @@ def run(cfg: Config, emit: metrics.Emitter | None = None) -> dict[str, Any]:
         t_update = time.perf_counter() - t1
         dt = time.perf_counter() - t0
         lens = cmask_NC.sum(axis=1)
+        reward = float(scores.total_N.mean())
         row = {
-            "loss": stats["loss"], "entropy": stats["entropy"], "reward_mean": float(scores.total_N.mean()), "dt": dt,
-            "rollout_generate": t_roll, "update": t_update, "reward_score": t_reward,
+            "reward_mean": reward, "reward_delta": reward - history[-1]["reward_mean"] if history else 0.0,
+            **({"kl": stats["kl"]} if "kl" in stats else {}), "kl_old": stats["kl_old"],
+            "clip_frac": stats["clip_low_frac"] + stats["clip_high_frac"], "grad_norm": stats["grad_norm"],
+            "entropy": stats["entropy"], "tokens_per_s": float(lens.sum() / max(t_roll, 1e-9)), "dt": dt,
+            "rollout_generate": t_roll, "update": t_update, "reward_score": t_reward, "loss": stats["loss"],
             "completion_len_mean": float(lens.mean()), "completion_len_max": int(lens.max()),
-            "tokens_per_s": float(lens.sum() / max(t_roll, 1e-9)), "grad_norm": stats["grad_norm"],
             "clip_low_frac": stats["clip_low_frac"], "clip_high_frac": stats["clip_high_frac"],
             **{f"reward_{k}": v for k, v in scores.per_name.items()},
         }  # fmt: skip
-        if "kl" in stats:
-            row["kl"] = stats["kl"]
         emit.step(step, row)
         history.append(row)
         done = step + 1
@@ -444,7 +457,8 @@ def _summary(history: list[dict[str, float]], start: int) -> dict[str, Any]:
     dts = sorted(h["dt"] for h in history[1:]) or [history[0]["dt"]]
     return {
         "steps": len(history), "start_step": start, "reward_mean_first": history[0]["reward_mean"],
-        "reward_mean_last": history[-1]["reward_mean"], "loss_last": history[-1]["loss"],
+        "reward_mean_last": history[-1]["reward_mean"],
+        "reward_mean_change": history[-1]["reward_mean"] - history[0]["reward_mean"], "loss_last": history[-1]["loss"],
         "dt_p50": dts[len(dts) // 2], "rollout_generate_mean": float(np.mean([h["rollout_generate"] for h in history])),
         "update_mean": float(np.mean([h["update"] for h in history])),
     }  # fmt: skip

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,23 @@ def test_run_grpo_locally_reports_steps() -> None:
     )
     home = Path(os.environ["TPUOPS_HOME"])
     assert (home / "runs" / data["run_id"] / "worker-0.log").exists()
+
+
+@pytest.mark.slow
+def test_the_default_local_job_learns_the_arith_task() -> None:
+    """The README's first command as it is: no --set, no data folder, no network. The tiny model with the
+    bundled tokenizer learns the answer format of the arith task: mean reward from <= 0.3 to >= 0.8."""
+    t0 = time.monotonic()
+    r = tpuops("run", "grpo", "--local", "--json", cwd=REPO)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = json.loads(r.stdout)["log"]
+    assert log["config"]["data"]["task"] == "arith" and log["config"]["model"]["tokenizer"] == "bundled"
+    rewards = [row["reward_mean"] for row in log["rows"]]
+    assert len(rewards) == 20 and rewards[0] <= 0.3 and rewards[-1] >= 0.8, rewards
+    s = log["summary"]
+    assert s["reward_mean_change"] >= 0.4 and s["reward_mean_first"] == rewards[0]  # the end report says so
+    assert took < 180, f"{took:.0f}s"
 
 
 def test_trainer_override_typo_is_refused_before_anything_runs() -> None:

@@ -48,6 +48,12 @@ def clean_log(tmp_path: Path) -> Path:
     return write_log(tmp_path / "clean.log", [9.0, 1.0, 1.1, 0.9, 1.0, 1.2], {0: [compiling("train_step")]})
 
 
+def test_the_text_report_says_how_the_mean_reward_moved(clean_log: Path, tmp_path: Path) -> None:
+    r = tpuops("report", str(clean_log), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "reward_mean 0.0000 at step 0 -> 0.5000 at step 5 (+0.5000)" in r.stderr
+
+
 def test_clean_log_exits_0_with_a_json_report(clean_log: Path, tmp_path: Path) -> None:
     r = tpuops("report", str(clean_log), "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr

@@ -61,7 +61,7 @@ def test_model_and_gsm8k_come_from_the_hub_when_there_is_no_local_copy(tmp_path:
         argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    assert "\nstep=0 loss=" in run.stdout and "summary: " in run.stdout
+    assert "\nstep=0 reward_mean=" in run.stdout and "summary: " in run.stdout
     assert not (tmp_path / "out").exists() or not list(
         (tmp_path / "out").glob("tiny-*")
     )  # no tiny model made

@@ -21,4 +21,9 @@ def group_advantages(rewards_N: Array, group_size: int, scale: str = "group") ->
     if scale != "group":
         raise ValueError(f"scale must be 'group' or 'none', received {scale!r}")
     std_P1 = jnp.std(r_PG, axis=1, keepdims=True, ddof=1)
+    # A group of equal rewards has nothing to learn: its advantages are 0, not the float32 rounding of its mean
+    # (0.9 - mean(0.9 × 8) can be ~6e-8, and so can the std) divided by ~1e-4: that pushed every sampled token
+    # of such a group down by an advantage of -6e-4.
+    equal_P1 = r_PG.max(axis=1, keepdims=True) == r_PG.min(axis=1, keepdims=True)
+    centred_PG = jnp.where(equal_P1, 0.0, centred_PG)
     return (centred_PG / (std_P1 + STD_EPS)).reshape(-1)

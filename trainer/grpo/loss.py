@@ -91,9 +91,13 @@ def grpo_objective(
     def mean(x_BT: Array) -> Array:
         return (x_BT.astype(jnp.float32) * m_BT).sum() / n
 
+    old_delta_BT = old_logp_BT - logp_BT
     aux = {
         "entropy": mean(entropy_BT),
         "ratio_mean": mean(parts["ratio"]),
+        # KL(policy || the policy that sampled), k3 on the sampled tokens: ~0 on the first PPO epoch
+        # (the same parameters; more means the sampler and the trainer disagree), growing with later epochs.
+        "kl_old": mean(jnp.maximum(jnp.exp(old_delta_BT) - old_delta_BT - 1.0, 0.0)),  # >= 0 (rounding)
         "clip_low_frac": mean(parts["clipped_low"]),
         "clip_high_frac": mean(parts["clipped_high"]),
     }

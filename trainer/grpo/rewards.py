@@ -84,7 +84,22 @@ def toy(s: Sample) -> float:
     return sum(1 for t in s.token_ids if t in s.target_ids) / len(s.token_ids)
 
 
+_BARE_NUMBER = re.compile(r"-?[0-9]+")  # ASCII digits: \d would take "߂" (NKo two)
+
+
+def number(s: Sample) -> float:
+    """1 if the completion, stripped, is a bare integer ("12"; not "12 apples", "twelve" or ""), else 0."""
+    return 1.0 if _BARE_NUMBER.fullmatch(s.text.strip()) else 0.0
+
+
+def exact(s: Sample) -> float:
+    """1 if the completion, stripped, is exactly the gold answer ("7" for "What is 3 + 4?"), else 0."""
+    return 1.0 if s.gold is not None and s.text.strip() == s.gold else 0.0
+
+
 REGISTRY: dict[str, Callable[[Sample], float]] = {
+    "number": number,
+    "exact": exact,
     "correctness": correctness,
     "format": format_reward,
     "tag_count": tag_count,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -119,3 +120,6 @@ def test_group_advantages_bessel_and_dr_grpo() -> None:
         np.asarray(group_advantages(r, 4, "none")), r - np.repeat(r.reshape(2, 4).mean(1), 4), rtol=1e-6
     )
     assert not np.asarray(group_advantages(np.ones(4, np.float32), 4)).any()  # equal rewards: no signal
+    # Also where float32 cannot hold the group mean exactly (0.9 × 8 / 8 rounds): not ~6e-8 / 1e-4 = -6e-4.
+    for n in (16, 64):  # as train.run passes them: a jax array (XLA's mean, not numpy's exact pairwise sum)
+        assert not np.asarray(group_advantages(jnp.asarray(np.full(n, 0.9, np.float32)), 8)).any(), n

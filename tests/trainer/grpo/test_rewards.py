@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from trainer.data import gold_answer
 from trainer.grpo import rewards
 from trainer.grpo.rewards import Sample, score
@@ -48,3 +50,22 @@ def test_a_raising_reward_scores_minus_one_and_is_counted(monkeypatch) -> None:
     got = score([Sample("ok"), Sample("boom"), Sample("ok")], {"broken": 2.0})
     assert got.total_N.tolist() == [2.0, -2.0, 2.0]
     assert got.errors == {"broken": 1}
+
+
+def test_arith_rewards_take_a_bare_ascii_number_and_the_exact_sum() -> None:
+    assert [rewards.number(Sample(t)) for t in ("7", " 12\n", "-3", "7 apples", "seven", "", "߂", "7.5")] == [
+        1.0,
+        1.0,
+        1.0,
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+    ]  # fmt: skip  ("߂" is NKo digit two: \d would take it, a reward hack the tiny model found)
+    assert rewards.exact(Sample(" 7\n", "7")) == 1.0
+    assert rewards.exact(Sample("77", "7")) == 0.0 and rewards.exact(Sample("7", None)) == 0.0
+    mixed = score([Sample("7", "7"), Sample("44", "7"), Sample("x", "7")], {"number": 0.9, "exact": 0.1})
+    assert mixed.total_N.tolist() == pytest.approx([1.0, 0.9, 0.0]) and mixed.per_name[
+        "exact"
+    ] == pytest.approx(1 / 3)
