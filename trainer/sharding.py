@@ -8,7 +8,8 @@ one table (LOGICAL) maps them to mesh axes; the model constrains them by name at
 (`constrain`), so the batch stays split over (dp, fsdp) and XLA all-gathers each layer's weights (FSDP)
 instead of all-reducing whole-batch activations. Constraints apply under `jax.set_mesh(mesh)` and are no-ops
 without a mesh in context (single-device code and tests).
-KV cache, one [B, S, K, H] per layer: batch over (dp, fsdp), kv heads over tp.
+KV cache, one [B, S, K, H] per layer: sequences over every device (dp, fsdp, tp), so its few kv heads never
+force a replicated copy; decode attention runs in that layout and o_proj back in the heads-over-tp one.
 Decode uses its own layout of the same devices (`rollout_mesh`: batch over dp, heads over tp, no fsdp) with
 the weights cast to the compute dtype once per step: a decode loop over FSDP-split weights would all-gather
 every weight for every token (`tpuops fit` shows the difference).
@@ -33,6 +34,9 @@ BATCH = ("dp", "fsdp")
 # Logical activation axis -> mesh axes (MaxText's logical_axis_rules, one table).
 LOGICAL: dict[str, Any] = {
     "batch": BATCH,
+    # The KV cache and decode attention: sequences over every device, so a cache whose few kv heads cannot
+    # split over tp is not replicated (decode reads the whole cache every token).
+    "cache_batch": (*BATCH, "tp"),
     "length": None,
     "embed": None,
     "heads": "tp",
@@ -65,12 +69,17 @@ def make_mesh(dp: int, fsdp: int, tp: int, devices: Sequence[jax.Device] | None 
 
 
 def _fit(spec: P, shape: tuple[int, ...], mesh: Any) -> P:
-    """Drop mesh axes that do not divide their dimension (replicate that dim instead)."""
+    """Drop mesh axes that do not divide their dimension: a tuple of axes keeps its longest prefix that
+    divides (the rest of that dimension is replicated)."""
     fitted: list[Any] = []
     for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec)), strict=True):
         names = (axes,) if isinstance(axes, str) else tuple(axes or ())
-        size = int(np.prod([mesh.shape[a] for a in names])) if names else 1
-        fitted.append(axes if names and dim % size == 0 else None)
+        full = names
+        while names and dim % int(np.prod([mesh.shape[a] for a in names])):
+            names = names[:-1]
+        if names != full and int(np.prod([mesh.shape[a] for a in names])) == 1:
+            names = ()  # only size-1 axes left: plainly replicated
+        fitted.append(None if not names else names[0] if isinstance(axes, str) else names)
     return P(*fitted)
 
 
@@ -104,8 +113,8 @@ def batch_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
 
 
 def kv_cache_sharding(mesh: Mesh, shape_BSKH: tuple[int, ...]) -> NamedSharding:
-    """One layer's KV cache [B, S, K, H]: batch over (dp, fsdp), kv heads over tp."""
-    return NamedSharding(mesh, _fit(P(BATCH, None, "tp", None), shape_BSKH, mesh))
+    """One layer's KV cache [B, S, K, H]: sequences over every device (LOGICAL["cache_batch"])."""
+    return NamedSharding(mesh, logical_spec(("cache_batch", None, None, None), shape_BSKH, mesh))
 
 
 def logical_spec(names: Sequence[str | None], shape: tuple[int, ...], mesh: Any) -> P:

@@ -344,6 +344,7 @@ def bench_rollout(
     tunnel_through_iap: o.TunnelOpt = False,
     no_key_push: o.NoKeyPushOpt = False,
     key_ttl: o.KeyTtlOpt = None,
+    skip_fit: o.SkipFitOpt = False,
 ) -> None:
     """N GRPO steps per variant (same target, one after another), then step time and rollout_generate side by side.
 
@@ -373,7 +374,7 @@ def bench_rollout(
     )
     req = runner.RunRequest(
         sop="grpo", sets=o.parse_sets(set_), target=spec, worker=worker, force=force, keep_going=keep_going,
-        parallel=parallel,
+        parallel=parallel, skip_fit=skip_fit,
     )  # fmt: skip
     if dry_run:
         report.dry_runs(rollout_bench.plans(req, list(variant or [])), json)

@@ -48,8 +48,11 @@ class Vm:
         return ["--vm", self.name, "--zone", ZONE, "--identity", str(self.cloud.identity)]
 
     def args(self, *command: str, sets: dict[str, str] | None = None) -> list[str]:
-        """A command's arguments aimed at this VM, with `--set k=v` for each of `sets`."""
+        """A command's arguments aimed at this VM, with `--set k=v` for each of `sets`. GRPO-based SOPs skip
+        the fit preflight: these workers run the trainer on CPU (the preflight is tested in test_fit_preflight)."""
         out = [*command, *self.target()]
+        if command[0] in ("run", "recompile-check", "bench"):
+            out.append("--skip-fit")
         for k, v in (sets or {}).items():
             out += ["--set", f"{k}={v}"]
         return out
@@ -210,8 +213,7 @@ def test_trainer_override_typo_is_refused_before_any_remote_command(
     vm: Vm = request.getfixturevalue(f"vm{workers}")
     before = _snapshot(vm.homes)
     sets = {**vm.trainer_sets(3), "train.stepz": "3"}
-    # The emulated workers run the trainer on CPU: the fit for the real TPU type is tested in test_fit.py.
-    r = tpuops(vm.cloud, [*vm.args("run", "grpo", sets=sets), "--skip-fit"], tmp_path)
+    r = tpuops(vm.cloud, vm.args("run", "grpo", sets=sets), tmp_path)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines()[-1] == (
         "error: trainer config: unknown config key 'train.stepz'; did you mean 'train.steps'?"
@@ -400,9 +402,7 @@ def test_detached_multihost_recompile_check_runs_logs_attach_report(vm2: Vm, tmp
 
 @pytest.mark.slow
 def test_stop_a_detached_run_on_two_workers(vm2: Vm, tmp_path: Path) -> None:
-    follower = Follower(
-        vm2.cloud, [*vm2.args("run", "grpo", sets=vm2.trainer_sets(500)), "--skip-fit"], tmp_path
-    )
+    follower = Follower(vm2.cloud, vm2.args("run", "grpo", sets=vm2.trainer_sets(500)), tmp_path)
     try:
         follower.wait_for("[w0] start: ")  # both processes joined the job
     finally:

@@ -18,7 +18,8 @@ def _vm(cloud: Cloud, name: str, accelerator: str, tmp_path: Path) -> list[Path]
     made = tpuops(cloud, ["vm", "create", name, "--type", accelerator, "--zone", ZONE, "--runtime-version", "base"],
                   tmp_path)  # fmt: skip
     assert made.returncode == 0, made.stderr
-    return [w.home for w in cloud.emu.model.nodes[name].workers]
+    node = next(rec for key, rec in cloud.emu.model.nodes.items() if key.endswith(f"/nodes/{name}"))
+    return [w.home for w in node.workers]
 
 
 @pytest.mark.slow

@@ -207,7 +207,7 @@ def _resume_after_preemption(
     ckpt = Path(tempfile.mkdtemp(prefix="tpuops-ckpt-"))
     ckpt.chmod(0o1777)
     stack.callback(subprocess.run, ["rm", "-rf", str(ckpt)], check=False)
-    ckpt_dir, env_file = str(ckpt / "run"), tmp_path / "no.env"
+    ckpt_dir, env_file = str(ckpt / "run"), tmp_path / ".env"  # absent: no .env is sent
     if store == "gs":
         url = stack.enter_context(gcs_server())
         ckpt_dir, env_file = f"gs://{BUCKET}/{vm_name}", tmp_path / ".env"
