@@ -11,6 +11,7 @@ import argparse
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,8 +56,9 @@ def main() -> None:
     ap.add_argument("--phases", help="only these phases, e.g. decode_cast,prefill,decode")
     args = ap.parse_args()
     presets = args.presets or sorted(p.stem for p in (REPO / "trainer" / "configs").glob("qwen2.5-*.yaml"))
-    for preset in presets:
-        print(table(fit(preset, args.set, args.phases)), end="\n\n", flush=True)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # XLA compiles on one core: two presets at a time
+        for result in pool.map(lambda p: fit(p, args.set, args.phases), presets):
+            print(table(result), end="\n\n", flush=True)
 
 
 if __name__ == "__main__":

@@ -90,6 +90,11 @@ def check(
     r = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
     if r.returncode == EXIT_NO_LIBTPU:
         raise FitUnavailableError(json.loads(r.stdout.strip().splitlines()[-1])["message"])
+    if r.returncode < 0:  # libtpu's compiler can crash on a pathological program (seen: a stack overflow)
+        raise TpuopsError(
+            f"fit {config}: the TPU compiler crashed (signal {-r.returncode}) compiling for {accelerator or topology}",
+            hint="try other shapes with tpuops fit, or start anyway with --skip-fit",
+        )
     if r.returncode not in (0, EXIT_NO_FIT):
         lines = [
             ln

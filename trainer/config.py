@@ -59,7 +59,7 @@ class RolloutConfig:
     top_k: int = 0
     top_p: float = 1.0
     # Decode layout: weights split over `tp` devices by heads/MLP/vocab, sequences over the rest (no FSDP:
-    # trainer.sharding.rollout_mesh). 0 = auto: the head count's largest divisor that divides the devices.
+    # trainer.sharding.rollout_mesh). 0 = auto: the kv-head count's largest divisor that divides the devices.
     tp: int = 0
 
     def __post_init__(self) -> None:

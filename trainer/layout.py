@@ -37,18 +37,18 @@ class OnMesh:
             return self.fn.lower(*args, **kwargs)
 
 
-def rollout_tp(requested: int, heads: int, devices: int) -> int:
-    """rollout.tp, or (0 = auto) the largest divisor of the query-head count that divides the device count:
-    decode reads every weight every token, so the weights split over as many devices as the heads allow (the
-    KV cache is split by sequence, whatever tp is)."""
+def rollout_tp(requested: int, kv_heads: int, devices: int) -> int:
+    """rollout.tp, or (0 = auto) the largest divisor of the kv-head count that divides the device count: the
+    KV cache then splits over heads without a replicated copy, and the weights over as many devices as that
+    allows (docs/performance.md compares the alternatives by their fit estimates)."""
     if requested:
         return requested
-    return math.gcd(heads, devices)
+    return math.gcd(kv_heads, devices)
 
 
 def decode_layout(mesh: Mesh, mconf: Any, params_like: Any, tp: int) -> tuple[Mesh, OnMesh]:
     """(decode mesh, jitted params -> compute-dtype copy laid out for decode) over `mesh`'s devices."""
-    rmesh = rollout_mesh(mesh, rollout_tp(tp, mconf.num_attention_heads, mesh.devices.size))
+    rmesh = rollout_mesh(mesh, rollout_tp(tp, mconf.num_key_value_heads, mesh.devices.size))
     dtype = jnp.dtype(mconf.dtype)
     shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, dtype), params_like)
     cast = jax.jit(

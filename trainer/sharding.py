@@ -8,8 +8,7 @@ one table (LOGICAL) maps them to mesh axes; the model constrains them by name at
 (`constrain`), so the batch stays split over (dp, fsdp) and XLA all-gathers each layer's weights (FSDP)
 instead of all-reducing whole-batch activations. Constraints apply under `jax.set_mesh(mesh)` and are no-ops
 without a mesh in context (single-device code and tests).
-KV cache, one [B, S, K, H] per layer: sequences over every device (dp, fsdp, tp), so its few kv heads never
-force a replicated copy; decode attention runs in that layout and o_proj back in the heads-over-tp one.
+KV cache, one [B, S, K, H] per layer: batch over (dp, fsdp), kv heads over tp.
 Decode uses its own layout of the same devices (`rollout_mesh`: batch over dp, heads over tp, no fsdp) with
 the weights cast to the compute dtype once per step: a decode loop over FSDP-split weights would all-gather
 every weight for every token (`tpuops fit` shows the difference).
@@ -34,9 +33,6 @@ BATCH = ("dp", "fsdp")
 # Logical activation axis -> mesh axes (MaxText's logical_axis_rules, one table).
 LOGICAL: dict[str, Any] = {
     "batch": BATCH,
-    # The KV cache and decode attention: sequences over every device, so a cache whose few kv heads cannot
-    # split over tp is not replicated (decode reads the whole cache every token).
-    "cache_batch": (*BATCH, "tp"),
     "length": None,
     "embed": None,
     "heads": "tp",
@@ -113,8 +109,8 @@ def batch_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
 
 
 def kv_cache_sharding(mesh: Mesh, shape_BSKH: tuple[int, ...]) -> NamedSharding:
-    """One layer's KV cache [B, S, K, H]: sequences over every device (LOGICAL["cache_batch"])."""
-    return NamedSharding(mesh, logical_spec(("cache_batch", None, None, None), shape_BSKH, mesh))
+    """One layer's KV cache [B, S, K, H]: batch over (dp, fsdp), kv heads over tp."""
+    return NamedSharding(mesh, logical_spec(("batch", None, "kv_heads", None), shape_BSKH, mesh))
 
 
 def logical_spec(names: Sequence[str | None], shape: tuple[int, ...], mesh: Any) -> P:

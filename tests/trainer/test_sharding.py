@@ -41,8 +41,8 @@ def test_rules_split_matrices_and_replicate_what_does_not_divide(mesh: jax.shard
     assert sharding.param_spec("layers_0/post_attention_layernorm/scale", (64,), mesh) == P(None)
     assert sharding.param_spec("layers_0/self_attn/q_proj/kernel", (64, 3), mesh) == P("fsdp", None)
     assert sharding.batch_sharding(mesh, (3, 8)).spec == P(None, None)
-    assert sharding.kv_cache_sharding(mesh, (8, 16, 2, 16)).spec == P(("dp", "fsdp", "tp"), None, None, None)
-    assert sharding.kv_cache_sharding(mesh, (4, 16, 2, 16)).spec == P(("dp", "fsdp"), None, None, None)
+    assert sharding.kv_cache_sharding(mesh, (4, 16, 2, 16)).spec == P(("dp", "fsdp"), None, "tp", None)
+    assert sharding.kv_cache_sharding(mesh, (2, 16, 3, 16)).spec == P(None, None, None, None)
     with pytest.raises(KeyError, match="no partition rule"):
         sharding.param_spec("layers_0/unknown/kernel", (4, 4), mesh)
     with pytest.raises(ValueError, match="received 2x2x1"):

@@ -117,9 +117,7 @@ class Attention(nn.Module):
         if kv is None:
             keys, values, new_kv = k, v, (k, v)
         else:
-            # Decode: attention in the cache's layout (sequences over every device, heads whole), then back
-            # to heads over tp for o_proj. One small in-place update of this layer's own cache per step.
-            q, k, v = (constrain(x, "cache_batch", "length", None, None) for x in (q, k, v))
+            # One small in-place update of this layer's own cache buffer per decode step.
             k_BSKH, v_BSKH, slot = kv
             at = (jnp.int32(0), jnp.asarray(slot, jnp.int32), jnp.int32(0), jnp.int32(0))
             k_BSKH = jax.lax.dynamic_update_slice(k_BSKH, k.astype(k_BSKH.dtype), at)

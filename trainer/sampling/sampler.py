@@ -19,7 +19,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 from jax import Array
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 
 from trainer import sharding
 from trainer.model import qwen2
@@ -197,12 +197,11 @@ def _decode(
 
 
 def _whole_rows(logits_BV: Array, mesh: Mesh | None) -> Array:
-    """Logits with the vocabulary on one device per row (rows split over every device, as the cache): the
-    draw's cumsum over a vocabulary split over tp would be a chain of cross-device permutes per token."""
+    """Logits with the vocabulary on one device per row (batch still split): the draw's cumsum over a
+    vocabulary split over tp would be a chain of cross-device permutes per token (minutes on 8 CPU devices)."""
     if mesh is None:
         return logits_BV
-    spec = sharding.logical_spec(("cache_batch", None), logits_BV.shape, mesh)
-    return jax.lax.with_sharding_constraint(logits_BV, NamedSharding(mesh, spec))
+    return jax.lax.with_sharding_constraint(logits_BV, sharding.batch_sharding(mesh, logits_BV.shape))
 
 
 def decode_one(

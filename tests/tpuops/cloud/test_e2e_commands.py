@@ -27,8 +27,8 @@ REPO = Path(__file__).resolve().parents[3]
 DATA = REPO.parent / "shared" / "data"
 ZONE = "us-east1-d"
 # The smallest GRPO step the tiny model takes: 2 prompts x 2 samples, 8 new tokens, one micro-batch.
-TINY = {
-    "train.prompts_per_step": "2", "rollout.samples_per_prompt": "2", "rollout.max_new_tokens": "8",
+TINY = {  # the tiny model on GSM8K prompts (their lengths vary: the bucket tests need that)
+    "config": "tiny", "train.prompts_per_step": "2", "rollout.samples_per_prompt": "2", "rollout.max_new_tokens": "8",
     "train.micro_batch": "4", "log.output_dir": "~/trainer-out",
 }  # fmt: skip
 

@@ -9,7 +9,7 @@ import pytest
 
 from tests.tpuops.cloud.conftest import Cloud
 from tests.tpuops.cloud.test_e2e_commands import tpuops
-from tests.tpuops.test_fit import TOO_BIG
+from tests.tpuops.test_fit import too_big
 
 ZONE = "us-east1-d"
 
@@ -28,9 +28,9 @@ def test_a_vm_whose_tpu_cannot_hold_the_config_is_refused_before_any_ssh(
 ) -> None:
     homes = _vm(cloud, vm_name, "v5litepod-1", tmp_path)
     before = [sorted(p.name for p in h.iterdir()) for h in homes]
-    (tmp_path / "too-big.yaml").write_text(TOO_BIG)
+    cfg = too_big(tmp_path)
     r = tpuops(cloud, ["run", "grpo", "--vm", vm_name, "--zone", ZONE, "--identity", str(cloud.identity),
-                       "--set", f"config={tmp_path / 'too-big.yaml'}", "--set", "repo_url=/nonexistent.git",
+                       "--set", f"config={cfg}", "--set", "repo_url=/nonexistent.git",
                        "--set", "branch=main", "--json"], tmp_path, timeout=900)  # fmt: skip
     assert r.returncode == 12, r.stderr[-2000:]
     data = json.loads(r.stdout)

@@ -207,11 +207,12 @@ def _resume_after_preemption(
     ckpt = Path(tempfile.mkdtemp(prefix="tpuops-ckpt-"))
     ckpt.chmod(0o1777)
     stack.callback(subprocess.run, ["rm", "-rf", str(ckpt)], check=False)
-    ckpt_dir, env_file = str(ckpt / "run"), tmp_path / ".env"  # absent: no .env is sent
+    ckpt_dir, env = str(ckpt / "run"), {}  # no env_file named: none is sent
     if store == "gs":
         url = stack.enter_context(gcs_server())
         ckpt_dir, env_file = f"gs://{BUCKET}/{vm_name}", tmp_path / ".env"
         env_file.write_text(f"STORAGE_EMULATOR_HOST={url}\n")
+        env = {"env_file": str(env_file)}
     head = subprocess.run(
         ["git", "-C", str(committed_repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
     )
@@ -222,7 +223,7 @@ def _resume_after_preemption(
     sets = {
         "repo_url": str(committed_repo), "branch": head.stdout.strip(), "venv": "none", "python": worker_python,
         "data_dir": str(DATA), "config": "toy", "steps": "20", "lockfile": "~/libtpu_lockfile",
-        "coordinator_port": str(free_port()), "env_file": str(env_file), **trainer,
+        "coordinator_port": str(free_port()), **env, **trainer,
     }  # fmt: skip
     spec = TargetSpec(vm=vm_name, zone=ZONE, api_endpoint=cloud.url, identity=str(cloud.identity))
     lines: list[str] = []
