@@ -7,6 +7,7 @@ accumulate dh += dz @ W_tile^T and dW_tile = h^T @ dz, so the largest temporary 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import jax
@@ -82,26 +83,29 @@ def backward(
     return dh_ND.astype(h_ND.dtype), dw_DV
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _fused(
-    h_ND: Array, w_DV: Array, ids_N: Array, temperature: float, blocks: BlockSizes
-) -> tuple[Array, Array]:
-    lse, ent, chosen = forward_stats(h_ND, w_DV, ids_N, temperature, blocks)
-    return chosen - lse, ent
+def with_recompute_vjp(forward_stats: Callable, backward: Callable) -> Callable:
+    """(h_ND, w_DV, ids_N, temperature, blocks) -> (logp_N, entropy_N) whose VJP keeps only the O(N) row
+    statistics and calls `backward` (which recomputes logits tiles); shared with pallas_lm_head."""
+
+    @partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+    def fused(h_ND: Array, w_DV: Array, ids_N: Array, temperature: float, blocks: BlockSizes) -> tuple:
+        lse, ent, chosen = forward_stats(h_ND, w_DV, ids_N, temperature, blocks)
+        return chosen - lse, ent
+
+    def fwd(h_ND: Array, w_DV: Array, ids_N: Array, temperature: float, blocks: BlockSizes) -> tuple:
+        lse, ent, chosen = forward_stats(h_ND, w_DV, ids_N, temperature, blocks)
+        return (chosen - lse, ent), (h_ND, w_DV, ids_N, lse, ent)
+
+    def bwd(temperature: float, blocks: BlockSizes, res: tuple, g: tuple[Array, Array]) -> tuple:
+        h_ND, w_DV, ids_N, lse, ent = res
+        dh_ND, dw_DV = backward(h_ND, w_DV, ids_N, lse, ent, g, temperature, blocks)
+        return dh_ND, dw_DV, None
+
+    fused.defvjp(fwd, bwd)
+    return fused
 
 
-def _fwd(h_ND: Array, w_DV: Array, ids_N: Array, temperature: float, blocks: BlockSizes) -> tuple:
-    lse, ent, chosen = forward_stats(h_ND, w_DV, ids_N, temperature, blocks)
-    return (chosen - lse, ent), (h_ND, w_DV, ids_N, lse, ent)
-
-
-def _bwd(temperature: float, blocks: BlockSizes, res: tuple, g: tuple[Array, Array]) -> tuple:
-    h_ND, w_DV, ids_N, lse, ent = res
-    dh_ND, dw_DV = backward(h_ND, w_DV, ids_N, lse, ent, g, temperature, blocks)
-    return dh_ND, dw_DV, None
-
-
-_fused.defvjp(_fwd, _bwd)
+_fused = with_recompute_vjp(forward_stats, backward)
 
 
 def token_logprob_entropy_from_hidden(

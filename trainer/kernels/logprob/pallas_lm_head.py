@@ -8,14 +8,12 @@ dh = dz @ W^T, dW += h^T @ dz. The largest temporary is R x V float32, never N x
 
 from __future__ import annotations
 
-from functools import partial
-
-import jax
 import jax.numpy as jnp
 from jax import Array, lax
 
 from trainer.kernels.logprob import pallas_tpu
 from trainer.kernels.logprob.blocks import BlockSizes, for_device
+from trainer.kernels.logprob.fused_lm_head import with_recompute_vjp
 
 CHUNK_TILES = 4  # rows per chunk = CHUNK_TILES x BlockSizes.rows
 
@@ -76,24 +74,7 @@ def backward(
     return dh_ND, dw_DV.astype(w_DV.dtype)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _fused(h_ND: Array, w_DV: Array, ids_N: Array, temperature: float, blocks: BlockSizes) -> tuple:
-    lse, ent, chosen = forward_stats(h_ND, w_DV, ids_N, temperature, blocks)
-    return chosen - lse, ent
-
-
-def _fwd(h_ND: Array, w_DV: Array, ids_N: Array, temperature: float, blocks: BlockSizes) -> tuple:
-    lse, ent, chosen = forward_stats(h_ND, w_DV, ids_N, temperature, blocks)
-    return (chosen - lse, ent), (h_ND, w_DV, ids_N, lse, ent)
-
-
-def _bwd(temperature: float, blocks: BlockSizes, res: tuple, g: tuple[Array, Array]) -> tuple:
-    h_ND, w_DV, ids_N, lse, ent = res
-    dh_ND, dw_DV = backward(h_ND, w_DV, ids_N, lse, ent, g, temperature, blocks)
-    return dh_ND, dw_DV, None
-
-
-_fused.defvjp(_fwd, _bwd)
+_fused = with_recompute_vjp(forward_stats, backward)
 
 
 def token_logprob_entropy_from_hidden(
