@@ -42,7 +42,9 @@ def fix_candidates(cfg: Any, batch_devices: int) -> list[list[str]]:
     out = [[f"train.remat={r}"] for r in stronger]
     mb = cfg.train.micro_batch // 2
     while mb >= batch_devices and mb % batch_devices == 0 and cfg.sequences_per_step % mb == 0:
-        out += [[f"train.micro_batch={mb}"], [f"train.micro_batch={mb}", "train.remat=full"]]
+        out.append([f"train.micro_batch={mb}"])
+        if cfg.train.remat != "full":
+            out.append([f"train.micro_batch={mb}", "train.remat=full"])
         mb //= 2
     return out
 
