@@ -38,7 +38,7 @@ def test_run_grpo_on_an_emulated_vm(
     sets = {
         "repo_url": str(committed_repo), "branch": head.stdout.strip(), "venv": "none", "python": worker_python,
         "data_dir": str(DATA), "steps": "2", "lockfile": "~/libtpu_lockfile", "coordinator_port": str(free_port()),
-        "train.prompts_per_step": "2", "log.output_dir": "~/trainer-out",
+        "config": "tiny", "train.prompts_per_step": "2", "log.output_dir": "~/trainer-out",
     }  # fmt: skip
     # --skip-fit: the emulated workers run the trainer on CPU (the fit preflight is tested in test_fit.py).
     args = [
