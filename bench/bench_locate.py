@@ -52,7 +52,7 @@ def main() -> None:
     from tpuops.cloud.create import CreateRequest, create_vm
     from tpuops.cloud.emulator.server import Emulator
     from tpuops.cloud.emulator.sshd import client_keypair
-    from tpuops.targets import TargetSpec
+    from tpuops.config import TargetSpec
 
     _, public = client_keypair(tmp / "client")
     emu = Emulator(tmp / "emu", authorized_key=public)

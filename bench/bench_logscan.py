@@ -21,10 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 TAILS = 4096  # distinct random step-line tails, reused round-robin (formatting 6M lines from scratch is slow)
 REPORT = """
 import json, resource, sys, time
-from tpuops import logscan, report_log
+from tpuops.run import scan
+from tpuops.run import logreport
 t0 = time.perf_counter()
-r = logscan.scan_target(sys.argv[1], warmup=1)
-doc = json.dumps(report_log.as_dict(r, report_log.exit_code(r), None, None), default=str)
+r = scan.scan_target(sys.argv[1], warmup=1)
+doc = json.dumps(logreport.as_dict(r, logreport.exit_code(r), None, None), default=str)
 print(json.dumps({"wall_s": time.perf_counter() - t0, "steps": r.steps, "lines": r.lines,
                   "recompiles": r.compiles["after_warmup"], "dt_p50": r.dt.p50, "json_bytes": len(doc),
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6}))

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tpuops.logscan import LogScanner
+from tpuops.run.scan import LogScanner
 
 metrics = pytest.importorskip(
     "trainer.metrics", reason="trainer/metrics.py (the log-line emitter) has not landed"

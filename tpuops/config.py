@@ -1,9 +1,11 @@
-"""User configuration (tpuops.toml in the project, then ~/.config/tpuops/config.toml) and tpuops' state home."""
+"""What the user asked for: tpuops.toml (project, then ~/.config/tpuops/config.toml), the target options
+they default (TargetSpec), and the state home with its atomic writes."""
 
 from __future__ import annotations
 
 import difflib
 import os
+import tempfile
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -72,3 +74,69 @@ def _check_keys(path: Path, data: dict[str, Any]) -> None:
             close = difflib.get_close_matches(key, valid, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise UsageError(f"{path}: unknown key {key!r}{hint}", hint=f"valid keys: {', '.join(valid)}")
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """Where to run. Exactly one of: local (default), hosts, vm."""
+
+    local: bool = False
+    local_workers: int = 1
+    hosts: tuple[str, ...] = ()
+    hostkeys: tuple[str, ...] = ()
+    user: str | None = None
+    identity: str | None = None
+    vm: str | None = None
+    zone: str | None = None
+    project: str | None = None
+    internal_ip: bool = False
+    api_endpoint: str | None = None
+    connect_timeout: float = 10.0
+    tunnel_through_iap: bool = False
+    key_push: bool = True  # False: never change a VM's ssh-keys metadata (fail when the key is missing)
+    key_ttl_s: float | None = None  # OS Login: the imported key expires after this long
+
+    @property
+    def kind(self) -> str:
+        if self.vm:
+            return "vm"
+        return "ssh" if self.hosts else "local"
+
+    def with_defaults(self, cfg: UserConfig) -> TargetSpec:
+        """Fill what the user left out from the config file (an explicit --local or --host wins)."""
+        vm = self.vm or (None if self.local or self.hosts else cfg.vm)
+        return TargetSpec(
+            local=self.local,
+            local_workers=self.local_workers,
+            hosts=self.hosts,
+            hostkeys=self.hostkeys,
+            user=self.user or cfg.user,
+            identity=self.identity or cfg.identity,
+            vm=vm,
+            zone=self.zone or cfg.zone,
+            project=self.project or cfg.project,
+            internal_ip=self.internal_ip or cfg.internal_ip,
+            api_endpoint=self.api_endpoint or cfg.api_endpoint,
+            connect_timeout=self.connect_timeout,
+            tunnel_through_iap=self.tunnel_through_iap or cfg.tunnel_through_iap,
+            key_push=self.key_push and cfg.key_push,
+            key_ttl_s=self.key_ttl_s or cfg.key_ttl_s,
+        )
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Replace `path` with `text` whole or not at all: a unique temporary name in the same folder, fsync, then
+    rename. A reader never sees half a run record or cache file, whatever kills the writer (a temporary file is
+    left behind at worst, under a name no reader looks at); two writers never share a temporary name."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        Path(tmp).replace(target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

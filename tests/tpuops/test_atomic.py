@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from tpuops import runs
 from tpuops.errors import UsageError
+from tpuops.run import store
 
 # Rewrites one record as fast as it can: ~2 MB of JSON each time, so a kill lands inside a write.
 WRITER = """
 import json, sys
-from tpuops import atomic
+from tpuops.config import write_atomic
 target, i = sys.argv[1], 0
 while True:
     i += 1
-    atomic.write_text(target, json.dumps({"i": i, "pad": "x" * (2 << 20)}))
+    write_atomic(target, json.dumps({"i": i, "pad": "x" * (2 << 20)}))
     print(i, flush=True)
 """
 
@@ -53,6 +53,6 @@ def test_a_cut_short_record_is_not_listed_and_loading_it_says_why(tmp_path: Path
     broken = root / "20260102-000000-smoke-bbbb"
     broken.mkdir()
     (broken / "run.json").write_text(json.dumps(good)[:40])  # what a non-atomic writer left when killed
-    assert [r.run_id for r in runs.list_runs()] == [good["run_id"]]
+    assert [r.run_id for r in store.list_runs()] == [good["run_id"]]
     with pytest.raises(UsageError, match="is unreadable"):
-        runs.load(broken.name)
+        store.load(broken.name)

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tpuops import config, runner
+from tpuops import config
 from tpuops.errors import UsageError
+from tpuops.run import launch
 from tpuops.sop.actions import render_plan
 
 
@@ -24,15 +25,15 @@ def test_project_file_overrides_user_file_and_feeds_sop_defaults(tmp_path: Path)
     cfg = config.load(project / "sub")  # found walking up
     assert (cfg.zone, cfg.user) == ("us-east1-d", "me")
     assert cfg.params == {"branch": "release", "repo_dir": "~/a", "repo_url": "https://x/y.git"}
-    result = runner.run(
-        runner.RunRequest(sop="sync", target=runner.TargetSpec(hosts=("10.0.0.2",)), dry_run=True),
+    result = launch.run(
+        launch.RunRequest(sop="sync", target=launch.TargetSpec(hosts=("10.0.0.2",)), dry_run=True),
         cwd=project / "sub",
     )
     plan = render_plan(result.plan)
     assert "repo=https://x/y.git; ref=release" in plan
     assert 'dir="$HOME"/a;' in plan
     assert (
-        runner.open_transport(runner.TargetSpec(hosts=("10.0.0.2",)).with_defaults(cfg)).workers[0].user
+        launch.open_transport(launch.TargetSpec(hosts=("10.0.0.2",)).with_defaults(cfg)).workers[0].user
         == "me"
     )
 

@@ -11,12 +11,12 @@ import pytest
 
 from tests.tpuops.conftest import SshdPool
 from tests.tpuops.netfaults import DelayProxy
-from tpuops import runner
+from tpuops.config import TargetSpec
 from tpuops.errors import ConnectError, ExitCode
-from tpuops.runner import RunRequest
+from tpuops.run import launch
+from tpuops.run.launch import RunRequest
 from tpuops.sop.executor import Executor
 from tpuops.sop.loader import Sop
-from tpuops.targets import TargetSpec
 from tpuops.transport.base import Worker
 from tpuops.transport.ssh import SshTransport
 
@@ -109,15 +109,15 @@ def test_32_workers_one_unreachable_fail_fast_names_it_keep_going_finishes(
     )
     req = RunRequest(sop="exec", sets={"cmd": "touch ~/done"}, target=spec)
     with pytest.raises(ConnectError, match=r"cannot connect to w17 "):
-        runner.run(req, cwd=tmp_path)
+        launch.run(req, cwd=tmp_path)
     assert not (workers[0].home / "done").exists()  # nothing ran anywhere
-    kept = runner.run(
+    kept = launch.run(
         RunRequest(sop="exec", sets={"cmd": "touch ~/done"}, target=spec, keep_going=True), cwd=tmp_path
     )
     assert kept.steps[0].title == "connect" and kept.steps[0].outcomes[17].status == "failed"
     assert sum((w.home / "done").exists() for w in workers) == 31
-    assert runner.exit_code(kept) == ExitCode.CONNECT
-    assert kept.to_dict(runner.exit_code(kept))["error_class"] == "connect"
+    assert launch.exit_code(kept) == ExitCode.CONNECT
+    assert kept.to_dict(launch.exit_code(kept))["error_class"] == "connect"
     workers[17].start()
 
 

@@ -69,9 +69,9 @@ def main() -> None:
     except TpuopsError as e:
         if os.environ.get("TPUOPS_DEBUG") == "1":
             raise
-        from tpuops import report
+        from tpuops import console
 
-        report.error(e.line(), int(e.exit_code), JSON_MODE["on"], e.kind)
+        console.error(e.line(), int(e.exit_code), JSON_MODE["on"], e.kind)
         sys.exit(int(e.exit_code))
     except exits as e:
         sys.exit(e.exit_code)
@@ -81,12 +81,12 @@ def main() -> None:
         if type(e).__name__ == "NoArgsIsHelpError":  # `tpuops vm` alone: the help is the answer
             e.show()
             sys.exit(int(ExitCode.USAGE))
-        from tpuops import report
-
         # Usage errors come before any command ran (so before --json was seen): look for it on the line.
         usage = int(getattr(e, "exit_code", 2)) == 2
         code = int(ExitCode.USAGE) if usage else int(getattr(e, "exit_code", 1))
-        report.error(_usage_line(e), code, JSON_MODE["on"] or "--json" in sys.argv[1:], "usage")
+        from tpuops import console
+
+        console.error(_usage_line(e), code, JSON_MODE["on"] or "--json" in sys.argv[1:], "usage")
         sys.exit(code)
     except aborts:
         sys.exit(int(ExitCode.FAILED))

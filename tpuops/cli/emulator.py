@@ -43,7 +43,7 @@ def serve(
     """Serve the TPU v2 REST API on loopback until Ctrl-C; prints the `export TPUOPS_TPU_API=...` line."""
     from pathlib import Path
 
-    from tpuops import report_cloud
+    from tpuops.cloud import tables
     from tpuops.cloud.emulator import control
     from tpuops.config import state_home
 
@@ -53,7 +53,7 @@ def serve(
         faults["capacity"] = {z: no_capacity.count(z) for z in no_capacity}
 
     def ready(url: str, identity: str, zones: list[str]) -> None:
-        report_cloud.emulator_started(url, identity, zones, str(where))
+        tables.emulator_started(url, identity, zones, str(where))
 
     control.serve(
         where,
@@ -68,11 +68,11 @@ def serve(
 
 
 def _admin(api_endpoint: str | None, action: str, body: dict, json: bool) -> None:
-    from tpuops import report_cloud
+    from tpuops.cloud import tables
     from tpuops.cloud.emulator import control
 
     finish_json(json)
-    report_cloud.emulator_state(control.admin(api_endpoint, action, body), json)
+    tables.emulator_state(control.admin(api_endpoint, action, body), json)
 
 
 @fault.command("preempt")

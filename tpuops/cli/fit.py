@@ -47,8 +47,8 @@ def fit(
         from tpuops.errors import UsageError
 
         raise UsageError("--accelerator and --topology name the same thing: pass one")
-    from tpuops import fit as fitlib
-    from tpuops import report
+    from tpuops.checks import fit as fitlib
+    from tpuops.run import report
 
     sets = [f"{k}={v}" for k, v in o.parse_sets(set_).items()]
     result = fitlib.check(

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
+from tpuops.config import TargetSpec
 from tpuops.errors import UsageError
-from tpuops.targets import TargetSpec
 
 VmOpt = Annotated[str | None, typer.Option("--vm", help="TPU VM name (found through the TPU API).")]
 ZoneOpt = Annotated[str | None, typer.Option("--zone", help="Zone of the VM; searched when omitted.")]

@@ -45,13 +45,13 @@ def report(
       tpuops report 20260101-grpo --warmup 2 --html report.html
       tpuops report run.log --json --baseline baseline.json --threshold 0.05
     """
-    from tpuops import logscan, report_log
+    from tpuops.run import logreport, scan
 
     finish_json(json)
-    result = logscan.scan_target(target, warmup)
-    deltas = None if baseline is None else report_log.load_baseline(baseline, result, threshold)
-    code = report_log.exit_code(result, deltas)
+    result = scan.scan_target(target, warmup)
+    deltas = None if baseline is None else logreport.load_baseline(baseline, result, threshold)
+    code = logreport.exit_code(result, deltas)
     if html is not None:
-        report_log.write_html(result, html, deltas)
-    report_log.render(result, code, json, deltas, html)
+        logreport.write_html(result, html, deltas)
+    logreport.render(result, code, json, deltas, html)
     raise typer.Exit(code)

@@ -187,8 +187,8 @@ RunIdArg = Annotated[str, typer.Argument(help="A run id (tpuops runs).")]
 
 def runs(json: o.JsonOpt = False) -> None:
     """List the runs started from this machine (newest first) with their outcome."""
-    from tpuops import report
-    from tpuops import runs as library
+    from tpuops.run import report
+    from tpuops.run import store as library
 
     finish_json(json)
     report.runs_table(library.list_runs(), json)
@@ -205,23 +205,24 @@ def attach(
     ] = False,
 ) -> None:
     """Resume following a detached run from where the last follow stopped; then fetch logs and report."""
-    from tpuops import logscan, report, report_log
-    from tpuops import runs as library
+    from tpuops import console
+    from tpuops.run import logreport, scan
+    from tpuops.run import store as library
 
     finish_json(json)
     results = library.attach(
-        run_id, on_line=report.line, stream="all" if all_workers else "first", from_start=from_start
+        run_id, on_line=console.line, stream="all" if all_workers else "first", from_start=from_start
     )
-    log = logscan.scan_run(library.load(run_id).local_dir)
-    code = report_log.exit_code(log)
+    log = scan.scan_run(library.load(run_id).local_dir)
+    code = logreport.exit_code(log)
     for w, r in sorted(results.items()):
         if not r.ok:
-            report.event(
+            console.event(
                 f"w{w}: could not follow the run: {r.error or r.stderr.strip() or f'exit {r.exit_code}'}"
             )
             code = max(code, 1)
     library.record_end(run_id, log.exit_codes, code)
-    report_log.render(log, code, json, None, None)
+    logreport.render(log, code, json, None, None)
     raise typer.Exit(code)
 
 
@@ -233,16 +234,16 @@ def logs(
     ] = False,
 ) -> None:
     """Print a run's worker logs (from the workers; from the local copy when it is complete)."""
-    from tpuops import report
-    from tpuops import runs as library
+    from tpuops import console
+    from tpuops.run import store as library
 
-    library.logs(run_id, worker, follow=follow, on_line=report.line)
+    library.logs(run_id, worker, follow=follow, on_line=console.line)
 
 
 def stop(run_id: RunIdArg, json: o.JsonOpt = False) -> None:
     """Stop a run on every worker: SIGTERM, then SIGKILL after a grace period, then clear the TPU lock."""
-    from tpuops import report
-    from tpuops import runs as library
+    from tpuops.run import report
+    from tpuops.run import store as library
 
     finish_json(json)
     results = library.stop(run_id)
@@ -282,8 +283,8 @@ def doctor(
     """
     from pathlib import Path
 
-    from tpuops import doctor as library
-    from tpuops import report
+    from tpuops.checks import doctor as library
+    from tpuops.run import report
 
     finish_json(json)
     spec = o.target(
@@ -353,7 +354,7 @@ def bench_rollout(
       tpuops bench rollout --vm mllm-jax-v6e-8 --set steps=10 --variant '' --variant rollout.max_new_tokens=256
       tpuops bench rollout --local --set steps=4 --variant '' --variant 'rollout.temperature=0.7'
     """
-    from tpuops import report, rollout_bench, runner
+    from tpuops.run import bench, launch, report
 
     finish_json(json)
     spec = o.target(
@@ -372,15 +373,13 @@ def bench_rollout(
         no_key_push=no_key_push,
         key_ttl=key_ttl,
     )
-    req = runner.RunRequest(
+    req = launch.RunRequest(
         sop="grpo", sets=o.parse_sets(set_), target=spec, worker=worker, force=force, keep_going=keep_going,
         parallel=parallel, skip_fit=skip_fit,
     )  # fmt: skip
     if dry_run:
-        report.dry_runs(rollout_bench.plans(req, list(variant or [])), json)
+        report.dry_runs(bench.plans(req, list(variant or [])), json)
         return
-    results = rollout_bench.run(
-        req, list(variant or []), on_line=None, on_step=None if json else report.step_done
-    )
+    results = bench.run(req, list(variant or []), on_line=None, on_step=None if json else report.step_done)
     report.rollout_bench(results, json)
     raise typer.Exit(0 if all(r.ok for r in results) else 1)

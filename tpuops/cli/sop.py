@@ -18,7 +18,7 @@ app = typer.Typer(
 @app.command("list")
 def list_(json: o.JsonOpt = False) -> None:
     """List the SOPs found in ./sops and the bundled sops/."""
-    from tpuops import report
+    from tpuops.run import report
     from tpuops.sop import loader
 
     finish_json(json)
@@ -31,7 +31,7 @@ def list_(json: o.JsonOpt = False) -> None:
 @app.command("show")
 def show(name: str, json: o.JsonOpt = False) -> None:
     """Show a SOP's parameters and steps."""
-    from tpuops import report
+    from tpuops.run import report
     from tpuops.sop import loader
 
     finish_json(json)

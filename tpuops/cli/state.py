@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tpuops.targets import TargetSpec
+from tpuops.config import TargetSpec
 
 JSON_MODE = {"on": False}
 
@@ -29,10 +29,11 @@ def run_sop(
     skip_fit: bool = False,
     unreachable_s: float | None = None,
 ) -> None:
-    from tpuops import report, report_cloud, runner
+    from tpuops import console
+    from tpuops.run import launch, report
 
     finish_json(json)
-    req = runner.RunRequest(
+    req = launch.RunRequest(
         sop=name,
         sets=sets,
         target=spec,
@@ -45,25 +46,25 @@ def run_sop(
     )
     on_step = None if json else report.step_done
     if not dry_run and (recover is not None or _on_a_vm(spec)):
-        from tpuops import recovery
+        from tpuops.run import recover
 
         # On a VM the run is always watched through the TPU API: a preempted VM ends it at once (exit 8);
         # with --recover it is recreated and the SOP runs again.
-        result = recovery.run_with_recovery(
+        result = recover.run_with_recovery(
             req,
             max_recoveries=recover or 0,
             unreachable_s=unreachable_s,
-            on_line=report.line,
+            on_line=console.line,
             on_step=on_step,
-            on_event=report.event,
-            notify=report_cloud.note,
+            on_event=console.event,
+            notify=console.note,
         )
     else:
-        result = runner.run(req, on_line=report.line, on_step=on_step)
-    if isinstance(result, runner.DryRun):
+        result = launch.run(req, on_line=console.line, on_step=on_step)
+    if isinstance(result, launch.DryRun):
         report.dry_run(result, json)
         return
-    code = runner.exit_code(result)
+    code = launch.exit_code(result)
     report.sop_report(result, int(code), json)
     raise typer.Exit(int(code))
 

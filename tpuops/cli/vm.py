@@ -34,12 +34,12 @@ def list_(
     json: o.JsonOpt = False,
 ) -> None:
     """List TPU VMs; without --zone every TPU zone is searched in parallel."""
-    from tpuops import report_cloud
-    from tpuops.cloud import vms
+    from tpuops import console
+    from tpuops.cloud import tables, vms
 
     finish_json(json)
-    found, zones = vms.list_(_target(project, api_endpoint), zone or [], report_cloud.note)
-    report_cloud.vm_list(found, zones, json)
+    found, zones = vms.list_(_target(project, api_endpoint), zone or [], console.note)
+    tables.vm_list(found, zones, json)
 
 
 @app.command("describe")
@@ -52,13 +52,11 @@ def describe(
     json: o.JsonOpt = False,
 ) -> None:
     """State, health, type, runtime, spot, and each worker's internal and external IP."""
-    from tpuops import report_cloud
-    from tpuops.cloud import vms
+    from tpuops import console
+    from tpuops.cloud import tables, vms
 
     finish_json(json)
-    report_cloud.vm_describe(
-        vms.describe(_target(project, api_endpoint, zone), name, report_cloud.note), json
-    )
+    tables.vm_describe(vms.describe(_target(project, api_endpoint, zone), name, console.note), json)
 
 
 @app.command("create")
@@ -90,8 +88,8 @@ def create(
     Example:
       tpuops vm create mllm-jax-v6e-8 --type v6e-8 --zone us-east1-d --runtime-version v2-alpha-tpuv6e --wait
     """
-    from tpuops import report_cloud
-    from tpuops.cloud import vms
+    from tpuops import console
+    from tpuops.cloud import tables, vms
 
     finish_json(json)
     vm = vms.create(
@@ -106,10 +104,10 @@ def create(
         timeout=timeout,
         ssh_public_key=ssh_public_key,
         user=user,
-        notify=report_cloud.note,
+        notify=console.note,
         internal_ips=internal_ips,
     )
-    report_cloud.vm_describe(vm, json, verb="created")
+    tables.vm_describe(vm, json, verb="created")
 
 
 @app.command("delete")
@@ -124,8 +122,8 @@ def delete(
     json: o.JsonOpt = False,
 ) -> None:
     """Delete a TPU VM (and its queued resource, if it came from one)."""
-    from tpuops import report_cloud
-    from tpuops.cloud import vms
+    from tpuops import console
+    from tpuops.cloud import tables, vms
     from tpuops.errors import UsageError
 
     finish_json(json)
@@ -133,8 +131,8 @@ def delete(
         if not sys.stdin.isatty():
             raise UsageError(f"deleting {name} needs confirmation", hint="pass --yes")
         typer.confirm(f"delete TPU VM {name}?", abort=True)
-    vm = vms.delete(_target(project, api_endpoint, zone), name, timeout, report_cloud.note)
-    report_cloud.vm_deleted(vm.name, vm.zone, json)
+    vm = vms.delete(_target(project, api_endpoint, zone), name, timeout, console.note)
+    tables.vm_deleted(vm.name, vm.zone, json)
 
 
 @app.command("wait")
@@ -149,12 +147,12 @@ def wait(
     json: o.JsonOpt = False,
 ) -> None:
     """Wait until the VM reaches a state; exits 5 on timeout and 8 if it was preempted."""
-    from tpuops import report_cloud
-    from tpuops.cloud import vms
+    from tpuops import console
+    from tpuops.cloud import tables, vms
 
     finish_json(json)
-    vm, where = vms.wait(_target(project, api_endpoint, zone), name, state, timeout, report_cloud.note)
+    vm, where = vms.wait(_target(project, api_endpoint, zone), name, state, timeout, console.note)
     if vm is None:
-        report_cloud.vm_gone(name, where, json)
+        tables.vm_gone(name, where, json)
     else:
-        report_cloud.vm_describe(vm, json, verb="waited")
+        tables.vm_describe(vm, json, verb="waited")

@@ -12,9 +12,8 @@ from pathlib import Path
 from tpuops.cloud.client import Api, ApiNotFoundError, Notify, connect
 from tpuops.cloud.keys import default_user
 from tpuops.cloud.tpu_api import VmInfo, get_vm, host_keys, list_vms, list_zone
-from tpuops.config import state_home
+from tpuops.config import TargetSpec, state_home
 from tpuops.errors import CloudError, ConnectError, PreemptedError, UsageError
-from tpuops.targets import TargetSpec
 from tpuops.transport.base import Prepared, Worker
 
 CACHE_TTL_S = 600.0  # a VM does not move zones; the entry is dropped as soon as the VM is not found there
@@ -239,7 +238,7 @@ def reach(spec: TargetSpec, notify: Notify | None = None) -> Reach:
     """Find the VM (zone searched and cached when omitted), require READY, read its guest attributes (host
     keys, instance names) and pick the route; nothing on the VM or its metadata changes here."""
     if notify is None:
-        from tpuops.report_cloud import note as notify
+        from tpuops.console import note as notify
     if not spec.vm:
         raise UsageError("locate_workers needs --vm NAME")
     api = connect(spec.project, spec.api_endpoint, notify)

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpuops import secrets, shell
+from tpuops import shell
 from tpuops.errors import TpuopsError
 from tpuops.shell import Redactor
+from tpuops.sop import secrets
 from tpuops.sop.actions import Action, Command, Fetch, Follow, Upload
 from tpuops.sop.loader import Sop
 from tpuops.sop.model import Outcome, PlanContext, Step

@@ -175,7 +175,7 @@ class SyncEnv(Step):
                     "else echo 'tpuops: nothing env_sha=none'; fi"
                 )
             ]
-        from tpuops.secrets import normalized_env_bytes  # light: python-dotenv only
+        from tpuops.sop.secrets import normalized_env_bytes  # light: python-dotenv only
 
         digest = hashlib.sha256(normalized_env_bytes(src)).hexdigest()
         check = Command(

@@ -12,8 +12,8 @@ import pytest
 from tests.tpuops.cloud.conftest import Cloud
 from tpuops.cloud import locate
 from tpuops.cloud.create import CreateRequest, create_vm
+from tpuops.config import TargetSpec
 from tpuops.errors import CloudError, HostKeyError, PreemptedError, UsageError
-from tpuops.targets import TargetSpec
 from tpuops.transport.ssh import SshTransport
 
 

@@ -18,9 +18,9 @@ from tpuops.cloud.create import CreateRequest, create_vm
 from tpuops.cloud.emulator.sshd import client_keypair
 from tpuops.cloud.keys import default_user, ensure_identity
 from tpuops.cloud.tpu_api import get_vm, wait_vm
+from tpuops.config import TargetSpec
 from tpuops.errors import ConnectError, PermissionDeniedError
 from tpuops.sop.executor import SopReport
-from tpuops.targets import TargetSpec
 from tpuops.transport.base import Worker
 from tpuops.transport.ssh import SshTransport
 
@@ -224,7 +224,7 @@ def test_internal_only_vm_is_reached_through_the_iap_tunnel(
 def test_two_worker_trainer_gets_worker_0_internal_ip_as_coordinator(
     cloud: Cloud, vm_name: str, tmp_path: Path
 ) -> None:
-    from tpuops import runner
+    from tpuops.run import launch
 
     create_vm(cloud.api(), CreateRequest(vm_name, "v4-16", RUNTIME, (ZONE,)))
     sop = tmp_path / "coordinator.yaml"
@@ -233,7 +233,7 @@ def test_two_worker_trainer_gets_worker_0_internal_ip_as_coordinator(
         "  - kind: shell\n    command: echo coordinator={coordinator_host}\n"
     )
     spec = TargetSpec(vm=vm_name, zone=ZONE, api_endpoint=cloud.url, identity=str(cloud.identity))
-    report = runner.run(runner.RunRequest(str(sop), target=spec), cwd=tmp_path)
+    report = launch.run(launch.RunRequest(str(sop), target=spec), cwd=tmp_path)
     assert isinstance(report, SopReport) and report.first_failure() is None
     said = {w: r[-1].stdout.strip() for w, r in report.steps[0].results.items()}
     assert said == {0: "coordinator=127.0.0.1", 1: "coordinator=127.0.0.1"}  # w0's internal IP ...

@@ -17,11 +17,11 @@ import pytest
 
 from tests.gcs import BUCKET, gcs_server
 from tests.tpuops.cloud.conftest import Cloud
-from tpuops import recovery, runner
 from tpuops.cloud.emulator.sshd import free_port
+from tpuops.config import TargetSpec
 from tpuops.errors import PreemptedError
+from tpuops.run import launch, recover
 from tpuops.sop.executor import SopReport
-from tpuops.targets import TargetSpec
 
 ZONE = "us-central1-a"
 REPO = Path(__file__).resolve().parents[3]
@@ -36,10 +36,10 @@ def _vm(cloud: Cloud, name: str, accelerator: str = "v4-16", *extra: str) -> str
     return next(k for k in cloud.emu.model.nodes if k.endswith(f"/{name}"))
 
 
-def _request(cloud: Cloud, name: str, bare: Path) -> runner.RunRequest:
+def _request(cloud: Cloud, name: str, bare: Path) -> launch.RunRequest:
     spec = TargetSpec(vm=name, zone=ZONE, api_endpoint=cloud.url, identity=str(cloud.identity))
     sets = {"repo_url": str(bare), "steps": "30", "step_seconds": "0.1", "lockfile": "~/l", "timeout": "120"}
-    return runner.RunRequest(sop="smoke", sets=sets, target=spec)
+    return launch.RunRequest(sop="smoke", sets=sets, target=spec)
 
 
 def _after_steps(lines: list[str], n: int, action: Callable[[], None]) -> threading.Thread:
@@ -64,7 +64,7 @@ def _recover_smoke(
     cloud: Cloud, vm_name: str, bare: Path, cwd: Path, lines: list[str], events: list[str], **kw: float
 ) -> SopReport:
     """The smoke SOP under --recover, watched every 0.2 s; lines and tpuops' events collected."""
-    return recovery.run_with_recovery(
+    return recover.run_with_recovery(
         _request(cloud, vm_name, bare), watch_s=0.2, ready_timeout=60, on_line=lambda w, s: lines.append(s),
         on_event=events.append, cwd=cwd, **kw,
     )  # fmt: skip
@@ -142,7 +142,7 @@ def test_recoveries_run_out_with_a_clear_error(
     with pytest.raises(
         PreemptedError, match=r"lost 2 times \(last: was PREEMPTED\); gave up after 1 recoveries"
     ) as e:
-        recovery.run_with_recovery(
+        recover.run_with_recovery(
             _request(cloud, vm_name, git_remote[0]),
             max_recoveries=1,
             watch_s=0.2,
@@ -228,8 +228,8 @@ def _resume_after_preemption(
     spec = TargetSpec(vm=vm_name, zone=ZONE, api_endpoint=cloud.url, identity=str(cloud.identity))
     lines: list[str] = []
     killer = _preempt_after(cloud, node, lines, 8)  # after step=7
-    report = recovery.run_with_recovery(
-        runner.RunRequest(sop="grpo", sets=sets, target=spec, skip_fit=True),  # CPU workers: test_fit.py
+    report = recover.run_with_recovery(
+        launch.RunRequest(sop="grpo", sets=sets, target=spec, skip_fit=True),  # CPU workers: test_fit.py
         max_recoveries=1,
         watch_s=0.2,
         ready_timeout=120,
@@ -262,8 +262,8 @@ def _resume_after_preemption(
 
 
 def test_a_recovery_that_could_not_resume_is_said_up_front() -> None:
-    assert recovery.checkpoint_warnings({"checkpoint.dir": "gs://b/run"}) == []
-    (none,) = recovery.checkpoint_warnings({"steps": "20"})
+    assert recover.checkpoint_warnings({"checkpoint.dir": "gs://b/run"}) == []
+    (none,) = recover.checkpoint_warnings({"steps": "20"})
     assert none.startswith("no --set checkpoint.dir: a recovered run starts again from step 0")
-    (local,) = recovery.checkpoint_warnings({"checkpoint.dir": "~/ckpt"})
+    (local,) = recover.checkpoint_warnings({"checkpoint.dir": "~/ckpt"})
     assert local.startswith("checkpoint.dir ~/ckpt is not gs://")

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tpuops import runner
+from tpuops.config import TargetSpec
+from tpuops.run import launch
 from tpuops.sop import loader
 from tpuops.sop.actions import render_plan
-from tpuops.targets import TargetSpec
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 # Fixed values so the plans do not depend on this checkout or machine.
@@ -22,10 +22,10 @@ HOSTS = ("me@10.0.0.2:22", "me@10.0.0.3:22")
 def test_dry_run_plan_matches_golden(name: str, tmp_path: Path) -> None:
     sop = loader.load(loader.find(name))
     sets = {k: v for k, v in SETS.items() if k in sop.params}
-    result = runner.run(
-        runner.RunRequest(sop=name, sets=sets, target=TargetSpec(hosts=HOSTS), dry_run=True), cwd=tmp_path
+    result = launch.run(
+        launch.RunRequest(sop=name, sets=sets, target=TargetSpec(hosts=HOSTS), dry_run=True), cwd=tmp_path
     )
-    assert isinstance(result, runner.DryRun)
+    assert isinstance(result, launch.DryRun)
     text = render_plan(result.plan)
     golden = GOLDEN / f"{name}.txt"
     if os.environ.get("UPDATE_GOLDEN") == "1":
@@ -37,17 +37,17 @@ def test_dry_run_plan_matches_golden(name: str, tmp_path: Path) -> None:
 def test_dry_run_touches_nothing(tmp_path: Path) -> None:
     # Unreachable hosts: a dry run must not even try to connect.
     spec = TargetSpec(hosts=("me@192.0.2.1:22",))
-    result = runner.run(
-        runner.RunRequest(sop="sync", sets={"repo_url": "x"}, target=spec, dry_run=True), cwd=tmp_path
+    result = launch.run(
+        launch.RunRequest(sop="sync", sets={"repo_url": "x"}, target=spec, dry_run=True), cwd=tmp_path
     )
-    assert isinstance(result, runner.DryRun)
+    assert isinstance(result, launch.DryRun)
     assert not (Path(os.environ["TPUOPS_HOME"]) / "runs").exists()
 
 
 def test_hostile_value_is_quoted_in_the_plan(tmp_path: Path) -> None:
     sets = {"repo_url": "r", "branch": "x; rm -rf /", "repo_dir": "~/$(reboot)"}
-    result = runner.run(
-        runner.RunRequest(sop="sync", sets=sets, target=TargetSpec(hosts=HOSTS[:1]), dry_run=True),
+    result = launch.run(
+        launch.RunRequest(sop="sync", sets=sets, target=TargetSpec(hosts=HOSTS[:1]), dry_run=True),
         cwd=tmp_path,
     )
     text = render_plan(result.plan)

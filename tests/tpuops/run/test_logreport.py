@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.tpuops.test_logscan import NEW_MISS, compiling, step_line
-from tpuops import report_log
-from tpuops.logscan import LogScanner, scan_file
+from tests.tpuops.run.test_scan import NEW_MISS, compiling, step_line
+from tpuops.run import logreport
+from tpuops.run.scan import LogScanner, scan_file
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def tpuops(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -127,7 +127,7 @@ def test_baseline_regression_beyond_the_threshold_exits_1(clean_log: Path, tmp_p
 def test_tokens_per_second_is_a_higher_is_better_metric(clean_log: Path) -> None:
     report = scan_file(clean_log)
     faster = {"report": {**report.to_dict(), "tokens_per_s_mean": report.tokens_per_s_mean / 2}}
-    (d,) = [d for d in report_log.compare(report, faster) if d.metric == "tokens_per_s_mean"]
+    (d,) = [d for d in logreport.compare(report, faster) if d.metric == "tokens_per_s_mean"]
     assert d.change == pytest.approx(-1.0) and not d.regressed
 
 
@@ -138,7 +138,7 @@ def test_html_page_is_self_contained_escaped_and_has_three_plots(tmp_path: Path)
     s.feed("Traceback (most recent call last):")
     s.feed('  File "x.py", line 1, in <module>')
     s.feed("ValueError: <script>alert(1)</script>")
-    page = report_log.page(s.close())
+    page = logreport.page(s.close())
     assert re.findall(r'<svg class="plot" id="([^"]+)"', page) == ["plot-dt", "plot-reward", "plot-loss"]
     assert page.count("<polyline") == 5  # dt, rollout_generate, update, reward, loss
     assert "<script" not in page and "&lt;script&gt;" in page
@@ -150,7 +150,7 @@ def test_html_says_what_was_not_measured_and_draws_a_flat_series_on_a_readable_a
     s = LogScanner()
     for i in range(6):
         s.feed(step_line(i, 1.0, reward=i / 6, loss=0.0))
-    page = report_log.page(s.close())
+    page = logreport.page(s.close())
     compiles = page.split("<h2>Compiles</h2>", 1)[1].split("</table>", 1)[0]
     assert compiles.count("not logged") == 5 and "<td>0</td>" not in compiles
     loss = re.search(r'<svg class="plot" id="plot-loss".*?</svg>', page).group(0)
@@ -160,13 +160,13 @@ def test_html_says_what_was_not_measured_and_draws_a_flat_series_on_a_readable_a
     logged.feed(compiling("step"))
     for i in range(3):
         logged.feed(step_line(i, 1.0))
-    assert "not logged" not in report_log.page(logged.close())
+    assert "not logged" not in logreport.page(logged.close())
 
 
 def test_svg_plot_breaks_lines_at_missing_values() -> None:
-    svg = report_log.svg_plot("p", "t", [0, 1, 2, 3, 4], [("a", [1.0, 2.0, None, 3.0, None])], [2])
+    svg = logreport.svg_plot("p", "t", [0, 1, 2, 3, 4], [("a", [1.0, 2.0, None, 3.0, None])], [2])
     assert svg.count("<polyline") == 1 and svg.count("<circle") == 1 and svg.count('class="mark"') == 1
-    assert "no data" in report_log.svg_plot("p", "t", [0], [("a", [None])], [])
+    assert "no data" in logreport.svg_plot("p", "t", [0], [("a", [None])], [])
 
 
 # ---- the page in a real browser ----

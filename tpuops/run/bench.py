@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from tpuops import runner
 from tpuops.errors import UsageError
+from tpuops.run import launch
 from tpuops.sop.executor import SopReport, StepReport
 from tpuops.transport.base import LineSink
 
@@ -37,18 +37,18 @@ def parse_variant(text: str) -> dict[str, str]:
     return out
 
 
-def plans(req: runner.RunRequest, variants: list[str]) -> list[tuple[str, runner.DryRun]]:
+def plans(req: launch.RunRequest, variants: list[str]) -> list[tuple[str, launch.DryRun]]:
     """Every variant validated (SOP values, the trainer's own overrides) and planned; nothing runs remotely."""
     out = []
     for text in variants or [""]:
-        dry = runner.run(replace(req, sets={**req.sets, **parse_variant(text)}, dry_run=True))
-        assert isinstance(dry, runner.DryRun)
+        dry = launch.run(replace(req, sets={**req.sets, **parse_variant(text)}, dry_run=True))
+        assert isinstance(dry, launch.DryRun)
         out.append((text or "baseline", dry))
     return out
 
 
 def run(
-    req: runner.RunRequest,
+    req: launch.RunRequest,
     variants: list[str],
     *,
     on_line: LineSink | None = None,
@@ -61,7 +61,7 @@ def run(
     plans(req, variants)
     results = []
     for text in variants:
-        report = runner.run(
+        report = launch.run(
             replace(req, sets={**req.sets, **parse_variant(text)}), on_line=on_line, on_step=on_step
         )
         assert isinstance(report, SopReport)

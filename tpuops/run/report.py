@@ -1,51 +1,15 @@
-"""The only module that prints: rich tables for people (stderr), JSON for machines (stdout)."""
+"""A run's reports: the SOP report, the dry-run plan, the runs table, stop, doctor, bench and fit tables."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
+from tpuops.console import err, escape, out, status_cell
 from tpuops.sop.actions import render_plan
-from tpuops.sop.status import Status
-
-out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
-err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
-
-# One style per Status member (a test checks every member renders); anything else shows unstyled.
-_STYLE: dict[str, str] = {
-    Status.CHANGED: "green",
-    Status.OK: "green",
-    Status.NOTHING: "dim",
-    Status.FAILED: "bold red",
-    Status.BUSY: "bold yellow",
-    Status.TIMEOUT: "bold red",
-    Status.HANG: "bold red",
-    Status.CANCELLED: "yellow",
-    Status.SKIPPED: "dim",
-}
-
-
-def status_cell(status: str, detail: str) -> str:
-    """A table cell: the status in its style, then the detail, both escaped (never an empty `[]` tag)."""
-    text = f"{_escape(str(status))} {_escape(detail)}".rstrip()
-    style = _STYLE.get(status)
-    return f"[{style}]{_escape(str(status))}[/] {_escape(detail)}".rstrip() if style else text
-
-
-def line(worker: int, text: str) -> None:
-    """One live log line, prefixed with its worker."""
-    err.print(f"[cyan]\\[w{worker}][/cyan] {_escape(text)}")
-    err.file.flush()  # shown before the follower saves its offset: a kill -9 then loses no line
-
-
-def event(text: str) -> None:
-    """Something tpuops did on its own (a recovery, a reconnect), said once on stderr."""
-    err.print(f"[bold magenta]tpuops[/]: {_escape(text)}")
 
 
 def step_done(step: Any) -> None:
@@ -73,19 +37,19 @@ def sop_report(report: Any, code: int, as_json: bool) -> None:
     failure = report.first_failure()
     if failure:
         step, worker, outcome = failure
-        err.print(f"[bold red]failed[/]: step {step.title} on w{worker}: {_escape(outcome.detail)}")
+        err.print(f"[bold red]failed[/]: step {step.title} on w{worker}: {escape(outcome.detail)}")
     cause = report.log.cause() if report.log is not None else None
     if cause is not None and code:
-        err.print(f"[bold red]cause[/] ({cause.kind}, w{cause.worker}): {_escape(cause.message)}")
+        err.print(f"[bold red]cause[/] ({cause.kind}, w{cause.worker}): {escape(cause.message)}")
     if report.hint:
-        err.print(f"[bold]fix[/]: {_escape(report.hint)}")
+        err.print(f"[bold]fix[/]: {escape(report.hint)}")
     for s in report.steps:
         for w, o in sorted(s.outcomes.items()):
             if o.data.get("py_spy"):
                 err.print(
                     f"[bold]py-spy dump of w{w}[/] (the job's Python stacks when it stopped making progress):"
                 )
-                err.print(_escape(str(o.data["py_spy"]).rstrip()))
+                err.print(escape(str(o.data["py_spy"]).rstrip()))
     for rec in getattr(report, "recoveries", []):
         err.print(
             f"recovered: the VM {rec.get('why', 'was PREEMPTED')} at step {rec['last_step']}; "
@@ -99,9 +63,9 @@ def sop_report(report: Any, code: int, as_json: bool) -> None:
             if m.get("kind") != "microbench":
                 err.print(metrics_table(m))
     elif report.log is not None:
-        from tpuops import report_log
+        from tpuops.run import logreport
 
-        report_log.render(report.log, code, False, None, None)
+        logreport.render(report.log, code, False, None, None)
     err.print(f"done in {report.duration_s:.2f}s, run {report.run_id}, exit code {code}")
 
 
@@ -125,7 +89,7 @@ def dry_run(dr: Any, as_json: bool) -> None:
         return
     err.print(f"[bold]plan for {dr.sop}[/] on {dr.transport} workers {dr.workers} (nothing was run)")
     if dr.fit:
-        err.print(f"fit: {_escape(dr.fit)}")
+        err.print(f"fit: {escape(dr.fit)}")
     out.out(render_plan(dr.plan), end="", highlight=False)
 
 
@@ -136,7 +100,7 @@ def dry_runs(labelled: list[tuple[str, Any]], as_json: bool) -> None:
         out.print_json(json.dumps(data, default=str))
         return
     for label, dr in labelled:
-        err.print(f"[bold]variant {_escape(label)}[/]")
+        err.print(f"[bold]variant {escape(label)}[/]")
         dry_run(dr, False)
 
 
@@ -152,7 +116,7 @@ def sop_list(rows: list[tuple[str, str, str]], as_json: bool, broken: list[tuple
         table.add_row(n, d, p)
     out.print(table)
     for p, e in broken:  # the loader's message starts with the file (and line) already
-        err.print(f"[bold red]broken SOP[/] {_escape(e if e.startswith(p) else f'{p}: {e}')}")
+        err.print(f"[bold red]broken SOP[/] {escape(e if e.startswith(p) else f'{p}: {e}')}")
 
 
 def sop_show(sop: Any, path: str, as_json: bool) -> None:
@@ -168,27 +132,6 @@ def sop_show(sop: Any, path: str, as_json: bool) -> None:
     for i, s in enumerate(sop.steps):
         steps.add_row(str(i), s.title, s.kind)
     out.print(steps)
-
-
-def error(message: str, code: int, as_json: bool, kind: str) -> None:
-    if as_json:
-        from tpuops.sop.executor import error_class
-
-        data = {
-            "ok": False,
-            "exit_code": code,
-            "error_class": error_class(code),
-            "error": kind,
-            "message": message,
-        }
-        out.print_json(json.dumps(data))
-    err.print(f"[bold red]error[/]: {_escape(message)}")
-
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
 
 
 def runs_table(records: list[Any], as_json: bool) -> None:
@@ -237,7 +180,7 @@ def stop_table(run_id: str, results: dict[int, Any], as_json: bool) -> None:
         return
     for w, d in data.items():
         err.print(
-            f"[cyan]\\[w{w}][/cyan] {'stopped' if d['ok'] else '[red]failed[/]'}: {_escape(d['detail'])}"
+            f"[cyan]\\[w{w}][/cyan] {'stopped' if d['ok'] else '[red]failed[/]'}: {escape(d['detail'])}"
         )
 
 
@@ -262,7 +205,7 @@ def doctor(health: list[Any], as_json: bool) -> None:
         "unreadable": "bold red",
     }
     for h in health:
-        conn = "[green]ok[/]" if h.connected else f"[red]{_escape(h.error or 'failed')}[/]"
+        conn = "[green]ok[/]" if h.connected else f"[red]{escape(h.error or 'failed')}[/]"
         cells = [
             f"[{style[h.env_keys[k]]}]{h.env_keys[k]}[/] {h.env_hashes.get(k, '')}" if k in h.env_keys else ""
             for k in keys
@@ -335,7 +278,7 @@ def metrics_table(m: dict[str, Any]) -> Table:
         return table
     table = Table("key", "value", title=str(m.get("kind", "metrics")), title_justify="left")
     for k, v in m.items():
-        table.add_row(str(k), _escape(json.dumps(v) if isinstance(v, dict | list) else str(v)))
+        table.add_row(str(k), escape(json.dumps(v) if isinstance(v, dict | list) else str(v)))
     return table
 
 
@@ -369,7 +312,7 @@ def microbench_table(ms: list[dict[str, Any]]) -> Table:
 
 def fit_report(result: dict[str, Any], as_json: bool) -> None:
     """`tpuops fit`: one row per phase (per-device bytes, headroom, cost, collectives, estimated seconds)."""
-    from tpuops.fit import GB, summary
+    from tpuops.checks.fit import GB, summary
 
     if as_json:
         out.print_json(json.dumps(result, default=float))
@@ -393,4 +336,4 @@ def fit_report(result: dict[str, Any], as_json: bool) -> None:
     err.print(f"estimate: {est['step_s']:.2f} s per step at 100% of the roofline (a lower bound, not a promise); "
               f"largest phase: {est['largest_phase']}")  # fmt: skip
     style = "green" if result["fits"] else "bold red"
-    err.print(f"[{style}]{_escape(summary(result))}[/]" + (" (cached)" if result.get("cached") else ""))
+    err.print(f"[{style}]{escape(summary(result))}[/]" + (" (cached)" if result.get("cached") else ""))

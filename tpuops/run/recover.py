@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from tpuops import runner
 from tpuops.errors import PreemptedError, UsageError
+from tpuops.run import launch
 from tpuops.sop.executor import SopReport, StepReport
 from tpuops.transport.base import LineSink
 
@@ -21,7 +21,7 @@ LOST_STATES = ("PREEMPTED", "TERMINATED")
 
 
 def run_with_recovery(
-    req: runner.RunRequest,
+    req: launch.RunRequest,
     *,
     max_recoveries: int = 3,
     watch_s: float = 10.0,
@@ -61,7 +61,7 @@ def run_with_recovery(
             say(warning)
     api = connect(spec.project, spec.api_endpoint, notify)
     vm = find_vm(api, spec.vm or "", spec.zone)
-    base_id = req.run_id or runner.new_run_id(req.sop)
+    base_id = req.run_id or launch.new_run_id(req.sop)
     recoveries: list[dict[str, object]] = []
     seen: dict[str, int | None] = {"last": None, "first": None}
 
@@ -87,7 +87,7 @@ def run_with_recovery(
         seen["first"] = None
         run_id = base_id if attempt == 0 else f"{base_id}-r{attempt}"
         try:
-            result = runner.run(
+            result = launch.run(
                 replace(req, run_id=run_id, accelerator=vm.accelerator_type),
                 on_line=line,
                 on_step=on_step,

@@ -9,9 +9,9 @@ from typing import Any
 
 from rich.table import Table
 
+from tpuops.console import err, escape, out
 from tpuops.errors import ExitCode, UsageError
-from tpuops.logscan import Delta, LogReport, compare
-from tpuops.report import _escape, err, out
+from tpuops.run.scan import Delta, LogReport, compare
 
 HEAD_ROWS = 10  # the terminal table shows the first and last steps; --json and --html have every kept row
 
@@ -59,7 +59,7 @@ def render(
         return
     span = f" ({report.first_step}..{report.last_step})" if report.steps else ""
     err.print(
-        f"[bold]{_escape(report.source)}[/]  workers {report.workers}  {report.lines} lines  "
+        f"[bold]{escape(report.source)}[/]  workers {report.workers}  {report.lines} lines  "
         f"{report.steps} steps{span}, warm-up {report.warmup}"
     )
     if report.rows:
@@ -92,21 +92,21 @@ def render(
             f"eval, {c.get('after_warmup', 0)} after warm-up, {c.get('open', 0)} after the last step"
         )
     for comp in report.recompiles:
-        err.print(f"[bold yellow]recompile[/] at step {comp.step} (w{comp.worker}): {_escape(comp.function)}")
+        err.print(f"[bold yellow]recompile[/] at step {comp.step} (w{comp.worker}): {escape(comp.function)}")
         if comp.explanation:
-            err.print(f"[dim]{_escape(comp.explanation)}[/]")
+            err.print(f"[dim]{escape(comp.explanation)}[/]")
     for e in report.evals:
         err.print("eval " + " ".join(f"{k}={v}" for k, v in e.items()))
     if report.wandb_url or report.wandb:
-        err.print(f"W&B: {_escape(report.wandb_url or report.wandb or '')}")
+        err.print(f"W&B: {escape(report.wandb_url or report.wandb or '')}")
     if report.checkpoints:
-        err.print(f"checkpoints: {report.checkpoints}, last {_escape(report.last_checkpoint or '?')}")
+        err.print(f"checkpoints: {report.checkpoints}, last {escape(report.last_checkpoint or '?')}")
     if report.reward_errors:
         err.print("reward function errors: " + ", ".join(f"{k} {n}" for k, n in report.reward_errors.items()))
     if report.summary:
-        err.print("summary: " + _escape(", ".join(f"{k} {_short(v)}" for k, v in report.summary.items())))
+        err.print("summary: " + escape(", ".join(f"{k} {_short(v)}" for k, v in report.summary.items())))
     for m in report.metrics:
-        err.print(f"metrics: {_escape(json.dumps(m))}")
+        err.print(f"metrics: {escape(json.dumps(m))}")
     if report.failures:
         err.print(failures_table(report))
     if deltas:
@@ -157,7 +157,7 @@ def failures_table(report: LogReport) -> Table:
     for col in ("worker", "kind", "line", "message", "where"):
         table.add_column(col)
     for f in report.failures:
-        table.add_row(f"w{f.worker}", f.kind, str(f.line or ""), _escape(f.message), _escape(f.detail))
+        table.add_row(f"w{f.worker}", f.kind, str(f.line or ""), escape(f.message), escape(f.detail))
     return table
 
 

@@ -6,11 +6,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpuops import secrets, shell
+from tpuops import shell
+from tpuops.config import TargetSpec
 from tpuops.config import load as load_config
 from tpuops.errors import TpuopsError
+from tpuops.run.target import open_transport
 from tpuops.shell import Redactor
-from tpuops.targets import TargetSpec, open_transport
+from tpuops.sop import secrets
 
 
 @dataclass

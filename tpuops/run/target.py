@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpuops.config import UserConfig, state_home
+from tpuops.config import TargetSpec, state_home
 from tpuops.errors import UsageError
 from tpuops.shell import Redactor
 from tpuops.transport.base import Transport, Worker
@@ -15,55 +14,6 @@ _HOST = re.compile(
     r"^(?:(?P<user>[^@\s]+)@)?(?P<host>[A-Za-z0-9_.\-]+|\[[0-9a-fA-F:]+\])(?::(?P<port>\d+))?$"
 )
 _FP = re.compile(r"^SHA256:[A-Za-z0-9+/]{43}$")
-
-
-@dataclass(frozen=True)
-class TargetSpec:
-    """Where to run. Exactly one of: local (default), hosts, vm."""
-
-    local: bool = False
-    local_workers: int = 1
-    hosts: tuple[str, ...] = ()
-    hostkeys: tuple[str, ...] = ()
-    user: str | None = None
-    identity: str | None = None
-    vm: str | None = None
-    zone: str | None = None
-    project: str | None = None
-    internal_ip: bool = False
-    api_endpoint: str | None = None
-    connect_timeout: float = 10.0
-    tunnel_through_iap: bool = False
-    key_push: bool = True  # False: never change a VM's ssh-keys metadata (fail when the key is missing)
-    key_ttl_s: float | None = None  # OS Login: the imported key expires after this long
-    extra: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def kind(self) -> str:
-        if self.vm:
-            return "vm"
-        return "ssh" if self.hosts else "local"
-
-    def with_defaults(self, cfg: UserConfig) -> TargetSpec:
-        """Fill what the user left out from the config file (an explicit --local or --host wins)."""
-        vm = self.vm or (None if self.local or self.hosts else cfg.vm)
-        return TargetSpec(
-            local=self.local,
-            local_workers=self.local_workers,
-            hosts=self.hosts,
-            hostkeys=self.hostkeys,
-            user=self.user or cfg.user,
-            identity=self.identity or cfg.identity,
-            vm=vm,
-            zone=self.zone or cfg.zone,
-            project=self.project or cfg.project,
-            internal_ip=self.internal_ip or cfg.internal_ip,
-            api_endpoint=self.api_endpoint or cfg.api_endpoint,
-            connect_timeout=self.connect_timeout,
-            tunnel_through_iap=self.tunnel_through_iap or cfg.tunnel_through_iap,
-            key_push=self.key_push and cfg.key_push,
-            key_ttl_s=self.key_ttl_s or cfg.key_ttl_s,
-        )
 
 
 def parse_hosts(hosts: tuple[str, ...], hostkeys: tuple[str, ...], user: str | None) -> list[Worker]:

@@ -11,14 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpuops import atomic
 from tpuops import config as user_config
+from tpuops.config import TargetSpec, write_atomic
 from tpuops.errors import ConnectError, ExitCode, TpuopsError, UsageError
+from tpuops.run.target import open_transport, select_workers
 from tpuops.shell import Redactor
 from tpuops.sop import loader
 from tpuops.sop.executor import Executor, Plan, SopReport, StepReport
 from tpuops.sop.model import TEMPLATE, PlanContext
-from tpuops.targets import TargetSpec, open_transport, select_workers
 from tpuops.transport.base import LineSink
 
 DRY_RUN_ID = "DRY-RUN"
@@ -95,7 +95,7 @@ def run(
         return DryRun(sop.name, transport.name, workers, values, plan, fit_line)
     run_id = req.run_id or new_run_id(sop.name)
     _record(run_id, sop.name, target, workers, values, secret_files(sop, values, cwd), runs_dir(sop, values))
-    from tpuops.runs import OffsetWriter, save_result
+    from tpuops.run.store import OffsetWriter, save_result
 
     executor.on_offset = OffsetWriter(run_id)
     try:
@@ -182,8 +182,8 @@ def _fit_preflight(
     does not fit stops here (exit 11); without libtpu on this machine one warning line and the run goes on."""
     if sop.fit is None or skip or not accelerator:
         return None
-    from tpuops import fit
-    from tpuops.report_cloud import note
+    from tpuops.checks import fit
+    from tpuops.console import note
 
     config = TEMPLATE.sub(lambda m: str(values[m.group(1)]), sop.fit.config)
     sets = values.get(sop.fit.sets.strip("{}"), []) if sop.fit.sets else []
@@ -200,23 +200,23 @@ def _fit_preflight(
 
 def _scan(sop: loader.Sop, report: SopReport, local_run: Path, warmup: int):
     """Read what the run left (fetched logs, or each worker's stdout) with the log parser."""
-    from tpuops import logscan
+    from tpuops.run import scan
 
     assert sop.scan is not None
     report.fail_on_recompile = sop.scan.fail_on_recompile
     if sop.scan.source == "log":
-        if not logscan.run_logs(local_run):
+        if not scan.run_logs(local_run):
             return None
-        return logscan.scan_run(local_run, warmup)
-    scanners: dict[int, logscan.LogScanner] = {}
+        return scan.scan_run(local_run, warmup)
+    scanners: dict[int, scan.LogScanner] = {}
     for step in report.steps:
         for w, results in sorted(step.results.items()):
-            scanner = scanners.setdefault(w, logscan.LogScanner(warmup=warmup, worker=w))
+            scanner = scanners.setdefault(w, scan.LogScanner(warmup=warmup, worker=w))
             for r in results:
                 for line in r.stdout.splitlines():
                     scanner.feed(line)
     parts = [s.close() for _, s in sorted(scanners.items())]
-    return logscan.merge(parts) if parts else None
+    return scan.merge(parts) if parts else None
 
 
 def _connect_all(transport, workers: list[int], parallel: int, *, keep_going: bool) -> dict[int, TpuopsError]:
@@ -318,7 +318,7 @@ def secret_files(sop: loader.Sop, values: dict[str, object], cwd: Path) -> list[
 def _check_env_files(sop: loader.Sop, values: dict[str, object], given: set[str], cwd: Path) -> None:
     """Every .env a sync_env step would send parses and can be written (exit 2 otherwise); one named with
     --set (or tpuops.toml, or `required: true`) must exist: a typo must not leave a stale .env in use."""
-    from tpuops import secrets
+    from tpuops.sop import secrets
     from tpuops.sop.steps import SyncEnv
 
     ctx = _context(values, cwd)
@@ -359,11 +359,11 @@ def _record(
     record = {
         "run_id": run_id,
         "sop": sop,
-        "target": {k: v for k, v in target.__dict__.items() if k != "extra"},
+        "target": dict(target.__dict__),
         "workers": workers,
         "values": {k: v for k, v in values.items()},
         "started": time.time(),
         "secret_files": secret_files,
         "runs_dir": runs_dir,
     }
-    atomic.write_text(d / "run.json", json.dumps(record, indent=1, default=str))  # never half a record
+    write_atomic(d / "run.json", json.dumps(record, indent=1, default=str))  # never half a record

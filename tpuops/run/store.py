@@ -9,14 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tpuops import atomic, shell
 from tpuops import config as user_config
+from tpuops import shell
+from tpuops.config import TargetSpec, write_atomic
 from tpuops.errors import UsageError
+from tpuops.run.target import open_transport, select_workers
 from tpuops.shell import Redactor
 from tpuops.sop.actions import Fetch, Follow
 from tpuops.sop.executor import Executor
 from tpuops.sop.runs import run_dir
-from tpuops.targets import TargetSpec, open_transport, select_workers
 from tpuops.transport.base import CmdResult, LineSink
 
 
@@ -34,7 +35,7 @@ class RunRecord:
 
     def redactor(self) -> Redactor:
         """Redacts the values of the run's .env files (as they are now) from what the workers' logs say."""
-        from tpuops import secrets
+        from tpuops.sop import secrets
 
         files = [Path(f) for f in self.secret_files if Path(f).is_file()]
         # Read leniently: redaction must work even if a file was since edited into one tpuops would not send.
@@ -98,7 +99,7 @@ class OffsetWriter:
 
     def __call__(self, offsets: dict[int, int]) -> None:
         with self.lock:
-            atomic.write_text(self.path, json.dumps({str(k): v for k, v in offsets.items()}))
+            write_atomic(self.path, json.dumps({str(k): v for k, v in offsets.items()}))
 
 
 def saved_offsets(run_id: str) -> dict[int, int]:
@@ -237,4 +238,4 @@ def record_end(run_id: str, exit_codes: dict[int, int | None], code: int) -> Non
 
 def save_result(run_id: str, data: dict[str, Any]) -> None:
     d = user_config.state_home() / "runs" / run_id
-    atomic.write_text(d / "result.json", json.dumps({**data, "finished": time.time()}, default=str))
+    write_atomic(d / "result.json", json.dumps({**data, "finished": time.time()}, default=str))

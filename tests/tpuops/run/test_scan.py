@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tpuops import logscan
 from tpuops.errors import UsageError
-from tpuops.logscan import LogReport, LogScanner, scan_file
+from tpuops.run import scan as scanner_module
+from tpuops.run.scan import LogReport, LogScanner, scan_file
 
 
 def step_line(i: int, dt: float, reward: float = 0.5, loss: float = 0.1, tok: float | None = 100.0) -> str:
@@ -88,7 +88,7 @@ def test_quantile_of_a_counted_multiset_equals_numpy(seed: int) -> None:
     uniq, counts = np.unique(values, return_counts=True)
     pairs = [(float(v), int(c)) for v, c in zip(uniq, counts, strict=True)]
     for q in (0.0, 0.1, 0.5, 0.9, 1.0):
-        assert logscan.quantile(pairs, len(values), q) == pytest.approx(np.quantile(values, q), rel=1e-12)
+        assert scanner_module.quantile(pairs, len(values), q) == pytest.approx(np.quantile(values, q), rel=1e-12)
 
 
 def test_compiles_are_attributed_to_step_windows_and_recompiles_explained() -> None:
@@ -234,8 +234,8 @@ def test_kept_failures_are_bounded_but_counted_exactly(tmp_path: Path) -> None:
     for k, n in ((0, 5), (1, 300)):
         (tmp_path / f"worker-{k}.log").write_text("RESOURCE_EXHAUSTED: out of HBM\n" * n)
         (tmp_path / f"worker-{k}.exit").write_text("1")
-    r = logscan.scan_run(tmp_path)
-    assert len(r.failures) == logscan.MAX_EVENTS + 1  # the exit codes are kept past the bound
+    r = scanner_module.scan_run(tmp_path)
+    assert len(r.failures) == scanner_module.MAX_EVENTS + 1  # the exit codes are kept past the bound
     assert [(f.kind, f.worker) for f in r.failures if f.kind != "oom"] == [("exit_code", 0), ("exit_code", 1)]
     assert r.failure_counts == {"oom": 305, "exit_code": 2}
 
@@ -251,30 +251,30 @@ def _run_dir(tmp_path: Path, exits: dict[int, str | None], process_count: int = 
 
 
 def test_exit_files_give_the_exit_code_per_worker(tmp_path: Path) -> None:
-    r = logscan.scan_run(_run_dir(tmp_path, {0: "0\n", 1: "3\n", 2: None}, process_count=3))
+    r = scanner_module.scan_run(_run_dir(tmp_path, {0: "0\n", 1: "3\n", 2: None}, process_count=3))
     assert r.workers == [0, 1, 2] and r.steps == 3
     assert r.exit_codes == {0: 0, 1: 3, 2: None}
     assert [(f.kind, f.worker) for f in r.failures] == [("exit_code", 1), ("no_exit_file", 2)]
-    unchecked = logscan.scan_run(tmp_path, check_exit=False)  # e.g. a live run's copy: no exit files yet
+    unchecked = scanner_module.scan_run(tmp_path, check_exit=False)  # e.g. a live run's copy: no exit files yet
     assert unchecked.exit_codes == {} and not unchecked.failures
 
 
 def test_processes_that_did_not_join_one_job(tmp_path: Path) -> None:
-    r = logscan.scan_run(_run_dir(tmp_path, {0: "0", 1: "0"}, process_count=1))
+    r = scanner_module.scan_run(_run_dir(tmp_path, {0: "0", 1: "0"}, process_count=1))
     assert [(f.kind, f.message) for f in r.failures] == [
         ("multihost", "process_count=1 but 2 workers ran: the processes did not join one job")
     ]
-    assert not logscan.scan_run(_run_dir(tmp_path, {0: "0", 1: "0"}, process_count=2)).failures
+    assert not scanner_module.scan_run(_run_dir(tmp_path, {0: "0", 1: "0"}, process_count=2)).failures
 
 
 def test_scan_target_finds_a_run_id_under_the_state_home(tpuops_home: Path) -> None:
     run = tpuops_home / "runs" / "r1"
     run.mkdir(parents=True)
     _run_dir(run, {0: "0"}, process_count=1)
-    assert logscan.scan_target("r1").source == str(run)
-    assert logscan.scan_target(str(run / "worker-0.log")).exit_codes == {0: 0}
+    assert scanner_module.scan_target("r1").source == str(run)
+    assert scanner_module.scan_target(str(run / "worker-0.log")).exit_codes == {0: 0}
     with pytest.raises(UsageError, match="neither a log file nor a run"):
-        logscan.scan_target("nope")
+        scanner_module.scan_target("nope")
 
 
 def _log(n: int, seed: int = 0) -> tuple[str, list[float]]:
@@ -307,7 +307,7 @@ def test_streaming_in_any_chunking_and_line_by_line_give_the_same_report(tmp_pat
 
 
 def test_memory_is_bounded_rows_decimate_and_stats_stay_exact(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(logscan, "MAX_ROWS", 256)
+    monkeypatch.setattr(scanner_module, "MAX_ROWS", 256)
     text, dts = _log(5000, seed=4)
     r = scan(text.splitlines(), warmup=1)
     assert r.row_stride == 32 and len(r.rows) <= 256 + 1
@@ -319,7 +319,7 @@ def test_memory_is_bounded_rows_decimate_and_stats_stay_exact(monkeypatch: pytes
 
 
 def test_too_many_distinct_dt_values_are_rounded_to_four_digits(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(logscan, "MAX_DT_KEYS", 50)
+    monkeypatch.setattr(scanner_module, "MAX_DT_KEYS", 50)
     dts = [100 + i * 0.01 for i in range(400)]  # 5 significant digits each: coarsening rounds them
     s = LogScanner(warmup=0)
     for i, dt in enumerate(dts):
@@ -390,7 +390,7 @@ def _cause(lines: list[str], exit_code: int | None = 1) -> str | None:
     for line in lines:
         scanner.feed(line)
     report = scanner.close()
-    logscan.apply_exit(report, 0, exit_code)
+    scanner_module.apply_exit(report, 0, exit_code)
     cause = report.cause()
     return None if cause is None else cause.kind
 

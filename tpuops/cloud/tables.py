@@ -1,4 +1,4 @@
-"""Rendering for `tpuops vm` and `tpuops emulator` (report.py's sibling): tables on stderr, JSON on stdout."""
+"""Rendering for `tpuops vm` and `tpuops emulator` : tables on stderr, JSON on stdout."""
 
 from __future__ import annotations
 
@@ -7,12 +7,7 @@ from typing import Any
 
 from rich.table import Table
 
-from tpuops.report import _escape, err, out
-
-
-def note(message: str) -> None:
-    """A progress line from the cloud layer (retries, state changes, skipped zones)."""
-    err.print(f"[dim]tpu-api[/dim] {_escape(message)}")
+from tpuops.console import err, escape, out
 
 
 def _json(data: Any) -> None:
@@ -56,7 +51,7 @@ def vm_describe(vm: Any, as_json: bool, verb: str = "") -> None:
     table.add_column("field")
     table.add_column("value")
     for k, v in rows:
-        table.add_row(k, _escape(v))
+        table.add_row(k, escape(v))
     for w in vm.workers:
         table.add_row(f"w{w.index}", f"internal {w.internal_ip}  external {w.external_ip or '-'}")
     err.print(table)

@@ -8,7 +8,7 @@ import json
 import pytest
 from rich.console import Console
 
-from tpuops import report
+from tpuops.run import report
 from tpuops.sop.executor import SopReport, StepReport
 from tpuops.sop.model import Outcome
 from tpuops.sop.status import FAILED, Status

@@ -1,0 +1,1 @@
+"""Checks before and around a run: fit (the config compiled for its TPU) and doctor (the workers' health)."""

@@ -1,0 +1,72 @@
+"""Where every line tpuops prints goes through: people's output on stderr (rich), JSON on stdout."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from rich.console import Console
+
+from tpuops.sop.status import Status
+
+out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
+err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
+
+
+def escape(text: str) -> str:
+    """Text shown as is: rich markup in it (a log line's `[w0]`, a path with brackets) is not interpreted."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+# One style per Status member (a test checks every member renders); anything else shows unstyled.
+_STYLE: dict[str, str] = {
+    Status.CHANGED: "green",
+    Status.OK: "green",
+    Status.NOTHING: "dim",
+    Status.FAILED: "bold red",
+    Status.BUSY: "bold yellow",
+    Status.TIMEOUT: "bold red",
+    Status.HANG: "bold red",
+    Status.CANCELLED: "yellow",
+    Status.SKIPPED: "dim",
+}
+
+
+def status_cell(status: str, detail: str) -> str:
+    """A table cell: the status in its style, then the detail, both escaped (never an empty `[]` tag)."""
+    text = f"{escape(str(status))} {escape(detail)}".rstrip()
+    style = _STYLE.get(status)
+    return f"[{style}]{escape(str(status))}[/] {escape(detail)}".rstrip() if style else text
+
+
+def line(worker: int, text: str) -> None:
+    """One live log line, prefixed with its worker."""
+    err.print(f"[cyan]\\[w{worker}][/cyan] {escape(text)}")
+    err.file.flush()  # shown before the follower saves its offset: a kill -9 then loses no line
+
+
+def event(text: str) -> None:
+    """Something tpuops did on its own (a recovery, a reconnect), said once on stderr."""
+    err.print(f"[bold magenta]tpuops[/]: {escape(text)}")
+
+
+def note(message: str) -> None:
+    """A progress line from the cloud layer (retries, state changes, skipped zones)."""
+    err.print(f"[dim]tpu-api[/dim] {escape(message)}")
+
+
+def error(message: str, code: int, as_json: bool, kind: str) -> None:
+    if as_json:
+        from tpuops.sop.executor import error_class
+
+        data = {
+            "ok": False,
+            "exit_code": code,
+            "error_class": error_class(code),
+            "error": kind,
+            "message": message,
+        }
+        out.print_json(json.dumps(data))
+    err.print(f"[bold red]error[/]: {escape(message)}")

@@ -1,0 +1,1 @@
+"""A run's life: launch (validate, plan, execute), target, store, follow, scan, report, recover, bench."""
