@@ -347,3 +347,18 @@ def test_every_command_is_wired_and_target_commands_share_one_option_set() -> No
     assert sorted(with_target) == [
         "bench rollout", "doctor", "gradcheck", "microbench", "recompile-check", "run", "sop run",
     ]  # fmt: skip
+
+
+def test_cli_modules_hold_no_subprocess_yaml_or_regex() -> None:
+    """cli/ is wiring only: parsing and processes live in the library (an import anywhere in a module counts)."""
+    import ast
+
+    cli = Path(__file__).resolve().parents[2] / "tpuops" / "cli"
+    banned = {"subprocess", "yaml", "re", "shlex"}
+    found = []
+    for module in sorted(cli.glob("*.py")):
+        for node in ast.walk(ast.parse(module.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            found += [f"{module.name}: {n}" for n in names if n.split(".")[0] in banned]
+    assert len(list(cli.glob("*.py"))) >= 8 and not found, found
