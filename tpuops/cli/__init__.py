@@ -9,7 +9,6 @@ import typer
 
 from tpuops.cli import emulator, runs, sop, vm
 from tpuops.cli.fit import fit
-from tpuops.cli.options import wired
 from tpuops.cli.report import report
 
 app = typer.Typer(
@@ -22,11 +21,6 @@ app = typer.Typer(
 )
 app.add_typer(sop.app, name="sop")
 runs.register(app)
-app.command("runs")(wired(runs.runs))
-app.command("attach")(wired(runs.attach))
-app.command("logs")(wired(runs.logs))
-app.command("stop")(wired(runs.stop))
-app.command("doctor")(runs.doctor)
 app.add_typer(runs.bench_app, name="bench")
 app.add_typer(vm.app, name="vm")
 app.add_typer(emulator.app, name="emulator")

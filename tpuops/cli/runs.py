@@ -100,11 +100,17 @@ def register(app: typer.Typer) -> None:
     app.command("recompile-check")(recompile_check)
     app.command("gradcheck")(gradcheck)
     app.command("microbench")(microbench)
+    app.command("runs")(runs)
+    app.command("attach")(attach)
+    app.command("logs")(logs)
+    app.command("stop")(stop)
+    app.command("doctor")(doctor)
 
 
 RunIdArg = Annotated[str, typer.Argument(help="A run id (tpuops runs).")]
 
 
+@o.wired
 def runs(json: o.JsonOpt = False) -> None:
     """List the runs started from this machine (newest first) with their outcome."""
     from tpuops.run import report
@@ -114,6 +120,7 @@ def runs(json: o.JsonOpt = False) -> None:
     report.runs_table(library.list_runs(), json)
 
 
+@o.wired
 def attach(
     run_id: RunIdArg,
     json: o.JsonOpt = False,
@@ -146,6 +153,7 @@ def attach(
     raise typer.Exit(code)
 
 
+@o.wired
 def logs(
     run_id: RunIdArg,
     worker: o.WorkerOpt = "0",
@@ -160,6 +168,7 @@ def logs(
     library.logs(run_id, worker, follow=follow, on_line=console.line)
 
 
+@o.wired
 def stop(run_id: RunIdArg, json: o.JsonOpt = False) -> None:
     """Stop a run on every worker: SIGTERM, then SIGKILL after a grace period, then clear the TPU lock."""
     from tpuops.run import report
