@@ -65,10 +65,6 @@ def json_mode(on: bool) -> None:
     _JSON["on"] = on
 
 
-def json_on() -> bool:
-    return _JSON["on"]
-
-
 def emit_json(data: Any, default: Callable[[Any], Any] = str) -> None:
     """The one machine-readable answer of a command, on stdout."""
     out.print_json(json.dumps(data, default=default))
