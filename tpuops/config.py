@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import tempfile
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -31,7 +32,6 @@ class UserConfig:
     unreachable_s: float = 300.0  # a VM none of whose workers answers on SSH this long is lost (exit 8)
     api_endpoint: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
-    source: str = ""  # which files were read, for `tpuops config`
 
 
 def state_home() -> Path:
@@ -51,7 +51,6 @@ def config_paths(cwd: Path | None = None) -> list[Path]:
 def load(cwd: Path | None = None) -> UserConfig:
     """Merge the project file over the user file; unknown keys are errors naming the closest valid key."""
     merged: dict[str, Any] = {"params": {}}
-    sources: list[str] = []
     for path in config_paths(cwd):
         if not path.is_file():
             continue
@@ -63,12 +62,11 @@ def load(cwd: Path | None = None) -> UserConfig:
         params = {**merged["params"], **data.get("params", {})}
         merged.update(data)
         merged["params"] = params
-        sources.append(str(path))
-    return UserConfig(**merged, source=", ".join(sources))
+    return UserConfig(**merged)
 
 
 def _check_keys(path: Path, data: dict[str, Any]) -> None:
-    valid = [f.name for f in fields(UserConfig) if f.name != "source"]
+    valid = [f.name for f in fields(UserConfig)]
     for key in data:
         if key not in valid:
             close = difflib.get_close_matches(key, valid, n=1)
@@ -140,3 +138,63 @@ def write_atomic(path: str | Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def target_from_options(
+    *,
+    vm: str | None = None,
+    zone: str | None = None,
+    project: str | None = None,
+    host: list[str] | None = None,
+    hostkey: list[str] | None = None,
+    user: str | None = None,
+    identity: str | None = None,
+    local: bool = False,
+    local_workers: int = 1,
+    internal_ip: bool = False,
+    api_endpoint: str | None = None,
+    tunnel_through_iap: bool = False,
+    no_key_push: bool = False,
+    key_ttl: str | None = None,
+) -> TargetSpec:
+    """The target options as typed (`--vm`, `--host`, `--key-ttl 12h`, ...) -> a checked TargetSpec."""
+    chosen = [name for name, on in (("--vm", vm), ("--host", host), ("--local", local)) if on]
+    if len(chosen) > 1:
+        raise UsageError(f"{' and '.join(chosen)} were both given: choose one target")
+    if hostkey and not (host or vm):
+        raise UsageError("--hostkey needs --host or --vm (with --vm it overrides the guest-attribute keys)")
+    return TargetSpec(
+        local=local,
+        local_workers=local_workers,
+        hosts=tuple(host or ()),
+        hostkeys=tuple(hostkey or ()),
+        user=user,
+        identity=identity,
+        vm=vm,
+        zone=zone,
+        project=project,
+        internal_ip=internal_ip,
+        api_endpoint=api_endpoint,
+        tunnel_through_iap=tunnel_through_iap,
+        key_push=not no_key_push,
+        key_ttl_s=parse_duration("--key-ttl", key_ttl) if key_ttl else None,
+    )
+
+
+def parse_sets(sets: list[str] | None) -> dict[str, str]:
+    """`key=value` strings -> dict; the value is kept verbatim (it is quoted wherever it is used)."""
+    out: dict[str, str] = {}
+    for item in sets or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--set {item!r} is not key=value", hint="for example --set steps=20")
+        out[key.strip()] = value
+    return out
+
+
+def parse_duration(option: str, text: str) -> float:
+    """`90`, `30m`, `12h`, `7d` -> seconds."""
+    m = re.fullmatch(r"(\d+)([smhd]?)", text.strip())
+    if not m or int(m.group(1)) == 0:
+        raise UsageError(f"{option} {text!r} is not a duration", hint="for example 3600, 30m, 12h or 7d")
+    return int(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from rich.console import Console
 
@@ -11,6 +13,7 @@ from tpuops.sop.status import Status
 
 out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
 err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
+_JSON = {"on": False}  # the running command's --json
 
 
 def escape(text: str) -> str:
@@ -57,16 +60,28 @@ def note(message: str) -> None:
     err.print(f"[dim]tpu-api[/dim] {escape(message)}")
 
 
-def error(message: str, code: int, as_json: bool, kind: str) -> None:
-    if as_json:
-        from tpuops.sop.executor import error_class
+def json_mode(on: bool) -> None:
+    """Remember the command's --json (set once, by the CLI's command wrapper) so errors answer in JSON too."""
+    _JSON["on"] = on
 
-        data = {
-            "ok": False,
-            "exit_code": code,
-            "error_class": error_class(code),
-            "error": kind,
-            "message": message,
-        }
-        out.print_json(json.dumps(data))
+
+def emit_json(data: Any, default: Callable[[Any], Any] = str) -> None:
+    """The one machine-readable answer of a command, on stdout."""
+    out.print_json(json.dumps(data, default=default))
+
+
+def error(message: str, code: int, kind: str) -> None:
+    """One error line on stderr; under --json also the error object on stdout (exit code, error_class)."""
+    if _JSON["on"]:
+        from tpuops.errors import error_class
+
+        emit_json(
+            {
+                "ok": False,
+                "exit_code": code,
+                "error_class": error_class(code),
+                "error": kind,
+                "message": message,
+            }
+        )
     err.print(f"[bold red]error[/]: {escape(message)}")

@@ -1,4 +1,4 @@
-"""The one error base and the fixed exit codes the CLI maps errors to."""
+"""The one error base and the exit-code table: code, error_class and meaning (README's table is checked against it)."""
 
 from __future__ import annotations
 
@@ -6,21 +6,77 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """Exit codes (documented in README.md; CI jobs branch on them)."""
+    """Exit codes (CI jobs branch on them; EXIT_CODES below says what each means)."""
 
     OK = 0
-    FAILED = 1  # the user's code or a remote command failed
-    USAGE = 2  # bad input: options, SOP file, --set value, config
-    CONNECT = 3  # could not connect / authenticate / verify a host key
-    TPU_BUSY = 4  # another process holds the TPU
-    TIMEOUT = 5  # a command or wait ran past its limit
-    CLOUD = 6  # the TPU API refused or failed (not found, quota, capacity)
-    RECOMPILE = 7  # recompile-check found compiles after warm-up
-    PREEMPTED = 8  # the VM was preempted
-    HANG = 9  # a worker stopped making progress
-    OOM = 10  # the trainer ran out of device memory
-    INCONSISTENT = 11  # workers differ in code, .env or versions: the run was not started
-    NO_FIT = 12  # the config does not fit its TPU (tpuops fit, and the preflight of a run on a VM)
+    FAILED = 1
+    USAGE = 2
+    CONNECT = 3
+    TPU_BUSY = 4
+    TIMEOUT = 5
+    CLOUD = 6
+    RECOMPILE = 7
+    PREEMPTED = 8
+    HANG = 9
+    OOM = 10
+    INCONSISTENT = 11
+    NO_FIT = 12
+
+
+# code -> (error_class in --json output, meaning as README.md shows it). The one place both are written:
+# README's "Exit codes" table must equal exit_code_table() (tests/tpuops/test_cli.py checks it).
+EXIT_CODES: dict[ExitCode, tuple[str, str]] = {
+    ExitCode.OK: ("ok", "success"),
+    ExitCode.FAILED: (
+        "user_code",
+        "a remote command or the user's code failed (the report names the worker and the line)",
+    ),
+    ExitCode.USAGE: (
+        "usage",
+        "bad input: an option, a SOP file, a `--set` value, the config file, a trainer override, a `.env` that "
+        "cannot be sent as it is, a branch or commit the remote does not have",
+    ),
+    ExitCode.CONNECT: ("connect", "could not connect, log in, or verify a host key"),
+    ExitCode.TPU_BUSY: ("tpu_busy", "the TPU is held by another process (rerun with `--force` to stop it)"),
+    ExitCode.TIMEOUT: ("timeout", "a command or wait ran past its timeout"),
+    ExitCode.CLOUD: (
+        "cloud",
+        "the TPU API refused or failed (not found, ambiguous, quota, capacity), or a Google API answered 403 "
+        "(TPU, OS Login, IAP: the line names the IAM role; `error` is `permission` in the JSON)",
+    ),
+    ExitCode.RECOMPILE: ("recompile", "`recompile-check`: compiles after the warm-up window"),
+    ExitCode.PREEMPTED: (
+        "preempted",
+        "the VM was preempted or lost: every SOP on a VM is watched through the TPU API; `--recover` "
+        "recreates it, and exits 8 when its recoveries run out",
+    ),
+    ExitCode.HANG: ("hang", "a worker stopped making progress (hang)"),
+    ExitCode.OOM: (
+        "oom",
+        "the trainer ran out of device memory (also inside a traceback; the report names "
+        "`tpuops fit ... --set train.micro_batch=...`)",
+    ),
+    ExitCode.INCONSISTENT: (
+        "inconsistent",
+        "the workers differ (git commit, `.env` hash or Python/JAX versions): the run was not started",
+    ),
+    ExitCode.NO_FIT: (
+        "no_fit",
+        "the config does not fit its TPU: `tpuops fit`, or the fit preflight of a run on a VM (nothing was "
+        "started)",
+    ),
+}
+
+
+def error_class(code: int) -> str:
+    """The failure class CI jobs branch on, from the exit code; "failed" for a code outside the table."""
+    return EXIT_CODES[ExitCode(code)][0] if code in ExitCode._value2member_map_ else "failed"
+
+
+def exit_code_table() -> str:
+    """README.md's "Exit codes" table, as markdown."""
+    rows = [f"| {int(c)} | `{cls}` | {meaning} |" for c, (cls, meaning) in EXIT_CODES.items()]
+    return "\n".join(["| code | error_class | meaning |", "| ---: | --- | --- |", *rows])
 
 
 class TpuopsError(Exception):
@@ -51,16 +107,6 @@ class ConnectError(TpuopsError):
 
 class HostKeyError(ConnectError):
     kind = "host_key"
-
-
-class RemoteCommandError(TpuopsError):
-    exit_code = ExitCode.FAILED
-    kind = "remote_command"
-
-
-class TpuBusyError(TpuopsError):
-    exit_code = ExitCode.TPU_BUSY
-    kind = "tpu_busy"
 
 
 class CommandTimeoutError(TpuopsError):

@@ -36,11 +36,6 @@ def path(p: str) -> str:
     return shlex.quote(p)
 
 
-def join(argv: Iterable[object]) -> str:
-    """Join argv into one command line, each word quoted."""
-    return " ".join(quote(a) for a in argv)
-
-
 def check_env_names(env: Mapping[str, str]) -> None:
     for name in env:
         if not _ENV_NAME.match(name):

@@ -74,3 +74,26 @@ def test_a_usage_error_under_json_is_json_on_stdout(tmp_path: Path) -> None:
     _one_line(r)
     data = json.loads(r.stdout)
     assert (data["exit_code"], data["error_class"]) == (2, "usage") and "--bogus" in data["message"]
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["run", "grpo", "--vm", "v", "--local"], "--vm and --local were both given"),
+        (["doctor", "--host", "me@192.0.2.1", "--local"], "--host and --local were both given"),
+        (["bench", "rollout", "--local", "--hostkey", "SHA256:x"], "--hostkey needs --host or --vm"),
+        (["sop", "run", "exec", "--vm", "v", "--key-ttl", "soon"], "--key-ttl 'soon' is not a duration"),
+        (["fit", "tiny", "--accelerator", "v6e-8", "--topology", "v6e:2x4"], "pass one"),
+    ],
+)
+def test_bad_input_found_inside_a_command_answers_in_json_under_json(
+    argv: list[str], says: str, tmp_path: Path
+) -> None:
+    """--json is recorded before a command's body runs, so an error the library raises is JSON on stdout too."""
+    r = tpuops(*argv, "--json", cwd=tmp_path)
+    assert says in _one_line(r)
+    data = json.loads(r.stdout)
+    assert (data["ok"], data["exit_code"], data["error_class"], data["error"]) == (False, 2, "usage", "usage")
+    assert says in data["message"]
+    plain = tpuops(*argv, cwd=tmp_path)  # without --json: the same line, nothing on stdout
+    assert _one_line(plain) == _one_line(r) and plain.stdout == ""

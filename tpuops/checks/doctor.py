@@ -9,7 +9,7 @@ from pathlib import Path
 from tpuops import shell
 from tpuops.config import TargetSpec
 from tpuops.config import load as load_config
-from tpuops.errors import TpuopsError
+from tpuops.errors import ExitCode, TpuopsError
 from tpuops.run.target import open_transport
 from tpuops.shell import Redactor
 from tpuops.sop import secrets
@@ -65,3 +65,12 @@ def examine(
             return list(pool.map(one, range(len(transport.workers))))
     finally:
         transport.close()
+
+
+def exit_code(health: list[WorkerHealth]) -> int:
+    """1 when a worker is unreachable or its .env lacks or differs from a local key (or cannot be read), else 0."""
+    bad = any(
+        not h.connected or any(s in ("differs", "missing", "unreadable") for s in h.env_keys.values())
+        for h in health
+    )
+    return int(ExitCode.FAILED if bad else ExitCode.OK)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuops.config import state_home
-from tpuops.errors import DoesNotFitError, TpuopsError, UsageError
+from tpuops.errors import DoesNotFitError, ExitCode, TpuopsError, UsageError
 
 EXIT_NO_FIT, EXIT_NO_LIBTPU = 3, 4  # trainer.fit's exit codes (docs/contracts.md)
 GB = 1e9
@@ -62,6 +62,11 @@ def cache_key(config: str, sets: list[str], target: str, probe: str | None, cwd:
     return h.hexdigest()[:24]
 
 
+def exit_code(result: dict[str, Any]) -> int:
+    """0 when the config fits, 12 (DoesNotFitError's code) when it does not."""
+    return int(ExitCode.OK if result["fits"] else DoesNotFitError.exit_code)
+
+
 def check(
     config: str,
     sets: list[str] | None = None,
@@ -74,6 +79,8 @@ def check(
 ) -> dict[str, Any]:
     """The fit result (JSON of trainer.fit, plus `cached`); FitUnavailableError without libtpu, UsageError for a
     bad config or target."""
+    if accelerator and topology:
+        raise UsageError("--accelerator and --topology name the same thing: pass one")
     cwd = cwd or Path.cwd()
     sets = [s.removeprefix("--set=") for s in sets or []]
     target = f"topology={topology}" if topology else f"accelerator={accelerator or ''}"

@@ -10,7 +10,6 @@ import typer
 from tpuops.cli import emulator, runs, sop, vm
 from tpuops.cli.fit import fit
 from tpuops.cli.report import report
-from tpuops.cli.state import JSON_MODE
 
 app = typer.Typer(
     name="tpuops",
@@ -22,11 +21,6 @@ app = typer.Typer(
 )
 app.add_typer(sop.app, name="sop")
 runs.register(app)
-app.command("runs")(runs.runs)
-app.command("attach")(runs.attach)
-app.command("logs")(runs.logs)
-app.command("stop")(runs.stop)
-app.command("doctor")(runs.doctor)
 app.add_typer(runs.bench_app, name="bench")
 app.add_typer(vm.app, name="vm")
 app.add_typer(emulator.app, name="emulator")
@@ -71,7 +65,7 @@ def main() -> None:
             raise
         from tpuops import console
 
-        console.error(e.line(), int(e.exit_code), JSON_MODE["on"], e.kind)
+        console.error(e.line(), int(e.exit_code), e.kind)
         sys.exit(int(e.exit_code))
     except exits as e:
         sys.exit(e.exit_code)
@@ -81,12 +75,13 @@ def main() -> None:
         if type(e).__name__ == "NoArgsIsHelpError":  # `tpuops vm` alone: the help is the answer
             e.show()
             sys.exit(int(ExitCode.USAGE))
-        # Usage errors come before any command ran (so before --json was seen): look for it on the line.
         usage = int(getattr(e, "exit_code", 2)) == 2
         code = int(ExitCode.USAGE) if usage else int(getattr(e, "exit_code", 1))
         from tpuops import console
 
-        console.error(_usage_line(e), code, JSON_MODE["on"] or "--json" in sys.argv[1:], "usage")
+        if "--json" in sys.argv[1:]:  # a usage error comes before any command ran, so before --json was seen
+            console.json_mode(True)
+        console.error(_usage_line(e), code, "usage")
         sys.exit(code)
     except aborts:
         sys.exit(int(ExitCode.FAILED))

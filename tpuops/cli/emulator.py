@@ -7,7 +7,6 @@ from typing import Annotated
 import typer
 
 from tpuops.cli import options as o
-from tpuops.cli.state import finish_json
 
 app = typer.Typer(
     help="A local TPU API emulator: rehearse SOPs against VMs backed by real sshd servers.",
@@ -23,6 +22,7 @@ NodeArg = Annotated[str, typer.Argument(help="VM name, ZONE/NAME, or projects/..
 
 
 @app.command("serve")
+@o.wired
 def serve(
     *,
     port: Annotated[int, typer.Option("--port", help="Port on 127.0.0.1 (0: any free port).")] = 0,
@@ -71,17 +71,18 @@ def _admin(api_endpoint: str | None, action: str, body: dict, json: bool) -> Non
     from tpuops.cloud import tables
     from tpuops.cloud.emulator import control
 
-    finish_json(json)
     tables.emulator_state(control.admin(api_endpoint, action, body), json)
 
 
 @fault.command("preempt")
+@o.wired
 def preempt(node: NodeArg, api_endpoint: o.ApiEndpointOpt = None, json: o.JsonOpt = False) -> None:
     """The VM becomes PREEMPTED and its sshd servers stop."""
     _admin(api_endpoint, "preempt", {"node": node}, json)
 
 
 @fault.command("swap-host-key")
+@o.wired
 def swap_host_key(
     node: NodeArg,
     worker: Annotated[int, typer.Option("--worker", help="Worker index.")] = 0,
@@ -93,6 +94,7 @@ def swap_host_key(
 
 
 @fault.command("unavailable")
+@o.wired
 def unavailable(
     count: Annotated[int, typer.Argument(help="How many API calls fail.")],
     code: Annotated[int, typer.Option("--code", help="503 or 429.")] = 503,
@@ -104,6 +106,7 @@ def unavailable(
 
 
 @fault.command("capacity")
+@o.wired
 def capacity(
     zone: Annotated[str, typer.Argument(help="Zone, or * for every zone.")],
     count: Annotated[int, typer.Option("--count", help="How many creates fail.")] = 1,
@@ -115,6 +118,7 @@ def capacity(
 
 
 @app.command("state")
+@o.wired
 def state(api_endpoint: o.ApiEndpointOpt = None, json: o.JsonOpt = False) -> None:
     """The emulator's VMs, queued resources and pending faults."""
     _admin(api_endpoint, "state", {}, json)

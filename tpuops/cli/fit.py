@@ -7,9 +7,9 @@ from typing import Annotated
 import typer
 
 from tpuops.cli import options as o
-from tpuops.cli.state import JSON_MODE
 
 
+@o.wired
 def fit(
     config: Annotated[
         str, typer.Argument(help="Trainer config: a preset name (trainer/configs) or a YAML path.")
@@ -42,17 +42,13 @@ def fit(
       tpuops fit qwen2.5-3b-v6e-8
       tpuops fit qwen2.5-3b-v6e-8 --accelerator v5e-8 --set train.micro_batch=16 --json
     """
-    JSON_MODE["on"] = json
-    if accelerator and topology:
-        from tpuops.errors import UsageError
-
-        raise UsageError("--accelerator and --topology name the same thing: pass one")
     from tpuops.checks import fit as fitlib
+    from tpuops.config import parse_sets
     from tpuops.run import report
 
-    sets = [f"{k}={v}" for k, v in o.parse_sets(set_).items()]
+    sets = [f"{k}={v}" for k, v in parse_sets(set_).items()]
     result = fitlib.check(
         config, sets, accelerator=accelerator, topology=topology, probe=probe, use_cache=not no_cache
     )
     report.fit_report(result, json)
-    raise typer.Exit(0 if result["fits"] else int(fitlib.DoesNotFitError.exit_code))
+    raise typer.Exit(fitlib.exit_code(result))

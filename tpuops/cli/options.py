@@ -1,14 +1,17 @@
-"""Shared CLI options as Annotated aliases, and the one function that turns them into a TargetSpec."""
+"""Shared CLI options: Annotated aliases, option groups declared once, and `wired`, which gives them to commands."""
 
 from __future__ import annotations
 
-import re
-from typing import Annotated
+import dataclasses
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import typer
 
-from tpuops.config import TargetSpec
-from tpuops.errors import UsageError
+from tpuops.config import TargetSpec, parse_sets, target_from_options
 
 VmOpt = Annotated[str | None, typer.Option("--vm", help="TPU VM name (found through the TPU API).")]
 ZoneOpt = Annotated[str | None, typer.Option("--zone", help="Zone of the VM; searched when omitted.")]
@@ -92,60 +95,94 @@ ApiEndpointOpt = Annotated[
 ]
 
 
-def parse_sets(sets: list[str] | None) -> dict[str, str]:
-    """`key=value` strings -> dict; the value is kept verbatim (it is quoted wherever it is used)."""
-    out: dict[str, str] = {}
-    for item in sets or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--set {item!r} is not key=value", hint="for example --set steps=20")
-        out[key.strip()] = value
-    return out
+# Option groups: a command takes one as a parameter (`target: o.TargetOptions`) and `wired` spreads its fields into
+# the command's options, so a new shared option is one field here. Field order is --help order.
 
 
-def target(
-    *,
-    vm: str | None = None,
-    zone: str | None = None,
-    project: str | None = None,
-    host: list[str] | None = None,
-    hostkey: list[str] | None = None,
-    user: str | None = None,
-    identity: str | None = None,
-    local: bool = False,
-    local_workers: int = 1,
-    internal_ip: bool = False,
-    api_endpoint: str | None = None,
-    tunnel_through_iap: bool = False,
-    no_key_push: bool = False,
-    key_ttl: str | None = None,
-) -> TargetSpec:
-    chosen = [name for name, on in (("--vm", vm), ("--host", host), ("--local", local)) if on]
-    if len(chosen) > 1:
-        raise UsageError(f"{' and '.join(chosen)} were both given: choose one target")
-    if hostkey and not (host or vm):
-        raise UsageError("--hostkey needs --host or --vm (with --vm it overrides the guest-attribute keys)")
-    return TargetSpec(
-        local=local,
-        local_workers=local_workers,
-        hosts=tuple(host or ()),
-        hostkeys=tuple(hostkey or ()),
-        user=user,
-        identity=identity,
-        vm=vm,
-        zone=zone,
-        project=project,
-        internal_ip=internal_ip,
-        api_endpoint=api_endpoint,
-        tunnel_through_iap=tunnel_through_iap,
-        key_push=not no_key_push,
-        key_ttl_s=parse_duration("--key-ttl", key_ttl) if key_ttl else None,
-    )
+@dataclass(frozen=True)
+class RunOptions:
+    """What every SOP command takes besides its target."""
+
+    set_: SetOpt = None
+    worker: WorkerOpt = "all"
+    dry_run: DryRunOpt = False
+    json: JsonOpt = False
+    force: ForceOpt = False
+    keep_going: KeepGoingOpt = False
+    parallel: ParallelOpt = None
+
+    def sets(self) -> dict[str, str]:
+        return parse_sets(self.set_)
 
 
-def parse_duration(option: str, text: str) -> float:
-    """`90`, `30m`, `12h`, `7d` -> seconds."""
-    m = re.fullmatch(r"(\d+)([smhd]?)", text.strip())
-    if not m or int(m.group(1)) == 0:
-        raise UsageError(f"{option} {text!r} is not a duration", hint="for example 3600, 30m, 12h or 7d")
-    return int(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+@dataclass(frozen=True)
+class TargetOptions:
+    """Where to run: a VM through the TPU API, SSH hosts, or this machine."""
+
+    vm: VmOpt = None
+    zone: ZoneOpt = None
+    project: ProjectOpt = None
+    host: HostOpt = None
+    hostkey: HostKeyOpt = None
+    user: UserOpt = None
+    identity: IdentityOpt = None
+    local: LocalOpt = False
+    local_workers: LocalWorkersOpt = 1
+    internal_ip: InternalIpOpt = False
+    api_endpoint: ApiEndpointOpt = None
+    tunnel_through_iap: TunnelOpt = False
+    no_key_push: NoKeyPushOpt = False
+    key_ttl: KeyTtlOpt = None
+
+    def spec(self) -> TargetSpec:
+        return target_from_options(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    """How a run on a VM is watched: recovery, the fit preflight, when a silent VM counts as lost."""
+
+    recover: RecoverOpt = False
+    max_recoveries: MaxRecoveriesOpt = 3
+    skip_fit: SkipFitOpt = False
+    unreachable_s: UnreachableOpt = None
+
+    def recoveries(self) -> int | None:
+        """How many recreations are allowed; None without --recover."""
+        return self.max_recoveries if self.recover else None
+
+
+def wired(fn: Callable[..., None]) -> Callable[..., None]:
+    """`fn` as Typer should see it: each option-group parameter spread into its fields (in place, same kind),
+    and on a call the groups rebuilt and the command's --json recorded for the error handler (tpuops.console)."""
+    hints = typing.get_type_hints(fn, include_extras=True)
+    params: list[inspect.Parameter] = []
+    groups: dict[str, type] = {}
+    for p in inspect.signature(fn).parameters.values():
+        hint = hints.get(p.name, p.annotation)
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            groups[p.name] = hint
+            field_hints = typing.get_type_hints(hint, include_extras=True)
+            params += [
+                inspect.Parameter(f.name, p.kind, default=f.default, annotation=field_hints[f.name])
+                for f in dataclasses.fields(hint)
+            ]
+        else:
+            params.append(p.replace(annotation=hint))
+    names = [p.name for p in params]
+    assert len(names) == len(set(names)), f"{fn.__name__}: an option is declared twice: {names}"
+
+    def command(**kwargs: Any) -> None:
+        from tpuops import console
+
+        console.json_mode(bool(kwargs.get("json")))
+        for name, group in groups.items():
+            kwargs[name] = group(**{f.name: kwargs.pop(f.name) for f in dataclasses.fields(group)})
+        fn(**kwargs)
+
+    for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
+        setattr(command, attr, getattr(fn, attr))
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    command.wired = True  # type: ignore[attr-defined]
+    return command

@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from tpuops.cli import options as o
-from tpuops.cli.state import finish_json
 
 TargetArg = Annotated[
     str,
@@ -28,6 +27,7 @@ ThresholdOpt = Annotated[
 ]
 
 
+@o.wired
 def report(
     target: TargetArg,
     *,
@@ -47,7 +47,6 @@ def report(
     """
     from tpuops.run import logreport, scan
 
-    finish_json(json)
     result = scan.scan_target(target, warmup)
     deltas = None if baseline is None else logreport.load_baseline(baseline, result, threshold)
     code = logreport.exit_code(result, deltas)

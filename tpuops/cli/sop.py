@@ -6,7 +6,6 @@ import typer
 
 from tpuops.cli import options as o
 from tpuops.cli import runs
-from tpuops.cli.state import finish_json
 
 app = typer.Typer(
     help="List, show and run SOPs (procedures as YAML files in sops/).",
@@ -16,12 +15,12 @@ app = typer.Typer(
 
 
 @app.command("list")
+@o.wired
 def list_(json: o.JsonOpt = False) -> None:
     """List the SOPs found in ./sops and the bundled sops/."""
     from tpuops.run import report
     from tpuops.sop import loader
 
-    finish_json(json)
     rows, broken = loader.scan_sops()
     report.sop_list(rows, json, broken)
     if broken:  # listed with their errors; a broken SOP file is bad input
@@ -29,19 +28,20 @@ def list_(json: o.JsonOpt = False) -> None:
 
 
 @app.command("show")
+@o.wired
 def show(name: str, json: o.JsonOpt = False) -> None:
     """Show a SOP's parameters and steps."""
     from tpuops.run import report
     from tpuops.sop import loader
 
-    finish_json(json)
     path = loader.find(name)
     report.sop_show(loader.load(path), str(path), json)
 
 
-app.command("run")(
-    runs.named_sop_command(
-        """Run a SOP on every selected worker (in parallel), or print its plan with --dry-run.
+@app.command("run")
+@o.wired
+def run(name: runs.SopNameArg, *, opts: o.RunOptions, target: o.TargetOptions, watch: o.WatchOptions) -> None:
+    """Run a SOP on every selected worker (in parallel), or print its plan with --dry-run.
 
     \b
     Examples:
@@ -49,5 +49,4 @@ app.command("run")(
       tpuops sop run sync --host me@10.0.0.2 --hostkey SHA256:... --set branch=main
       tpuops sop run smoke --vm mllm-jax-v6e-8 --zone us-east1-d --set steps=5 --json
     """
-    )
-)
+    runs.run_named(name, {}, opts, target, watch)

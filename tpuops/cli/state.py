@@ -6,12 +6,12 @@ import typer
 
 from tpuops.config import TargetSpec
 
-JSON_MODE = {"on": False}
-
 
 def finish_json(on: bool) -> None:
-    """Remember --json so the top-level error handler answers in JSON too."""
-    JSON_MODE["on"] = on
+    """Remember --json so the top-level error handler answers in JSON too (tpuops.console keeps it)."""
+    from tpuops import console
+
+    console.json_mode(on)
 
 
 def run_sop(

@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from tpuops.cli import options as o
-from tpuops.cli.state import finish_json
 
 app = typer.Typer(
     help="Find, describe, create, delete and wait for TPU VMs.", no_args_is_help=True, rich_markup_mode=None
@@ -27,6 +26,7 @@ def _target(project: str | None, api_endpoint: str | None, zone: str | None = No
 
 
 @app.command("list")
+@o.wired
 def list_(
     zone: ZonesOpt = None,
     project: o.ProjectOpt = None,
@@ -37,12 +37,12 @@ def list_(
     from tpuops import console
     from tpuops.cloud import tables, vms
 
-    finish_json(json)
     found, zones = vms.list_(_target(project, api_endpoint), zone or [], console.note)
     tables.vm_list(found, zones, json)
 
 
 @app.command("describe")
+@o.wired
 def describe(
     name: str,
     *,
@@ -55,11 +55,11 @@ def describe(
     from tpuops import console
     from tpuops.cloud import tables, vms
 
-    finish_json(json)
     tables.vm_describe(vms.describe(_target(project, api_endpoint, zone), name, console.note), json)
 
 
 @app.command("create")
+@o.wired
 def create(
     name: str,
     *,
@@ -91,7 +91,6 @@ def create(
     from tpuops import console
     from tpuops.cloud import tables, vms
 
-    finish_json(json)
     vm = vms.create(
         _target(project, api_endpoint),
         name,
@@ -111,6 +110,7 @@ def create(
 
 
 @app.command("delete")
+@o.wired
 def delete(
     name: str,
     *,
@@ -126,7 +126,6 @@ def delete(
     from tpuops.cloud import tables, vms
     from tpuops.errors import UsageError
 
-    finish_json(json)
     if not yes:
         if not sys.stdin.isatty():
             raise UsageError(f"deleting {name} needs confirmation", hint="pass --yes")
@@ -136,6 +135,7 @@ def delete(
 
 
 @app.command("wait")
+@o.wired
 def wait(
     name: str,
     *,
@@ -150,7 +150,6 @@ def wait(
     from tpuops import console
     from tpuops.cloud import tables, vms
 
-    finish_json(json)
     vm, where = vms.wait(_target(project, api_endpoint, zone), name, state, timeout, console.note)
     if vm is None:
         tables.vm_gone(name, where, json)

@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rich.table import Table
 
-from tpuops.console import err, escape, out
-
-
-def _json(data: Any) -> None:
-    out.print_json(json.dumps(data, default=str))
-
-
-def _ips(vm: Any) -> str:
-    return ", ".join(f"w{w.index} {w.internal_ip}/{w.external_ip or '-'}" for w in vm.workers)
+from tpuops.console import emit_json, err, escape, out
 
 
 def vm_list(vms: list[Any], zones: list[str], as_json: bool) -> None:
     if as_json:
-        _json({"ok": True, "zones_searched": zones, "vms": [v.to_dict() for v in vms]})
+        emit_json({"ok": True, "zones_searched": zones, "vms": [v.to_dict() for v in vms]})
         return
     table = Table(title=f"{len(vms)} TPU VMs in {len(zones)} zones", title_justify="left")
     for col in ("name", "zone", "type", "state", "health", "spot", "workers"):
@@ -33,7 +24,7 @@ def vm_list(vms: list[Any], zones: list[str], as_json: bool) -> None:
 
 def vm_describe(vm: Any, as_json: bool, verb: str = "") -> None:
     if as_json:
-        _json({"ok": True, **({"action": verb} if verb else {}), "vm": vm.to_dict()})
+        emit_json({"ok": True, **({"action": verb} if verb else {}), "vm": vm.to_dict()})
         return
     rows = [
         ("name", vm.name),
@@ -59,14 +50,14 @@ def vm_describe(vm: Any, as_json: bool, verb: str = "") -> None:
 
 def vm_deleted(name: str, zone: str, as_json: bool) -> None:
     if as_json:
-        _json({"ok": True, "action": "deleted", "name": name, "zone": zone})
+        emit_json({"ok": True, "action": "deleted", "name": name, "zone": zone})
         return
     err.print(f"deleted {name} in {zone}")
 
 
 def vm_gone(name: str, zone: str, as_json: bool) -> None:
     if as_json:
-        _json({"ok": True, "action": "waited", "name": name, "zone": zone, "state": "DELETED"})
+        emit_json({"ok": True, "action": "waited", "name": name, "zone": zone, "state": "DELETED"})
         return
     err.print(f"{name} in {zone} is gone")
 
@@ -82,7 +73,7 @@ def emulator_started(url: str, identity: str, zones: list[str], state_dir: str) 
 
 def emulator_state(state: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        _json({"ok": True, **state})
+        emit_json({"ok": True, **state})
         return
     table = Table(title="emulator", title_justify="left")
     table.add_column("resource")

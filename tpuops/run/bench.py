@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from tpuops.errors import UsageError
+from tpuops.errors import ExitCode, UsageError
 from tpuops.run import launch
 from tpuops.sop.executor import SopReport, StepReport
 from tpuops.transport.base import LineSink
@@ -67,6 +67,11 @@ def run(
         assert isinstance(report, SopReport)
         results.append(_result(text or "baseline", report))
     return results
+
+
+def exit_code(results: list[VariantResult]) -> int:
+    """0 when every variant ran and its log shows no failure, else 1."""
+    return int(ExitCode.OK if all(r.ok for r in results) else ExitCode.FAILED)
 
 
 def _result(label: str, report: SopReport) -> VariantResult:

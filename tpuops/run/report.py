@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
-from tpuops.console import err, escape, out, status_cell
+from tpuops.console import emit_json, err, escape, out, status_cell
 from tpuops.sop.actions import render_plan
 
 
@@ -21,7 +21,7 @@ def step_done(step: Any) -> None:
 
 def sop_report(report: Any, code: int, as_json: bool) -> None:
     if as_json:
-        out.print_json(json.dumps(report.to_dict(code), default=str))
+        emit_json(report.to_dict(code))
         return
     table = Table(title=f"{report.sop}  run {report.run_id}  ({report.transport})", title_justify="left")
     table.add_column("step")
@@ -85,7 +85,7 @@ def _dry_run_dict(dr: Any) -> dict[str, Any]:
 
 def dry_run(dr: Any, as_json: bool) -> None:
     if as_json:
-        out.print_json(json.dumps(_dry_run_dict(dr), default=str))
+        emit_json(_dry_run_dict(dr))
         return
     err.print(f"[bold]plan for {dr.sop}[/] on {dr.transport} workers {dr.workers} (nothing was run)")
     if dr.fit:
@@ -97,7 +97,7 @@ def dry_runs(labelled: list[tuple[str, Any]], as_json: bool) -> None:
     """The plans of several runs of one command (bench variants), each under its label."""
     if as_json:
         data = [{"variant": label, **_dry_run_dict(dr)} for label, dr in labelled]
-        out.print_json(json.dumps(data, default=str))
+        emit_json(data)
         return
     for label, dr in labelled:
         err.print(f"[bold]variant {escape(label)}[/]")
@@ -109,7 +109,7 @@ def sop_list(rows: list[tuple[str, str, str]], as_json: bool, broken: list[tuple
     if as_json:
         ok = [{"name": n, "description": d, "path": p, "error": None} for n, d, p in rows]
         bad = [{"name": Path(p).stem, "description": "", "path": p, "error": e} for p, e in broken]
-        out.print_json(json.dumps(ok + bad))
+        emit_json(ok + bad)
         return
     table = Table("SOP", "description", "file")
     for n, d, p in rows:
@@ -121,7 +121,7 @@ def sop_list(rows: list[tuple[str, str, str]], as_json: bool, broken: list[tuple
 
 def sop_show(sop: Any, path: str, as_json: bool) -> None:
     if as_json:
-        out.print_json(json.dumps({"path": path, **sop.model_dump()}, default=str))
+        emit_json({"path": path, **sop.model_dump()})
         return
     out.print(f"[bold]{sop.name}[/]  ({path})\n{sop.description}\n")
     params = Table("parameter", "type", "default", "description", title="parameters", title_justify="left")
@@ -157,7 +157,7 @@ def runs_table(records: list[Any], as_json: bool) -> None:
             }
         )
     if as_json:
-        out.print_json(json.dumps(rows))
+        emit_json(rows)
         return
     table = Table("run", "SOP", "target", "workers", "started", "status")
     for row in rows:
@@ -176,7 +176,7 @@ def stop_table(run_id: str, results: dict[int, Any], as_json: bool) -> None:
         for w, r in sorted(results.items())
     }
     if as_json:
-        out.print_json(json.dumps({"run_id": run_id, "workers": data}))
+        emit_json({"run_id": run_id, "workers": data})
         return
     for w, d in data.items():
         err.print(
@@ -186,7 +186,7 @@ def stop_table(run_id: str, results: dict[int, Any], as_json: bool) -> None:
 
 def doctor(health: list[Any], as_json: bool) -> None:
     if as_json:
-        out.print_json(json.dumps([h.__dict__ for h in health]))
+        emit_json([h.__dict__ for h in health])
         return
     keys = sorted({k for h in health for k in h.env_keys})
     table = Table(
@@ -231,7 +231,7 @@ def rollout_bench(results: list[Any], as_json: bool) -> None:
             }
             for r in results
         ]
-        out.print_json(json.dumps(rows))
+        emit_json(rows)
         return
     table = Table(
         "variant",
@@ -315,7 +315,7 @@ def fit_report(result: dict[str, Any], as_json: bool) -> None:
     from tpuops.checks.fit import GB, summary
 
     if as_json:
-        out.print_json(json.dumps(result, default=float))
+        emit_json(result, default=float)
     title = (
         f"{result['config']} on {result['accelerator']} ({result['topology']}: {result['devices']} x "
         f"{result['device_kind']}, {result['hbm_bytes_per_device'] / GB:.1f} GB HBM each) - loss {result['impl']}, "

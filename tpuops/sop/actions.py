@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpuops import shell
-
 
 @dataclass(frozen=True)
 class Command:
@@ -88,7 +86,3 @@ def render_plan(plan: list[tuple[str, dict[int, list[Action]]]]) -> str:
                 lines.append(f"[w{worker}] {head}")
                 lines.extend(f"[w{worker}]   {r}" for r in rest)
     return "\n".join(lines) + "\n"
-
-
-def q(value: object) -> str:
-    return shell.quote(value)

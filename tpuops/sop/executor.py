@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuops import shell
-from tpuops.errors import TpuopsError
+from tpuops.errors import TpuopsError, error_class
 from tpuops.shell import Redactor
 from tpuops.sop import secrets
 from tpuops.sop.actions import Action, Command, Fetch, Follow, Upload
@@ -354,19 +354,6 @@ done
             if code is not None:  # the report tells a finished job from a killed one by this file
                 dest.with_suffix(".exit").write_bytes(code)
         return CmdResult(w, action.render(), 0, stdout=f"tpuops: fetched bytes={len(data)} to={dest}\n")
-
-
-def error_class(code: int) -> str:
-    """The failure class CI jobs branch on, from the exit code (README: Exit codes)."""
-    from tpuops.errors import ExitCode
-
-    names = {
-        ExitCode.OK: "ok", ExitCode.FAILED: "user_code", ExitCode.USAGE: "usage", ExitCode.CONNECT: "connect",
-        ExitCode.TPU_BUSY: "tpu_busy", ExitCode.TIMEOUT: "timeout", ExitCode.CLOUD: "cloud",
-        ExitCode.RECOMPILE: "recompile", ExitCode.PREEMPTED: "preempted", ExitCode.HANG: "hang", ExitCode.OOM: "oom",
-        ExitCode.INCONSISTENT: "inconsistent", ExitCode.NO_FIT: "no_fit",
-    }  # fmt: skip
-    return names.get(ExitCode(code), "failed") if code in ExitCode._value2member_map_ else "failed"
 
 
 CONSISTENT = ("sha", "versions", "env_sha")  # what must be identical on every worker before a run starts

@@ -1,5 +1,5 @@
 """Transports: one interface for running steps on this machine or on every TPU worker over SSH."""
 
-from tpuops.transport.base import CmdResult, Transport, Worker, WorkerResults
+from tpuops.transport.base import CmdResult, Transport, Worker
 
-__all__ = ["CmdResult", "Transport", "Worker", "WorkerResults"]
+__all__ = ["CmdResult", "Transport", "Worker"]

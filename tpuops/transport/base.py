@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -68,25 +68,6 @@ class CmdResult:
     @property
     def timed_out(self) -> bool:
         return self.exit_code == TIMEOUT_EXIT and self.error is not None
-
-
-@dataclass
-class WorkerResults:
-    """Per-worker outcomes of one fan-out; a failure keeps the successes."""
-
-    results: dict[int, CmdResult] = field(default_factory=dict)
-
-    @property
-    def succeeded(self) -> dict[int, CmdResult]:
-        return {k: r for k, r in sorted(self.results.items()) if r.ok}
-
-    @property
-    def failed(self) -> dict[int, CmdResult]:
-        return {k: r for k, r in sorted(self.results.items()) if not r.ok}
-
-    @property
-    def ok(self) -> bool:
-        return not self.failed
 
 
 class Transport(Protocol):

@@ -284,7 +284,7 @@ def test_default_user_is_sanitised_as_gcloud_does(monkeypatch: pytest.MonkeyPatc
 
 
 def test_key_ttl_and_route_options_are_checked() -> None:
-    from tpuops.cli.options import target
+    from tpuops.config import target_from_options as target
     from tpuops.errors import UsageError
 
     assert target(vm="v", key_ttl="12h").key_ttl_s == 43200

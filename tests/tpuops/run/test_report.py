@@ -8,6 +8,7 @@ import json
 import pytest
 from rich.console import Console
 
+from tpuops import console
 from tpuops.run import report
 from tpuops.sop.executor import SopReport, StepReport
 from tpuops.sop.model import Outcome
@@ -18,7 +19,7 @@ from tpuops.sop.status import FAILED, Status
 def test_every_status_renders_for_people_and_in_json(status: Status, monkeypatch: pytest.MonkeyPatch) -> None:
     err, out = io.StringIO(), io.StringIO()
     monkeypatch.setattr(report, "err", Console(file=err, width=200, highlight=False, soft_wrap=True))
-    monkeypatch.setattr(report, "out", Console(file=out, width=200, highlight=False, soft_wrap=True))
+    monkeypatch.setattr(console, "out", Console(file=out, width=200, highlight=False, soft_wrap=True))
     step = StepReport("follow", "follow", outcomes={0: Outcome(status, "[/] brackets [bold]stay text")})
     rep = SopReport("job", "r1", "ssh", [0], steps=[step])
     code = 9 if status in FAILED else 0
@@ -34,4 +35,4 @@ def test_every_status_renders_for_people_and_in_json(status: Status, monkeypatch
 
 
 def test_every_status_has_its_own_style() -> None:
-    assert set(report._STYLE) == set(Status)
+    assert set(console._STYLE) == set(Status)
