@@ -46,11 +46,11 @@ def run_sop(
     )
     on_step = None if json else report.step_done
     if not dry_run and (recover is not None or _on_a_vm(spec)):
-        from tpuops.run import recover
+        from tpuops.run import recover as recovery
 
         # On a VM the run is always watched through the TPU API: a preempted VM ends it at once (exit 8);
         # with --recover it is recreated and the SOP runs again.
-        result = recover.run_with_recovery(
+        result = recovery.run_with_recovery(
             req,
             max_recoveries=recover or 0,
             unreachable_s=unreachable_s,
