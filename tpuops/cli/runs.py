@@ -133,24 +133,17 @@ def attach(
 ) -> None:
     """Resume following a detached run from where the last follow stopped; then fetch logs and report."""
     from tpuops import console
-    from tpuops.run import logreport, scan
+    from tpuops.run import logreport
     from tpuops.run import store as library
 
     finish_json(json)
-    results = library.attach(
+    attached = library.attach(
         run_id, on_line=console.line, stream="all" if all_workers else "first", from_start=from_start
     )
-    log = scan.scan_run(library.load(run_id).local_dir)
-    code = logreport.exit_code(log)
-    for w, r in sorted(results.items()):
-        if not r.ok:
-            console.event(
-                f"w{w}: could not follow the run: {r.error or r.stderr.strip() or f'exit {r.exit_code}'}"
-            )
-            code = max(code, 1)
-    library.record_end(run_id, log.exit_codes, code)
-    logreport.render(log, code, json, None, None)
-    raise typer.Exit(code)
+    for w, why in attached.lost.items():
+        console.event(f"w{w}: could not follow the run: {why}")
+    logreport.render(attached.log, attached.code, json, None, None)
+    raise typer.Exit(attached.code)
 
 
 @o.wired
@@ -175,9 +168,9 @@ def stop(run_id: RunIdArg, json: o.JsonOpt = False) -> None:
     from tpuops.run import store as library
 
     finish_json(json)
-    results = library.stop(run_id)
-    report.stop_table(run_id, results, json)
-    raise typer.Exit(0 if all(r.ok for r in results.values()) else 1)
+    stopped = library.stop(run_id)
+    report.stop_table(run_id, stopped.results, json)
+    raise typer.Exit(stopped.code)
 
 
 @o.wired

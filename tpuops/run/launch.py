@@ -268,7 +268,7 @@ def _context_defaults(params: dict, target: TargetSpec, cwd: Path, *, given: set
         import sys
 
         found.update({"venv": "none", "python": sys.executable})
-        shared = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+        shared = Path(__file__).resolve().parents[2].parent / "shared" / "data"
         if "data_dir" in params and shared.is_dir():
             found["data_dir"] = str(shared)  # the scratch checkout has no ../shared beside it
     if "repo_url" not in params or "repo_url" in given:
@@ -280,7 +280,7 @@ def _context_defaults(params: dict, target: TargetSpec, cwd: Path, *, given: set
     )
     if not url and target.kind == "local":
         # Outside a checkout: the checkout tpuops itself runs from (its trainer/ is what runs locally).
-        cwd = Path(__file__).resolve().parents[1]
+        cwd = Path(__file__).resolve().parents[2]
         url = _git(cwd, "rev-parse", "--show-toplevel")
     if not url:
         return found

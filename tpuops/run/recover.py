@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import socket
 import threading
 import time
@@ -12,10 +11,11 @@ from pathlib import Path
 
 from tpuops.errors import PreemptedError, UsageError
 from tpuops.run import launch
+from tpuops.run.events import Event, StepEvent
+from tpuops.run.scanner import LogScanner
 from tpuops.sop.executor import SopReport, StepReport
 from tpuops.transport.base import LineSink
 
-_STEP = re.compile(r"^step=(\d+) ")
 # States in which the VM's workers are gone for good: recreate. (STOPPED is left alone: someone chose it.)
 LOST_STATES = ("PREEMPTED", "TERMINATED")
 
@@ -65,12 +65,16 @@ def run_with_recovery(
     recoveries: list[dict[str, object]] = []
     seen: dict[str, int | None] = {"last": None, "first": None}
 
+    def stepped(event: Event) -> None:
+        if isinstance(event, StepEvent) and event.step is not None:
+            seen["first"] = event.step if seen["first"] is None else seen["first"]
+            seen["last"] = event.step
+
+    steps = LogScanner(on_event=stepped)  # process 0's lines: its step events say where the run stands
+
     def line(w: int, text: str) -> None:
-        m = _STEP.match(text)
-        if m and w == 0:
-            step = int(m.group(1))
-            seen["first"] = step if seen["first"] is None else seen["first"]
-            seen["last"] = step
+        if w == 0:
+            steps.feed(text)
         if on_line:
             on_line(w, text)
 

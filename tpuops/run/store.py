@@ -1,4 +1,4 @@
-"""Detached runs after the fact: list, attach (resume following), logs, stop; from the local run records."""
+"""Runs on this machine: their records (run.json, result.json, follow offsets) and, from them, attach, logs, stop."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ from tpuops import config as user_config
 from tpuops import shell
 from tpuops.config import TargetSpec, write_atomic
 from tpuops.errors import UsageError
+from tpuops.run import logreport, scan
+from tpuops.run.events import Event, ExitEvent, LogReport
+from tpuops.run.follow import Follower
 from tpuops.run.target import open_transport, select_workers
 from tpuops.shell import Redactor
 from tpuops.sop.actions import Fetch, Follow
-from tpuops.sop.executor import Executor
 from tpuops.sop.runs import run_dir
 from tpuops.transport.base import CmdResult, LineSink
 
@@ -107,6 +109,16 @@ def saved_offsets(run_id: str) -> dict[int, int]:
     return {int(k): v for k, v in json.loads(p.read_text()).items()} if p.exists() else {}
 
 
+@dataclass(frozen=True)
+class Attached:
+    """How an attach ended: the run's log report, its exit code, workers that could not be followed (why)."""
+
+    run_id: str
+    log: LogReport
+    code: int
+    lost: dict[int, str]
+
+
 def attach(
     run_id: str,
     *,
@@ -114,40 +126,40 @@ def attach(
     stream: str = "first",
     timeout: float = 86400.0,
     from_start: bool = False,
-) -> dict[int, CmdResult]:
-    """Follow a detached run from the byte offset already shown, then fetch its logs."""
+) -> Attached:
+    """Follow a detached run from the byte offset already shown, fetch its logs, judge and record its end."""
     rec = load(run_id)
     redact = rec.redactor()
+    exits: dict[int, int | None] = {}
+
+    def ended(event: Event) -> None:  # the scanner's exit events: which workers' jobs ended, and how
+        if isinstance(event, ExitEvent):
+            exits[event.worker] = event.code
+
     transport = open_transport(rec.spec(), redact)
-    offsets = {} if from_start else saved_offsets(run_id)
-    ex = Executor(
+    follower = Follower(
         transport,
-        local_runs=user_config.state_home() / "runs",
         redact=redact,
         on_line=on_line,
-        offsets=dict(offsets),
+        on_event=ended,
+        offsets={} if from_start else saved_offsets(run_id),
         on_offset=None if from_start else OffsetWriter(run_id),
     )
-    follow = Follow(rec.remote_dir, stream=stream, timeout=timeout)
-    results: dict[int, CmdResult] = {}
     try:
-        cancel = threading.Event()
-        threads = []
+        results = follower.follow_all(rec.workers, Follow(rec.remote_dir, stream=stream, timeout=timeout))
         for w in rec.workers:
-
-            def one(w: int = w) -> None:
-                results[w] = ex._follow(w, follow, cancel)
-
-            t = threading.Thread(target=one, daemon=True)
-            t.start()
-            threads.append(t)
-        for t in threads:
-            t.join()
-        for w in rec.workers:
-            ex._fetch(w, Fetch(rec.remote_dir))
+            follower.fetch(w, Fetch(rec.remote_dir), user_config.state_home() / "runs")
     finally:
         transport.close()
-    return results
+    log = scan.scan_run(rec.local_dir)
+    lost = {
+        w: r.error or r.stderr.strip() or f"exit {r.exit_code}"
+        for w, r in sorted(results.items())
+        if not r.ok
+    }
+    code = max(logreport.exit_code(log), 1 if lost else 0)
+    record_end(run_id, exits, code)
+    return Attached(run_id, log, code, lost)
 
 
 def logs(run_id: str, worker: str, *, follow: bool, on_line: LineSink) -> None:
@@ -169,23 +181,25 @@ def logs(run_id: str, worker: str, *, follow: bool, on_line: LineSink) -> None:
                 for line in data.decode(errors="replace").splitlines():
                     on_line(w, redact(line))
             return
-        ex = Executor(transport, redact=redact, on_line=on_line)
-        cancel = threading.Event()
-        threads = [
-            threading.Thread(
-                target=ex._follow, args=(w, Follow(rec.remote_dir, "all", 86400.0), cancel), daemon=True
-            )
-            for w in chosen
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        Follower(transport, redact=redact, on_line=on_line).follow_all(
+            chosen, Follow(rec.remote_dir, "all", 86400.0)
+        )
     finally:
         transport.close()
 
 
-def stop(run_id: str, *, grace_s: float = 10.0) -> dict[int, CmdResult]:
+@dataclass(frozen=True)
+class Stopped:
+    """What `stop` did on each worker; exit code 0 when every worker's stop script succeeded."""
+
+    results: dict[int, CmdResult]
+
+    @property
+    def code(self) -> int:
+        return 0 if all(r.ok for r in self.results.values()) else 1
+
+
+def stop(run_id: str, *, grace_s: float = 10.0) -> Stopped:
     """Stop a run on every worker at once: SIGTERM to its process group, then SIGKILL, then clear the TPU lock."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -217,7 +231,7 @@ rm -f "$lock" && echo "tpuops: lock cleared"
     try:
         # In parallel: a multi-host job that ignores SIGTERM costs one grace period, not one per worker.
         with ThreadPoolExecutor(max_workers=max(1, min(len(rec.workers), 32))) as pool:
-            return dict(zip(rec.workers, pool.map(one, rec.workers), strict=True))
+            return Stopped(dict(zip(rec.workers, pool.map(one, rec.workers), strict=True)))
     finally:
         transport.close()
 

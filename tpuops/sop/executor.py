@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -14,6 +12,7 @@ from typing import Any
 
 from tpuops import shell
 from tpuops.errors import TpuopsError, error_class
+from tpuops.run.follow import Follower
 from tpuops.shell import Redactor
 from tpuops.sop import secrets
 from tpuops.sop.actions import Action, Command, Fetch, Follow, Upload
@@ -49,7 +48,7 @@ class SopReport:
     workers: list[int]
     steps: list[StepReport] = field(default_factory=list)
     duration_s: float = 0.0
-    log: Any = None  # tpuops.logscan.LogReport when the SOP scans its logs
+    log: Any = None  # tpuops.run.events.LogReport when the SOP scans its logs
     fail_on_recompile: bool = False
     recoveries: list[dict[str, Any]] = field(default_factory=list)  # --recover: one entry per VM recreation
     hint: str | None = None  # what to try next, for failures with a known fix (an out-of-memory)
@@ -114,7 +113,7 @@ class Executor:
     redact: Redactor = field(default_factory=Redactor)
     on_line: LineSink | None = None  # live output of follow steps, already redacted
     on_step: Callable[[StepReport], None] | None = None
-    # Bytes of each worker's log already shown; follow starts there and keeps it current (for attach).
+    # Bytes of each worker's log already shown; the follower starts there and keeps it current (for attach).
     offsets: dict[int, int] = field(default_factory=dict)
     on_offset: Callable[[dict[int, int]], None] | None = None
     abort: threading.Event = field(default_factory=threading.Event)  # set from outside: stop following now
@@ -198,8 +197,6 @@ class Executor:
                 actions = step.plan(self._ctx(sop, w, n, run_id, values))
                 results = self._run_actions(w, actions, cancel)
                 outcome = step.outcome(results) if results or not actions else Outcome("ok")
-                if any(isinstance(a, Follow) for a in actions):
-                    outcome = _follow_outcome(results[-1])
                 sr.results[w] = results
             except TpuopsError as e:
                 outcome = Outcome("failed", self.redact(e.line()))
@@ -233,10 +230,21 @@ class Executor:
                 note = f"tpuops: fixed {' and '.join(env.fixes)}\n" if env.fixes else ""
                 results.append(CmdResult(w, action.render(), 0, stdout=note))
             elif isinstance(action, Follow):
-                results.append(self._follow(w, action, cancel))
+                results.append(self._follower().follow(w, action, cancel))
             elif isinstance(action, Fetch):
-                results.append(self._fetch(w, action))
+                results.append(self._follower().fetch(w, action, self.local_runs))
         return results
+
+    def _follower(self) -> Follower:
+        """Built at use: launch sets `abort` and `on_offset` after construction; `offsets` is shared."""
+        return Follower(
+            self.transport,
+            redact=self.redact,
+            on_line=self.on_line,
+            offsets=self.offsets,
+            on_offset=self.on_offset,
+            abort=self.abort,
+        )
 
     def _show(self, w: int, text: str) -> None:
         if self.on_line:
@@ -251,109 +259,6 @@ class Executor:
             raise TpuopsError(f"the local .env has no {', '.join(missing)}", hint="add them to .env")
         self.redact.add(env[n] for n in names)
         return {n: env[n] for n in names}
-
-    def _follow(self, w: int, action: Follow, cancel: threading.Event) -> CmdResult:
-        """Poll the log from the last byte seen; reconnects keep the offset, so no line is lost or repeated."""
-        log, exit_file = f"{action.run_dir}/worker-{w}.log", f"{action.run_dir}/worker-{w}.exit"
-        offset, pending, t0, delay = self.offsets.get(w, 0), b"", time.monotonic(), action.poll_s
-        show = action.stream == "all" or w == 0
-        hang = _HangWatch(action) if action.hang_factor and w == 0 else None
-        polls = 0
-        while True:
-            polls += 1
-            try:
-                code = self.transport.read_from(w, exit_file, 0)  # read before the log: no line left behind
-                chunk = self.transport.read_from(w, log, offset) or b""
-                delay = action.poll_s
-            except (OSError, EOFError, TpuopsError) as e:
-                if self.abort.is_set():
-                    return CmdResult(w, action.render(), 130, error="aborted: the VM is gone")
-                if time.monotonic() - t0 > action.timeout:
-                    return CmdResult(w, action.render(), 255, error=f"lost connection: {e}")
-                time.sleep(delay)
-                delay = min(delay * 2, 10.0)
-                continue
-            *lines, pending = (pending + chunk).split(b"\n")
-            offset += len(chunk)
-            if show and self.on_line:
-                for line in lines:
-                    self.on_line(w, self.redact(line.decode(errors="replace")))
-            if lines:
-                # Saved after the lines were shown (never lose one), and only whole lines count:
-                # a reattach resumes at the start of a partial line.
-                self.offsets[w] = offset - len(pending)
-                if self.on_offset:
-                    self.on_offset(self.offsets)
-            if hang is not None:
-                hung = hang.check(lines)
-                if hung:
-                    dump = self.redact(self._py_spy(w, action)) if action.py_spy else ""
-                    if action.on_hang == "stop":
-                        return CmdResult(w, action.render(), 124, stdout=dump, error=f"hung: {hung}")
-                    if self.on_line:
-                        self.on_line(w, f"tpuops: worker looks hung: {hung} (still following)")
-                        for text in dump.splitlines():
-                            self.on_line(w, f"tpuops: py-spy: {text}")
-            if code is not None and code.strip():
-                self.offsets[w] = offset
-                if show and self.on_line and pending:
-                    self.on_line(w, self.redact(pending.decode(errors="replace")))
-                return CmdResult(w, action.render(), 0, stdout=f"exit={int(code)}\noffset={offset}\n")
-            if cancel.is_set():
-                return CmdResult(w, action.render(), 130, error="cancelled: another worker failed")
-            if polls % 10 == 0 and code is None and self._job_died(w, action):
-                return CmdResult(w, action.render(), 1, error="the job died without an exit code (killed?)")
-            if self.abort.is_set():
-                return CmdResult(w, action.render(), 130, error="aborted: the VM is gone")
-            if time.monotonic() - t0 > action.timeout:
-                return CmdResult(w, action.render(), 124, error=f"timed out after {action.timeout:g}s")
-            time.sleep(action.poll_s)
-
-    def _job_died(self, w: int, action: Follow) -> bool:
-        """The pid file's process is gone and still no exit file (it is written just before the process ends)."""
-        rd = shell.path(action.run_dir)
-        r = self.transport.run(
-            w,
-            f'{shell.ALIVE}; [ -e {rd}/worker-{w}.exit ] || alive "$(cat {rd}/worker-{w}.pid)" || echo dead',
-            timeout=30,
-        )
-        if r.ok and r.stdout.strip() == "dead":
-            time.sleep(0.5)  # the exit file may land right after the process ends
-            return self.transport.read_from(w, f"{action.run_dir}/worker-{w}.exit", 0) is None
-        return False
-
-    def _py_spy(self, w: int, action: Follow) -> str:
-        """Python stacks of the job's processes (its session: the job leads one) with `py-spy dump`.
-
-        py-spy is looked for beside each process's own interpreter (a venv's bin/) before PATH.
-        """
-        pid = f"$(cat {shell.path(action.run_dir)}/worker-{w}.pid)"
-        script = f"""found=0
-for p in $(pgrep -s {pid}); do
-  exe=$(tr '\\0' '\\n' < /proc/$p/cmdline 2>/dev/null | head -n 1)
-  case "$(basename "$exe")" in python*) ;; *) continue ;; esac
-  spy="$(dirname "$exe")/py-spy"; [ -x "$spy" ] || spy=$(command -v py-spy) || {{
-    echo "py-spy is not installed on this worker (pip install py-spy)"; exit 0; }}
-  echo "py-spy dump --pid $p"; "$spy" dump --pid "$p" 2>&1; found=1
-done
-[ $found = 1 ] || echo "no Python process in the job's session"
-"""
-        r = self.transport.run(w, script, timeout=60)
-        return r.stdout
-
-    def _fetch(self, w: int, action: Fetch) -> CmdResult:
-        data = self.transport.read_from(w, f"{action.run_dir}/worker-{w}.log", 0)
-        if data is None:
-            return CmdResult(w, action.render(), 1, stderr="no log on the worker")
-        dest = None
-        if self.local_runs is not None:
-            dest = self.local_runs / action.run_dir.rstrip("/").rsplit("/", 1)[-1] / f"worker-{w}.log"
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(self.redact(data.decode(errors="replace")).encode())
-            code = self.transport.read_from(w, f"{action.run_dir}/worker-{w}.exit", 0)
-            if code is not None:  # the report tells a finished job from a killed one by this file
-                dest.with_suffix(".exit").write_bytes(code)
-        return CmdResult(w, action.render(), 0, stdout=f"tpuops: fetched bytes={len(data)} to={dest}\n")
 
 
 CONSISTENT = ("sha", "versions", "env_sha")  # what must be identical on every worker before a run starts
@@ -394,64 +299,3 @@ def _short(v: object) -> str:
     if isinstance(v, dict):
         return " ".join(f"{k}={x}" for k, x in v.items())
     return str(v)
-
-
-_STEP_LINE = re.compile(rb"^step=(?P<step>-?\d+) .*?\bdt=(?P<dt>[0-9.]+)s")
-
-
-class _HangWatch:
-    """Calls process 0 hung when no new step line came within max(hang_min_s, hang_factor x expected step).
-
-    Counted by steps (every `step=` line, however many one poll brings) and timed from the last one. The
-    expected step time is the median time per steady step (after hang_warmup steps): each step's own `dt=`,
-    or the time between its line and the one before when that is longer (work between steps counts). Before
-    any steady step exists, the longest step so far stands in (step 0's time holds the compile), so a stall
-    right after the first step line is still caught. Before the first step line only the timeout applies.
-    """
-
-    def __init__(self, action: Follow, now: float | None = None) -> None:
-        self.action = action
-        self.last: float | None = None  # when the latest step line arrived
-        self.first_seen = time.monotonic() if now is None else now
-        self.steps: list[tuple[int, float]] = []  # (step, seconds it took), in arrival order
-        self.reported = False
-
-    def check(self, lines: list[bytes], now: float | None = None) -> str | None:
-        now = time.monotonic() if now is None else now
-        step_lines = [line for line in lines if line.startswith(b"step=")]
-        for line in step_lines:
-            m = _STEP_LINE.match(line)
-            step = int(m["step"]) if m else (self.steps[-1][0] + 1 if self.steps else 0)
-            # Arrival gaps mean something only for a poll that brought one step line.
-            since = now - (self.last if self.last is not None else self.first_seen)
-            took = max(float(m["dt"]) if m else 0.0, since if len(step_lines) == 1 or not m else 0.0)
-            self.steps.append((step, took))
-            self.last, self.reported = now, False
-        if self.last is None or self.reported:
-            return None
-        limit, how = self.limit()
-        quiet = now - self.last
-        if quiet <= limit:
-            return None
-        self.reported = True
-        return f"no step line for {quiet:.0f}s after step {self.steps[-1][0]} ({how}, limit {limit:.0f}s)"
-
-    def limit(self) -> tuple[float, str]:
-        a = self.action
-        steady = [t for _, t in self.steps[a.hang_warmup :]]
-        if steady:
-            expected, how = statistics.median(steady), f"median step {statistics.median(steady):.2f}s"
-        else:
-            expected = max(t for _, t in self.steps)
-            how = f"no steady step yet, longest step {expected:.2f}s"
-        return max(a.hang_factor * expected, a.hang_min_s), how
-
-
-def _follow_outcome(r: CmdResult) -> Outcome:
-    if r.error and r.error.startswith("hung"):
-        return Outcome("hang", r.error, {"py_spy": r.stdout} if r.stdout else {})
-    if r.error:
-        return Outcome("timeout" if r.exit_code == 124 else "failed", r.error)
-    code = int(r.stdout.split("exit=")[1].split()[0])
-    status = "ok" if code == 0 else "failed"
-    return Outcome(status, f"job exited {code}", {"exit_code": code})

@@ -107,6 +107,16 @@ class FollowStep(Step):
         "py_spy",
     )
 
+    def outcome(self, results: list[CmdResult]) -> Outcome:
+        """From the follower's result: the job's exit code, or why following ended (hung, timed out...)."""
+        r = results[-1]
+        if r.error and r.error.startswith("hung"):
+            return Outcome("hang", r.error, {"py_spy": r.stdout} if r.stdout else {})
+        if r.error:
+            return Outcome("timeout" if r.exit_code == 124 else "failed", r.error)
+        code = int(r.stdout.split("exit=")[1].split()[0])
+        return Outcome("ok" if code == 0 else "failed", f"job exited {code}", {"exit_code": code})
+
     def plan(self, ctx: PlanContext) -> list[Action]:
         def num(name: str) -> float:
             return float(ctx.number(getattr(self, name), name) or 0.0)

@@ -68,3 +68,14 @@ def test_attach_after_the_follower_is_killed(
     # The local copies were fetched after the run ended.
     local = Path(os.environ["TPUOPS_HOME"]) / "runs" / record["run_id"]
     assert (local / "worker-1.log").read_text().count("step=") == 40
+    # The attach recorded how the run ended (the follower that started it died before it could).
+    after = subprocess.run(
+        [sys.executable, "-m", "tpuops", "runs", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert [r["status"] for r in json.loads(after.stdout)] == ["ok"]
+    result = json.loads((local / "result.json").read_text())
+    assert result["exit_code"] == 0 and result["exit_codes"] == {"0": 0, "1": 0}

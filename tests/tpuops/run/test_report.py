@@ -35,4 +35,4 @@ def test_every_status_renders_for_people_and_in_json(status: Status, monkeypatch
 
 
 def test_every_status_has_its_own_style() -> None:
-    assert set(console._STYLE) == set(Status)
+    assert set(console._STYLE) == set(Status)  # status cells are styled in console.py since the move

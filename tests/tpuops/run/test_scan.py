@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from tpuops.errors import UsageError
+from tpuops.run import events, scanner
 from tpuops.run import scan as scanner_module
-from tpuops.run.scan import LogReport, LogScanner, scan_file
+from tpuops.run.events import LogReport
+from tpuops.run.scan import LogScanner, scan_file
 
 
 def step_line(i: int, dt: float, reward: float = 0.5, loss: float = 0.1, tok: float | None = 100.0) -> str:
@@ -88,7 +90,7 @@ def test_quantile_of_a_counted_multiset_equals_numpy(seed: int) -> None:
     uniq, counts = np.unique(values, return_counts=True)
     pairs = [(float(v), int(c)) for v, c in zip(uniq, counts, strict=True)]
     for q in (0.0, 0.1, 0.5, 0.9, 1.0):
-        assert scanner_module.quantile(pairs, len(values), q) == pytest.approx(np.quantile(values, q), rel=1e-12)
+        assert events.quantile(pairs, len(values), q) == pytest.approx(np.quantile(values, q), rel=1e-12)
 
 
 def test_compiles_are_attributed_to_step_windows_and_recompiles_explained() -> None:
@@ -235,7 +237,7 @@ def test_kept_failures_are_bounded_but_counted_exactly(tmp_path: Path) -> None:
         (tmp_path / f"worker-{k}.log").write_text("RESOURCE_EXHAUSTED: out of HBM\n" * n)
         (tmp_path / f"worker-{k}.exit").write_text("1")
     r = scanner_module.scan_run(tmp_path)
-    assert len(r.failures) == scanner_module.MAX_EVENTS + 1  # the exit codes are kept past the bound
+    assert len(r.failures) == events.MAX_EVENTS + 1  # the exit codes are kept past the bound
     assert [(f.kind, f.worker) for f in r.failures if f.kind != "oom"] == [("exit_code", 0), ("exit_code", 1)]
     assert r.failure_counts == {"oom": 305, "exit_code": 2}
 
@@ -255,7 +257,9 @@ def test_exit_files_give_the_exit_code_per_worker(tmp_path: Path) -> None:
     assert r.workers == [0, 1, 2] and r.steps == 3
     assert r.exit_codes == {0: 0, 1: 3, 2: None}
     assert [(f.kind, f.worker) for f in r.failures] == [("exit_code", 1), ("no_exit_file", 2)]
-    unchecked = scanner_module.scan_run(tmp_path, check_exit=False)  # e.g. a live run's copy: no exit files yet
+    unchecked = scanner_module.scan_run(
+        tmp_path, check_exit=False
+    )  # e.g. a live run's copy: no exit files yet
     assert unchecked.exit_codes == {} and not unchecked.failures
 
 
@@ -307,7 +311,7 @@ def test_streaming_in_any_chunking_and_line_by_line_give_the_same_report(tmp_pat
 
 
 def test_memory_is_bounded_rows_decimate_and_stats_stay_exact(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(scanner_module, "MAX_ROWS", 256)
+    monkeypatch.setattr(scanner, "MAX_ROWS", 256)
     text, dts = _log(5000, seed=4)
     r = scan(text.splitlines(), warmup=1)
     assert r.row_stride == 32 and len(r.rows) <= 256 + 1
@@ -319,7 +323,7 @@ def test_memory_is_bounded_rows_decimate_and_stats_stay_exact(monkeypatch: pytes
 
 
 def test_too_many_distinct_dt_values_are_rounded_to_four_digits(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(scanner_module, "MAX_DT_KEYS", 50)
+    monkeypatch.setattr(scanner, "MAX_DT_KEYS", 50)
     dts = [100 + i * 0.01 for i in range(400)]  # 5 significant digits each: coarsening rounds them
     s = LogScanner(warmup=0)
     for i, dt in enumerate(dts):

@@ -9,8 +9,8 @@ from tests.tpuops.conftest import SshdPool, commit_to
 from tpuops.errors import ExitCode
 from tpuops.run import launch
 from tpuops.shell import ALIVE
-from tpuops.sop.actions import Command, Follow
-from tpuops.sop.executor import Executor, StepReport, _HangWatch, consistency
+from tpuops.sop.actions import Command
+from tpuops.sop.executor import Executor, StepReport, consistency
 from tpuops.sop.loader import Sop
 from tpuops.sop.model import PlanContext
 from tpuops.sop.runs import Run
@@ -155,56 +155,6 @@ def test_hung_python_job_is_dumped_with_py_spy(sshd_pool: SshdPool, worker_pytho
     assert frames[0].startswith("wait_for_a_collective_that_never_comes (") and "<module>" in frames[1], dump
     t.run(0, "kill -KILL -- -$(cat ~/runs/hang-spy/worker-0.pid)")
     t.close()
-
-
-def _watch(**kw: float) -> _HangWatch:
-    return _HangWatch(
-        Follow("~/runs/x", hang_factor=kw.get("factor", 10), hang_min_s=kw.get("min_s", 1.0)), now=0
-    )
-
-
-def test_hang_bound_before_a_median_is_the_longest_step_so_far() -> None:
-    # One step line (step 0: 5 s, its compile included), then silence: hung after max(min, 10 x 5 s).
-    w = _watch(min_s=1.0)
-    assert w.check([b"step=0 loss=0.1 dt=5.00s"], now=5.0) is None
-    assert w.check([], now=5.0 + 49) is None
-    hung = w.check([], now=5.0 + 51)
-    assert (
-        hung is not None and "after step 0" in hung and "longest step 5.00s" in hung and "limit 50s" in hung
-    )
-    assert w.check([], now=200) is None  # said once until a new step line comes
-
-
-def test_three_steps_then_silence_is_hung_from_the_steady_steps() -> None:
-    # The case: 3 step lines 0.8 s apart, then alive and silent (was: followed until the timeout).
-    w = _watch(min_s=1.0)
-    for i, t in enumerate((0.8, 1.6, 2.4)):
-        assert w.check([f"step={i} dt=0.80s".encode()], now=t) is None
-    assert w.limit()[0] == 8.0  # 10 x the steady step (step 2), over hang_min_s
-    assert w.check([], now=2.4 + 7.9) is None
-    assert "median step 0.80s" in (w.check([], now=2.4 + 8.1) or "")
-
-
-def test_many_step_lines_in_one_poll_count_as_steps_with_their_own_dt() -> None:
-    w = _watch(min_s=0.5)
-    lines = [f"step={i} dt=0.10s".encode() for i in range(6)]
-    assert w.check(lines, now=0.6) is None  # six steps arrived together: their dt=, not the poll gap
-    assert w.limit()[0] == 1.0  # max(0.5, 10 x 0.1)
-    assert w.check([b"noise"], now=1.5) is None
-    assert w.check([], now=1.7) is not None
-
-
-def test_hang_min_s_is_the_floor_and_nothing_is_hung_before_the_first_step() -> None:
-    w = _watch(min_s=30.0)
-    assert (
-        w.check([b"Compiling jit(train_step) ..."], now=1000) is None
-    )  # no step line yet: the timeout rules
-    w.check([b"step=0 dt=0.01s"], now=1000)
-    assert w.limit()[0] == 10_000.0  # step 0 came 1000 s after the follow began: its compile counts
-    w = _watch(min_s=30.0)
-    w.check([b"step=0 dt=0.01s"], now=0.01)
-    assert w.limit()[0] == 30.0
-    assert w.check([], now=30) is None and w.check([], now=30.02) is not None
 
 
 def test_stall_after_three_steps_on_a_real_worker_is_exit_9_before_the_timeout(sshd_pool: SshdPool) -> None:

@@ -1,0 +1,204 @@
+"""What the log scanner hands out: typed events (step, compile, failure, exit) and the LogReport they add up to."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Failure kinds from the most specific to the least: the first one present is the run's cause (an OOM
+# inside a traceback is an OOM; a traceback says more than "exited 1"). Unknown kinds rank last.
+RANK = ("oom", "tpu_busy", "multihost", "wandb_init", "traceback", "exit_code", "no_exit_file")
+MAX_EVENTS = 200  # recompiles, failures, evals, metrics kept (counts stay exact)
+PER_WORKER = ("exit_code", "no_exit_file")  # at most one per worker: kept even past MAX_EVENTS
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """A `step=` line: step and dt are None when the line is malformed (it still says a step finished)."""
+
+    worker: int
+    step: int | None
+    dt: float | None
+    line: int
+
+
+@dataclass(frozen=True)
+class ExitEvent:
+    """A worker's job ended: its exit file holds `code`."""
+
+    worker: int
+    code: int
+
+
+@dataclass
+class StepRow:
+    step: int
+    dt: float | None = None
+    rollout_generate: float | None = None
+    update: float | None = None
+    reward_mean: float | None = None
+    loss: float | None = None
+    tokens_per_s: float | None = None
+
+
+@dataclass
+class Compile:
+    step: int | None  # the step whose window it fell in (None: after the last step line so far)
+    function: str
+    explanation: str | None
+    line: int
+    worker: int = 0
+
+
+@dataclass
+class Failure:
+    kind: str  # traceback, oom, tpu_busy, wandb_init, multihost, exit_code, no_exit_file
+    message: str
+    detail: str = ""
+    line: int = 0
+    worker: int = 0
+
+
+Event = (
+    StepEvent | Compile | Failure | ExitEvent
+)  # compiles are handed out when seen (step None: window open)
+
+
+@dataclass
+class Stats:
+    n: int
+    mean: float
+    p50: float
+    p90: float
+    min: float
+    max: float
+
+    @classmethod
+    def of(cls, counts: dict[float, int]) -> Stats | None:
+        """Exact statistics of a multiset given as value -> count (numpy's linear quantiles)."""
+        n = sum(counts.values())
+        if not n:
+            return None
+        pairs = sorted(counts.items())
+        avg = sum(v * c for v, c in pairs) / n
+        return cls(n, avg, quantile(pairs, n, 0.5), quantile(pairs, n, 0.9), pairs[0][0], pairs[-1][0])
+
+
+@dataclass
+class LogReport:
+    source: str = ""
+    workers: list[int] = field(default_factory=lambda: [0])
+    warmup: int = 1
+    lines: int = 0
+    steps: int = 0
+    first_step: int | None = None
+    last_step: int | None = None
+    row_stride: int = 1
+    rows: list[StepRow] = field(default_factory=list)
+    dt: Stats | None = None  # steady state: steps from the warm-up on
+    # Steady-state means over the kept rows: exact up to MAX_ROWS steps, then every row_stride-th step.
+    rollout_generate_mean: float | None = None
+    update_mean: float | None = None
+    tokens_per_s_mean: float | None = None
+    malformed_steps: int = 0
+    compiles: dict[str, int] = field(default_factory=dict)  # total, warmup, eval, after_warmup, open
+    compiles_by_step: dict[int, int] = field(default_factory=dict)
+    recompiles: list[Compile] = field(default_factory=list)
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints: int = 0
+    last_checkpoint: str | None = None
+    wandb_url: str | None = None
+    wandb: str | None = None
+    start: dict[str, str] = field(default_factory=dict)
+    batch: dict[str, str] = field(default_factory=dict)
+    config: dict[str, Any] | None = None
+    summary: dict[str, Any] | None = None
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    reward_errors: dict[str, int] = field(default_factory=dict)
+    failures: list[Failure] = field(default_factory=list)
+    failure_counts: dict[str, int] = field(default_factory=dict)
+    exit_codes: dict[int, int | None] = field(default_factory=dict)  # None: no exit file (killed/preempted)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.failures)
+
+    def cause(self) -> Failure | None:
+        """The most specific failure (RANK), the earliest of its kind: what the exit code is made from."""
+        if not self.failures:
+            return None
+        return min(self.failures, key=lambda f: RANK.index(f.kind) if f.kind in RANK else len(RANK))
+
+    @property
+    def recompiled(self) -> bool:
+        return self.compiles.get("after_warmup", 0) > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        cause = self.cause()
+        data["cause"] = None if cause is None else asdict(cause)
+        data["compiles_by_step"] = {str(k): v for k, v in self.compiles_by_step.items()}
+        data["exit_codes"] = {str(k): v for k, v in self.exit_codes.items()}
+        return data
+
+    def add_failure(self, f: Failure) -> None:
+        self.failure_counts[f.kind] = self.failure_counts.get(f.kind, 0) + 1
+        if len(self.failures) < MAX_EVENTS or f.kind in PER_WORKER:
+            self.failures.append(f)
+
+
+def quantile(sorted_counts: list[tuple[float, int]], n: int, q: float) -> float:
+    """numpy.quantile's default (linear) of the multiset given as sorted (value, count) pairs."""
+    h = (n - 1) * q
+    lo = int(h)
+    below, lo_v, hi_v = 0, None, None
+    for v, c in sorted_counts:
+        if lo_v is None and lo < below + c:
+            lo_v = v
+        if lo + 1 < below + c:
+            hi_v = v
+            break
+        below += c
+    lo_v = sorted_counts[-1][0] if lo_v is None else lo_v
+    hi_v = lo_v if hi_v is None else hi_v
+    return lo_v + (hi_v - lo_v) * (h - lo)
+
+
+def apply_exit(report: LogReport, worker: int, code: int | None) -> None:
+    """Record a worker's exit code; a missing exit file means the job was killed (or the VM preempted)."""
+    report.exit_codes[worker] = code
+    if code is None:
+        msg = "no exit file: the job was killed or the VM preempted (or it is still running)"
+        report.add_failure(Failure("no_exit_file", msg, worker=worker))
+    elif code != 0:
+        report.add_failure(Failure("exit_code", f"the job exited with code {code}", worker=worker))
+
+
+def merge(reports: list[LogReport]) -> LogReport:
+    """One report for a run: steps and compiles from the worker that printed step lines, failures from all."""
+    primary = max(reports, key=lambda r: (r.steps, -r.workers[0]))
+    out = copy.deepcopy(primary)
+    out.workers = sorted(w for r in reports for w in r.workers)
+    for r in reports:
+        if r is primary:
+            continue
+        out.exit_codes.update(r.exit_codes)
+        out.wandb_url = out.wandb_url or r.wandb_url
+        for f in r.failures:
+            out.add_failure(f)
+        for kind, n in r.failure_counts.items():  # the ones beyond the kept list still count
+            out.failure_counts[kind] = (
+                out.failure_counts.get(kind, 0) + n - sum(f.kind == kind for f in r.failures)
+            )
+    joined = out.start.get("process_count", "")
+    if len(reports) > 1 and joined.isdigit() and int(joined) < len(reports):
+        msg = f"process_count={joined} but {len(reports)} workers ran: the processes did not join one job"
+        out.add_failure(Failure("multihost", msg, worker=primary.workers[0]))
+    return out
+
+
+def mean(values: list[float | None]) -> float | None:
+    """The mean of the values present (None: missing from that step line)."""
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None

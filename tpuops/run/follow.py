@@ -1,0 +1,222 @@
+"""The one follower: reads each worker's log from a byte offset, shows it, feeds the log scanner, acts on its events."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from tpuops import shell
+from tpuops.errors import TpuopsError
+from tpuops.run.events import Event, Failure, StepEvent
+from tpuops.run.scanner import LogScanner
+from tpuops.shell import Redactor
+from tpuops.sop.actions import Fetch, Follow
+from tpuops.transport.base import CmdResult, LineSink, Transport
+
+
+@dataclass
+class Follower:
+    """Follows a run's logs over one transport. Consumers hear the scanner's typed events (`on_event`, every
+    worker), process 0's hang detection acts on its step events, `offsets` says how far each log was shown."""
+
+    transport: Transport
+    redact: Redactor = field(default_factory=Redactor)
+    on_line: LineSink | None = None  # the lines shown, already redacted
+    on_event: Callable[[Event], None] | None = None
+    # Bytes of each worker's log already shown: following starts there and keeps it current (for attach).
+    offsets: dict[int, int] = field(default_factory=dict)
+    on_offset: Callable[[dict[int, int]], None] | None = None
+    abort: threading.Event = field(default_factory=threading.Event)  # set from outside: stop following now
+
+    def follow(self, w: int, action: Follow, cancel: threading.Event) -> CmdResult:
+        """Poll the log from the last byte seen; reconnects keep the offset, so no line is lost or repeated.
+
+        Ends at the worker's exit file (exit_code 0, stdout `exit=N`), a hang (124, error `hung: ...`), a
+        timeout (124), a lost connection (255), a dead job (1), `cancel` or `abort` (130).
+        """
+        log, exit_file = f"{action.run_dir}/worker-{w}.log", f"{action.run_dir}/worker-{w}.exit"
+        offset, pending, t0, delay = self.offsets.get(w, 0), b"", time.monotonic(), action.poll_s
+        show = action.stream == "all" or w == 0
+        hang = HangWatch(action) if action.hang_factor and w == 0 else None
+        polled: list[Event] = []
+        scanner = LogScanner(worker=w, on_event=polled.append)
+        polls = 0
+        while True:
+            polls += 1
+            try:
+                code = self.transport.read_from(w, exit_file, 0)  # read before the log: no line left behind
+                chunk = self.transport.read_from(w, log, offset) or b""
+                delay = action.poll_s
+            except (OSError, EOFError, TpuopsError) as e:
+                if self.abort.is_set():
+                    return CmdResult(w, action.render(), 130, error="aborted: the VM is gone")
+                if time.monotonic() - t0 > action.timeout:
+                    return CmdResult(w, action.render(), 255, error=f"lost connection: {e}")
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            *lines, pending = (pending + chunk).split(b"\n")
+            offset += len(chunk)
+            if show and self.on_line:
+                for line in lines:
+                    self.on_line(w, self.redact(line.decode(errors="replace")))
+            if lines:
+                # Saved after the lines were shown (never lose one), and only whole lines count:
+                # a reattach resumes at the start of a partial line.
+                self.offsets[w] = offset - len(pending)
+                if self.on_offset:
+                    self.on_offset(self.offsets)
+            scanner.feed_bytes(chunk)  # whole lines are read now; a partial one waits for the next chunk
+            if code is not None and code.strip():
+                if pending:
+                    scanner.feed_bytes(b"\n")  # the job ended: its last line is whole
+                scanner.exit(int(code))
+            events, polled[:] = list(polled), []
+            self._hand_out(events)
+            if hang is not None:
+                hung = hang.check([e for e in events if isinstance(e, StepEvent)])
+                if hung:
+                    dump = self.redact(self._py_spy(w, action)) if action.py_spy else ""
+                    if action.on_hang == "stop":
+                        return CmdResult(w, action.render(), 124, stdout=dump, error=f"hung: {hung}")
+                    if self.on_line:
+                        self.on_line(w, f"tpuops: worker looks hung: {hung} (still following)")
+                        for text in dump.splitlines():
+                            self.on_line(w, f"tpuops: py-spy: {text}")
+            if code is not None and code.strip():
+                self.offsets[w] = offset
+                if show and self.on_line and pending:
+                    self.on_line(w, self.redact(pending.decode(errors="replace")))
+                return CmdResult(w, action.render(), 0, stdout=f"exit={int(code)}\noffset={offset}\n")
+            if cancel.is_set():
+                return CmdResult(w, action.render(), 130, error="cancelled: another worker failed")
+            if polls % 10 == 0 and code is None and self._job_died(w, action):
+                return CmdResult(w, action.render(), 1, error="the job died without an exit code (killed?)")
+            if self.abort.is_set():
+                return CmdResult(w, action.render(), 130, error="aborted: the VM is gone")
+            if time.monotonic() - t0 > action.timeout:
+                return CmdResult(w, action.render(), 124, error=f"timed out after {action.timeout:g}s")
+            time.sleep(action.poll_s)
+
+    def follow_all(self, workers: list[int], action: Follow) -> dict[int, CmdResult]:
+        """Follow several workers at once (one thread each) until each one's follow ends."""
+        results: dict[int, CmdResult] = {}
+        cancel = threading.Event()  # never set: one worker's end does not stop the others
+
+        def one(w: int) -> None:
+            results[w] = self.follow(w, action, cancel)
+
+        threads = [threading.Thread(target=one, args=(w,), daemon=True) for w in workers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return results
+
+    def fetch(self, w: int, action: Fetch, local_runs: Path | None) -> CmdResult:
+        """Copy a worker's log (redacted) and its exit file into `<local_runs>/<run id>/`; None: only check."""
+        data = self.transport.read_from(w, f"{action.run_dir}/worker-{w}.log", 0)
+        if data is None:
+            return CmdResult(w, action.render(), 1, stderr="no log on the worker")
+        dest = None
+        if local_runs is not None:
+            dest = local_runs / action.run_dir.rstrip("/").rsplit("/", 1)[-1] / f"worker-{w}.log"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(self.redact(data.decode(errors="replace")).encode())
+            code = self.transport.read_from(w, f"{action.run_dir}/worker-{w}.exit", 0)
+            if code is not None:  # the report tells a finished job from a killed one by this file
+                dest.with_suffix(".exit").write_bytes(code)
+        return CmdResult(w, action.render(), 0, stdout=f"tpuops: fetched bytes={len(data)} to={dest}\n")
+
+    def _hand_out(self, events: list[Event]) -> None:
+        if not self.on_event:
+            return
+        for e in events:
+            if isinstance(e, Failure):  # the raw line may hold a secret: consumers get it redacted
+                self.on_event(replace(e, message=self.redact(e.message), detail=self.redact(e.detail)))
+            else:
+                self.on_event(e)
+
+    def _job_died(self, w: int, action: Follow) -> bool:
+        """The pid file's process is gone and still no exit file (it is written just before the process ends)."""
+        rd = shell.path(action.run_dir)
+        r = self.transport.run(
+            w,
+            f'{shell.ALIVE}; [ -e {rd}/worker-{w}.exit ] || alive "$(cat {rd}/worker-{w}.pid)" || echo dead',
+            timeout=30,
+        )
+        if r.ok and r.stdout.strip() == "dead":
+            time.sleep(0.5)  # the exit file may land right after the process ends
+            return self.transport.read_from(w, f"{action.run_dir}/worker-{w}.exit", 0) is None
+        return False
+
+    def _py_spy(self, w: int, action: Follow) -> str:
+        """Python stacks of the job's processes (its session: the job leads one) with `py-spy dump`.
+
+        py-spy is looked for beside each process's own interpreter (a venv's bin/) before PATH.
+        """
+        pid = f"$(cat {shell.path(action.run_dir)}/worker-{w}.pid)"
+        script = f"""found=0
+for p in $(pgrep -s {pid}); do
+  exe=$(tr '\\0' '\\n' < /proc/$p/cmdline 2>/dev/null | head -n 1)
+  case "$(basename "$exe")" in python*) ;; *) continue ;; esac
+  spy="$(dirname "$exe")/py-spy"; [ -x "$spy" ] || spy=$(command -v py-spy) || {{
+    echo "py-spy is not installed on this worker (pip install py-spy)"; exit 0; }}
+  echo "py-spy dump --pid $p"; "$spy" dump --pid "$p" 2>&1; found=1
+done
+[ $found = 1 ] || echo "no Python process in the job's session"
+"""
+        r = self.transport.run(w, script, timeout=60)
+        return r.stdout
+
+
+class HangWatch:
+    """Calls process 0 hung when no new step came within max(hang_min_s, hang_factor x expected step).
+
+    Fed the scanner's step events (every `step=` line, however many one poll brings), timed from the last
+    one. The expected step time is the median time per steady step (after hang_warmup steps): each step's
+    own `dt=`, or the time between its line and the one before when that is longer (work between steps
+    counts). Before any steady step exists, the longest step so far stands in (step 0's time holds the
+    compile), so a stall right after the first step line is still caught. Before the first step line only
+    the timeout applies.
+    """
+
+    def __init__(self, action: Follow, now: float | None = None) -> None:
+        self.action = action
+        self.last: float | None = None  # when the latest step line arrived
+        self.first_seen = time.monotonic() if now is None else now
+        self.steps: list[tuple[int, float]] = []  # (step, seconds it took), in arrival order
+        self.reported = False
+
+    def check(self, steps: list[StepEvent], now: float | None = None) -> str | None:
+        """The step events one poll brought (maybe none); a reason when the worker looks hung."""
+        now = time.monotonic() if now is None else now
+        for e in steps:
+            step = e.step if e.step is not None else (self.steps[-1][0] + 1 if self.steps else 0)
+            # Arrival gaps mean something only for a poll that brought one step line.
+            since = now - (self.last if self.last is not None else self.first_seen)
+            took = max(e.dt or 0.0, since if len(steps) == 1 or e.dt is None else 0.0)
+            self.steps.append((step, took))
+            self.last, self.reported = now, False
+        if self.last is None or self.reported:
+            return None
+        limit, how = self.limit()
+        quiet = now - self.last
+        if quiet <= limit:
+            return None
+        self.reported = True
+        return f"no step line for {quiet:.0f}s after step {self.steps[-1][0]} ({how}, limit {limit:.0f}s)"
+
+    def limit(self) -> tuple[float, str]:
+        a = self.action
+        steady = [t for _, t in self.steps[a.hang_warmup :]]
+        if steady:
+            expected, how = statistics.median(steady), f"median step {statistics.median(steady):.2f}s"
+        else:
+            expected = max(t for _, t in self.steps)
+            how = f"no steady step yet, longest step {expected:.2f}s"
+        return max(a.hang_factor * expected, a.hang_min_s), how

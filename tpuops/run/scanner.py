@@ -1,0 +1,396 @@
+"""The streaming log reader: the one regex table; lines in, typed events and a LogReport out, never printing."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections import Counter
+from collections.abc import Callable
+
+from tpuops.run.events import (
+    MAX_EVENTS,
+    Compile,
+    Event,
+    ExitEvent,
+    Failure,
+    LogReport,
+    Stats,
+    StepEvent,
+    StepRow,
+    apply_exit,
+    mean,
+)
+
+# ---- The regex table: every line shape we read (docs/contracts.md section 2, JAX's compile logging) ----
+STEP = re.compile(rb"^step=(?P<step>-?\d+) .*?\bdt=(?P<dt>[0-9.]+)s")
+KV = re.compile(r"(?P<k>[A-Za-z_][\w.]*)=(?P<v>\S+)")
+RECORD = re.compile(r"^(?P<kind>start|batch|eval_begin|eval_end|eval|checkpoint|reward_errors)(?::|\s|$)")
+JSON_LINE = re.compile(r"^(?P<kind>summary|metrics|config): (?P<json>\{.*\})\s*$")
+WANDB_URL = re.compile(r"^wandb: (?:url=|.*?View run .*?at:? )(?P<url>https?://\S+)")
+WANDB_STATE = re.compile(r"^wandb: (?P<state>mode=\S+.*|disabled)\s*$")
+# jax >= 0.4.36 "Compiling jit(f) with global shapes ..."; 0.4.1x-0.4.35 "Compiling f for with global shapes";
+# older "Compiling f (1403...) for args". "Compiling module X with FDO profile" repeats a compile: skipped.
+COMPILE = re.compile(r"Compiling (?!module )(?P<fn>\S+?)(?: \(\d+\))? (?:for|with)\b")
+CACHE_MISS = re.compile(r"TRACING CACHE MISS at (?P<site>.*?)(?: because)?:\s*$")
+MISS_FN = re.compile(r"^\s+(?:for (?P<fn>\S+)|(?P<unseen>\S+) id=\d+)")
+TRACEBACK = re.compile(r"^Traceback \(most recent call last\):")
+FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>.+)$')
+FAILURES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("oom", re.compile(r"RESOURCE_EXHAUSTED|[Oo]ut of memory|OOM when allocating")),
+    (
+        "tpu_busy",
+        re.compile(
+            r"TPU.*already in use|already in use.*TPU|TPU is held|libtpu_lockfile.*held"
+            r"|/dev/(?:vfio|accel)\S*.*[Bb]usy|[Bb]usy.*/dev/(?:vfio|accel)"
+        ),
+    ),
+    (
+        "wandb_init",
+        re.compile(r"^wandb: ERROR|wandb\.errors\.\w+|Run initialization has timed out|api_key not conf"),
+    ),
+    (
+        "multihost",
+        re.compile(
+            r"[Bb]arrier timed out|RegisterTask|[Ff]ailed to connect to (?:the )?coordinat|missing heartbeats"
+            r"|[Cc]oordination service.*(?:UNAVAILABLE|[Uu]navailable|DEADLINE|[Dd]eadline|timed out)"
+            r"|has not (?:joined|connected)"
+        ),
+    ),
+)
+# Each FAILURES pattern contains one of these literals: one cheap search first (most other lines are noise).
+FAILURE_HINT = re.compile(
+    r"RESOURCE_EXHAUSTED|ut of memory|OOM when|already in use|TPU is held|libtpu_lockfile|/dev/vfio"
+    r"|/dev/accel|wandb|Run initialization|api_key|arrier timed out|RegisterTask|oordinat|heartbeats|has not"
+)
+WORKER_LOG = re.compile(r"^worker-(?P<k>\d+)\.log$")
+
+MAX_ROWS = 4096  # step rows kept for tables and plots: every 2^k-th step once a log has more
+MAX_DT_KEYS = 50_000  # distinct dt values before they are rounded to 4 significant digits
+MAX_LINE = 1 << 20  # longer lines are cut (a binary blob in a log must not blow the memory)
+EXPLAIN_LINES = 40
+
+
+def _kv(text: str) -> dict[str, str]:
+    return {m["k"]: m["v"] for m in KV.finditer(text)}
+
+
+def _num(v: str) -> int | float | str:
+    for kind in (int, float):
+        try:
+            return kind(v.removesuffix("s"))
+        except ValueError:
+            pass
+    return v
+
+
+def _dt_value(key: bytes | float) -> float | None:
+    if isinstance(key, float):
+        return key
+    if key[:3] != b"dt=" or key[-1:] != b"s":
+        return None
+    try:
+        return float(key[3:-1])
+    except ValueError:
+        return None
+
+
+def _row(line: bytes) -> StepRow | None:
+    kv = _kv(line.decode(errors="replace"))
+    try:
+        row = StepRow(step=int(kv["step"]))
+    except (KeyError, ValueError):
+        return None
+    for name in ("dt", "rollout_generate", "update", "reward_mean", "loss", "tokens_per_s"):
+        v = _num(kv[name]) if name in kv else None
+        setattr(row, name, float(v) if isinstance(v, int | float) else None)
+    return row
+
+
+class LogScanner:
+    """Feed lines (live) or bytes (files); `report()` at any time. Memory is bounded whatever the log size.
+
+    `on_event` hears each step line, training compile and failure as it is read, and the exit (`exit()`):
+    what a live consumer (hang detection, recovery, attach) acts on without waiting for the report.
+    """
+
+    def __init__(
+        self,
+        warmup: int = 1,
+        worker: int = 0,
+        source: str = "",
+        on_event: Callable[[Event], None] | None = None,
+    ) -> None:
+        self.warmup = warmup
+        self.on_event = on_event
+        self.r = LogReport(source=source, workers=[worker], warmup=warmup)
+        self.r.compiles = {"total": 0, "warmup": 0, "eval": 0, "after_warmup": 0, "open": 0}
+        self.worker = worker
+        self._dt: Counter[bytes] = Counter()  # steady-state dt tokens (b"dt=1.23s") -> count
+        self._dt_coarse: Counter[float] = Counter()
+        self._rows: list[bytes] = []
+        self._last_row: bytes | None = None
+        self._pending: list[Compile] = []  # compiles in the open window, assigned when the next step= arrives
+        self._explain: dict[str, str] = {}  # function name -> latest cache-miss explanation not yet used
+        self._miss: list[str] | None = None
+        self._tb: dict[str, str] | None = None
+        self._in_eval = False
+        self._partial = b""
+
+    # ---- input ----
+    def feed(self, line: str) -> None:
+        """One line (with or without its newline; several lines also work), e.g. from a live follow."""
+        self._lines(line.removesuffix("\n").encode().split(b"\n"))
+
+    def feed_bytes(self, data: bytes) -> None:
+        """A chunk of a file; a trailing partial line waits for the next chunk or `close()`."""
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        if len(self._partial) > MAX_LINE:
+            self._partial = self._partial[:MAX_LINE]
+        self._lines(lines)
+
+    def exit(self, code: int | None) -> None:
+        """The worker's exit code (None: no exit file, the job was killed or is still running)."""
+        apply_exit(self.r, self.worker, code)
+        if code is not None and self.on_event:
+            self.on_event(ExitEvent(self.worker, code))
+
+    def close(self) -> LogReport:
+        """End of input: the last partial line counts, and a traceback cut off by the end is reported."""
+        if self._partial:
+            self._lines([self._partial])
+            self._partial = b""
+        self._end_blocks()
+        return self.report()
+
+    def _lines(self, lines: list[bytes]) -> None:
+        # Fast path: runs of step= lines are counted in bulk; only the other lines go through the regex table.
+        others = [i for i, line in enumerate(lines) if line[:5] != b"step="]
+        start, base = 0, self.r.lines
+        for end in [*others, len(lines)]:
+            if end > start:
+                if self.on_event:
+                    self._step_events(lines[start:end], base + start + 1)
+                self._steps(lines[start:end])
+            if end < len(lines):
+                self.r.lines = base + end + 1
+                self._other(lines[end][:MAX_LINE].rstrip(b"\r").decode(errors="replace"))
+            start = end + 1
+        self.r.lines = base + len(lines)
+
+    # ---- step lines ----
+    def _step_events(self, seg: list[bytes], first_line: int) -> None:
+        for i, line in enumerate(seg):
+            m = STEP.match(line)
+            step, dt = (int(m["step"]), float(m["dt"])) if m else (None, None)
+            self.on_event(StepEvent(self.worker, step, dt, first_line + i))  # type: ignore[misc]
+
+    def _steps(self, seg: list[bytes]) -> None:
+        if self._miss is not None or self._tb is not None:
+            self._end_blocks()
+        while seg and self.r.steps < self.warmup:
+            self._one_step(seg[0], steady=False)
+            seg = seg[1:]
+        if not seg:
+            return
+        try:
+            dts = [line.split(b" ", 5)[4] for line in seg]
+            last = int(seg[-1][5 : seg[-1].index(b" ")])
+            first = int(seg[0][5 : seg[0].index(b" ")])
+        except (IndexError, ValueError):
+            for line in seg:  # a malformed line somewhere: the careful path, line by line
+                self._one_step(line, steady=True)
+            return
+        self._close_window(first)
+        if self.r.first_step is None:
+            self.r.first_step = first
+        self._dt.update(dts)
+        stride = self.r.row_stride
+        self._rows.extend(seg[(stride - self.r.steps % stride) % stride :: stride])
+        self.r.steps += len(seg)
+        self.r.last_step = last
+        self._last_row = seg[-1]
+        self._trim()
+
+    def _one_step(self, line: bytes, steady: bool) -> None:
+        m = STEP.match(line)
+        if m is None:
+            self.r.malformed_steps += 1
+            return
+        step = int(m["step"])
+        self._close_window(step)
+        if self.r.first_step is None:
+            self.r.first_step = step
+        if steady:
+            self._dt[b"dt=" + m["dt"] + b"s"] += 1
+        if self.r.steps % self.r.row_stride == 0:
+            self._rows.append(line)
+        self.r.steps += 1
+        self.r.last_step = step
+        self._last_row = line
+        self._trim()
+
+    def _trim(self) -> None:
+        while len(self._rows) > MAX_ROWS:  # keep every 2^k-th step: uniform, and the same in any chunking
+            self._rows = self._rows[::2]
+            self.r.row_stride *= 2
+        if len(self._dt) > MAX_DT_KEYS:
+            for k, c in self._dt.items():
+                v = _dt_value(k)
+                if v is not None:
+                    self._dt_coarse[float(f"{v:.4g}")] += c
+            self._dt.clear()
+
+    def _close_window(self, step: int) -> None:
+        """A step= line ends the window: its compiles belong to that step (warm-up or not)."""
+        c = self.r.compiles
+        if not c["open"]:
+            return
+        warm = self.r.steps < self.warmup
+        n_pending = c["open"]
+        for comp in self._pending:
+            comp.step = step
+            if not warm and len(self.r.recompiles) < MAX_EVENTS:
+                self.r.recompiles.append(comp)
+        c["warmup" if warm else "after_warmup"] += n_pending
+        if step in self.r.compiles_by_step or len(self.r.compiles_by_step) < 10 * MAX_EVENTS:
+            self.r.compiles_by_step[step] = self.r.compiles_by_step.get(step, 0) + n_pending
+        c["open"] = 0
+        self._pending = []
+
+    # ---- everything else ----
+    def _other(self, text: str) -> None:
+        if self._miss is not None:
+            if text[:1].isspace() and len(self._miss) < EXPLAIN_LINES:
+                self._miss.append(text)
+                return
+            self._end_miss()
+        if self._tb is not None and self._traceback_line(text):
+            return
+        if m := COMPILE.search(text):
+            self._compile(m["fn"])
+        elif CACHE_MISS.search(text):
+            self._miss = [text[text.index("TRACING CACHE MISS") :]]
+        elif TRACEBACK.match(text):
+            self._tb = {"frame": "", "code": ""}
+        elif m := RECORD.match(text):
+            self._record(m["kind"], text)
+        elif m := JSON_LINE.match(text):
+            self._json(m["kind"], m["json"])
+        elif m := WANDB_URL.match(text):
+            self.r.wandb_url = m["url"]
+        elif m := WANDB_STATE.match(text):
+            self.r.wandb = m["state"]
+        for kind, pattern in FAILURES if FAILURE_HINT.search(text) else ():
+            if pattern.search(text):
+                self._fail(Failure(kind, text.strip()[:500], line=self.r.lines, worker=self.worker))
+
+    def _fail(self, failure: Failure) -> None:
+        self.r.add_failure(failure)
+        if self.on_event:
+            self.on_event(failure)
+
+    def _end_blocks(self) -> None:
+        if self._miss is not None:
+            self._end_miss()
+        if self._tb is not None:
+            self._traceback_line("")
+
+    def _compile(self, fn: str) -> None:
+        name = fn[fn.index("(") + 1 : -1] if fn.endswith(")") and "(" in fn else fn
+        c = self.r.compiles
+        c["total"] += 1
+        if self._in_eval:
+            c["eval"] += 1
+            return
+        explanation = self._explain.pop(name, None)
+        c["open"] += 1
+        comp = Compile(None, name, explanation, self.r.lines, self.worker)
+        if len(self._pending) < MAX_EVENTS:
+            self._pending.append(comp)
+        if self.on_event:
+            self.on_event(comp)
+
+    def _end_miss(self) -> None:
+        lines, self._miss = self._miss or [], None
+        for text in lines[1:]:
+            if m := MISS_FN.match(text):
+                name = m["fn"] or m["unseen"]
+                if len(self._explain) > 64:
+                    self._explain.pop(next(iter(self._explain)))
+                self._explain[name] = "\n".join(lines)[:4000]
+                return
+
+    def _traceback_line(self, text: str) -> bool:
+        """In a traceback: keep the last frame; the first unindented line is the error. True: consumed."""
+        tb = self._tb or {}
+        if m := FRAME.match(text):
+            tb["frame"], tb["code"] = f"{m['file']}:{m['line']} in {m['fn']}", ""
+            return True
+        if text[:1].isspace():
+            if tb["frame"] and not tb["code"] and text.strip() and set(text.strip()) - set("^~ "):
+                tb["code"] = text.strip()
+            return True
+        self._tb = None
+        detail = tb["frame"] + (f": {tb['code']}" if tb["code"] else "")
+        message = text.strip() or "(traceback without an error line: the log ends inside it)"
+        self._fail(Failure("traceback", message[:500], detail, self.r.lines, self.worker))
+        return False
+
+    def _record(self, kind: str, text: str) -> None:
+        r = self.r
+        if kind == "eval_begin":
+            self._in_eval = True
+        elif kind == "eval_end":
+            self._in_eval = False
+        elif kind == "eval":
+            if len(r.evals) < MAX_EVENTS:
+                r.evals.append({k: _num(v) for k, v in _kv(text).items()})
+        elif kind == "checkpoint":
+            r.checkpoints += 1
+            r.last_checkpoint = _kv(text).get("path")
+        elif kind == "reward_errors":
+            kv = _kv(text)
+            name = kv.get("name", "?")
+            count = _num(kv.get("count", "1"))
+            r.reward_errors[name] = r.reward_errors.get(name, 0) + (
+                int(count) if isinstance(count, int) else 1
+            )
+        elif kind in ("start", "batch"):
+            setattr(r, kind, _kv(text))
+
+    def _json(self, kind: str, raw: str) -> None:
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError:
+            return
+        if kind == "metrics":
+            if len(self.r.metrics) < MAX_EVENTS:
+                self.r.metrics.append(data)
+        else:
+            setattr(self.r, kind, data)
+
+    # ---- output ----
+    def report(self) -> LogReport:
+        """A snapshot (the scanner keeps going): steady-state statistics, kept rows, open compile window."""
+        r = self.r
+        rows = [row for line in self._rows if (row := _row(line))]
+        if (
+            self._last_row is not None
+            and (last := _row(self._last_row))
+            and (not rows or rows[-1].step != last.step)
+        ):
+            rows.append(last)
+        counts: Counter[float] = Counter(self._dt_coarse)
+        for k, c in self._dt.items():
+            v = _dt_value(k)
+            if v is not None:
+                counts[v] += c
+        steady = [x for j, x in enumerate(rows) if j * r.row_stride >= self.warmup]
+        out = copy.deepcopy(r)
+        out.rows, out.dt = rows, Stats.of(counts)
+        out.tokens_per_s_mean = mean([x.tokens_per_s for x in steady])
+        out.rollout_generate_mean = mean([x.rollout_generate for x in steady])
+        out.update_mean = mean([x.update for x in steady])
+        return out
