@@ -82,7 +82,9 @@ def model_folder(cfg: Config, process_index: int) -> Path:
 
     out = tiny_folder(cfg, process_index)
     if not complete(out):
-        make_tiny(out, cfg.model.preset, cfg.model.seed, tokenizer=cfg.model.tokenizer)
+        make_tiny(
+            out, cfg.model.preset, cfg.model.seed, tokenizer=cfg.model.tokenizer, data_root=cfg.data.root
+        )
     return out
 
 
