@@ -204,6 +204,8 @@ def _merge_param(where: _Where, name: str, decl: Any, path: Path, text: str) -> 
 
 def _check_kinds(path: Path, text: str, steps: list, index: list[int]) -> None:
     for step, i in zip(steps, index, strict=True):
+        if isinstance(step, dict) and step.get("kind") in STEP_KINDS:
+            continue
         line = _line(text, ["steps", i])
         if isinstance(step, dict) and "kind" not in step:
             close = next(
