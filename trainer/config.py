@@ -33,14 +33,17 @@ class ModelConfig:
     seed: int = 0  # the tiny checkpoint's seed
     # The tokenizer a `path: tiny` checkpoint is made with: `bundled` (trainer/assets/tokenizer, 378 tokens, in
     # the repository: no download), `qwen2.5` (the real 151,665-token vocabulary, which the tiny presets are
-    # shaped for: $TRAINER_DATA_DIR/qwen2.5-tokenizer, ../shared/data, else the hub) or a folder.
+    # shaped for: <data.root>/qwen2.5-tokenizer, else the hub) or a folder.
     tokenizer: str = "qwen2.5"
 
 
 @dataclass(frozen=True)
 class DataConfig:
     task: Literal["arith", "gsm8k", "toy"] = "gsm8k"  # trainer/tasks.py TASKS
-    path: str = "auto"  # GSM8K JSONL folder; auto: <repo>/../shared/data/gsm8k, else the hub
+    # The folder holding gsm8k/ and qwen2.5-tokenizer/; "": <repo>/../shared/data (what a checkout beside the
+    # shared data folder has). Whatever is not there comes from the hub (a VM with internet).
+    root: str = ""
+    path: str = "auto"  # GSM8K JSONL folder; auto: <data.root>/gsm8k, else the hub
     tokenizer: str = "auto"  # tokenizer folder; auto: the model folder
     prompt_buckets: tuple[int, ...] = (128, 256)  # prompt lengths, tokens
     # true: every step pads to the largest bucket (one compile per run); false: to the smallest that fits

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 
-def data_dir() -> Path:
-    """Where gsm8k/ and qwen2.5-tokenizer/ live: $TRAINER_DATA_DIR, else <repo>/../shared/data."""
-    return Path(
-        os.environ.get("TRAINER_DATA_DIR") or Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
-    )
+def data_dir(root: str = "") -> Path:
+    """Where gsm8k/ and qwen2.5-tokenizer/ live: `root` (data.root), else <repo>/../shared/data."""
+    return Path(root).expanduser() if root else Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 
 
 @dataclass(frozen=True)
@@ -32,9 +29,9 @@ def gold_answer(answer_field: str) -> str:
 HUB_DATASET = "openai/gsm8k"  # its `main` config, one parquet file per split
 
 
-def load_gsm8k(path: str, split: str) -> list[Example]:
-    """`<folder>/{split}.jsonl` (data.path, or `auto`: $TRAINER_DATA_DIR/gsm8k); `auto` without it: the hub."""
-    folder = data_dir() / "gsm8k" if path == "auto" else Path(path).expanduser()
+def load_gsm8k(path: str, split: str, root: str = "") -> list[Example]:
+    """`<folder>/{split}.jsonl` (data.path, or `auto`: <data.root>/gsm8k); `auto` without it: the hub."""
+    folder = data_dir(root) / "gsm8k" if path == "auto" else Path(path).expanduser()
     file = folder / f"{split}.jsonl"
     if file.exists():
         rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]

@@ -47,7 +47,7 @@ def prompt_rows(cfg: Config, tokenizer: Any) -> tuple[list[list[int]], list[str 
     from trainer import data, tasks
     from trainer.tokenizer import chat_text
 
-    examples = data.load_gsm8k(cfg.data.path, SPLIT)
+    examples = data.load_gsm8k(cfg.data.path, SPLIT, cfg.data.root)
     if cfg.eval.max_examples:
         examples = examples[: cfg.eval.max_examples]
     limit = max(cfg.data.prompt_buckets)

@@ -27,9 +27,9 @@ HUB_TOKENIZER = "Qwen/Qwen2.5-0.5B-Instruct"  # the same tokenizer, for a VM wit
 MARKER = "tiny-complete"  # written last, inside the temporary folder, before the rename
 
 
-def tokenizer_files(tokenizer: str | Path | None) -> Path:
-    """The tokenizer folder: `bundled` (in the repository); a folder; `qwen2.5`/None: $TRAINER_DATA_DIR (or
-    ../shared/data)/qwen2.5-tokenizer, else the hub (a VM with internet)."""
+def tokenizer_files(tokenizer: str | Path | None, data_root: str = "") -> Path:
+    """The tokenizer folder: `bundled` (in the repository); a folder; `qwen2.5`/None: <data.root (or
+    ../shared/data)>/qwen2.5-tokenizer, else the hub (a VM with internet)."""
     if str(tokenizer) == "bundled":
         return BUNDLED
     if tokenizer and str(tokenizer) != "qwen2.5":
@@ -39,7 +39,7 @@ def tokenizer_files(tokenizer: str | Path | None) -> Path:
         return folder
     from trainer.data import data_dir
 
-    folder = data_dir() / "qwen2.5-tokenizer"
+    folder = data_dir(data_root) / "qwen2.5-tokenizer"
     if (folder / "tokenizer.json").exists():
         return folder
     from huggingface_hub import snapshot_download  # only on a VM with internet
@@ -68,11 +68,12 @@ def make_tiny(
     *,
     tokenizer_dir: str | Path | None = None,
     tokenizer: str | Path | None = None,
+    data_root: str = "",
 ) -> Path:
     """Initialise `preset` with `seed`, save it with save_pretrained beside its tokenizer; returns out_dir.
 
     `tokenizer` (or the older name `tokenizer_dir`): `bundled`, `qwen2.5` (the default) or a folder. An
-    existing incomplete `out_dir` (an interrupted earlier write) is replaced."""
+    existing incomplete `out_dir` (an interrupted earlier write) is replaced. `data_root`: data.root."""
     import jax
 
     from trainer.model.config import preset as get_preset
@@ -81,7 +82,7 @@ def make_tiny(
     from trainer.tokenizer import load_tokenizer, pad_id
 
     choice = tokenizer if tokenizer is not None else tokenizer_dir
-    source = tokenizer_files(choice)
+    source = tokenizer_files(choice, data_root)
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))

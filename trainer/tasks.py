@@ -55,7 +55,7 @@ TASKS: dict[str, Task] = {
         ),
         Task(
             "gsm8k",
-            lambda cfg: load_gsm8k(cfg.data.path, "train"),
+            lambda cfg: load_gsm8k(cfg.data.path, "train", cfg.data.root),
             lambda cfg: {
                 "correctness": cfg.rewards.correctness,
                 "format": cfg.rewards.format,

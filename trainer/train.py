@@ -6,7 +6,6 @@ Dims: N sequences per step (prompts × G), P prompt bucket, C = rollout.max_new_
 from __future__ import annotations
 
 import hashlib
-import os
 import signal
 import threading
 import time
@@ -48,7 +47,7 @@ class Policy:
 
 
 def setup_jax(cfg: Config) -> None:
-    if cfg.log.log_compiles or os.environ.get("JAX_LOG_COMPILES", "").lower() in ("1", "true"):
+    if cfg.log.log_compiles:
         jax.config.update("jax_log_compiles", True)
         jax.config.update("jax_explain_cache_misses", True)
 
@@ -82,7 +81,9 @@ def model_folder(cfg: Config, process_index: int) -> Path:
 
     out = tiny_folder(cfg, process_index)
     if not complete(out):
-        make_tiny(out, cfg.model.preset, cfg.model.seed, tokenizer=cfg.model.tokenizer)
+        make_tiny(
+            out, cfg.model.preset, cfg.model.seed, tokenizer=cfg.model.tokenizer, data_root=cfg.data.root
+        )
     return out
 
 

@@ -38,16 +38,17 @@ def test_model_and_gsm8k_come_from_the_hub_when_there_is_no_local_copy(tmp_path:
     split = _snapshot(cache, "dataset", "openai/gsm8k") / "main"
     split.mkdir()
     pq.write_table(pa.Table.from_pylist(rows), split / "train-00000-of-00001.parquet")
-    (tmp_path / "no-data").mkdir()  # TRAINER_DATA_DIR without gsm8k/: the trainer must go to the hub
-    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "TRAINER_DATA_DIR": str(tmp_path / "no-data"),
+    no_data = tmp_path / "no-data"
+    no_data.mkdir()  # a data.root without gsm8k/: the trainer must go to the hub
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1",
            "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONPATH": str(REPO)}  # fmt: skip
 
-    code = "from trainer import data; ex = data.load_gsm8k('auto', 'train'); print(len(ex), ex[5].gold)"
+    code = f"from trainer import data; ex = data.load_gsm8k('auto', 'train', {str(no_data)!r}); print(len(ex), ex[5].gold)"
     got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     assert got.returncode == 0, got.stderr[-2000:]
     assert got.stdout.split() == ["64", rows[5]["answer"].rsplit("####", 1)[1].strip().replace(",", "")]
 
-    sets = ["model.path=tpuops-test/tiny-qwen2", "train.steps=1", "rollout.max_new_tokens=4",
+    sets = ["model.path=tpuops-test/tiny-qwen2", "train.steps=1", "rollout.max_new_tokens=4", f"data.root={no_data}",
             f"log.output_dir={tmp_path / 'out'}"]  # fmt: skip
     argv = [
         sys.executable,

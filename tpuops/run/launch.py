@@ -152,19 +152,28 @@ def oom_hint(config: str, accelerator: str | None) -> str:
     )
 
 
-def _preflight(sop: loader.Sop, values: dict[str, object]) -> None:
-    """Local checks that must pass before any remote command (e.g. the trainer validating its --set keys)."""
+def preflight_argv(sop: loader.Sop, values: dict[str, object]) -> list[list[str]]:
+    """Each preflight check's argv with the values in: a list parameter (the trainer overrides, `maps_to`
+    values included) splices in as separate words, so the check sees exactly what the workers will get."""
     import sys
 
     scope = {**values, "local_python": sys.executable}
+    argvs = []
     for check in sop.preflight:
         argv: list[str] = []
         for word in check.argv:
             whole = TEMPLATE.fullmatch(word)
             if whole and isinstance(scope.get(whole.group(1)), list):
-                argv.extend(scope[whole.group(1)])  # a list parameter splices in as separate words
+                argv.extend(scope[whole.group(1)])  # type: ignore[arg-type]
             else:
                 argv.append(TEMPLATE.sub(lambda m: str(scope[m.group(1)]), word))
+        argvs.append(argv)
+    return argvs
+
+
+def _preflight(sop: loader.Sop, values: dict[str, object]) -> None:
+    """Local checks that must pass before any remote command (e.g. the trainer validating its --set keys)."""
+    for check, argv in zip(sop.preflight, preflight_argv(sop, values), strict=True):
         try:
             r = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
         except (OSError, subprocess.TimeoutExpired) as e:

@@ -126,7 +126,7 @@ def sop_show(sop: Any, path: str, as_json: bool) -> None:
     out.print(f"[bold]{sop.name}[/]  ({path})\n{sop.description}\n")
     params = Table("parameter", "type", "default", "description", title="parameters", title_justify="left")
     for name, p in sop.params.items():
-        params.add_row(name, p.type, "(required)" if p.default is None else str(p.default), p.description)
+        params.add_row(name, p.type, p.shown_default, p.description)
     out.print(params)
     steps = Table("#", "step", "kind", title="steps", title_justify="left")
     for i, s in enumerate(sop.steps):

@@ -1,93 +1,22 @@
-"""YAML -> validated Sop: unknown keys and kinds rejected with file, line and a close-match suggestion."""
+"""YAML -> validated Sop: unknown keys and kinds rejected with file, line and a close-match suggestion;
+`extends:` and `- include:` fragments resolved, every parameter and template checked."""
 
 from __future__ import annotations
 
-import difflib
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from tpuops.errors import UsageError
-from tpuops.sop.model import BUILTINS, TEMPLATE, Frozen, Param
-from tpuops.sop.pyenv import PythonEnv
-from tpuops.sop.runs import FetchLog, FollowStep, Run
-from tpuops.sop.steps import ClearLockfile, GitSync, Shell, SyncEnv
+from tpuops.sop.model import BUILTINS, TEMPLATE, TRAINER_KEY, Param, Step, suggest
+from tpuops.sop.procedure import STEP_KINDS, Fragment, Include, Sop, Validate
 
-_KINDS = (GitSync, PythonEnv, ClearLockfile, SyncEnv, Shell, Run, FollowStep, FetchLog)
-STEP_KINDS = {cls.model_fields["kind"].default: cls for cls in _KINDS}
-AnyStep = Annotated[
-    GitSync | PythonEnv | ClearLockfile | SyncEnv | Shell | Run | FollowStep | FetchLog,
-    Field(discriminator="kind"),
-]
+__all__ = ["STEP_KINDS", "Sop", "Validate", "find", "list_sops", "load", "scan_sops", "sops_dir"]
 
-
-class Validate(Frozen):
-    """A local command that must succeed before anything runs remotely (e.g. the trainer checking --set)."""
-
-    argv: list[str]
-    what: str = "validation"
-
-
-class Scan(Frozen):
-    """After the steps: read the fetched logs (or the steps' stdout) with logscan and judge the run."""
-
-    source: Literal["log", "stdout"] = "log"
-    warmup: int = 1
-    fail_on_recompile: bool = False
-
-
-class Fit(Frozen):
-    """Before a run on a VM: the trainer config compiled ahead of time for the VM's accelerator type (tpuops fit)."""
-
-    config: str
-    sets: str | None = None  # a list parameter of trainer overrides (`--set=k=v` items)
-
-
-class Sop(Frozen):
-    """A procedure: parameters with defaults and an ordered list of typed steps."""
-
-    name: str
-    description: str = ""
-    params: dict[str, Param] = {}
-    # Dotted --set keys (train.lr=1e-5) are collected into this list parameter as `key=value` items.
-    overrides: str | None = None
-    preflight: list[Validate] = []
-    fit: Fit | None = None
-    scan: Scan | None = None
-    steps: list[AnyStep]
-
-    def resolve(self, sets: dict[str, str], defaults: dict[str, Any] | None = None) -> dict[str, object]:
-        """Typed parameter values: --set beats user-config defaults beats the SOP's own defaults."""
-        sets = dict(sets)
-        if self.overrides:
-            dotted = [f"{k}={v}" for k, v in sets.items() if "." in k]
-            sets = {k: v for k, v in sets.items() if "." not in k}
-            if dotted:
-                # `--set=k=v` items: one argv word each, whatever the value holds.
-                sets[self.overrides] = [f"--set={d}" for d in dotted]  # type: ignore[assignment]
-        for key in sets:
-            if key not in self.params:
-                hint = _suggest(key, self.params) or f" (parameters: {', '.join(self.params) or 'none'})"
-                if self.overrides:
-                    hint += "; trainer settings take a dot: --set train.steps=20"
-                raise UsageError(f"unknown parameter {key!r} for SOP {self.name}{hint}")
-        values: dict[str, object] = {}
-        for name, p in self.params.items():
-            if name in sets:
-                raw = sets[name]
-            elif defaults and defaults.get(name) is not None:
-                raw = defaults[name]
-            elif p.default is not None:
-                raw = p.default
-            else:
-                raise UsageError(
-                    f"SOP {self.name} needs parameter {name!r} ({p.description or p.type})",
-                    hint=f"pass --set {name}=... or set it in tpuops.toml",
-                )
-            values[name] = p.coerce(name, raw)
-        return values
+FRAGMENTS = "fragments"  # sops/fragments/: files SOPs include, never listed or run as SOPs
 
 
 def sops_dir() -> Path:
@@ -106,28 +35,37 @@ def find(name: str, search: list[Path] | None = None) -> Path:
             if (d / f"{name}{ext}").exists():
                 return d / f"{name}{ext}"
     known = sorted({f.stem for d in dirs if d.is_dir() for f in d.glob("*.y*ml")})
-    raise UsageError(f"no SOP named {name!r}{_suggest(name, known)}", hint=f"known: {', '.join(known)}")
+    raise UsageError(f"no SOP named {name!r}{suggest(name, known)}", hint=f"known: {', '.join(known)}")
 
 
 def load(path: Path) -> Sop:
+    """A SOP file, validated, with what it extends and includes put in."""
+    if path.parent.name == FRAGMENTS:
+        raise UsageError(
+            f"{path}: a fragment (steps and params SOPs include), not a SOP",
+            hint="run a SOP that has `- include: " + path.stem + "` among its steps",
+        )
+    text, data = _read(path, "a SOP file is a mapping with name, description, params and steps")
+    if "extends" in data:
+        data = _extend(path, data)
+    sop, where = _compose(path, text, data, Sop, (path.resolve(),))
+    assert isinstance(sop, Sop)
+    _check_overrides(sop, where)
+    _check_templates(sop, where)
+    return sop
+
+
+def _read(path: Path, shape: str) -> tuple[str, dict]:
     text = path.read_text()
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark else ""
-        raise UsageError(f"{path}{where}: invalid YAML: {getattr(e, 'problem', e)}") from None
+        line = f":{mark.line + 1}" if mark else ""
+        raise UsageError(f"{path}{line}: invalid YAML: {getattr(e, 'problem', e)}") from None
     if not isinstance(data, dict):
-        raise UsageError(f"{path}: a SOP file is a mapping with name, description, params and steps")
-    if "extends" in data:
-        data = _extend(path, data)
-    _check_kinds(path, text, data)
-    try:
-        sop = Sop.model_validate(data)
-    except ValidationError as e:
-        raise UsageError(_explain(path, text, data, e)) from None
-    _check_templates(path, sop)
-    return sop
+        raise UsageError(f"{path}: {shape}")
+    return text, data
 
 
 def _extend(path: Path, data: dict) -> dict:
@@ -143,55 +81,236 @@ def _extend(path: Path, data: dict) -> dict:
     return {**base, **child, "params": params}
 
 
-def _check_kinds(path: Path, text: str, data: dict) -> None:
-    for i, step in enumerate(data.get("steps") or []):
+@dataclass
+class _Where:
+    """Which file (and text, for line numbers) declared each parameter and each step, for error messages."""
+
+    texts: dict[Path, str] = field(default_factory=dict)
+    params: dict[str, Path] = field(default_factory=dict)
+    raw: dict[str, dict] = field(default_factory=dict)  # the merged declarations, as YAML gave them
+    steps: list[tuple[Path, int]] = field(default_factory=list)  # (file, index in that file's steps)
+
+    def at(self, path: Path, loc: list) -> str:
+        return f"{path}:{_line(self.texts[path], loc)}"
+
+
+def _compose(
+    path: Path, text: str, data: dict, model: type[BaseModel], stack: tuple[Path, ...]
+) -> tuple[BaseModel, _Where]:
+    """Validate one file (a SOP or a fragment) and splice in its includes: a fragment's params join this
+    file's, its steps take the place of the `- include:` entry."""
+    where = _Where(texts={path: text})
+    entries = data.get("steps")
+    slots: list[int | tuple[BaseModel, _Where]] = []  # per entry: an own step's index, or a fragment
+    own: list[Any] = []
+    own_index: list[int] = []  # own step -> its index among the file's entries
+    for i, entry in enumerate(entries if isinstance(entries, list) else []):
+        if isinstance(entry, dict) and "include" in entry and "kind" not in entry:
+            frag, inner = _include(path, text, i, entry, stack)
+            for name, decl in inner.raw.items():
+                _merge_param(where, name, decl, inner.params[name], inner.texts[inner.params[name]])
+            where.texts.update(inner.texts)
+            slots.append((frag, inner))
+        else:
+            slots.append(len(own))
+            own.append(entry)
+            own_index.append(i)
+    params = data.get("params") or {}
+    for name, decl in params.items() if isinstance(params, dict) else []:
+        _merge_param(where, name, decl, path, text)
+    _check_kinds(path, text, own, own_index)
+    body = dict(data)
+    if isinstance(entries, list):
+        body["steps"] = own
+    if isinstance(params, dict):  # else pydantic names what is wrong with it
+        body["params"] = where.raw
+    try:
+        result = model.model_validate(body)
+    except ValidationError as e:
+        raise UsageError(_explain(path, text, data, e, own_index, model)) from None
+    steps: list[Step] = []
+    for slot in slots:
+        if isinstance(slot, int):
+            steps.append(result.steps[slot])  # type: ignore[attr-defined]
+            where.steps.append((path, own_index[slot]))
+        else:
+            steps.extend(slot[0].steps)  # type: ignore[attr-defined]
+            where.steps.extend(slot[1].steps)
+    return result.model_copy(update={"steps": steps}), where
+
+
+def _include(path: Path, text: str, i: int, entry: dict, stack: tuple[Path, ...]) -> tuple[BaseModel, _Where]:
+    """The fragment a `- include: NAME` entry names, loaded (with its own includes) and validated."""
+    at = f"{path}:{_line(text, ['steps', i])}"
+    for key in entry:
+        if key not in Include.model_fields:
+            raise UsageError(f"{at}: unknown key {key!r} at steps.{i}.{key}{suggest(str(key), ['include'])}")
+    name = entry["include"]
+    if not isinstance(name, str) or not name:
+        raise UsageError(f"{at}: steps.{i}.include: a fragment name, received {name!r}")
+    frag_path = _find_fragment(path, name, at)
+    if frag_path.resolve() in stack:
+        cycle = " -> ".join(p.name for p in (*stack, frag_path.resolve()))
+        raise UsageError(f"{at}: include cycle: {cycle}")
+    frag_text, frag_data = _read(frag_path, "a fragment is a mapping with params and steps")
+    return _compose(frag_path, frag_text, frag_data, Fragment, (*stack, frag_path.resolve()))
+
+
+def _find_fragment(path: Path, name: str, at: str) -> Path:
+    """NAME: fragments/NAME.yaml beside the including SOP (or beside the including fragment), then the
+    bundled sops/fragments/; a name ending in .yaml is a path relative to the including file."""
+    if name.endswith((".yaml", ".yml")):
+        found = path.parent / name
+        if found.is_file():
+            return found
+        raise UsageError(f"{at}: include {name!r}: file not found ({found})")
+    dirs = [path.parent / FRAGMENTS, *([path.parent] if path.parent.name == FRAGMENTS else [])]
+    dirs.append(sops_dir() / FRAGMENTS)
+    for d in dirs:
+        if (d / f"{name}.yaml").is_file():
+            return d / f"{name}.yaml"
+    known = sorted({f.stem for d in dirs if d.is_dir() for f in d.glob("*.yaml")})
+    raise UsageError(
+        f"{at}: no fragment named {name!r}{suggest(name, known)}",
+        hint=f"fragments: {', '.join(known) or 'none'} (in {dirs[0]} or {dirs[-1]})",
+    )
+
+
+def _merge_param(where: _Where, name: str, decl: Any, path: Path, text: str) -> None:
+    """A parameter declared by this file or an included fragment. Declared again, it must keep its type;
+    the including file may refine the rest (a default, a description), fragments must agree."""
+    before = where.raw.get(name)
+    if before is None or not isinstance(decl, dict) or not isinstance(before, dict):
+        where.raw[name], where.params[name] = decl, path
+        return
+    first = where.params[name]
+    at = f"{path}:{_line(text, ['params', name])}"
+    if "type" in decl and decl["type"] != before.get("type", "str"):
+        raise UsageError(
+            f"{at}: parameter {name!r} is declared as {decl['type']} here and as "
+            f"{before.get('type', 'str')} in {first}"
+        )
+    own = path == next(iter(where.texts))  # the including file itself, not one more fragment
+    if not own and decl.get("default") != before.get("default"):
+        raise UsageError(
+            f"{at}: parameter {name!r} has default {decl.get('default')!r} here and "
+            f"{before.get('default')!r} in {first}",
+            hint="declare it in one fragment only, or give both the same default",
+        )
+    where.raw[name] = {**before, **decl}
+    if own:
+        where.params[name] = path
+
+
+def _check_kinds(path: Path, text: str, steps: list, index: list[int]) -> None:
+    for step, i in zip(steps, index, strict=True):
+        if isinstance(step, dict) and step.get("kind") in STEP_KINDS:
+            continue
+        line = _line(text, ["steps", i])
+        if isinstance(step, dict) and "kind" not in step:
+            close = next(
+                (suggest(str(k), ["kind", "include"]) for k in step if suggest(str(k), ["kind", "include"])),
+                "",
+            )
+            raise UsageError(
+                f"{path}:{line}: steps[{i}] needs kind: (a step) or include: (a fragment){close}"
+            )
         kind = step.get("kind") if isinstance(step, dict) else None
         if kind not in STEP_KINDS:
-            line = _line(text, ["steps", i])
             raise UsageError(
-                f"{path}:{line}: steps[{i}] has unknown kind {kind!r}{_suggest(str(kind), STEP_KINDS)}",
+                f"{path}:{line}: steps[{i}] has unknown kind {kind!r}{suggest(str(kind), STEP_KINDS)}",
                 hint=f"kinds: {', '.join(STEP_KINDS)}",
             )
 
 
-def _explain(path: Path, text: str, data: dict, err: ValidationError) -> str:
+def _explain(path: Path, text: str, data: dict, err: ValidationError, index: list[int], model: type) -> str:
     e = err.errors()[0]
     loc = [p for p in e["loc"] if p not in STEP_KINDS]  # pydantic puts the union tag in the path
+    if loc[:1] == ["steps"] and len(loc) > 1 and isinstance(loc[1], int):
+        loc[1] = index[loc[1]]  # the entry's index in the file (includes left out before validation)
     line = _line(text, loc)
     where = ".".join(str(p) for p in loc)
     if e["type"] == "extra_forbidden":
         key = str(loc[-1])
-        model = _model_at(data, loc[:-1])
-        return f"{path}:{line}: unknown key {key!r} at {where}{_suggest(key, model)}"
+        return (
+            f"{path}:{line}: unknown key {key!r} at {where}{suggest(key, _model_at(data, loc[:-1], model))}"
+        )
     return f"{path}:{line}: {where}: {e['msg']} (received {e.get('input')!r})"
 
 
-def _model_at(data: dict, loc: list) -> list[str]:
+def _model_at(data: dict, loc: list, model: type) -> list[str]:
     if loc[:1] == ["steps"] and len(loc) == 2:
         kind = data["steps"][loc[1]].get("kind")
         return list(STEP_KINDS[kind].model_fields)
     if loc[:1] == ["params"] and len(loc) == 2:
         return list(Param.model_fields)
-    return list(Sop.model_fields)
+    return list(model.model_fields)
 
 
-def _check_templates(path: Path, sop: Sop) -> None:
+def _check_overrides(sop: Sop, where: _Where) -> None:
+    """`overrides:` names a list parameter; `maps_to` names a trainer key (section.key), once, and needs it."""
+    main = next(iter(where.texts))
+    target = sop.params.get(sop.overrides or "")
+    if sop.overrides and (target is None or target.type != "list"):
+        raise UsageError(
+            f"{where.at(main, ['overrides'])}: overrides: {sop.overrides!r} must name a list parameter"
+            f"{suggest(sop.overrides, sop.params)}"
+        )
+    mapped: dict[str, str] = {}
+    for name, p in sop.params.items():
+        if p.maps_to is None:
+            continue
+        at = where.at(where.params[name], ["params", name, "maps_to"])
+        if not TRAINER_KEY.fullmatch(p.maps_to):
+            raise UsageError(
+                f"{at}: params.{name}.maps_to: {p.maps_to!r} is not a trainer key (section.key, e.g. train.steps)"
+            )
+        if p.type == "list":
+            raise UsageError(
+                f"{at}: params.{name}.maps_to: a list parameter cannot stand for one trainer key"
+            )
+        if not sop.overrides:
+            raise UsageError(
+                f"{at}: params.{name}.maps_to needs `overrides:` naming the list parameter the trainer overrides go in"
+            )
+        if p.maps_to in mapped:
+            raise UsageError(
+                f"{at}: params.{name}.maps_to: {p.maps_to} is already the trainer key of {mapped[p.maps_to]!r}"
+            )
+        mapped[p.maps_to] = name
+
+
+def _check_templates(sop: Sop, where: _Where) -> None:
+    """Every `{name}` is a declared parameter (or a built-in); a `maps_to` one reaches the trainer only through
+    the overrides list, never a template as well (one owner per setting)."""
+    main = next(iter(where.texts))
     known = set(sop.params) | set(BUILTINS) | {"local_python"}
-    for check in sop.preflight:
-        for word in check.argv:
+
+    def check(name: str, what: str) -> None:
+        if name not in known:
+            raise UsageError(
+                f"{what} uses {{{name}}}, which is not a parameter{suggest(name, known)}",
+                hint="declare it under params:",
+            )
+        if sop.params.get(name) and sop.params[name].maps_to:
+            raise UsageError(
+                f"{what} uses {{{name}}}, which maps to {sop.params[name].maps_to}: the trainer gets it through "
+                f"{{{sop.overrides}}} (a template must not pass it a second way)"
+            )
+
+    for check_ in sop.preflight:
+        for word in check_.argv:
             for m in TEMPLATE.finditer(word):
-                if m.group(1) not in known:
-                    raise UsageError(f"{path}: preflight uses {{{m.group(1)}}}, which is not a parameter")
-    for i, step in enumerate(sop.steps):
+                check(m.group(1), f"{main}: preflight")
+    if sop.fit is not None:
+        for text in (sop.fit.config, sop.fit.sets or ""):
+            for m in TEMPLATE.finditer(text):
+                check(m.group(1), f"{main}: fit")
+    for step, (path, i) in zip(sop.steps, where.steps, strict=True):
         for fname in step.template_fields:
             for text in _strings(getattr(step, fname)):
                 for m in TEMPLATE.finditer(text):
-                    if m.group(1) not in known:
-                        raise UsageError(
-                            f"{path}: steps[{i}].{fname} uses {{{m.group(1)}}}, which is not a parameter"
-                            f"{_suggest(m.group(1), known)}",
-                            hint="declare it under params:",
-                        )
+                    check(m.group(1), f"{path}: steps[{i}].{fname}")
 
 
 def _strings(value: object) -> list[str]:
@@ -218,11 +337,6 @@ def _line(text: str, loc: list) -> int:
         else:
             break
     return node.start_mark.line + 1
-
-
-def _suggest(word: str, options: Any) -> str:
-    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def list_sops() -> list[tuple[str, str, str]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,9 @@ TEMPLATE = re.compile(r"(?<![$\{])\{([a-z_][a-z0-9_]*)\}(?!\})")
 # Values every step can use without declaring them.
 BUILTINS = ("worker", "num_workers", "run_id", "coordinator_host")
 
+# A trainer config key a parameter may stand for (`maps_to: train.steps`): section.key, lower case.
+TRAINER_KEY = re.compile(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+")
+
 # `list` holds strings; in a command template each item becomes its own quoted word.
 ParamType = Literal["str", "int", "float", "bool", "path", "list"]
 _PY_TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool, "path": str, "list": list}
@@ -30,12 +34,25 @@ class Frozen(BaseModel):
 
 
 class Param(Frozen):
-    """One SOP parameter: a type, a default (None = required), an optional list of choices."""
+    """One SOP parameter: a type, a default (None = required), an optional list of choices.
+
+    With `maps_to: section.key` the parameter stands for that trainer setting: given a value (by the user, or
+    a default the SOP declares), it goes to the trainer as `--set=section.key=value` in the SOP's overrides
+    list; without one nothing is passed and the trainer config's own value stands (it is then not required).
+    """
 
     type: ParamType = "str"
     default: Any = None
     description: str = ""
     choices: list[Any] | None = None
+    maps_to: str | None = None
+
+    @property
+    def shown_default(self) -> str:
+        """The default as `sop show` prints it."""
+        if self.default is not None:
+            return str(self.default)
+        return f"(the trainer's {self.maps_to})" if self.maps_to else "(required)"
 
     def coerce(self, name: str, raw: object) -> object:
         """Parse a `--set` string (or a YAML/config value) into this parameter's type."""
@@ -174,6 +191,12 @@ def markers(stdout: str) -> list[dict[str, str]]:
             fields["_"] = line[8:]
             found.append(fields)
     return found
+
+
+def suggest(word: str, options: Any) -> str:
+    """`; did you mean 'x'?` for the closest of `options`, or nothing."""
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _text(value: object) -> str:

@@ -247,12 +247,13 @@ def _resume_after_preemption(
 
     # The uninterrupted run: the same trainer, config and seed, here (one process, one CPU device).
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINER_", "XLA_"))}
-    env.update(JAX_PLATFORMS="cpu", TRAINER_DATA_DIR=str(DATA))
+    env.update(JAX_PLATFORMS="cpu")
     argv = [sys.executable, "-m", "trainer.main", "--config", "toy"]
     for k, v in {
         **trainer,
         "checkpoint.dir": str(tmp_path / "whole"),
         "log.output_dir": str(tmp_path / "out"),
+        "data.root": str(DATA),
     }.items():
         argv += ["--set", f"{k}={v}"]
     whole = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
