@@ -11,11 +11,12 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from trainer.sharding import BATCH
+
 ENV_COORDINATOR = "TRAINER_COORDINATOR"
 ENV_NUM = "TRAINER_NUM_PROCESSES"
 ENV_ID = "TRAINER_PROCESS_ID"
 ENV_TIMEOUT = "TRAINER_JOIN_TIMEOUT"  # seconds to wait for every process (default 120)
-BATCH = ("dp", "fsdp")  # mesh axes the sequence dimension is split over
 
 
 def init(timeout_s: int | None = None) -> tuple[int, int]:
