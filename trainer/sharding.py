@@ -98,6 +98,11 @@ def param_shardings(params: Any, mesh: Mesh) -> Any:
     )
 
 
+def shard_params(params: Any, mesh: Mesh) -> Any:
+    """Place host or single-device params onto the mesh by the rules (single process)."""
+    return jax.device_put(params, param_shardings(params, mesh))
+
+
 def batch_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
     """Activations/inputs [B, ...]: batch over (dp, fsdp), the rest replicated."""
     return NamedSharding(mesh, _fit(P(BATCH), shape, mesh))
