@@ -1,10 +1,13 @@
-"""The log-line contract (docs/contracts.md): trainer/metrics.py formats, tpuops/logscan.py parses."""
+"""The log-line contract (docs/contracts.md): trainer/metrics.py formats, tpuops/run/scan.py parses."""
 
 from __future__ import annotations
 
+import io
 import random
 import re
+from typing import Any
 
+import numpy as np
 import pytest
 
 from tpuops.run.scan import LogScanner
@@ -63,3 +66,45 @@ def test_step_lines_round_trip_through_the_parser() -> None:
     assert report.dt is not None and report.dt.n == 38
     assert (report.dt.min, report.dt.max) == (steady[0], steady[-1])
     assert report.dt.mean == pytest.approx(sum(steady) / 38, rel=1e-12)
+
+
+def _steady_p50_both_ways(dts: list[float], start: int = 0) -> tuple[float | None, float | None, Any]:
+    """(the trainer's summary dt_p50, tpuops' report dt p50, the report) for one log of these step times."""
+    from trainer.loop.record import summary
+
+    rng = random.Random(len(dts))
+    history = [{**values(rng), "dt": dt} for dt in dts]
+    out = io.StringIO()
+    emit = metrics.Emitter(0, out)
+    for i, row in enumerate(history):
+        emit.step(start + i, row)
+    trainer_summary = summary(history, start)
+    emit.summary(trainer_summary)
+    scanner = LogScanner()  # tpuops' default warm-up
+    for line in out.getvalue().splitlines():
+        scanner.feed(line)
+    report = scanner.close()
+    assert report.steps == len(dts) and report.summary is not None
+    assert report.summary["dt_p50"] == trainer_summary["dt_p50"]  # the printed summary says the same
+    return trainer_summary["dt_p50"], (report.dt.p50 if report.dt else None), report
+
+
+def test_the_trainer_summary_and_the_tpuops_report_agree_on_the_steady_step_time_p50() -> None:
+    """One definition (docs/contracts.md): numpy's linear median of the printed `dt` of every step line but
+    the first. Even-length steady runs are where the trainer's old `sorted(dts[1:])[n // 2]` differed."""
+    awkward = [31.7, 1.234999, 1.2351, 0.98, 2.5, 1.004, 1.006]  # 6 steady steps; two round across .xx5
+    trainer_p50, tpuops_p50, report = _steady_p50_both_ways(awkward)
+    printed = [float(f"{d:.2f}") for d in awkward[1:]]
+    assert trainer_p50 == tpuops_p50 == pytest.approx(float(np.median(printed)), rel=1e-12)
+    assert report.dt.n == 6
+    old_definition = sorted(awkward[1:])[len(awkward[1:]) // 2]
+    assert abs(old_definition - trainer_p50) > 0.01  # the old trainer figure: the upper middle, unrounded
+    rng = random.Random(1)
+    for n in (2, 3, 4, 9, 10, 41):
+        dts = [rng.uniform(5, 30)] + [
+            rng.choice([0.5, 1.0, 2.0]) * rng.uniform(0.9, 1.1) for _ in range(n - 1)
+        ]
+        trainer_p50, tpuops_p50, _ = _steady_p50_both_ways(dts, start=rng.choice([0, 5]))  # a resume too
+        assert trainer_p50 == tpuops_p50, (n, dts)
+    # One step: no steady step, so neither has a p50 (the trainer used to report the compile step's time).
+    assert _steady_p50_both_ways([12.0])[:2] == (None, None)

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import yaml
 
+from trainer import tasks
+
 CONFIGS = Path(__file__).resolve().parent / "configs"
 
 
@@ -50,7 +52,7 @@ class DataConfig:
     # (less padding, but one compile per bucket seen: `tpuops recompile-check` flags those)
     fixed_bucket: bool = True
     toy_fraction: float = (
-        0.25  # toy task: the share of the vocabulary that counts as hits (train.toy_targets)
+        0.25  # toy task: the share of the vocabulary that counts as hits (tasks.toy_targets)
     )
 
 
@@ -188,9 +190,12 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
+        task = tasks.get(self.data.task)
+        with_eval = [t.name for t in tasks.TASKS.values() if t.eval_examples is not None]
         _check(
-            not (self.eval.every and self.data.task != "gsm8k"),
-            f"eval.every needs data.task=gsm8k (the {self.data.task} task has no test split); set eval.every=0",
+            not (self.eval.every and task.eval_examples is None),
+            f"eval.every needs a task with an eval split ({', '.join(with_eval)}): the {task.name} task has "
+            "none; set eval.every=0",
         )
 
     @property

@@ -56,7 +56,7 @@ class PromptStream:
 
     Every process walks the same global order, so each step's prompts are the same everywhere (a few KB of
     text); the batch is split across processes on the devices: each places only its own rows
-    (train.global_array), so generation and the update run sharded over every host.
+    (distributed.global_array), so generation and the update run sharded over every host.
     """
 
     def __init__(self, examples: list[Example], seed: int) -> None:

@@ -1,10 +1,17 @@
-"""Multi-host start-up: jax.distributed on TPU pods, or explicit coordinator/process env for CPU runs."""
+"""Multi-host: the join (jax.distributed; coordinator env on CPU) and host data placed on and gathered off the mesh."""
 
 from __future__ import annotations
 
 import os
 import sys
 import threading
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from trainer.sharding import BATCH
 
 ENV_COORDINATOR = "TRAINER_COORDINATOR"
 ENV_NUM = "TRAINER_NUM_PROCESSES"
@@ -14,8 +21,6 @@ ENV_TIMEOUT = "TRAINER_JOIN_TIMEOUT"  # seconds to wait for every process (defau
 
 def init(timeout_s: int | None = None) -> tuple[int, int]:
     """(process_index, process_count). If the expected processes do not join in time: a clear exit, no hang."""
-    import jax
-
     timeout_s = timeout_s or int(os.environ.get(ENV_TIMEOUT) or 120)
 
     num = int(os.environ.get(ENV_NUM) or 1)
@@ -59,3 +64,19 @@ def init(timeout_s: int | None = None) -> tuple[int, int]:
     finally:
         timer.cancel()
     return jax.process_index(), jax.process_count()
+
+
+def global_array(mesh: Mesh, host: np.ndarray) -> jax.Array:
+    """A batch-sharded global array from data every process holds in full (each places only its shards)."""
+    spec = P(BATCH, *([None] * (host.ndim - 1)))
+    sharding = NamedSharding(mesh, spec)
+    return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+
+
+def to_host(x: jax.Array) -> np.ndarray:
+    """The whole of a (possibly multi-host) global array, on every process."""
+    if jax.process_count() == 1:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))

@@ -1,4 +1,4 @@
-"""GSM8K test accuracy (pass@1): `evaluate()` inside a training run, `python -m trainer.eval` on its own.
+"""Test accuracy (pass@1) on the task's eval split (GSM8K test): `evaluate()` in a run, `python -m trainer.eval`.
 
 Dims: B eval batch (eval.batch rounded up to a multiple of the batch devices), P the largest prompt bucket,
 C = rollout.max_new_tokens. Every batch has the same shape [B, P] (the last one is filled with repeats of
@@ -19,11 +19,9 @@ from typing import Any
 import numpy as np
 
 from trainer import config as config_mod
-from trainer import metrics
+from trainer import metrics, tasks
 from trainer.config import Config, ConfigError
 from trainer.grpo.rewards import Sample, score
-
-SPLIT = "test"
 
 
 def score_completions(texts: Sequence[str], golds: Sequence[str | None]) -> np.ndarray:
@@ -41,19 +39,28 @@ def eval_batch_size(cfg: Config, batch_devices: int) -> int:
     return -(-cfg.eval.batch // batch_devices) * batch_devices
 
 
+def eval_task(cfg: Config) -> tasks.Task:
+    """The config's task, which must declare an eval split (a ConfigError otherwise)."""
+    task = tasks.get(cfg.data.task)
+    if task.eval_examples is None:
+        with_eval = ", ".join(t.name for t in tasks.TASKS.values() if t.eval_examples is not None)
+        raise ConfigError(f"data.task={task.name} has no eval split (tasks with one: {with_eval})")
+    return task
+
+
 def prompt_rows(cfg: Config, tokenizer: Any) -> tuple[list[list[int]], list[str | None], int]:
-    """(token rows, gold answers, skipped): the first eval.max_examples test questions (0: all) as chat
-    prompts; those longer than the largest prompt bucket are skipped and counted."""
-    from trainer import data, tasks
+    """(token rows, gold answers, skipped): the first eval.max_examples questions of the task's eval split (0:
+    all) as chat prompts; those longer than the largest prompt bucket are skipped and counted."""
     from trainer.tokenizer import chat_text
 
-    examples = data.load_gsm8k(cfg.data.path, SPLIT, cfg.data.root)
+    task = eval_task(cfg)
+    examples = task.eval_examples(cfg)
     if cfg.eval.max_examples:
         examples = examples[: cfg.eval.max_examples]
     limit = max(cfg.data.prompt_buckets)
     rows, golds, skipped = [], [], 0
     for ex in examples:
-        text = chat_text(tokenizer, tasks.get("gsm8k").messages(ex))
+        text = chat_text(tokenizer, task.messages(ex))
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) > limit:
             skipped += 1
@@ -61,8 +68,8 @@ def prompt_rows(cfg: Config, tokenizer: Any) -> tuple[list[list[int]], list[str 
         rows.append(ids)
         golds.append(ex.gold)
     if not rows:
-        raise SystemExit(
-            f"config: no GSM8K {SPLIT} prompt fits data.prompt_buckets (largest {limit} tokens); raise it to 256"
+        raise ConfigError(
+            f"no {task.name} eval prompt fits data.prompt_buckets (largest {limit} tokens); raise it (gsm8k: 256)"
         )
     return rows, golds, skipped
 
@@ -70,19 +77,19 @@ def prompt_rows(cfg: Config, tokenizer: Any) -> tuple[list[list[int]], list[str 
 def evaluate(
     cfg: Config, params: Any, mconf: Any, tokenizer: Any, mesh: Any, emit: metrics.Emitter, *, step: int = 0
 ) -> float:
-    """Accuracy on the GSM8K test split (greedy or sampled per eval.greedy); emits the three eval lines."""
+    """Accuracy on the task's eval split (greedy or sampled per eval.greedy); emits the three eval lines."""
     import jax
 
+    from trainer.distributed import global_array, to_host
     from trainer.sampling.sampler import SamplingConfig, generate
     from trainer.tokenizer import decode, eos_ids, pad_batch, pad_id
-    from trainer.train import global_array, to_host
 
     emit.eval_begin(step)
     t0 = time.perf_counter()
     rows, golds, skipped = prompt_rows(cfg, tokenizer)
     if skipped:
         emit.line(
-            f"warning: eval skipped {skipped} {SPLIT} prompts longer than {max(cfg.data.prompt_buckets)} tokens"
+            f"warning: eval skipped {skipped} test prompts longer than {max(cfg.data.prompt_buckets)} tokens"
         )
     B = eval_batch_size(cfg, mesh.shape["dp"] * mesh.shape["fsdp"])
     P_len = max(cfg.data.prompt_buckets)
@@ -120,14 +127,11 @@ def evaluate(
 def run(cfg: Config, checkpoint_dir: str | None = None, emit: metrics.Emitter | None = None) -> float:
     """Load the model as train.run does (and the latest checkpoint's params if given), evaluate once."""
     from trainer import checkpoint
-    from trainer.model.loading import load_pretrained
-    from trainer.tokenizer import load_tokenizer
-    from trainer.train import model_folder, start_up
+    from trainer.startup import load_model, start_up
 
+    eval_task(cfg)  # before minutes of loading: fail in seconds
     emit, mesh, process_index, _ = start_up(cfg, emit)
-    folder = model_folder(cfg, process_index)
-    mconf, params = load_pretrained(folder, mesh=mesh, dtype=cfg.model.dtype)
-    tokenizer = load_tokenizer(folder if cfg.data.tokenizer == "auto" else Path(cfg.data.tokenizer))
+    mconf, params, tokenizer = load_model(cfg, mesh, process_index)
     step = 0
     if checkpoint_dir:
         step, params = restore_params(checkpoint.manager(checkpoint_dir), params, checkpoint_dir)

@@ -5,13 +5,12 @@ reference log-probs away from the new ones, a chosen id in every 128-column voca
 temperature 0.7. `grpo` differentiates the real training loss (trainer/grpo/loss.py, every aggregation in
 OBJECTIVES) through each kernel; `ce` a masked mean cross-entropy. Prints one `metrics: {json}` line
 (docs/contracts.md): per impl the worst relative difference over the objectives, and each objective's under
-`by_objective`; exit 0 within tolerance, 1 beyond.
+`by_objective`; exit 0 within tolerance, 1 beyond, 2 a bad argument.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -208,7 +207,7 @@ def _run(loss: str, config: str, dtype: str, impls: tuple[str, ...], seed: int) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry: prints the metrics line, returns the exit code."""
+    """CLI entry: prints the metrics line; 0 within tolerance, 1 beyond, 2 a bad argument."""
     ap = argparse.ArgumentParser(prog="python -m trainer.gradcheck", description=__doc__)
     ap.add_argument("loss", choices=("grpo", "ce"))
     ap.add_argument("--config", choices=tuple(CONFIGS), default="small-cpu")
@@ -218,11 +217,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    from trainer import kernels
+    from trainer import kernels, metrics
 
-    impls = kernels.IMPLS[1:] if args.impl == "all" else (kernels.resolve_impl(args.impl),)
+    try:
+        impls = kernels.IMPLS[1:] if args.impl == "all" else (kernels.resolve_impl(args.impl),)
+    except ValueError as e:  # a bad argument, as argparse's own: exit 2
+        print(f"gradcheck: --impl: {e}", file=sys.stderr)
+        return 2
     rec = run(args.loss, args.config, args.dtype, impls, args.seed)
-    print("metrics: " + json.dumps(rec, separators=(",", ":")), flush=True)
+    metrics.Emitter().metrics(rec)
     return 0 if rec["ok"] else 1
 
 

@@ -1,4 +1,8 @@
-"""Thin entry: `python -m trainer.main --config NAME [--set a.b=c ...] [--print-config]` -> config.load -> train.run."""
+"""Thin entry: `python -m trainer.main --config NAME [--set a.b=c ...] [--print-config]` -> config.load -> train.run.
+
+Exit codes (docs/contracts.md): 0 done, 1 failed, 2 bad config or override (one `config:` line on stderr),
+143 stopped by SIGTERM.
+"""
 
 from __future__ import annotations
 
@@ -38,7 +42,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from trainer import train
 
-    train.run(cfg)
+    # What only the machine can tell is checked in train.run: the mesh, the batch devices, the prompt buckets.
+    try:
+        train.run(cfg)
+    except config.ConfigError as e:
+        print(f"config: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

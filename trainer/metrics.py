@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-# The fixed head of a step line: three fields, then `dt` (tpuops/logscan.py reads dt as the fifth field),
+# The fixed head of a step line: three fields, then `dt` (tpuops/run/scanner.py reads dt as the fifth field),
 # chosen to say whether the run learns (docs/trainer.md "The step line"); then the other learning signals,
 # the time breakdown, `loss` (about 0 by construction in GRPO: no progress signal) and everything else.
 HEAD = (("reward_mean", ".4f"), ("reward_delta", "+.4f"), ("entropy", ".4f"))
@@ -22,6 +22,25 @@ OPTIONAL = ("kl", "kl_old")  # printed only when given (the KL to the reference 
 TIMES = ("rollout_generate", "update")
 EXTRA_TIMES = ("reward_score",)  # further phases, seconds
 TAIL_HEAD = (("loss", ".6f"),)
+WARMUP_STEPS = 1  # the first step line(s) of a log, which compile: tpuops' default --warmup
+
+
+def printed_dt(dt: float) -> float:
+    """`dt` as a step line prints it (2 decimals): what tpuops reads back."""
+    return float(f"{dt:.2f}")
+
+
+def steady_dt_p50(dts: Sequence[float], warmup: int = WARMUP_STEPS) -> float | None:
+    """The steady step time p50 (docs/contracts.md), defined as tpuops' report defines it: numpy's median with
+    linear interpolation of the printed `dt` of every step line of this log but the first `warmup`; None when
+    there is no such step. (Computed as tpuops/run/scan.py's `quantile` does, so the two agree to the bit.)"""
+    xs = sorted(printed_dt(d) for d in dts[warmup:])
+    if not xs:
+        return None
+    h = (len(xs) - 1) * 0.5
+    lo = int(h)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (h - lo)
 
 
 def _fmt(value: Any) -> str:
@@ -41,7 +60,7 @@ def format_step(step: int, values: Mapping[str, Any]) -> str:
     v = dict(values)
     parts = [f"step={step}"]
     parts += [f"{key}={float(v.pop(key, 0.0)):{spec}}" for key, spec in HEAD]
-    parts.append(f"dt={float(v.pop('dt', 0.0)):.2f}s")
+    parts.append(f"dt={float(v.pop('dt', 0.0)):.2f}s")  # printed_dt's precision
     parts += [
         f"{key}={float(v.pop(key, 0.0)):{spec}}" for key, spec in SIGNALS if key in v or key not in OPTIONAL
     ]

@@ -10,7 +10,6 @@ offline unless set).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -132,7 +131,7 @@ def log_wandb(rec: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry: prints the metrics line, returns the exit code."""
+    """CLI entry: prints the metrics line; 0 measured, 1 failed, 2 a bad argument."""
     ap = argparse.ArgumentParser(prog="python -m trainer.microbench", description=__doc__)
     ap.add_argument("--impl", default="chunked", help="reference|chunked|pallas|fused_lm_head|auto")
     ap.add_argument("--B", type=int, default=1)
@@ -143,12 +142,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", type=int, default=None, help="hidden size: time lm_head matmul + loss")
     ap.add_argument("--wandb", action="store_true", help="also log the record to W&B")
     args = ap.parse_args(argv)
+    from trainer import kernels, metrics
+
+    try:
+        kernels.resolve_impl(args.impl)
+        sizes = {
+            "--B": args.B,
+            "--T": args.T,
+            "--V": args.V,
+            "--iters": args.iters,
+            "--hidden": args.hidden or 1,
+        }
+        for flag, value in sizes.items():
+            if value <= 0:
+                raise ValueError(f"{flag} must be > 0, received {value}")
+    except ValueError as e:  # a bad argument, as argparse's own: exit 2
+        print(f"microbench: {e}", file=sys.stderr)
+        return 2
     try:
         rec = measure(args.impl, args.B, args.T, args.V, DTYPES[args.dtype], args.iters, args.hidden)
     except (ValueError, RuntimeError) as e:
         print(f"microbench failed: {e}", file=sys.stderr)
         return 1
-    print("metrics: " + json.dumps(rec, separators=(",", ":")), flush=True)
+    metrics.Emitter().metrics(rec)
     if args.wandb or os.environ.get("TRAINER_WANDB") == "1":
         log_wandb(rec)
     return 0

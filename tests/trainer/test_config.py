@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from trainer import config
 from trainer.main import main
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("name", config.presets())
@@ -81,3 +85,25 @@ def test_a_config_path_that_does_not_exist_says_file_not_found(capsys: pytest.Ca
     assert main(["--config", "/nonexistent/cfg.yaml", "--print-config"]) == 2
     err = capsys.readouterr().err
     assert "config file '/nonexistent/cfg.yaml': file not found" in err and "no config preset" not in err
+
+
+@pytest.mark.parametrize(
+    ("sets", "needle"),
+    [
+        (["mesh.dp=3"], "config: mesh: "),  # only the machine can tell: 1 CPU device
+        (["data.prompt_buckets=4"], "config: no prompt fits data.prompt_buckets (largest 4 tokens)"),
+    ],
+)
+def test_a_config_the_run_rejects_exits_2_with_one_line(tmp_path: Path, sets: list[str], needle: str) -> None:
+    """Errors found once JAX and the tokenizer are up (the mesh, the prompt buckets) exit 2 as docs/contracts.md
+    says, with one `config:` line on stderr and no traceback, like those found by config.load."""
+    argv = [sys.executable, "-m", "trainer.main", "--config", "arith", "--set", f"log.output_dir={tmp_path}"]
+    for s in sets:
+        argv += ["--set", s]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and proc.stderr.startswith(needle), (
+        proc.stderr
+    )
+    assert "\nstep=" not in proc.stdout  # no step ran

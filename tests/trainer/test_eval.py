@@ -41,6 +41,8 @@ def test_bad_config_and_missing_checkpoint_exit_2(tmp_path: Path, capsys: pytest
     assert "did you mean 'eval.max_examples'" in capsys.readouterr().err
     assert trainer_eval.main(["--config", "tiny", "--checkpoint", str(tmp_path / "nope")]) == 2
     assert "no such folder" in capsys.readouterr().err
+    assert trainer_eval.main(["--config", "arith"]) == 2  # a task without an eval split, before any loading
+    assert "config: data.task=arith has no eval split (tasks with one: gsm8k)" in capsys.readouterr().err
     assert not (tmp_path / "nope").exists()  # the check must not create it (orbax would)
 
 

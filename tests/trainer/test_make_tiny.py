@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainer import config, train
+from trainer import config, startup
 from trainer.make_tiny import MARKER, complete
 
 
@@ -20,7 +20,7 @@ def arith(tmp_path: Path) -> config.Config:
 
 def test_make_tiny_killed_mid_write_leaves_no_folder_and_the_next_run_rebuilds(tmp_path: Path) -> None:
     cfg = arith(tmp_path)
-    target = train.tiny_folder(cfg, 0)
+    target = startup.tiny_folder(cfg, 0)
     writer = subprocess.Popen(
         [sys.executable, "-m", "trainer.make_tiny", str(target), "--tokenizer", "bundled"],
         env={**os.environ, "JAX_PLATFORMS": "cpu"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -33,7 +33,7 @@ def test_make_tiny_killed_mid_write_leaves_no_folder_and_the_next_run_rebuilds(t
     writer.send_signal(signal.SIGKILL)  # mid-write: the temporary folder has some files, not all
     assert writer.wait() == -signal.SIGKILL, "make_tiny finished before it could be interrupted"
     assert partial and not target.exists()  # nothing under the real name: no reader can trust half a model
-    folder = train.model_folder(cfg, 0)  # the next run
+    folder = startup.model_folder(cfg, 0)  # the next run
     assert folder == target and complete(folder)
     assert json.loads((folder / "config.json").read_text())["vocab_size"] == 384
 
@@ -42,11 +42,11 @@ def test_a_half_written_folder_from_an_older_version_is_rebuilt(tmp_path: Path) 
     """The issue's case: config.json and weights but no tokenizer (a make_tiny that failed half way, before
     writes were atomic). The next run does not trust it: it rebuilds the folder and trains."""
     cfg = arith(tmp_path)
-    target = train.tiny_folder(cfg, 0)
+    target = startup.tiny_folder(cfg, 0)
     target.mkdir(parents=True)
     (target / "config.json").write_text("{}")
     (target / "model.safetensors").write_bytes(b"partial")
-    folder = train.model_folder(cfg, 0)
+    folder = startup.model_folder(cfg, 0)
     assert complete(folder) and (folder / "tokenizer.json").exists() and (folder / MARKER).exists()
     from trainer.model.loading import load_pretrained
 

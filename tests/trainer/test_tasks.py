@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import typing
@@ -12,6 +13,8 @@ import pytest
 from trainer import config, tasks
 from trainer import tokenizer as tok
 from trainer.make_tokenizer import BUNDLED, save
+
+TRAINER = Path(tasks.__file__).resolve().parent
 
 
 def test_every_task_the_config_accepts_is_registered_and_the_reverse() -> None:
@@ -59,3 +62,35 @@ def test_the_bundled_tokenizer_encodes_the_arith_prompts_digit_by_digit() -> Non
     anything = "naïve café ☃ ∑ 漢字"
     assert t.decode(t(anything, add_special_tokens=False)["input_ids"]) == anything  # byte fallback
     assert json.loads((BUNDLED / "tokenizer_config.json").read_text())["eos_token"] == "<|im_end|>"
+
+
+def test_tasks_declare_what_they_need_and_the_config_asks_them() -> None:
+    """Token targets and an eval split are declared by the task; `eval.every` is refused for a task without one."""
+    assert [n for n, t in tasks.TASKS.items() if t.token_targets is not None] == ["toy"]
+    assert [n for n, t in tasks.TASKS.items() if t.eval_examples is not None] == ["gsm8k"]
+    gsm8k = tasks.get("gsm8k").eval_examples(config.load("tiny"))
+    assert len(gsm8k) == 1319 and all(ex.gold is not None for ex in gsm8k)
+    with pytest.raises(config.ConfigError, match=r"eval\.every needs a task with an eval split \(gsm8k\)"):
+        config.load("toy", ["eval.every=5"])
+    assert config.load("tiny", ["eval.every=5"]).eval.every == 5
+
+
+def test_no_module_branches_on_a_task_name() -> None:
+    """Every task-specific choice goes through the registry: outside tasks.py no trainer module compares a value
+    with a task's name or looks one up by a literal name (`task == "toy"`, `tasks.get("gsm8k")`)."""
+    names = set(tasks.TASKS)
+    found = []
+    for path in sorted(TRAINER.rglob("*.py")):
+        if path.name == "tasks.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            literals = []
+            if isinstance(node, ast.Compare):
+                literals = [node.left, *node.comparators]
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "get":
+                literals = node.args
+            for lit in literals:
+                for item in lit.elts if isinstance(lit, ast.Tuple | ast.List | ast.Set) else [lit]:
+                    if isinstance(item, ast.Constant) and item.value in names:
+                        found.append(f"{path.relative_to(TRAINER.parent)}:{node.lineno}")
+    assert not found, found

@@ -23,10 +23,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from trainer import train
 from trainer.config import Config
 from trainer.kernels import resolve_impl
 from trainer.layout import OnMesh, decode_layout, opt_state_shardings
+from trainer.loop.programs import make_ref_logp, make_update, optimizer
 from trainer.model.config import Qwen2Config, preset
 from trainer.model.qwen2 import Qwen2
 from trainer.sampling import sampler
@@ -84,7 +84,7 @@ def state(cfg: Config, mconf: Qwen2Config, mesh: Mesh) -> tuple[Any, Any, Any]:
     )["params"]
     shardings = param_shardings(shapes, mesh)
     params = jax.tree_util.tree_map(lambda x, s: _sds(x.shape, x.dtype, s), shapes, shardings)
-    opt = train.optimizer(cfg)
+    opt = optimizer(cfg)
     shapes = jax.eval_shape(opt.init, params)
     opt_state = jax.tree_util.tree_map(
         lambda x, s: _sds(x.shape, x.dtype, s), shapes, opt_state_shardings(opt, params, mesh)
@@ -173,9 +173,9 @@ def _update(
         "adv": _batch(mesh, (N,), jnp.float32),
     }  # fmt: skip
     if cfg.loss.beta > 0:
-        ref = OnMesh(jax.jit(lambda p, b: train._ref_logp(p, b, mconf, P_len, cfg, impl)), mesh)
-        programs.append(Program("ref_logp", ref.lower(params, batch), 1, resident))
+        ref = make_ref_logp(cfg, mconf, impl, mesh)
+        programs.append(Program("ref_logp", ref.lower(params, batch, P_len), 1, resident))
         batch["ref_logp"] = _batch(mesh, (N, C), jnp.float32)
-    update = train.make_update(cfg, mconf, opt, P_len, impl, (params, opt_state))
+    update = make_update(cfg, mconf, opt, P_len, impl, (params, opt_state))
     programs.append(Program("update", update.lower(params, opt_state, batch), cfg.accumulation_steps, 0))
     return programs

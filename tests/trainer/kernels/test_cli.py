@@ -141,3 +141,21 @@ def test_microbench_logs_to_wandb_offline_only_when_asked(
     assert microbench.main([*argv, "--wandb"]) == 0
     assert len(list(tmp_path.rglob("offline-run-*"))) == 1
     assert capsys.readouterr().out.count("metrics: {") == 2
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "needle"),
+    [
+        (gradcheck.main, ["grpo", "--impl", "fast"], "gradcheck: --impl: loss impl must be one of"),
+        (microbench.main, ["--impl", "fast"], "microbench: loss impl must be one of"),
+        (microbench.main, ["--T", "0"], "microbench: --T must be > 0, received 0"),
+    ],
+)
+def test_a_bad_argument_exits_2_with_one_line(
+    main: Callable[[list[str]], int], argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As argparse's own usage errors: exit 2, one line on stderr, nothing measured (docs/contracts.md)."""
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(needle) and len(err.strip().splitlines()) == 1, err
+    assert "metrics: " not in out

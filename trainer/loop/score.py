@@ -1,0 +1,39 @@
+"""The score phase: decode the completions, reward them (the task's weights) and turn rewards into advantages."""
+
+from __future__ import annotations
+
+import time
+
+import jax.numpy as jnp
+import numpy as np
+
+from trainer.grpo.advantages import group_advantages
+from trainer.grpo.rewards import Sample, score
+from trainer.loop.state import Rollout, Run, Scores
+
+
+def score_rollout(run: Run, ro: Rollout) -> Scores:
+    """Rewards of every completion (a raising reward function is counted on a `reward_errors` line) and the
+    group-relative advantages (negated with train.flip_advantages)."""
+    cfg, G = run.cfg, run.cfg.rollout.samples_per_prompt
+    t_start = time.perf_counter()
+    texts = run.tokenizer.batch_decode(
+        [row[m.astype(bool)] for row, m in zip(ro.comp_NC, ro.cmask_NC, strict=True)],
+        skip_special_tokens=True,
+    )
+    samples = [
+        Sample(
+            text,
+            ro.prompts[i // G].gold,
+            tuple(int(t) for t in ro.comp_NC[i][ro.cmask_NC[i].astype(bool)]),
+            run.target_ids,
+        )
+        for i, text in enumerate(texts)
+    ]
+    scores = score(samples, run.weights)
+    for name, count in scores.errors.items():
+        run.emit.reward_errors(ro.step, name, count)
+    adv_N = np.asarray(group_advantages(jnp.asarray(scores.total_N), G, cfg.loss.scale_rewards))
+    if cfg.train.flip_advantages:
+        adv_N = -adv_N
+    return Scores(scores.total_N, dict(scores.per_name), adv_N, time.perf_counter() - t_start)

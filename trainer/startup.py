@@ -1,0 +1,86 @@
+"""A run's start-up, shared by training and eval: JAX settings, the multi-host join, the mesh, the model."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import jax
+from jax.sharding import Mesh
+
+from trainer import distributed, metrics
+from trainer.config import Config, ConfigError, dumps
+from trainer.sharding import make_mesh
+from trainer.tokenizer import load_tokenizer
+
+
+def setup_jax(cfg: Config) -> None:
+    if cfg.log.log_compiles:  # the config owns it: no JAX_LOG_COMPILES side door
+        jax.config.update("jax_log_compiles", True)
+        jax.config.update("jax_explain_cache_misses", True)
+
+
+def start_up(cfg: Config, emit: metrics.Emitter | None) -> tuple[metrics.Emitter, Mesh, int, int]:
+    """Training's and eval's start-up: JAX settings, the multi-host join, the mesh, the `start:` and `config:`
+    lines. Returns (emitter, mesh, process_index, process_count); a mesh that does not fit is a ConfigError."""
+    setup_jax(cfg)
+    process_index, process_count = distributed.init()
+    emit = emit or metrics.Emitter(process_index)
+    devices = jax.devices()[: cfg.mesh.devices or None]
+    fsdp = cfg.mesh.fsdp or len(devices) // (cfg.mesh.dp * cfg.mesh.tp)
+    try:
+        mesh = make_mesh(cfg.mesh.dp, fsdp, cfg.mesh.tp, devices)
+    except ValueError as e:
+        raise ConfigError(f"mesh: {e}") from None
+    emit.start(
+        backend=jax.default_backend(), process_count=process_count, process_index=process_index,
+        device_count=len(devices), mesh=f"dp:{cfg.mesh.dp},fsdp:{fsdp},tp:{cfg.mesh.tp}",
+    )  # fmt: skip
+    emit.config(dumps(cfg))
+    return emit, mesh, process_index, process_count
+
+
+def tiny_folder(cfg: Config, process_index: int) -> Path:
+    """Where the `tiny` checkpoint of this config lives under log.output_dir (one folder per process)."""
+    from trainer.make_tokenizer import BUNDLED
+
+    tok = cfg.model.tokenizer
+    # The bundled tokenizer's content is in the name, so a changed tokenizer.json never meets an old model.
+    name = {
+        "qwen2.5": "qwen2.5",
+        "bundled": "bundled-" + hashlib.sha256((BUNDLED / "tokenizer.json").read_bytes()).hexdigest()[:8],
+    }.get(tok) or "tok-" + hashlib.sha256(tok.encode()).hexdigest()[:8]
+    return (
+        Path(cfg.log.output_dir).expanduser()
+        / f"tiny-{cfg.model.preset}-{name}-seed{cfg.model.seed}-p{process_index}"
+    )
+
+
+def model_folder(cfg: Config, process_index: int) -> Path:
+    """The local folder of the checkpoint (weights and tokenizer): `tiny` is made (seeded, with
+    model.tokenizer) on first use under log.output_dir; a hub id is downloaded (or found in the HF cache); a
+    folder is used as it is. A cached tiny folder is trusted only when complete (make_tiny writes it under a
+    temporary name and renames it into place); anything else there is rebuilt."""
+    if cfg.model.path != "tiny":
+        from trainer.model.loading import resolve_path
+
+        return resolve_path(cfg.model.path)
+    from trainer.make_tiny import complete, make_tiny
+
+    out = tiny_folder(cfg, process_index)
+    if not complete(out):
+        make_tiny(
+            out, cfg.model.preset, cfg.model.seed, tokenizer=cfg.model.tokenizer, data_root=cfg.data.root
+        )
+    return out
+
+
+def load_model(cfg: Config, mesh: Mesh, process_index: int) -> tuple[Any, Any, Any]:
+    """(model config, params placed on `mesh`, tokenizer) of the checkpoint cfg.model names."""
+    from trainer.model.loading import load_pretrained
+
+    folder = model_folder(cfg, process_index)
+    mconf, params = load_pretrained(folder, mesh=mesh, dtype=cfg.model.dtype)
+    tokenizer = load_tokenizer(folder if cfg.data.tokenizer == "auto" else Path(cfg.data.tokenizer))
+    return mconf, params, tokenizer
