@@ -8,13 +8,13 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tpuops import config as user_config
-from tpuops.config import TargetSpec, write_atomic
+from tpuops.config import TargetSpec, UserConfig, write_atomic
 from tpuops.errors import ConnectError, ExitCode, TpuopsError, UsageError
-from tpuops.run.target import open_transport, select_workers
+from tpuops.run.target import Target, open_transport, resolve, select_workers
 from tpuops.shell import Redactor
 from tpuops.sop import loader
 from tpuops.sop.executor import Executor, Plan, SopReport, StepReport
@@ -36,7 +36,6 @@ class RunRequest:
     parallel: int | None = None
     run_id: str | None = None
     skip_fit: bool = False  # --skip-fit: start without the ahead-of-time fit check
-    accelerator: str | None = None  # the VM's type when known (named in the fix of an out-of-memory)
 
 
 @dataclass
@@ -56,6 +55,69 @@ def new_run_id(sop: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{name}-{_secrets.token_hex(2)}"
 
 
+@dataclass(frozen=True)
+class _Checked:
+    """A SOP and its values after every local check: what each attempt of the run executes."""
+
+    sop: loader.Sop
+    values: dict[str, object]
+
+
+def start(
+    req: RunRequest,
+    *,
+    max_recoveries: int | None = None,
+    unreachable_s: float | None = None,
+    watch_s: float = 10.0,
+    ready_timeout: float = 1800.0,
+    on_line: LineSink | None = None,
+    on_step: Callable[[StepReport], None] | None = None,
+    on_event: Callable[[str], None] | None = None,
+    notify: Callable[[str], None] | None = None,
+    cwd: Path | None = None,
+) -> SopReport | DryRun:
+    """The library call behind every SOP command: the config loaded once, the SOP and its values checked,
+    the target resolved once, then the plan (--dry-run) or the run. On a VM the run is always watched through
+    the TPU API: a lost VM ends it at once (exit 8), or with `max_recoveries` (--recover) is recreated and the
+    SOP runs again (see `recover.watched`). `notify` hears the TPU API's retries; `on_event` tpuops' events."""
+    from tpuops.run import recover
+
+    cwd = cwd or Path.cwd()
+    cfg = user_config.load(cwd)
+    spec = req.target.with_defaults(cfg)  # the VM may come from tpuops.toml
+    watched = not req.dry_run and (max_recoveries is not None or spec.kind == "vm")
+    if watched and spec.kind != "vm":
+        raise UsageError("--recover needs --vm: only a VM can be watched and recreated")
+    checked = _check(req, spec, cfg, cwd)
+    target = resolve(spec, cfg, notify)
+    if not watched:
+        return _execute(req, checked, target, on_line=on_line, on_step=on_step, cwd=cwd)
+    if max_recoveries and checked.sop.overrides:  # a trainer SOP (dotted --set): will a recovery resume?
+        for warning in recover.checkpoint_warnings(req.sets):
+            (on_event or notify or (lambda _: None))(warning)
+
+    def attempt(run_id: str, now: Target, abort: threading.Event, lines: LineSink) -> SopReport:
+        report = _execute(
+            replace(req, run_id=run_id), checked, now, on_line=lines, on_step=on_step, cwd=cwd, abort=abort
+        )
+        assert isinstance(report, SopReport)  # not a dry run
+        return report
+
+    return recover.watched(
+        target,
+        attempt,
+        base_id=req.run_id or new_run_id(req.sop),
+        sop=req.sop,
+        max_recoveries=max_recoveries or 0,
+        watch_s=watch_s,
+        unreachable_s=cfg.unreachable_s if unreachable_s is None else unreachable_s,
+        ready_timeout=ready_timeout,
+        on_line=on_line,
+        on_event=on_event,
+        notify=notify,
+    )
+
+
 def run(
     req: RunRequest,
     *,
@@ -63,23 +125,47 @@ def run(
     on_step: Callable[[StepReport], None] | None = None,
     cwd: Path | None = None,
     abort: threading.Event | None = None,
+    target: Target | None = None,
 ) -> SopReport | DryRun:
-    """Load and validate the SOP and every value first; only then touch a worker."""
+    """One run without the VM watch (`start` adds it): load and validate the SOP and every value first; only
+    then resolve the target (unless given: then its config is the one used) and touch a worker."""
     cwd = cwd or Path.cwd()
-    cfg = user_config.load(cwd)
+    cfg = target.config if target else user_config.load(cwd)
+    spec = target.spec if target else req.target.with_defaults(cfg)
+    checked = _check(req, spec, cfg, cwd)
+    target = target or resolve(spec, cfg)
+    return _execute(req, checked, target, on_line=on_line, on_step=on_step, cwd=cwd, abort=abort)
+
+
+def _check(req: RunRequest, spec: TargetSpec, cfg: UserConfig, cwd: Path) -> _Checked:
+    """Everything that can be checked on this machine, before the TPU API or a worker is asked anything."""
     sop = loader.load(loader.find(req.sop))
-    target = req.target.with_defaults(cfg)
-    context = _context_defaults(sop.params, target, cwd, given={*req.sets, *cfg.params})
+    context = _context_defaults(sop.params, spec, cwd, given={*req.sets, *cfg.params})
     values = sop.resolve(req.sets, {**context, **cfg.params})
     _check_env_files(sop, values, {*req.sets, *cfg.params}, cwd)
     _preflight(sop, values)
+    return _Checked(sop, values)
+
+
+def _execute(
+    req: RunRequest,
+    checked: _Checked,
+    target: Target,
+    *,
+    on_line: LineSink | None,
+    on_step: Callable[[StepReport], None] | None,
+    cwd: Path,
+    abort: threading.Event | None = None,
+) -> SopReport | DryRun:
+    """One attempt on a resolved target: the fit preflight, then the plan or the run."""
+    sop, values = checked.sop, checked.values
     redact = Redactor()
     transport = open_transport(target, redact)
-    fit_line = _fit_preflight(sop, values, transport.accelerator, skip=req.skip_fit, cwd=cwd)
+    fit_line = _fit_preflight(sop, values, target.accelerator, skip=req.skip_fit, cwd=cwd)
     workers = select_workers(req.worker, len(transport.workers))
     executor = Executor(
         transport,
-        parallel=req.parallel or cfg.parallel,
+        parallel=req.parallel or target.config.parallel,
         keep_going=req.keep_going,
         force=req.force,
         local_dir=cwd,
@@ -94,7 +180,9 @@ def run(
         plan = executor.plan(sop, values, DRY_RUN_ID, workers)
         return DryRun(sop.name, transport.name, workers, values, plan, fit_line)
     run_id = req.run_id or new_run_id(sop.name)
-    _record(run_id, sop.name, target, workers, values, secret_files(sop, values, cwd), runs_dir(sop, values))
+    _record(
+        run_id, sop.name, target.spec, workers, values, secret_files(sop, values, cwd), runs_dir(sop, values)
+    )
     from tpuops.run.store import OffsetWriter, save_result
 
     executor.on_offset = OffsetWriter(run_id)
@@ -111,7 +199,7 @@ def run(
         warmup = int(values.get("warmup", sop.scan.warmup))  # type: ignore[arg-type]
         report.log = _scan(sop, report, user_config.state_home() / "runs" / run_id, warmup)
     if exit_code(report) == ExitCode.OOM:
-        report.hint = oom_hint(str(values.get("config") or "CONFIG"), req.accelerator)
+        report.hint = oom_hint(str(values.get("config") or "CONFIG"), target.accelerator)
     save_result(run_id, report.to_dict(int(exit_code(report))))
     return report
 

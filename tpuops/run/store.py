@@ -13,7 +13,7 @@ from tpuops import config as user_config
 from tpuops import shell
 from tpuops.config import TargetSpec, write_atomic
 from tpuops.errors import UsageError
-from tpuops.run.target import open_transport, select_workers
+from tpuops.run.target import open_transport, resolve, select_workers
 from tpuops.shell import Redactor
 from tpuops.sop.actions import Fetch, Follow
 from tpuops.sop.executor import Executor
@@ -118,7 +118,7 @@ def attach(
     """Follow a detached run from the byte offset already shown, then fetch its logs."""
     rec = load(run_id)
     redact = rec.redactor()
-    transport = open_transport(rec.spec(), redact)
+    transport = open_transport(resolve(rec.spec()), redact)
     offsets = {} if from_start else saved_offsets(run_id)
     ex = Executor(
         transport,
@@ -161,7 +161,7 @@ def logs(run_id: str, worker: str, *, follow: bool, on_line: LineSink) -> None:
                 on_line(w, line)  # fetched copies were redacted when they were written
         return
     redact = rec.redactor()
-    transport = open_transport(rec.spec(), redact)
+    transport = open_transport(resolve(rec.spec()), redact)
     try:
         if not follow:
             for w in chosen:
@@ -192,7 +192,7 @@ def stop(run_id: str, *, grace_s: float = 10.0) -> dict[int, CmdResult]:
     rec = load(run_id)
     lock = str(rec.values.get("lockfile", "/tmp/libtpu_lockfile"))
     rd = shell.path(rec.remote_dir)
-    transport = open_transport(rec.spec(), rec.redactor())
+    transport = open_transport(resolve(rec.spec()), rec.redactor())
 
     def one(w: int) -> CmdResult:
         # The job leads its own process group (setsid): signal and wait for the whole group, since a child
