@@ -13,8 +13,8 @@ from pathlib import Path
 
 from tpuops import config as user_config
 from tpuops.config import TargetSpec, UserConfig, write_atomic
-from tpuops.errors import ConnectError, ExitCode, TpuopsError, UsageError
-from tpuops.run.target import Target, open_transport, resolve, select_workers
+from tpuops.errors import ExitCode, TpuopsError, UsageError
+from tpuops.run.target import Target, connect_all, open_transport, resolve, select_workers
 from tpuops.shell import Redactor
 from tpuops.sop import loader
 from tpuops.sop.executor import Executor, Plan, SopReport, StepReport
@@ -46,6 +46,7 @@ class DryRun:
     values: dict[str, object]
     plan: Plan
     fit: str | None = None  # the fit preflight's verdict line
+    target: Target | None = None  # what was resolved: a later run of the same request may reuse it
 
 
 def new_run_id(sop: str) -> str:
@@ -89,12 +90,12 @@ def start(
     if watched and spec.kind != "vm":
         raise UsageError("--recover needs --vm: only a VM can be watched and recreated")
     checked = _check(req, spec, cfg, cwd)
+    if watched and max_recoveries and checked.sop.overrides and on_event:  # a trainer SOP: can it resume?
+        for warning in recover.checkpoint_warnings(req.sets):
+            on_event(warning)
     target = resolve(spec, cfg, notify)
     if not watched:
         return _execute(req, checked, target, on_line=on_line, on_step=on_step, cwd=cwd)
-    if max_recoveries and checked.sop.overrides:  # a trainer SOP (dotted --set): will a recovery resume?
-        for warning in recover.checkpoint_warnings(req.sets):
-            (on_event or notify or (lambda _: None))(warning)
 
     def attempt(run_id: str, now: Target, abort: threading.Event, lines: LineSink) -> SopReport:
         report = _execute(
@@ -178,7 +179,7 @@ def _execute(
         executor.abort = abort
     if req.dry_run:
         plan = executor.plan(sop, values, DRY_RUN_ID, workers)
-        return DryRun(sop.name, transport.name, workers, values, plan, fit_line)
+        return DryRun(sop.name, transport.name, workers, values, plan, fit_line, target)
     run_id = req.run_id or new_run_id(sop.name)
     _record(
         run_id, sop.name, target.spec, workers, values, secret_files(sop, values, cwd), runs_dir(sop, values)
@@ -187,7 +188,7 @@ def _execute(
 
     executor.on_offset = OffsetWriter(run_id)
     try:
-        unreachable = _connect_all(transport, workers, executor.parallel, keep_going=req.keep_going)
+        unreachable = connect_all(transport, workers, executor.parallel, keep_going=req.keep_going)
         reachable = [w for w in workers if w not in unreachable]
         report = executor.execute(sop, values, run_id, reachable)
         if unreachable:
@@ -305,33 +306,6 @@ def _scan(sop: loader.Sop, report: SopReport, local_run: Path, warmup: int):
                     scanner.feed(line)
     parts = [s.close() for _, s in sorted(scanners.items())]
     return scan.merge(parts) if parts else None
-
-
-def _connect_all(transport, workers: list[int], parallel: int, *, keep_going: bool) -> dict[int, TpuopsError]:
-    """Open every connection up front, in parallel: a host-key or login problem stops before any step.
-
-    With keep_going, unreachable workers are left out (and reported) and the others go on.
-    """
-    from concurrent.futures import ThreadPoolExecutor
-
-    errors: dict[int, TpuopsError] = {}
-
-    def one(w: int) -> None:
-        try:
-            transport.connect(w)
-        except TpuopsError as e:
-            errors[w] = e
-
-    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(workers)))) as pool:
-        list(pool.map(one, workers))
-    host_key = {w: e for w, e in errors.items() if e.kind == "host_key"}
-    if host_key or (errors and not keep_going):
-        # A changed or unknown host key is never skipped, even with --keep-going.
-        _, first = min((host_key or errors).items())
-        if len(errors) > 1 and isinstance(first, ConnectError):
-            first.message += f" (and {len(errors) - 1} more worker(s) failed to connect)"
-        raise first
-    return errors
 
 
 def _connect_step(workers: list[int], unreachable: dict[int, TpuopsError]) -> StepReport:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tpuops.config import TargetSpec, UserConfig, state_home
-from tpuops.errors import UsageError
+from tpuops.errors import ConnectError, TpuopsError, UsageError
 from tpuops.shell import Redactor
 from tpuops.transport.base import Transport, Worker
 
@@ -126,6 +126,35 @@ def open_transport(target: Target, redact: Redactor | None = None) -> Transport:
         redact=redact,
         prepare=target.reach.prepare if target.reach else None,
     )
+
+
+def connect_all(
+    transport: Transport, workers: list[int], parallel: int, *, keep_going: bool
+) -> dict[int, TpuopsError]:
+    """Open every connection up front, in parallel: a host-key or login problem stops before any step.
+
+    With keep_going, unreachable workers are left out (and reported) and the others go on.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    errors: dict[int, TpuopsError] = {}
+
+    def one(w: int) -> None:
+        try:
+            transport.connect(w)
+        except TpuopsError as e:
+            errors[w] = e
+
+    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(workers)))) as pool:
+        list(pool.map(one, workers))
+    host_key = {w: e for w, e in errors.items() if e.kind == "host_key"}
+    if host_key or (errors and not keep_going):
+        # A changed or unknown host key is never skipped, even with --keep-going.
+        _, first = min((host_key or errors).items())
+        if len(errors) > 1 and isinstance(first, ConnectError):
+            first.message += f" (and {len(errors) - 1} more worker(s) failed to connect)"
+        raise first
+    return errors
 
 
 def select_workers(selector: str, count: int) -> list[int]:
