@@ -19,17 +19,22 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# The CLI with TpuClient's constructor counted (the same count for any version of tpuops' code).
+# The CLI with TpuClient's constructor and the user-config loader counted (before and after issue 18 alike:
+# both versions call `config.load` through the module attribute).
 _COUNTING_CLI = """
 import atexit, sys
 from google.cloud import tpu_v2
-built = [0]
-init = tpu_v2.TpuClient.__init__
+from tpuops import config
+built, loads = [0], [0]
+init, load = tpu_v2.TpuClient.__init__, config.load
 def counting(self, *a, **k):
     built[0] += 1
     init(self, *a, **k)
-tpu_v2.TpuClient.__init__ = counting
-atexit.register(lambda: sys.stderr.write(f"bench: TpuClient built {built[0]}\\n"))
+def counting_load(*a, **k):
+    loads[0] += 1
+    return load(*a, **k)
+tpu_v2.TpuClient.__init__, config.load = counting, counting_load
+atexit.register(lambda: sys.stderr.write(f"bench: TpuClient built {built[0]}, user config loaded {loads[0]}\\n"))
 from tpuops.cli import main
 sys.argv = ["tpuops", *sys.argv[1:]]
 main()
@@ -83,15 +88,19 @@ def main() -> None:
                            capture_output=True, timeout=300, check=False)  # fmt: skip
         if r.returncode != 0:
             sys.exit(f"tpuops exited {r.returncode}:\n{r.stderr[-3000:]}")
-        calls = emu.model.requests[n:]
-        watch = [c for c in calls if c.purpose == "watch"]
-        run = [c for c in calls if c.purpose != "watch"]
+        # Before issue 18 the log held "METHOD /path" strings with no client or purpose: read both shapes.
+        calls = [
+            (getattr(c, "line", c), getattr(c, "purpose", ""), getattr(c, "client", ""))
+            for c in emu.model.requests[n:]
+        ]
+        watch = [line for line, purpose, _ in calls if purpose == "watch"]
+        run = [line for line, purpose, _ in calls if purpose != "watch"]
         print(f"tpuops {' '.join(argv)}")
         print(next(ln for ln in r.stderr.splitlines() if ln.startswith("bench: ")))
-        for kind, count in sorted(collections.Counter(_kind(c.line) for c in run).items()):
+        for kind, count in sorted(collections.Counter(_kind(line) for line in run).items()):
             print(f"{count:4d}  {kind}")
         print(f"{len(watch):4d}  (watch polls, not counted above)")
-        clients = sorted({c.client for c in calls if c.client})
+        clients = sorted({client for _, _, client in calls if client})
         print(f"{len(clients):4d}  client id(s) in the request headers: {', '.join(clients)}")
     finally:
         emu.stop()

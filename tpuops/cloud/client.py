@@ -98,8 +98,9 @@ class Api:
         return [*marks, ("x-tpuops-purpose", self.purpose)] if self.purpose else marks
 
     def call(self, what: str, fn: Callable[..., T], /, **kw: Any) -> T:
-        """`fn(**kw, retry=None, timeout=..., metadata=...)`, retried with exponential backoff and jitter on 429/503/504 and
-        refused connections; every retry is reported through `notify`; other API errors become CloudError."""
+        """`fn(**kw, retry=None, timeout=..., metadata=...)`, retried with exponential backoff and jitter on
+        429/503/504 and refused connections; every retry is reported through `notify`; other API errors become
+        CloudError."""
         transient = _transient()
         for attempt in range(self.retries + 1):
             try:
@@ -185,7 +186,7 @@ _built = itertools.count(1)
 
 @functools.cache
 def _client(endpoint: str | None) -> tuple[Any, str]:
-    """A REST client, built once per process and endpoint (building one costs ~50 ms and a connection pool):
+    """A REST client, built once per process and endpoint (each holds its own credentials and connection pool):
     anonymous credentials against `endpoint` (the emulator), else Application Default Credentials against
     tpu.googleapis.com. A failure is not cached: the next call tries again."""
     from google.api_core.client_options import ClientOptions
