@@ -13,7 +13,8 @@ from tpuops.errors import ConnectError, TpuopsError, UsageError
 from tpuops.shell import Redactor
 from tpuops.transport.base import Transport, Worker
 
-if TYPE_CHECKING:  # the cloud modules load google-cloud-tpu's types: only when a VM is the target
+# Only a VM target loads the cloud modules (`resolve` imports them then): --host/--local runs never do.
+if TYPE_CHECKING:
     from tpuops.cloud.client import Api
     from tpuops.cloud.locate import Reach
     from tpuops.cloud.tpu_api import VmInfo
