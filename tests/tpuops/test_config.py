@@ -33,7 +33,7 @@ def test_project_file_overrides_user_file_and_feeds_sop_defaults(tmp_path: Path)
     assert "repo=https://x/y.git; ref=release" in plan
     assert 'dir="$HOME"/a;' in plan
     assert (
-        launch.open_transport(launch.TargetSpec(hosts=("10.0.0.2",)).with_defaults(cfg)).workers[0].user
+        launch.open_transport(launch.resolve(launch.TargetSpec(hosts=("10.0.0.2",)), cfg)).workers[0].user
         == "me"
     )
 

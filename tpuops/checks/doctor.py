@@ -10,7 +10,7 @@ from tpuops import shell
 from tpuops.config import TargetSpec
 from tpuops.config import load as load_config
 from tpuops.errors import ExitCode, TpuopsError
-from tpuops.run.target import open_transport
+from tpuops.run.target import open_transport, resolve
 from tpuops.shell import Redactor
 from tpuops.sop import secrets
 
@@ -30,11 +30,11 @@ def examine(
     spec: TargetSpec, *, env_file: Path, remote_env: str, lockfile: str, cwd: Path
 ) -> list[WorkerHealth]:
     """Connect to every worker; compare its .env with the local one key by key (values never leave hashes)."""
-    spec = spec.with_defaults(load_config(cwd))
+    cfg = load_config(cwd)
     local_values = secrets.parse(env_file.read_bytes())[0] if env_file.exists() else {}
     local = secrets.key_hashes(local_values)
     redact = Redactor(local_values.values())
-    transport = open_transport(spec, redact)
+    transport = open_transport(resolve(spec, cfg), redact)
 
     def one(w: int) -> WorkerHealth:
         h = WorkerHealth(w, transport.workers[w].address, connected=False)

@@ -44,34 +44,19 @@ def run_sop(
         parallel=parallel,
         skip_fit=skip_fit,
     )
-    on_step = None if json else report.step_done
-    if not dry_run and (recover is not None or _on_a_vm(spec)):
-        from tpuops.run import recover as recovery
-
-        # On a VM the run is always watched through the TPU API: a preempted VM ends it at once (exit 8);
-        # with --recover it is recreated and the SOP runs again.
-        result = recovery.run_with_recovery(
-            req,
-            max_recoveries=recover or 0,
-            unreachable_s=unreachable_s,
-            on_line=console.line,
-            on_step=on_step,
-            on_event=console.event,
-            notify=console.note,
-        )
-    else:
-        result = launch.run(req, on_line=console.line, on_step=on_step)
+    # One library call: it loads the config, resolves the target once and decides the VM watch itself.
+    result = launch.start(
+        req,
+        max_recoveries=recover,
+        unreachable_s=unreachable_s,
+        on_line=console.line,
+        on_step=None if json else report.step_done,
+        on_event=console.event,
+        notify=console.note,
+    )
     if isinstance(result, launch.DryRun):
         report.dry_run(result, json)
         return
     code = launch.exit_code(result)
     report.sop_report(result, int(code), json)
     raise typer.Exit(int(code))
-
-
-def _on_a_vm(spec: TargetSpec) -> bool:
-    from pathlib import Path
-
-    from tpuops import config
-
-    return spec.with_defaults(config.load(Path.cwd())).kind == "vm"

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import configparser
+import functools
+import itertools
 import os
 import random
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -77,17 +79,32 @@ class Api:
     retries: int = 5
     backoff_s: float = 0.2
     timeout_s: float = 30.0
+    client_id: str = ""  # which TpuClient of this process (the emulator's request log counts them)
+    purpose: str = ""  # why these calls are made: "watch" for the recovery watch's polls, else ""
 
     def parent(self, zone: str) -> str:
         return f"projects/{self.project}/locations/{zone}"
 
+    def for_purpose(self, purpose: str) -> Api:
+        """The same client (no new connection pool), its calls marked with `purpose` in the emulator's log."""
+        return replace(self, purpose=purpose)
+
+    def metadata(self) -> list[tuple[str, str]]:
+        """Request headers that tell the emulator which client made a call and why. Sent to a custom endpoint
+        only: tpu.googleapis.com has no use for them."""
+        if not self.endpoint:
+            return []
+        marks = [("x-tpuops-client", self.client_id)]
+        return [*marks, ("x-tpuops-purpose", self.purpose)] if self.purpose else marks
+
     def call(self, what: str, fn: Callable[..., T], /, **kw: Any) -> T:
-        """`fn(**kw, retry=None, timeout=...)`, retried with exponential backoff and jitter on 429/503/504 and
-        refused connections; every retry is reported through `notify`; other API errors become CloudError."""
+        """`fn(**kw, retry=None, timeout=..., metadata=...)`, retried with exponential backoff and jitter on
+        429/503/504 and refused connections; every retry is reported through `notify`; other API errors become
+        CloudError."""
         transient = _transient()
         for attempt in range(self.retries + 1):
             try:
-                return fn(**kw, retry=None, timeout=self.timeout_s)
+                return fn(**kw, retry=None, timeout=self.timeout_s, metadata=self.metadata())
             except transient as e:
                 if attempt == self.retries:
                     raise CloudError(
@@ -158,12 +175,23 @@ def short_error(e: BaseException) -> str:
 
 
 def connect(project: str | None, endpoint: str | None, notify: Notify | None = None) -> Api:
-    """A REST client: anonymous credentials against `endpoint` (the emulator), else Application Default
-    Credentials against tpu.googleapis.com."""
+    """An Api for `project` over this process's one TpuClient for `endpoint` (see `_client`)."""
+    proj, _ = resolve_project(project, endpoint)
+    client, client_id = _client(endpoint)
+    return Api(client, proj, endpoint, notify or (lambda _msg: None), client_id=client_id)
+
+
+_built = itertools.count(1)
+
+
+@functools.cache
+def _client(endpoint: str | None) -> tuple[Any, str]:
+    """A REST client, built once per process and endpoint (each holds its own credentials and connection pool):
+    anonymous credentials against `endpoint` (the emulator), else Application Default Credentials against
+    tpu.googleapis.com. A failure is not cached: the next call tries again."""
     from google.api_core.client_options import ClientOptions
     from google.cloud import tpu_v2
 
-    proj, _ = resolve_project(project, endpoint)
     if endpoint:
         from google.auth.credentials import AnonymousCredentials
 
@@ -183,7 +211,7 @@ def connect(project: str | None, endpoint: str | None, notify: Notify | None = N
                 hint="run `gcloud auth application-default login`, or use the emulator with --api-endpoint",
             ) from None
     _widen_pool(client)
-    return Api(client, proj, endpoint, notify or (lambda _msg: None))
+    return client, f"{os.getpid()}-{next(_built)}"
 
 
 def _widen_pool(client: Any) -> None:

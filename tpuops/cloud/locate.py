@@ -234,14 +234,15 @@ class Reach:
         )
 
 
-def reach(spec: TargetSpec, notify: Notify | None = None) -> Reach:
+def reach(spec: TargetSpec, notify: Notify | None = None, api: Api | None = None) -> Reach:
     """Find the VM (zone searched and cached when omitted), require READY, read its guest attributes (host
-    keys, instance names) and pick the route; nothing on the VM or its metadata changes here."""
+    keys, instance names) and pick the route; nothing on the VM or its metadata changes here. One get_node
+    (with --zone or a cached zone) and one guest-attributes call; `api` None: a client is made for `spec`."""
     if notify is None:
         from tpuops.console import note as notify
     if not spec.vm:
         raise UsageError("locate_workers needs --vm NAME")
-    api = connect(spec.project, spec.api_endpoint, notify)
+    api = api or connect(spec.project, spec.api_endpoint, notify)
     vm = find_vm(api, spec.vm, spec.zone)
     check_ready(vm)
     attrs = host_keys(api, vm.zone, vm.name)

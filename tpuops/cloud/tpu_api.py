@@ -71,8 +71,8 @@ def node_name(api: Api, zone: str, name: str) -> str:
 
 
 def list_zone(api: Api, zone: str) -> list[VmInfo]:
-    def pages(parent: str, retry: Any, timeout: float) -> list[Any]:
-        return list(api.client.list_nodes(parent=parent, retry=retry, timeout=timeout))
+    def pages(parent: str, retry: Any, timeout: float, metadata: list[tuple[str, str]]) -> list[Any]:
+        return list(api.client.list_nodes(parent=parent, retry=retry, timeout=timeout, metadata=metadata))
 
     return [vm_from_node(n) for n in api.call(f"list nodes in {zone}", pages, parent=api.parent(zone))]
 
@@ -125,7 +125,8 @@ def host_keys(api: Api, zone: str, name: str) -> list[dict[str, dict[str, str]]]
 def wait_op(api: Api, op: Any, what: str, timeout: float) -> Any:
     """Poll a long-running operation until done or `timeout`; returns the raw operations_pb2.Operation."""
     deadline, interval = time.monotonic() + timeout, 0.05
-    while not api.call(f"poll {what}", lambda retry, timeout: op.done(retry=retry)):
+    # The operations client takes no metadata: a poll is logged unmarked.
+    while not api.call(f"poll {what}", lambda retry, timeout, metadata: op.done(retry=retry)):
         if time.monotonic() > deadline:
             raise CommandTimeoutError(
                 f"{what}: operation {op.operation.name} not done after {timeout:.0f}s",

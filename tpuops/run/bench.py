@@ -40,10 +40,12 @@ def parse_variant(text: str) -> dict[str, str]:
 def plans(req: launch.RunRequest, variants: list[str]) -> list[tuple[str, launch.DryRun]]:
     """Every variant validated (SOP values, the trainer's own overrides) and planned; nothing runs remotely."""
     out = []
+    target = None  # resolved by the first plan, after its values were checked; reused by the others
     for text in variants or [""]:
-        dry = launch.run(replace(req, sets={**req.sets, **parse_variant(text)}, dry_run=True))
+        dry = launch.run(replace(req, sets={**req.sets, **parse_variant(text)}, dry_run=True), target=target)
         assert isinstance(dry, launch.DryRun)
         out.append((text or "baseline", dry))
+        target = dry.target
     return out
 
 
@@ -58,11 +60,14 @@ def run(
 
     Every variant is validated before the first one starts: a typo in the last one costs no run."""
     variants = variants or [""]
-    plans(req, variants)
+    target = plans(req, variants)[0][1].target  # the target resolved once for every variant
     results = []
     for text in variants:
         report = launch.run(
-            replace(req, sets={**req.sets, **parse_variant(text)}), on_line=on_line, on_step=on_step
+            replace(req, sets={**req.sets, **parse_variant(text)}),
+            on_line=on_line,
+            on_step=on_step,
+            target=target,
         )
         assert isinstance(report, SopReport)
         results.append(_result(text or "baseline", report))

@@ -8,13 +8,13 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tpuops import config as user_config
-from tpuops.config import TargetSpec, write_atomic
-from tpuops.errors import ConnectError, ExitCode, TpuopsError, UsageError
-from tpuops.run.target import open_transport, select_workers
+from tpuops.config import TargetSpec, UserConfig, write_atomic
+from tpuops.errors import ExitCode, TpuopsError, UsageError
+from tpuops.run.target import Target, connect_all, open_transport, resolve, select_workers
 from tpuops.shell import Redactor
 from tpuops.sop import loader
 from tpuops.sop.executor import Executor, Plan, SopReport, StepReport
@@ -36,7 +36,6 @@ class RunRequest:
     parallel: int | None = None
     run_id: str | None = None
     skip_fit: bool = False  # --skip-fit: start without the ahead-of-time fit check
-    accelerator: str | None = None  # the VM's type when known (named in the fix of an out-of-memory)
 
 
 @dataclass
@@ -47,6 +46,7 @@ class DryRun:
     values: dict[str, object]
     plan: Plan
     fit: str | None = None  # the fit preflight's verdict line
+    target: Target | None = None  # what was resolved: a later run of the same request may reuse it
 
 
 def new_run_id(sop: str) -> str:
@@ -56,6 +56,69 @@ def new_run_id(sop: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{name}-{_secrets.token_hex(2)}"
 
 
+@dataclass(frozen=True)
+class _Checked:
+    """A SOP and its values after every local check: what each attempt of the run executes."""
+
+    sop: loader.Sop
+    values: dict[str, object]
+
+
+def start(
+    req: RunRequest,
+    *,
+    max_recoveries: int | None = None,
+    unreachable_s: float | None = None,
+    watch_s: float = 10.0,
+    ready_timeout: float = 1800.0,
+    on_line: LineSink | None = None,
+    on_step: Callable[[StepReport], None] | None = None,
+    on_event: Callable[[str], None] | None = None,
+    notify: Callable[[str], None] | None = None,
+    cwd: Path | None = None,
+) -> SopReport | DryRun:
+    """The library call behind every SOP command: the config loaded once, the SOP and its values checked,
+    the target resolved once, then the plan (--dry-run) or the run. On a VM the run is always watched through
+    the TPU API: a lost VM ends it at once (exit 8), or with `max_recoveries` (--recover) is recreated and the
+    SOP runs again (see `recover.watched`). `notify` hears the TPU API's retries; `on_event` tpuops' events."""
+    from tpuops.run import recover
+
+    cwd = cwd or Path.cwd()
+    cfg = user_config.load(cwd)
+    spec = req.target.with_defaults(cfg)  # the VM may come from tpuops.toml
+    watched = not req.dry_run and (max_recoveries is not None or spec.kind == "vm")
+    if watched and spec.kind != "vm":
+        raise UsageError("--recover needs --vm: only a VM can be watched and recreated")
+    checked = _check(req, spec, cfg, cwd)
+    if watched and max_recoveries and checked.sop.overrides and on_event:  # a trainer SOP: can it resume?
+        for warning in recover.checkpoint_warnings(req.sets):
+            on_event(warning)
+    target = resolve(spec, cfg, notify)
+    if not watched:
+        return _execute(req, checked, target, on_line=on_line, on_step=on_step, cwd=cwd)
+
+    def attempt(run_id: str, now: Target, abort: threading.Event, lines: LineSink) -> SopReport:
+        report = _execute(
+            replace(req, run_id=run_id), checked, now, on_line=lines, on_step=on_step, cwd=cwd, abort=abort
+        )
+        assert isinstance(report, SopReport)  # not a dry run
+        return report
+
+    return recover.watched(
+        target,
+        attempt,
+        base_id=req.run_id or new_run_id(req.sop),
+        sop=req.sop,
+        max_recoveries=max_recoveries or 0,
+        watch_s=watch_s,
+        unreachable_s=cfg.unreachable_s if unreachable_s is None else unreachable_s,
+        ready_timeout=ready_timeout,
+        on_line=on_line,
+        on_event=on_event,
+        notify=notify,
+    )
+
+
 def run(
     req: RunRequest,
     *,
@@ -63,23 +126,47 @@ def run(
     on_step: Callable[[StepReport], None] | None = None,
     cwd: Path | None = None,
     abort: threading.Event | None = None,
+    target: Target | None = None,
 ) -> SopReport | DryRun:
-    """Load and validate the SOP and every value first; only then touch a worker."""
+    """One run without the VM watch (`start` adds it): load and validate the SOP and every value first; only
+    then resolve the target (unless given: then its config is the one used) and touch a worker."""
     cwd = cwd or Path.cwd()
-    cfg = user_config.load(cwd)
+    cfg = target.config if target else user_config.load(cwd)
+    spec = target.spec if target else req.target.with_defaults(cfg)
+    checked = _check(req, spec, cfg, cwd)
+    target = target or resolve(spec, cfg)
+    return _execute(req, checked, target, on_line=on_line, on_step=on_step, cwd=cwd, abort=abort)
+
+
+def _check(req: RunRequest, spec: TargetSpec, cfg: UserConfig, cwd: Path) -> _Checked:
+    """Everything that can be checked on this machine, before the TPU API or a worker is asked anything."""
     sop = loader.load(loader.find(req.sop))
-    target = req.target.with_defaults(cfg)
-    context = _context_defaults(sop.params, target, cwd, given={*req.sets, *cfg.params})
+    context = _context_defaults(sop.params, spec, cwd, given={*req.sets, *cfg.params})
     values = sop.resolve(req.sets, {**context, **cfg.params})
     _check_env_files(sop, values, {*req.sets, *cfg.params}, cwd)
     _preflight(sop, values)
+    return _Checked(sop, values)
+
+
+def _execute(
+    req: RunRequest,
+    checked: _Checked,
+    target: Target,
+    *,
+    on_line: LineSink | None,
+    on_step: Callable[[StepReport], None] | None,
+    cwd: Path,
+    abort: threading.Event | None = None,
+) -> SopReport | DryRun:
+    """One attempt on a resolved target: the fit preflight, then the plan or the run."""
+    sop, values = checked.sop, checked.values
     redact = Redactor()
     transport = open_transport(target, redact)
-    fit_line = _fit_preflight(sop, values, transport.accelerator, skip=req.skip_fit, cwd=cwd)
+    fit_line = _fit_preflight(sop, values, target.accelerator, skip=req.skip_fit, cwd=cwd)
     workers = select_workers(req.worker, len(transport.workers))
     executor = Executor(
         transport,
-        parallel=req.parallel or cfg.parallel,
+        parallel=req.parallel or target.config.parallel,
         keep_going=req.keep_going,
         force=req.force,
         local_dir=cwd,
@@ -92,14 +179,16 @@ def run(
         executor.abort = abort
     if req.dry_run:
         plan = executor.plan(sop, values, DRY_RUN_ID, workers)
-        return DryRun(sop.name, transport.name, workers, values, plan, fit_line)
+        return DryRun(sop.name, transport.name, workers, values, plan, fit_line, target)
     run_id = req.run_id or new_run_id(sop.name)
-    _record(run_id, sop.name, target, workers, values, secret_files(sop, values, cwd), runs_dir(sop, values))
+    _record(
+        run_id, sop.name, target.spec, workers, values, secret_files(sop, values, cwd), runs_dir(sop, values)
+    )
     from tpuops.run.store import OffsetWriter, save_result
 
     executor.on_offset = OffsetWriter(run_id)
     try:
-        unreachable = _connect_all(transport, workers, executor.parallel, keep_going=req.keep_going)
+        unreachable = connect_all(transport, workers, executor.parallel, keep_going=req.keep_going)
         reachable = [w for w in workers if w not in unreachable]
         report = executor.execute(sop, values, run_id, reachable)
         if unreachable:
@@ -111,7 +200,7 @@ def run(
         warmup = int(values.get("warmup", sop.scan.warmup))  # type: ignore[arg-type]
         report.log = _scan(sop, report, user_config.state_home() / "runs" / run_id, warmup)
     if exit_code(report) == ExitCode.OOM:
-        report.hint = oom_hint(str(values.get("config") or "CONFIG"), req.accelerator)
+        report.hint = oom_hint(str(values.get("config") or "CONFIG"), target.accelerator)
     save_result(run_id, report.to_dict(int(exit_code(report))))
     return report
 
@@ -226,33 +315,6 @@ def _scan(sop: loader.Sop, report: SopReport, local_run: Path, warmup: int):
                     scanner.feed(line)
     parts = [s.close() for _, s in sorted(scanners.items())]
     return scan.merge(parts) if parts else None
-
-
-def _connect_all(transport, workers: list[int], parallel: int, *, keep_going: bool) -> dict[int, TpuopsError]:
-    """Open every connection up front, in parallel: a host-key or login problem stops before any step.
-
-    With keep_going, unreachable workers are left out (and reported) and the others go on.
-    """
-    from concurrent.futures import ThreadPoolExecutor
-
-    errors: dict[int, TpuopsError] = {}
-
-    def one(w: int) -> None:
-        try:
-            transport.connect(w)
-        except TpuopsError as e:
-            errors[w] = e
-
-    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(workers)))) as pool:
-        list(pool.map(one, workers))
-    host_key = {w: e for w, e in errors.items() if e.kind == "host_key"}
-    if host_key or (errors and not keep_going):
-        # A changed or unknown host key is never skipped, even with --keep-going.
-        _, first = min((host_key or errors).items())
-        if len(errors) > 1 and isinstance(first, ConnectError):
-            first.message += f" (and {len(errors) - 1} more worker(s) failed to connect)"
-        raise first
-    return errors
 
 
 def _connect_step(workers: list[int], unreachable: dict[int, TpuopsError]) -> StepReport:

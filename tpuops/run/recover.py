@@ -6,62 +6,52 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
-from tpuops.errors import PreemptedError, UsageError
-from tpuops.run import launch
+from tpuops.errors import PreemptedError
 from tpuops.run.events import Event, StepEvent
 from tpuops.run.scanner import LogScanner
-from tpuops.sop.executor import SopReport, StepReport
+from tpuops.run.target import Target, resolve
+from tpuops.sop.executor import SopReport
 from tpuops.transport.base import LineSink
 
 # States in which the VM's workers are gone for good: recreate. (STOPPED is left alone: someone chose it.)
 LOST_STATES = ("PREEMPTED", "TERMINATED")
+# One attempt of the run on a target: (run id, the target, an event that aborts it, its line sink) -> report.
+# launch.start passes it in, so recovery needs nothing of launch (and launch may import this module).
+Attempt = Callable[[str, Target, threading.Event, LineSink], SopReport]
 
 
-def run_with_recovery(
-    req: launch.RunRequest,
+def watched(
+    target: Target,
+    attempt: Attempt,
     *,
+    base_id: str,
+    sop: str,
     max_recoveries: int = 3,
     watch_s: float = 10.0,
-    unreachable_s: float | None = None,
+    unreachable_s: float = 300.0,
     ready_timeout: float = 1800.0,
     on_line: LineSink | None = None,
-    on_step: Callable[[StepReport], None] | None = None,
     on_event: Callable[[str], None] | None = None,
     notify: Callable[[str], None] | None = None,
-    cwd: Path | None = None,
 ) -> SopReport:
-    """Run the SOP; whenever the VM is lost, recreate it (same type, zone, runtime) and run it again.
+    """Run `attempt` on the VM while watching it; whenever the VM is lost, recreate it (same type, zone,
+    runtime), resolve it again and run it again.
 
     With max_recoveries=0 this only watches: a lost VM ends the run at once with exit 8 (every SOP on a VM
     runs this way), instead of a follow that waits for workers that will not come back.
 
     Lost: the TPU API says PREEMPTED (or TERMINATED), or no worker has accepted a TCP connection on its SSH
     port for `unreachable_s` while the API still says otherwise (a host gone without a state change yet).
-    `unreachable_s` None: the config file's `unreachable_s` (default 300). `notify` hears the TPU API's
-    retries (the run's own lookups and the watch), as `vm list` prints them.
+    The watch polls with the target's own client, its calls marked `watch` (the emulator's request log
+    tells them apart). `notify` hears the TPU API's retries of a re-resolve.
     The trainer resumes from its latest checkpoint, which must live off the VM (gs://..., or a shared
     path in tests). Each recovery is recorded: when, how long, why, the last step seen, the step resumed at.
     """
-    from tpuops import config as user_config
-    from tpuops.cloud.client import connect
-    from tpuops.cloud.locate import find_vm, reach
-    from tpuops.sop import loader
-
-    cfg = user_config.load(cwd or Path.cwd())
-    spec = req.target.with_defaults(cfg)  # the VM may come from tpuops.toml
-    unreachable_s = cfg.unreachable_s if unreachable_s is None else unreachable_s
-    if spec.kind != "vm":
-        raise UsageError("--recover needs --vm: only a VM can be watched and recreated")
+    assert target.reach is not None and target.api is not None, "only a VM target is watched"
     say = on_event or (lambda _: None)
-    if max_recoveries and loader.load(loader.find(req.sop)).overrides:  # a trainer SOP (dotted --set)
-        for warning in checkpoint_warnings(req.sets):
-            say(warning)
-    api = connect(spec.project, spec.api_endpoint, notify)
-    vm = find_vm(api, spec.vm or "", spec.zone)
-    base_id = req.run_id or launch.new_run_id(req.sop)
+    vm = target.reach.vm
     recoveries: list[dict[str, object]] = []
     seen: dict[str, int | None] = {"last": None, "first": None}
 
@@ -78,30 +68,23 @@ def run_with_recovery(
         if on_line:
             on_line(w, text)
 
-    for attempt in range(max_recoveries + 1):
+    for n in range(max_recoveries + 1):
         abort = threading.Event()
         lost = Lost()
-        endpoints = reach(spec).watch_endpoints()
         watcher = threading.Thread(
             target=_watch,
-            args=(api, vm.zone, vm.name, endpoints, watch_s, unreachable_s, abort, lost),
+            args=(target.api.for_purpose("watch"), vm.zone, vm.name, target.reach.watch_endpoints(), watch_s,
+                  unreachable_s, abort, lost),
             daemon=True,
-        )
+        )  # fmt: skip
         watcher.start()
         seen["first"] = None
-        run_id = base_id if attempt == 0 else f"{base_id}-r{attempt}"
+        run_id = base_id if n == 0 else f"{base_id}-r{n}"
         try:
-            result = launch.run(
-                replace(req, run_id=run_id, accelerator=vm.accelerator_type),
-                on_line=line,
-                on_step=on_step,
-                cwd=cwd,
-                abort=abort,
-            )
+            result = attempt(run_id, target, abort, line)
         finally:
             abort.set()  # also stops the watcher
             watcher.join(timeout=watch_s + 5)
-        assert isinstance(result, SopReport)
         if recoveries and recoveries[-1]["resumed_step"] is None:
             rec = recoveries[-1]
             rec["resumed_step"] = seen["first"]
@@ -115,15 +98,19 @@ def run_with_recovery(
                 f"{vm.name} {lost.why} at step {seen['last']}; the run is lost with it",
                 hint="rerun with --recover (and --set checkpoint.dir=gs://...) to recreate it and resume",
             )
-        if attempt == max_recoveries:
+        if n == max_recoveries:
             raise PreemptedError(
-                f"{vm.name} was lost {attempt + 1} times (last: {lost.why}); gave up after {max_recoveries} "
+                f"{vm.name} was lost {n + 1} times (last: {lost.why}); gave up after {max_recoveries} "
                 "recoveries",
                 hint="try another zone, or a reserved (non-spot) VM",
             )
-        say(f"{vm.name} {lost.why} at step {seen['last']}; recreating it ({attempt + 1}/{max_recoveries})")
+        say(f"{vm.name} {lost.why} at step {seen['last']}; recreating it ({n + 1}/{max_recoveries})")
         t0 = time.monotonic()
-        _recreate(api, vm, spec, ready_timeout)
+        _recreate(target.api, vm, target.spec, ready_timeout)
+        # The recreated VM has new host keys and addresses: the one legitimate second resolve.
+        target = resolve(target.spec, target.config, notify, api=target.api)
+        assert target.reach is not None
+        vm = target.reach.vm
         recoveries.append(
             {
                 "at": time.time(),
@@ -132,10 +119,10 @@ def run_with_recovery(
                 "last_step": seen["last"],
                 "resumed_step": None,
                 "steps_lost": None,
-                "run_id": f"{base_id}-r{attempt + 1}",
+                "run_id": f"{base_id}-r{n + 1}",
             }
         )
-        say(f"{vm.name} is READY again after {time.monotonic() - t0:.1f}s; rerunning {req.sop}")
+        say(f"{vm.name} is READY again after {time.monotonic() - t0:.1f}s; rerunning {sop}")
     raise AssertionError("unreachable")
 
 

@@ -16,7 +16,7 @@ from tpuops.errors import UsageError
 from tpuops.run import logreport, scan
 from tpuops.run.events import Event, ExitEvent, LogReport
 from tpuops.run.follow import Follower
-from tpuops.run.target import open_transport, select_workers
+from tpuops.run.target import open_transport, resolve, select_workers
 from tpuops.shell import Redactor
 from tpuops.sop.actions import Fetch, Follow
 from tpuops.sop.runs import run_dir
@@ -136,7 +136,7 @@ def attach(
         if isinstance(event, ExitEvent):
             exits[event.worker] = event.code
 
-    transport = open_transport(rec.spec(), redact)
+    transport = open_transport(resolve(rec.spec()), redact)
     follower = Follower(
         transport,
         redact=redact,
@@ -173,7 +173,7 @@ def logs(run_id: str, worker: str, *, follow: bool, on_line: LineSink) -> None:
                 on_line(w, line)  # fetched copies were redacted when they were written
         return
     redact = rec.redactor()
-    transport = open_transport(rec.spec(), redact)
+    transport = open_transport(resolve(rec.spec()), redact)
     try:
         if not follow:
             for w in chosen:
@@ -206,7 +206,7 @@ def stop(run_id: str, *, grace_s: float = 10.0) -> Stopped:
     rec = load(run_id)
     lock = str(rec.values.get("lockfile", "/tmp/libtpu_lockfile"))
     rd = shell.path(rec.remote_dir)
-    transport = open_transport(rec.spec(), rec.redactor())
+    transport = open_transport(resolve(rec.spec()), rec.redactor())
 
     def one(w: int) -> CmdResult:
         # The job leads its own process group (setsid): signal and wait for the whole group, since a child

@@ -1,14 +1,23 @@
-"""Turn --local / --host / --vm options into a Transport (the only place that picks one)."""
+"""--local / --host / --vm resolved once per command into a Target, and the Transport that reaches it."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tpuops.config import TargetSpec, state_home
-from tpuops.errors import UsageError
+from tpuops.config import TargetSpec, UserConfig, state_home
+from tpuops.errors import ConnectError, TpuopsError, UsageError
 from tpuops.shell import Redactor
 from tpuops.transport.base import Transport, Worker
+
+# Only a VM target loads the cloud modules (`resolve` imports them then): --host/--local runs never do.
+if TYPE_CHECKING:
+    from tpuops.cloud.client import Api
+    from tpuops.cloud.locate import Reach
+    from tpuops.cloud.tpu_api import VmInfo
 
 _HOST = re.compile(
     r"^(?:(?P<user>[^@\s]+)@)?(?P<host>[A-Za-z0-9_.\-]+|\[[0-9a-fA-F:]+\])(?::(?P<port>\d+))?$"
@@ -46,33 +55,107 @@ def parse_hosts(hosts: tuple[str, ...], hostkeys: tuple[str, ...], user: str | N
     return workers
 
 
-def open_transport(spec: TargetSpec, redact: Redactor | None = None) -> Transport:
+@dataclass(frozen=True)
+class Target:
+    """Where a command runs, resolved once at its start and passed down (launch, recovery, the fit preflight,
+    the transport): the spec with the config's defaults applied, the config itself, and the workers with
+    their hosts, users and pinned host keys. On a VM also `reach`: the VM as the TPU API described it, its
+    guest attributes, the route and the API client (the recovery watch reuses it). A recreated VM is
+    resolved again; nothing else asks the TPU API for the VM a second time."""
+
+    spec: TargetSpec
+    config: UserConfig
+    workers: tuple[Worker, ...] = ()  # empty for --local (the local transport numbers its own workers)
+    reach: Reach | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
+    @property
+    def vm(self) -> VmInfo | None:
+        return self.reach.vm if self.reach else None
+
+    @property
+    def api(self) -> Api | None:
+        return self.reach.api if self.reach else None
+
+    @property
+    def accelerator(self) -> str | None:
+        """The VM's TPU type (the fit preflight, the out-of-memory hint); None for --host and --local."""
+        return self.reach.vm.accelerator_type if self.reach else None
+
+
+def resolve(
+    spec: TargetSpec,
+    cfg: UserConfig | None = None,
+    notify: Callable[[str], None] | None = None,
+    *,
+    api: Api | None = None,
+) -> Target:
+    """The one place a target is resolved. `cfg` is the config the command loaded (None: a spec that is
+    complete already, such as a run record's). A VM costs one get_node and one guest-attributes call (and
+    the zone search when no zone is given or cached); `api` reuses a client (a recovery's re-resolve)."""
+    cfg = cfg or UserConfig()
+    spec = spec.with_defaults(cfg)
+    if spec.kind == "local":
+        return Target(spec, cfg)
+    if spec.kind == "ssh":
+        return Target(spec, cfg, tuple(parse_hosts(spec.hosts, spec.hostkeys, spec.user)))
+    from tpuops.cloud.locate import reach
+
+    found = reach(spec, notify, api)
+    return Target(spec, cfg, tuple(found.workers), found)
+
+
+def open_transport(target: Target, redact: Redactor | None = None) -> Transport:
+    """The transport for a resolved target; nothing is connected yet (a VM's key and tunnels wait for the
+    first connection: `Reach.prepare`)."""
     redact = redact or Redactor()
+    spec = target.spec
     if spec.kind == "local":
         from tpuops.transport.local import LocalTransport
 
         return LocalTransport(state_home() / "local", num_workers=spec.local_workers, redact=redact)
-    prepare = None
-    accelerator = None
-    if spec.kind == "vm":
-        from tpuops.cloud.locate import reach
-
-        found = reach(spec)
-        workers, prepare, accelerator = found.workers, found.prepare, found.vm.accelerator_type
-    else:
-        workers = parse_hosts(spec.hosts, spec.hostkeys, spec.user)
     from tpuops.transport.ssh import SshTransport
 
-    transport = SshTransport(
-        workers,
+    return SshTransport(
+        list(target.workers),
         known_hosts=state_home() / "known_hosts",
         identity=Path(spec.identity).expanduser() if spec.identity else None,
         connect_timeout=spec.connect_timeout,
         redact=redact,
-        prepare=prepare,
+        prepare=target.reach.prepare if target.reach else None,
     )
-    transport.accelerator = accelerator  # the VM's TPU type (the fit preflight); None for --host
-    return transport
+
+
+def connect_all(
+    transport: Transport, workers: list[int], parallel: int, *, keep_going: bool
+) -> dict[int, TpuopsError]:
+    """Open every connection up front, in parallel: a host-key or login problem stops before any step.
+
+    With keep_going, unreachable workers are left out (and reported) and the others go on.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    errors: dict[int, TpuopsError] = {}
+
+    def one(w: int) -> None:
+        try:
+            transport.connect(w)
+        except TpuopsError as e:
+            errors[w] = e
+
+    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(workers)))) as pool:
+        list(pool.map(one, workers))
+    host_key = {w: e for w, e in errors.items() if e.kind == "host_key"}
+    if host_key or (errors and not keep_going):
+        # A changed or unknown host key is never skipped, even with --keep-going.
+        _, first = min((host_key or errors).items())
+        if len(errors) > 1 and isinstance(first, ConnectError):
+            first.message += f" (and {len(errors) - 1} more worker(s) failed to connect)"
+        raise first
+    return errors
 
 
 def select_workers(selector: str, count: int) -> list[int]:

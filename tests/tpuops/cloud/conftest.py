@@ -37,6 +37,10 @@ class Cloud:
         self.notes.clear()
         return connect(None, self.url, self.notes.append)
 
+    def calls(self, since: int = 0) -> list[str]:
+        """The emulator's request log from index `since` on, as `METHOD /path` lines."""
+        return [r.line for r in self.emu.model.requests[since:]]
+
     def cli(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "tpuops", *args],

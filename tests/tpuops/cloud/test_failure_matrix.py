@@ -225,7 +225,7 @@ def test_tpu_api_retries_of_a_vm_run_are_printed_at_start_and_in_the_watch(
 
     # The VM watch (every 0.2 s here): a 503 while the job runs is retried and said, and the run goes on.
     from tpuops.config import TargetSpec
-    from tpuops.run import launch, recover
+    from tpuops.run import launch
 
     monkeypatch.setenv("TPUOPS_TPU_API", cloud.url)
     notes: list[str] = []
@@ -236,7 +236,5 @@ def test_tpu_api_retries_of_a_vm_run_are_printed_at_start_and_in_the_watch(
 
     spec = TargetSpec(vm=vm, zone=ZONE, api_endpoint=cloud.url, identity=str(cloud.identity))
     req = launch.RunRequest(str(home / "job.yaml"), {"cmd": f"{STEPS}; sleep 1.5"}, spec, force=True)
-    report = recover.run_with_recovery(
-        req, max_recoveries=0, watch_s=0.2, on_line=line, notify=notes.append, cwd=home
-    )
+    report = launch.start(req, max_recoveries=0, watch_s=0.2, on_line=line, notify=notes.append, cwd=home)
     assert report.ok and any("get" in n.lower() and "retry 1/5" in n for n in notes), notes

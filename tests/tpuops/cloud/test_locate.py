@@ -37,7 +37,7 @@ def test_found_without_zone_then_from_the_cache(cloud: Cloud, vm_name: str) -> N
     model = cloud.emu.model
     n = len(model.requests)
     workers = locate.locate_workers(_spec(cloud, vm_name))
-    first = model.requests[n:]
+    first = cloud.calls(n)
     # One location list, then one node list per zone (in parallel), then the guest attributes.
     assert sum(r.endswith("/nodes") for r in first) == len(model.zones)
     assert [w.index for w in workers] == [0, 1]
@@ -45,7 +45,7 @@ def test_found_without_zone_then_from_the_cache(cloud: Cloud, vm_name: str) -> N
     assert [v["zone"] for k, v in cache.items() if k.endswith(f"|{vm_name}")] == ["europe-west4-a"]
     n = len(model.requests)
     assert locate.locate_workers(_spec(cloud, vm_name)) == workers
-    assert model.requests[n:] == [
+    assert cloud.calls(n) == [
         f"GET /v2/projects/tpuops-emulator/locations/europe-west4-a/nodes/{vm_name}",
         f"POST /v2/projects/tpuops-emulator/locations/europe-west4-a/nodes/{vm_name}:getGuestAttributes",
     ]
@@ -63,9 +63,7 @@ def test_with_zone_is_one_get(cloud: Cloud, vm_name: str) -> None:
     _make(cloud, vm_name, accel="v4-8")
     n = len(cloud.emu.model.requests)
     assert locate.find_vm(cloud.api(), vm_name, "us-east1-d").name == vm_name
-    assert cloud.emu.model.requests[n:] == [
-        f"GET /v2/projects/tpuops-emulator/locations/us-east1-d/nodes/{vm_name}"
-    ]
+    assert cloud.calls(n) == [f"GET /v2/projects/tpuops-emulator/locations/us-east1-d/nodes/{vm_name}"]
 
 
 def test_missing_name_lists_close_names(cloud: Cloud, vm_name: str) -> None:

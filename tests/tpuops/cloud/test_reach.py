@@ -107,7 +107,7 @@ def test_metadata_key_is_pushed_to_a_vm_made_elsewhere_and_existing_keys_kept(
         assert t.run(0, "true").ok
     finally:
         t.close()
-    assert not [r for r in cloud.emu.model.requests[n:] if r.startswith("PATCH")]
+    assert not [r for r in cloud.calls(n) if r.startswith("PATCH")]
     assert any("is in the VM's ssh-keys; nothing to add" in n for n in cloud.notes)
 
 
@@ -133,8 +133,8 @@ def test_os_login_project_imports_the_key_and_logs_in_as_the_posix_user(
     (key,) = profile.keys.values()
     assert key["key"] == mine.public and int(key["expirationTimeUsec"]) > 0
     assert get_vm(api, ZONE, vm_name).metadata == before  # OS Login: metadata untouched
-    assert "POST /v1/users/ada%40example.com:importSshPublicKey" in cloud.emu.model.requests[n:]
-    assert not [r for r in cloud.emu.model.requests[n:] if r.startswith("PATCH")]
+    assert "POST /v1/users/ada%40example.com:importSshPublicKey" in cloud.calls(n)
+    assert not [r for r in cloud.calls(n) if r.startswith("PATCH")]
     assert any("OS Login (enable-oslogin=TRUE): imported google_compute_engine into ada@example.com's" in x
                and f"logging in as {posix}" in x for x in cloud.notes)  # fmt: skip
 

@@ -61,13 +61,15 @@ def _preempt_after(cloud: Cloud, node: str, lines: list[str], n: int) -> threadi
 
 
 def _recover_smoke(
-    cloud: Cloud, vm_name: str, bare: Path, cwd: Path, lines: list[str], events: list[str], **kw: float
+    cloud: Cloud, vm_name: str, bare: Path, cwd: Path, lines: list[str], events: list[str], **kw: int
 ) -> SopReport:
     """The smoke SOP under --recover, watched every 0.2 s; lines and tpuops' events collected."""
-    return recover.run_with_recovery(
+    report = launch.start(
         _request(cloud, vm_name, bare), watch_s=0.2, ready_timeout=60, on_line=lambda w, s: lines.append(s),
         on_event=events.append, cwd=cwd, **kw,
     )  # fmt: skip
+    assert isinstance(report, SopReport)
+    return report
 
 
 @pytest.mark.parametrize("queued", [False, True], ids=["plain", "queued"])
@@ -142,7 +144,7 @@ def test_recoveries_run_out_with_a_clear_error(
     with pytest.raises(
         PreemptedError, match=r"lost 2 times \(last: was PREEMPTED\); gave up after 1 recoveries"
     ) as e:
-        recover.run_with_recovery(
+        launch.start(
             _request(cloud, vm_name, git_remote[0]),
             max_recoveries=1,
             watch_s=0.2,
@@ -228,7 +230,7 @@ def _resume_after_preemption(
     spec = TargetSpec(vm=vm_name, zone=ZONE, api_endpoint=cloud.url, identity=str(cloud.identity))
     lines: list[str] = []
     killer = _preempt_after(cloud, node, lines, 8)  # after step=7
-    report = recover.run_with_recovery(
+    report = launch.start(
         launch.RunRequest(sop="grpo", sets=sets, target=spec, skip_fit=True),  # CPU workers: test_fit.py
         max_recoveries=1,
         watch_s=0.2,

@@ -48,6 +48,22 @@ class ApiError(Exception):
         self.http, self.status, self.message = http, status, message
 
 
+@dataclass(frozen=True)
+class ApiRequest:
+    """One API call as the emulator saw it. `client` and `purpose` are tpuops' request headers
+    (x-tpuops-client: which TpuClient of which process; x-tpuops-purpose: "watch" for the recovery watch's
+    polls), "" when absent (other clients, operation polls, the Compute/OS Login/IAP routes)."""
+
+    method: str
+    path: str
+    client: str = ""
+    purpose: str = ""
+
+    @property
+    def line(self) -> str:
+        return f"{self.method} {self.path}"
+
+
 @dataclass
 class Faults:
     """Faults on request: the next N calls answer `unavailable_code`; N creates fail for capacity."""
@@ -170,7 +186,7 @@ class Model:
         self.ops: dict[str, dict[str, Any]] = {}
         self.qrs: dict[str, dict[str, Any]] = {}
         self.faults = Faults()
-        self.requests: list[str] = []  # "METHOD /path" of every API call, for tests and `state`
+        self.requests: list[ApiRequest] = []  # every API call, in order (tests, `state`, `requests`)
         self.users = UserLeases(user_prefix)
         # Unix users this emulator created: kept (leased) for reuse by later VMs, deleted by stop_all.
         self.created: dict[str, SshdWorker] = {}

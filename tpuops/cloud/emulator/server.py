@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from tpuops.cloud.emulator import queued
-from tpuops.cloud.emulator.model import ApiError, Model
+from tpuops.cloud.emulator.model import ApiError, ApiRequest, Model
 
 DEFAULT_ZONES = [
     "us-central1-a",
@@ -117,7 +117,11 @@ def _id(q: dict[str, str], key: str) -> str:
 
 def admin(m: Model, action: str, body: dict[str, Any]) -> dict[str, Any]:
     """Fault injection: preempt, swap-host-key, faults (unavailable N + code, capacity {zone: N},
-    oslogin_denied, iap_denied), project-metadata (project, metadata {key: value}), state."""
+    oslogin_denied, iap_denied), project-metadata (project, metadata {key: value}), state; `requests` answers
+    the request log from index `since` on."""
+    if action == "requests":
+        with m.lock:
+            return {"requests": [r.__dict__ for r in m.requests[int(body.get("since", 0)) :]]}
     if action == "project-metadata":
         m.set_project_metadata(body["project"], {k: str(v) for k, v in body["metadata"].items()})
     elif action == "preempt":
@@ -174,7 +178,14 @@ class _Handler(BaseHTTPRequestHandler):
                 answer = admin(m, url.path.removeprefix("/admin/"), body)
             else:
                 with m.lock:
-                    m.requests.append(f"{self.command} {url.path}")
+                    m.requests.append(
+                        ApiRequest(
+                            self.command,
+                            url.path,
+                            self.headers.get("x-tpuops-client", ""),
+                            self.headers.get("x-tpuops-purpose", ""),
+                        )
+                    )
                     code = m.faults.unavailable_code if m.faults.unavailable > 0 else 0
                     m.faults.unavailable = max(0, m.faults.unavailable - 1)
                 if code:
