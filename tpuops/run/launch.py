@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import secrets as _secrets
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -14,11 +13,11 @@ from pathlib import Path
 from tpuops import config as user_config
 from tpuops.config import TargetSpec, UserConfig, write_atomic
 from tpuops.errors import ExitCode, TpuopsError, UsageError
+from tpuops.run import prepare
 from tpuops.run.target import Target, connect_all, open_transport, resolve, select_workers
 from tpuops.shell import Redactor
 from tpuops.sop import loader
 from tpuops.sop.executor import Executor, Plan, SopReport, StepReport
-from tpuops.sop.model import TEMPLATE, PlanContext
 from tpuops.transport.base import LineSink
 
 DRY_RUN_ID = "DRY-RUN"
@@ -141,10 +140,10 @@ def run(
 def _check(req: RunRequest, spec: TargetSpec, cfg: UserConfig, cwd: Path) -> _Checked:
     """Everything that can be checked on this machine, before the TPU API or a worker is asked anything."""
     sop = loader.load(loader.find(req.sop))
-    context = _context_defaults(sop.params, spec, cwd, given={*req.sets, *cfg.params})
+    context = prepare.context_defaults(sop.params, spec, cwd, given={*req.sets, *cfg.params})
     values = sop.resolve(req.sets, {**context, **cfg.params})
-    _check_env_files(sop, values, {*req.sets, *cfg.params}, cwd)
-    _preflight(sop, values)
+    prepare.check_env_files(sop, values, {*req.sets, *cfg.params}, cwd)
+    prepare.check_trainer(sop, values)
     return _Checked(sop, values)
 
 
@@ -162,7 +161,7 @@ def _execute(
     sop, values = checked.sop, checked.values
     redact = Redactor()
     transport = open_transport(target, redact)
-    fit_line = _fit_preflight(sop, values, target.accelerator, skip=req.skip_fit, cwd=cwd)
+    fit_line = prepare.fit_preflight(sop, values, target.accelerator, skip=req.skip_fit, cwd=cwd)
     workers = select_workers(req.worker, len(transport.workers))
     executor = Executor(
         transport,
@@ -182,7 +181,13 @@ def _execute(
         return DryRun(sop.name, transport.name, workers, values, plan, fit_line, target)
     run_id = req.run_id or new_run_id(sop.name)
     _record(
-        run_id, sop.name, target.spec, workers, values, secret_files(sop, values, cwd), runs_dir(sop, values)
+        run_id,
+        sop.name,
+        target.spec,
+        workers,
+        values,
+        prepare.secret_files(sop, values, cwd),
+        prepare.runs_dir(sop, values),
     )
     from tpuops.run.store import OffsetWriter, save_result
 
@@ -241,61 +246,6 @@ def oom_hint(config: str, accelerator: str | None) -> str:
     )
 
 
-def preflight_argv(sop: loader.Sop, values: dict[str, object]) -> list[list[str]]:
-    """Each preflight check's argv with the values in: a list parameter (the trainer overrides, `maps_to`
-    values included) splices in as separate words, so the check sees exactly what the workers will get."""
-    import sys
-
-    scope = {**values, "local_python": sys.executable}
-    argvs = []
-    for check in sop.preflight:
-        argv: list[str] = []
-        for word in check.argv:
-            whole = TEMPLATE.fullmatch(word)
-            if whole and isinstance(scope.get(whole.group(1)), list):
-                argv.extend(scope[whole.group(1)])  # type: ignore[arg-type]
-            else:
-                argv.append(TEMPLATE.sub(lambda m: str(scope[m.group(1)]), word))
-        argvs.append(argv)
-    return argvs
-
-
-def _preflight(sop: loader.Sop, values: dict[str, object]) -> None:
-    """Local checks that must pass before any remote command (e.g. the trainer validating its --set keys)."""
-    for check, argv in zip(sop.preflight, preflight_argv(sop, values), strict=True):
-        try:
-            r = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise UsageError(f"{check.what} check could not run: {e}") from None
-        if r.returncode != 0:
-            lines = [ln for ln in (r.stderr or r.stdout).strip().splitlines() if ln.strip()]
-            last = lines[-1] if lines else f"exit {r.returncode}"
-            raise UsageError(f"{check.what}: {last.removeprefix('config: ')}")
-
-
-def _fit_preflight(
-    sop: loader.Sop, values: dict[str, object], accelerator: str | None, *, skip: bool, cwd: Path
-) -> str | None:
-    """On a VM, before any SSH: the trainer config compiled for the VM's TPU type (cached). A config that
-    does not fit stops here (exit 11); without libtpu on this machine one warning line and the run goes on."""
-    if sop.fit is None or skip or not accelerator:
-        return None
-    from tpuops.checks import fit
-    from tpuops.console import note
-
-    config = TEMPLATE.sub(lambda m: str(values[m.group(1)]), sop.fit.config)
-    sets = values.get(sop.fit.sets.strip("{}"), []) if sop.fit.sets else []
-    try:
-        result = fit.check(config, list(sets), accelerator=accelerator, cwd=cwd)  # type: ignore[arg-type]
-    except fit.FitUnavailableError as e:
-        note(f"fit: not checked ({e.message}); the run goes on (--skip-fit silences this)")
-        return f"not checked: {e.message}"
-    fit.require_fit(result)
-    line = fit.summary(result)
-    note(f"fit: {line}{' (cached)' if result.get('cached') else ''}")
-    return line
-
-
 def _scan(sop: loader.Sop, report: SopReport, local_run: Path, warmup: int):
     """Read what the run left (fetched logs, or each worker's stdout) with the log parser."""
     from tpuops.run import scan
@@ -328,91 +278,6 @@ def _connect_step(workers: list[int], unreachable: dict[int, TpuopsError]) -> St
         else:
             step.outcomes[w] = Outcome("ok", "connected")
     return step
-
-
-def _context_defaults(params: dict, target: TargetSpec, cwd: Path, *, given: set[str]) -> dict[str, object]:
-    """Defaults taken from where tpuops runs: the repository to sync is this checkout (locally, its path)
-    at its HEAD commit. Parameters the user gave (`given`: --set or the config file) are not looked up."""
-    found: dict[str, object] = {}
-    if target.kind == "local" and "venv" in params:
-        # Locally the trainer runs in this very interpreter (installed with the trainer extra): no new venv.
-        import sys
-
-        found.update({"venv": "none", "python": sys.executable})
-        shared = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-        if "data_dir" in params and shared.is_dir():
-            found["data_dir"] = str(shared)  # the scratch checkout has no ../shared beside it
-    if "repo_url" not in params or "repo_url" in given:
-        return found
-    url = (
-        _git(cwd, "rev-parse", "--show-toplevel")
-        if target.kind == "local"
-        else _git(cwd, "remote", "get-url", "origin")
-    )
-    if not url and target.kind == "local":
-        # Outside a checkout: the checkout tpuops itself runs from (its trainer/ is what runs locally).
-        cwd = Path(__file__).resolve().parents[2]
-        url = _git(cwd, "rev-parse", "--show-toplevel")
-    if not url:
-        return found
-    found["repo_url"] = url
-    head = _git(cwd, "rev-parse", "HEAD")
-    if "branch" in params and "branch" not in given and head:
-        # The workers run exactly this commit; remotely that needs it pushed (locally the checkout is the remote).
-        if target.kind != "local" and not _git(cwd, "branch", "-r", "--contains", head):
-            raise UsageError(
-                f"this checkout's HEAD {head[:7]} is not on any remote branch, so the workers cannot fetch it",
-                hint="git push it, or pass --set branch=NAME",
-            )
-        found["branch"] = head
-    return found
-
-
-def _git(cwd: Path, *args: str) -> str | None:
-    try:
-        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def secret_files(sop: loader.Sop, values: dict[str, object], cwd: Path) -> list[str]:
-    """The local .env files whose values this run may print (sync_env sources, the .env of secret_env): a later
-    `attach` or `logs` reads them again to redact those values from what the workers' logs say."""
-    from tpuops.sop.steps import SyncEnv
-
-    ctx = _context(values, cwd)
-    found = [cwd / ".env", *(s.local_path(ctx) for s in sop.steps if isinstance(s, SyncEnv))]
-    return sorted({str(p.resolve()) for p in found})
-
-
-def _check_env_files(sop: loader.Sop, values: dict[str, object], given: set[str], cwd: Path) -> None:
-    """Every .env a sync_env step would send parses and can be written (exit 2 otherwise); one named with
-    --set (or tpuops.toml, or `required: true`) must exist: a typo must not leave a stale .env in use."""
-    from tpuops.sop import secrets
-    from tpuops.sop.steps import SyncEnv
-
-    ctx = _context(values, cwd)
-    for step in sop.steps:
-        if not isinstance(step, SyncEnv):
-            continue
-        path = step.local_path(ctx)
-        named = step.required or any(m.group(1) in given for m in TEMPLATE.finditer(step.source))
-        if path.exists() or named:
-            secrets.load(path)  # "PATH: file not found" when it was named and is not there
-
-
-def runs_dir(sop: loader.Sop, values: dict[str, object]) -> str:
-    """Where the SOP's `run` step keeps its runs on the workers (attach, logs and stop look there)."""
-    from tpuops.sop.runs import Run
-
-    step = next((s for s in sop.steps if isinstance(s, Run)), None)
-    return _context(values).raw(step.runs_dir) if step else str(values.get("runs_dir", "~/tpuops/runs"))
-
-
-def _context(values: dict[str, object], cwd: Path | None = None) -> PlanContext:
-    """Worker 0's plan context: for the step fields that are the same on every worker."""
-    return PlanContext(worker=0, num_workers=1, run_id="", values=values, local_dir=cwd or Path.cwd())
 
 
 def _record(

@@ -75,7 +75,6 @@ class Transport(Protocol):
 
     name: str
     workers: list[Worker]
-    accelerator: str | None  # the TPU type when the target is a VM (the fit preflight), else None
 
     def connect(self, worker: int) -> None:
         """Open (or check) the connection to one worker; raises ConnectError/HostKeyError."""

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from tpuops.config import TargetSpec
-from tpuops.run import launch
+from tpuops.run import launch, prepare
 from tpuops.sop import loader
 from tpuops.sop.actions import render_plan
 
@@ -37,7 +37,7 @@ def _trainer_argv(result: launch.DryRun) -> list[str]:
 
 def _printed_config(sop: str, result: launch.DryRun) -> dict:
     """What the preflight check (the trainer's --print-config, the same overrides list) resolves to."""
-    argvs = launch.preflight_argv(loader.load(loader.find(sop)), result.values)
+    argvs = prepare.preflight_argv(loader.load(loader.find(sop)), result.values)
     assert len(argvs) == 1 and argvs[0][-1] == "--print-config"
     out = subprocess.run(argvs[0], capture_output=True, text=True, timeout=120, check=True)
     return json.loads(out.stdout)

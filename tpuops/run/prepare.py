@@ -1,0 +1,152 @@
+"""Before anything runs: SOP values taken from this checkout, the local checks (.env files, the trainer's
+`--print-config` on the overrides) and the fit preflight for the VM's TPU."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from tpuops.config import TargetSpec
+from tpuops.errors import UsageError
+from tpuops.sop import loader
+from tpuops.sop.model import TEMPLATE, PlanContext
+
+
+def preflight_argv(sop: loader.Sop, values: dict[str, object]) -> list[list[str]]:
+    """Each preflight check's argv with the values in: a list parameter (the trainer overrides, `maps_to`
+    values included) splices in as separate words, so the check sees exactly what the workers will get."""
+    import sys
+
+    scope = {**values, "local_python": sys.executable}
+    argvs = []
+    for check in sop.preflight:
+        argv: list[str] = []
+        for word in check.argv:
+            whole = TEMPLATE.fullmatch(word)
+            if whole and isinstance(scope.get(whole.group(1)), list):
+                argv.extend(scope[whole.group(1)])  # type: ignore[arg-type]
+            else:
+                argv.append(TEMPLATE.sub(lambda m: str(scope[m.group(1)]), word))
+        argvs.append(argv)
+    return argvs
+
+
+def check_trainer(sop: loader.Sop, values: dict[str, object]) -> None:
+    """Local checks that must pass before any remote command (e.g. the trainer validating its --set keys)."""
+    for check, argv in zip(sop.preflight, preflight_argv(sop, values), strict=True):
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise UsageError(f"{check.what} check could not run: {e}") from None
+        if r.returncode != 0:
+            lines = [ln for ln in (r.stderr or r.stdout).strip().splitlines() if ln.strip()]
+            last = lines[-1] if lines else f"exit {r.returncode}"
+            raise UsageError(f"{check.what}: {last.removeprefix('config: ')}")
+
+
+def fit_preflight(
+    sop: loader.Sop, values: dict[str, object], accelerator: str | None, *, skip: bool, cwd: Path
+) -> str | None:
+    """On a VM, before any SSH: the trainer config compiled for the VM's TPU type (cached). A config that
+    does not fit stops here (exit 11); without libtpu on this machine one warning line and the run goes on."""
+    if sop.fit is None or skip or not accelerator:
+        return None
+    from tpuops.checks import fit
+    from tpuops.console import note
+
+    config = TEMPLATE.sub(lambda m: str(values[m.group(1)]), sop.fit.config)
+    sets = values.get(sop.fit.sets.strip("{}"), []) if sop.fit.sets else []
+    try:
+        result = fit.check(config, list(sets), accelerator=accelerator, cwd=cwd)  # type: ignore[arg-type]
+    except fit.FitUnavailableError as e:
+        note(f"fit: not checked ({e.message}); the run goes on (--skip-fit silences this)")
+        return f"not checked: {e.message}"
+    fit.require_fit(result)
+    line = fit.summary(result)
+    note(f"fit: {line}{' (cached)' if result.get('cached') else ''}")
+    return line
+
+
+def context_defaults(params: dict, target: TargetSpec, cwd: Path, *, given: set[str]) -> dict[str, object]:
+    """Defaults taken from where tpuops runs: the repository to sync is this checkout (locally, its path)
+    at its HEAD commit. Parameters the user gave (`given`: --set or the config file) are not looked up."""
+    found: dict[str, object] = {}
+    if target.kind == "local" and "venv" in params:
+        # Locally the trainer runs in this very interpreter (installed with the trainer extra): no new venv.
+        import sys
+
+        found.update({"venv": "none", "python": sys.executable})
+        shared = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+        if "data_dir" in params and shared.is_dir():
+            found["data_dir"] = str(shared)  # the scratch checkout has no ../shared beside it
+    if "repo_url" not in params or "repo_url" in given:
+        return found
+    url = (
+        _git(cwd, "rev-parse", "--show-toplevel")
+        if target.kind == "local"
+        else _git(cwd, "remote", "get-url", "origin")
+    )
+    if not url and target.kind == "local":
+        # Outside a checkout: the checkout tpuops itself runs from (its trainer/ is what runs locally).
+        cwd = Path(__file__).resolve().parents[2]
+        url = _git(cwd, "rev-parse", "--show-toplevel")
+    if not url:
+        return found
+    found["repo_url"] = url
+    head = _git(cwd, "rev-parse", "HEAD")
+    if "branch" in params and "branch" not in given and head:
+        # The workers run exactly this commit; remotely that needs it pushed (locally the checkout is the remote).
+        if target.kind != "local" and not _git(cwd, "branch", "-r", "--contains", head):
+            raise UsageError(
+                f"this checkout's HEAD {head[:7]} is not on any remote branch, so the workers cannot fetch it",
+                hint="git push it, or pass --set branch=NAME",
+            )
+        found["branch"] = head
+    return found
+
+
+def _git(cwd: Path, *args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def secret_files(sop: loader.Sop, values: dict[str, object], cwd: Path) -> list[str]:
+    """The local .env files whose values this run may print (sync_env sources, the .env of secret_env): a later
+    `attach` or `logs` reads them again to redact those values from what the workers' logs say."""
+    from tpuops.sop.steps import SyncEnv
+
+    ctx = plan_context(values, cwd)
+    found = [cwd / ".env", *(s.local_path(ctx) for s in sop.steps if isinstance(s, SyncEnv))]
+    return sorted({str(p.resolve()) for p in found})
+
+
+def check_env_files(sop: loader.Sop, values: dict[str, object], given: set[str], cwd: Path) -> None:
+    """Every .env a sync_env step would send parses and can be written (exit 2 otherwise); one named with
+    --set (or tpuops.toml, or `required: true`) must exist: a typo must not leave a stale .env in use."""
+    from tpuops.sop import secrets
+    from tpuops.sop.steps import SyncEnv
+
+    ctx = plan_context(values, cwd)
+    for step in sop.steps:
+        if not isinstance(step, SyncEnv):
+            continue
+        path = step.local_path(ctx)
+        named = step.required or any(m.group(1) in given for m in TEMPLATE.finditer(step.source))
+        if path.exists() or named:
+            secrets.load(path)  # "PATH: file not found" when it was named and is not there
+
+
+def runs_dir(sop: loader.Sop, values: dict[str, object]) -> str:
+    """Where the SOP's `run` step keeps its runs on the workers (attach, logs and stop look there)."""
+    from tpuops.sop.runs import Run
+
+    step = next((s for s in sop.steps if isinstance(s, Run)), None)
+    return plan_context(values).raw(step.runs_dir) if step else str(values.get("runs_dir", "~/tpuops/runs"))
+
+
+def plan_context(values: dict[str, object], cwd: Path | None = None) -> PlanContext:
+    """Worker 0's plan context: for the step fields that are the same on every worker."""
+    return PlanContext(worker=0, num_workers=1, run_id="", values=values, local_dir=cwd or Path.cwd())
