@@ -16,7 +16,6 @@ from tpuops.transport.base import CANCELLED_EXIT, TIMEOUT_EXIT, CmdResult, LineS
 class LocalTransport:
     """Runs `sh -c` under <root>/w<k> with HOME pointing there, so `~/...` paths stay inside the scratch root."""
 
-
     name = "local"
 
     def __init__(self, root: Path, num_workers: int = 1, redact: shell.Redactor | None = None) -> None:

@@ -21,7 +21,6 @@ from tpuops.transport.hostkeys import PinnedKeyPolicy, RejectWithAdvice, fingerp
 class SshTransport:
     """All workers of a VM over SSH. Connections open lazily, once, and stay open for the whole SOP."""
 
-
     name = "ssh"
 
     def __init__(

@@ -6,7 +6,7 @@ import collections
 from pathlib import Path
 
 from tests.tpuops.cloud.conftest import Cloud
-from tpuops.cloud.emulator.model import ApiRequest
+from tpuops.cloud.emulator.records import ApiRequest
 from tpuops.config import TargetSpec
 from tpuops.run import launch
 from tpuops.sop.executor import SopReport

@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tpuops.cloud.emulator.model import ApiError, Model, _now
+from tpuops.cloud.emulator.model import Model
+from tpuops.cloud.emulator.records import ApiError, _now
 
 _QR_TYPE = "type.googleapis.com/google.cloud.tpu.v2.QueuedResource"
 

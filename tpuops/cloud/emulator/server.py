@@ -12,7 +12,8 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from tpuops.cloud.emulator import queued
-from tpuops.cloud.emulator.model import ApiError, ApiRequest, Model
+from tpuops.cloud.emulator.model import Model
+from tpuops.cloud.emulator.records import ApiError, ApiRequest
 
 DEFAULT_ZONES = [
     "us-central1-a",
