@@ -45,12 +45,8 @@ def report(
       tpuops report 20260101-grpo --warmup 2 --html report.html
       tpuops report run.log --json --baseline baseline.json --threshold 0.05
     """
-    from tpuops.run import logreport, scan
+    from tpuops.run import logreport
 
-    result = scan.scan_target(target, warmup)
-    deltas = None if baseline is None else logreport.load_baseline(baseline, result, threshold)
-    code = logreport.exit_code(result, deltas)
-    if html is not None:
-        logreport.write_html(result, html, deltas)
-    logreport.render(result, code, json, deltas, html)
-    raise typer.Exit(code)
+    r = logreport.review(target, warmup, baseline, threshold, html)
+    logreport.render(r.report, r.code, json, r.deltas, html)
+    raise typer.Exit(r.code)

@@ -21,10 +21,9 @@ def list_(json: o.JsonOpt = False) -> None:
     from tpuops.run import report
     from tpuops.sop import loader
 
-    rows, broken = loader.scan_sops()
-    report.sop_list(rows, json, broken)
-    if broken:  # listed with their errors; a broken SOP file is bad input
-        raise typer.Exit(2)
+    rows, broken, code = loader.scan_sops()
+    report.sop_list(rows, json, broken)  # broken files are listed with their errors
+    raise typer.Exit(code)
 
 
 @app.command("show")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html as html_lib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,26 @@ from tpuops.run.baseline import Delta, compare
 from tpuops.run.events import LogReport
 
 HEAD_ROWS = 10  # the terminal table shows the first and last steps; --json and --html have every kept row
+
+
+@dataclass
+class Reviewed:
+    """`tpuops report`'s answer: the log's report, its comparison with a baseline, and the exit code."""
+
+    report: LogReport
+    deltas: list[Delta] | None
+    code: int
+
+
+def review(target: str, warmup: int, baseline: Path | None, threshold: float, html: Path | None) -> Reviewed:
+    """Scan a log file, run directory or run id; compare with a baseline; write the HTML page when asked."""
+    from tpuops.run import scan
+
+    report = scan.scan_target(target, warmup)
+    deltas = None if baseline is None else load_baseline(baseline, report, threshold)
+    if html is not None:
+        write_html(report, html, deltas)
+    return Reviewed(report, deltas, exit_code(report, deltas))
 
 
 def load_baseline(path: Path, report: LogReport, threshold: float) -> list[Delta]:

@@ -344,8 +344,9 @@ def list_sops() -> list[tuple[str, str, str]]:
     return scan_sops()[0]
 
 
-def scan_sops() -> tuple[list[tuple[str, str, str]], list[tuple[str, str]]]:
-    """The valid SOPs as list_sops() gives them, and (path, error line) of each file that does not load."""
+def scan_sops() -> tuple[list[tuple[str, str, str]], list[tuple[str, str]], int]:
+    """The valid SOPs as list_sops() gives them, (path, error line) of each file that does not load, and the
+    exit code of `tpuops sop list` (2 when a file is broken: bad input)."""
     rows: dict[str, tuple[str, str, str]] = {}
     broken: list[tuple[str, str]] = []
     for d in [Path.cwd() / "sops", sops_dir()]:
@@ -362,4 +363,4 @@ def scan_sops() -> tuple[list[tuple[str, str, str]], list[tuple[str, str]]]:
                 sop.description.strip().splitlines()[0] if sop.description else "",
                 str(f),
             )
-    return sorted(rows.values()), broken
+    return sorted(rows.values()), broken, 2 if broken else 0
