@@ -36,9 +36,8 @@ _FREE = frozenset({
     "opt-barrier", "copy-done", "slice-done", "all-gather-done", "all-reduce-done", "collective-permute-done",
     "async-done", "while", "call", "conditional",
 })  # fmt: skip
-_PARTIAL_READS = frozenset(
-    {"gather", "dynamic-slice", "slice"}
-)  # read only their result's worth of an operand
+# Ops that read only their result's worth of their first operand.
+_PARTIAL_READS = frozenset({"gather", "dynamic-slice", "slice"})
 
 
 def _arrays(text: str) -> list[tuple[int, int]]:
