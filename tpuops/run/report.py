@@ -327,7 +327,7 @@ def fit_report(result: dict[str, Any], as_json: bool) -> None:
         t.add_row(
             name, *(f"{p[k] / GB:.2f}" for k in ("argument_bytes", "output_bytes", "temp_bytes", "resident_bytes")),
             f"{p['peak_bytes'] / GB:.2f}", f"[{'green' if p['fits'] else 'bold red'}]{p['headroom']:.0%}[/]",
-            f"{p['flops'] / 1e12:.2f}", f"{p['bytes_accessed'] / GB:.2f}",
+            f"{p['flops'] / 1e12:.2f}", f"{p.get('hbm_bytes', p['bytes_accessed']) / GB:.2f}",
             f"{p['collective_bytes']['moved'] / GB:.2f}", str(p["runs_per_step"]), f"{p['seconds']:.3f}",
             p["largest_term"],
         )  # fmt: skip

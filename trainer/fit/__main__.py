@@ -67,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         "--probe", metavar="A,B",
         help="compile at A and B decoder layers and extrapolate to the model's depth (fast; CI uses 2,3)",
     )  # fmt: skip
+    ap.add_argument(
+        "--breakdown", type=int, default=0, metavar="N",
+        help="per phase, the N sources of the most HBM bytes (e.g. --phases decode --breakdown 12)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
 
     from trainer import config
@@ -88,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         probe = tuple(int(x) for x in args.probe.split(",")) if args.probe else None
         only = tuple(args.phases.split(",")) if args.phases else None
-        result = run(cfg, tgt, args.set, fix=not args.no_fix, probe=probe, only=only)
+        result = run(
+            cfg, tgt, args.set, fix=not args.no_fix, probe=probe, only=only, breakdown=args.breakdown
+        )
     except config.ConfigError as e:
         print(f"config: {e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -121,6 +127,7 @@ def run(
     fix: bool = True,
     probe: tuple[int, int] | None = None,
     only: tuple[str, ...] | None = None,
+    breakdown: int = 0,
 ) -> dict[str, Any]:
     """Compile and judge every phase (at the model's depth, or extrapolated from two `probe` depths); when
     only the update does not fit, the first override list that does (`fix_candidates`)."""
@@ -135,7 +142,7 @@ def run(
     def measured(c: Any, only: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
         if probe is None:
             progs, facts = programs.step_programs(c, devices, only)
-            return analyze.measure_all(progs, len(devices)), facts
+            return analyze.measure_all(progs, len(devices), breakdown), facts
         la, lb = probe
         at_a = analyze.measure_all(programs.step_programs(c, devices, only, layers=la)[0], len(devices))
         progs, facts = programs.step_programs(c, devices, only, layers=lb)

@@ -4,7 +4,9 @@ lower bound of its time.
 Per phase: peak = arguments + outputs - donated (aliased) + temporaries + what stays resident beside it.
 It fits when peak <= (1 - HEADROOM) x HBM per device. Time per run = max(flops / peak FLOP/s, HBM bytes /
 HBM bandwidth) + bytes moved by collectives / ICI bandwidth (100% of the roofline: a lower bound, not a
-promise), times the phase's runs per step; a step is the sum over its phases.
+promise), times the phase's runs per step; a step is the sum over its phases. HBM bytes are read off the
+compiled program (trainer.fit.traffic: operands and results in HBM, op by op); XLA's own `bytes accessed`,
+which on TPU also counts VMEM copies, is reported beside them.
 Probes: every figure is affine in the number of (identical, unrolled) decoder layers, so compiles at two
 small depths extrapolate exactly to the model's depth up to XLA's buffer packing (`extrapolate`).
 """
@@ -16,12 +18,12 @@ import sys
 import time
 from typing import Any
 
-from trainer.fit import hlo
+from trainer.fit import hlo, traffic
 from trainer.fit.programs import Program
 
 HEADROOM = 0.10
 _TEMP = re.compile(r"HLO temporaries \(([0-9.]+)([KMGT])\)")
-_SIZES = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "resident_bytes")
+_SIZES = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "resident_bytes", "hbm_bytes")
 
 
 def _cost(compiled: Any) -> dict[str, float]:
@@ -31,8 +33,9 @@ def _cost(compiled: Any) -> dict[str, float]:
     return {"flops": float(cost.get("flops", 0.0)), "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
 
 
-def measure(program: Program, devices: int) -> dict[str, Any]:
-    """Compile one program: its per-device sizes, cost and collectives (raw figures, no verdict)."""
+def measure(program: Program, devices: int, breakdown: int = 0) -> dict[str, Any]:
+    """Compile one program: its per-device sizes, cost, HBM traffic and collectives (raw figures, no verdict);
+    with `breakdown`, its HBM bytes by the `breakdown` largest sources (trainer.fit.traffic.by_source)."""
     t0 = time.perf_counter()
     raw: dict[str, Any] = {"runs_per_step": program.multiplier, "resident_bytes": program.resident_bytes}
     try:
@@ -48,14 +51,19 @@ def measure(program: Program, devices: int) -> dict[str, Any]:
             f"fit: {program.name} does not fit: {str(e).splitlines()[0][:200]}", file=sys.stderr, flush=True
         )
         return {**raw, "argument_bytes": 0, "output_bytes": 0, "alias_bytes": 0, "temp_bytes": temp, "flops": 0.0,
-                "bytes_accessed": 0.0, "collective_bytes": dict.fromkeys((*hlo.KINDS, "moved"), 0),
+                "bytes_accessed": 0.0, "hbm_bytes": 0, "collective_bytes": dict.fromkeys((*hlo.KINDS, "moved"), 0),
                 "compile_s": time.perf_counter() - t0, "error": str(e).splitlines()[0][:300]}  # fmt: skip
     compile_s = time.perf_counter() - t0
     print(f"fit: compiled {program.name} in {compile_s:.1f} s", file=sys.stderr, flush=True)
     mem = compiled.memory_analysis()
     for k in ("argument", "output", "alias", "temp"):
         raw[f"{k}_bytes"] = int(getattr(mem, f"{k}_size_in_bytes"))
-    return {**raw, **_cost(compiled), "collective_bytes": hlo.collectives(compiled.as_text(), devices),
+    text = compiled.as_text()
+    ops = traffic.op_bytes(text)
+    raw["hbm_bytes"] = sum(r.bytes for r in ops)
+    if breakdown:
+        raw["breakdown"] = traffic.by_source(ops, breakdown)
+    return {**raw, **_cost(compiled), "collective_bytes": hlo.collectives(text, devices),
             "compile_s": compile_s}  # fmt: skip
 
 
@@ -82,7 +90,7 @@ def verdict(raw: dict[str, Any], per_device: dict[str, float]) -> dict[str, Any]
             + raw["resident_bytes"])  # fmt: skip
     terms = {
         "compute": raw["flops"] / per_device["flops"],
-        "hbm": raw["bytes_accessed"] / per_device["hbm_bw"],
+        "hbm": raw["hbm_bytes"] / per_device["hbm_bw"],
         "collectives": raw["collective_bytes"]["moved"] / per_device["ici_bw"],
     }
     once = max(terms["compute"], terms["hbm"]) + terms["collectives"]
@@ -107,5 +115,5 @@ def judge(phases_raw: dict[str, dict[str, Any]], per_device: dict[str, float]) -
     }  # fmt: skip
 
 
-def measure_all(programs: list[Program], devices: int) -> dict[str, dict[str, Any]]:
-    return {p.name: measure(p, devices) for p in programs}
+def measure_all(programs: list[Program], devices: int, breakdown: int = 0) -> dict[str, dict[str, Any]]:
+    return {p.name: measure(p, devices, breakdown) for p in programs}

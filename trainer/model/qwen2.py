@@ -270,7 +270,10 @@ def lm_head_weight(params: Params, config: Qwen2Config) -> Array:
 @functools.partial(jax.jit, static_argnames="config")
 def logits_from_hidden(params: Params, config: Qwen2Config, hidden_BTD: Array) -> Array:
     w_DV = lm_head_weight(params, config).astype(_dt(config.dtype))
-    return jnp.einsum("btd,dv->btv", hidden_BTD, w_DV, preferred_element_type=jnp.float32)
+    logits_BTV = jnp.einsum("btd,dv->btv", hidden_BTD, w_DV, preferred_element_type=jnp.float32)
+    # Split over the vocabulary like W: left free, a consumer that wants whole rows (the sampler's draw) made
+    # XLA all-gather W itself (3B: the 0.6 GB tied embedding, for every decoded token) instead of the logits.
+    return constrain(logits_BTV, "batch", "length", "vocab")
 
 
 @functools.partial(jax.jit, static_argnames="config")

@@ -1,0 +1,166 @@
+"""Where a compiled TPU program's HBM bytes go: the bytes each top-level HLO op reads and writes in HBM.
+
+Why not XLA's `bytes accessed` alone: on TPU it also counts VMEM. A weight prefetched into VMEM (`copy-start`
+to memory space S(1)) is counted when read from HBM, when written to VMEM, and again by the matmul that reads
+it there, plus a no-op bitcast fusion nested in the matmul that counts as one more read and write: a decode
+matmul of a 22.5 MB weight costs 113 MB by that count (docs/performance.md). This module reads the compiled
+text instead: every instruction of the entry, of loop bodies and of called computations (not the insides of
+fusions), with the bytes of its operands and results that live in HBM (memory space 0). In-place updates
+(dynamic-update-slice) count their update, slices and gathers (also inside a fusion) what they read, the
+`-done` halves of async pairs and views (tuples, bitcasts, parameters) nothing. Rows are grouped by the JAX
+source that made them (`op_name` metadata, `layers_<i>` folded into `layers_*`).
+It is an accounting of the program, not a profile: a kernel that re-reads an operand from HBM counts once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+
+from trainer.fit.hlo import _BYTES
+
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%(?P<name>\S+) \(.*\{$")
+_INSTRUCTION = re.compile(
+    r"^\s+(?:ROOT )?%(?P<name>\S+) = (?P<type>\(.*?\)|\S+) (?P<op>[a-z][a-z0-9\-]*)\((?P<args>.*?)\)(?:, |$)"
+)
+_CALLEE = re.compile(r"(?:calls|to_apply)=%(?P<name>[\w.\-]+)")
+_OPERAND = re.compile(r"%(?P<name>[\w.\-]+)")
+_ARRAY = re.compile(r"(?P<dtype>[a-z]+[0-9a-z]*)\[(?P<dims>[0-9,]*)\](?:\{(?P<layout>[^}]*)\})?")
+_SPACE = re.compile(r"S\((?P<space>\d+)\)")
+_SOURCE = re.compile(r'op_name="(?P<src>[^"]*)"')
+# Ops that move no bytes themselves: views, bookkeeping, the finishing half of async pairs, and control flow
+# (their bodies are accounted op by op).
+_FREE = frozenset({
+    "get-tuple-element", "tuple", "bitcast", "parameter", "constant", "partition-id", "replica-id", "after-all",
+    "opt-barrier", "copy-done", "slice-done", "all-gather-done", "all-reduce-done", "collective-permute-done",
+    "async-done", "while", "call", "conditional",
+})  # fmt: skip
+# Ops that read only their result's worth of their first operand.
+_PARTIAL_READS = frozenset({"gather", "dynamic-slice", "slice"})
+
+
+def _arrays(text: str) -> list[tuple[int, int]]:
+    """(bytes, memory space) of every array in an HLO type (0: HBM, 1: VMEM, ...)."""
+    out = []
+    for m in _ARRAY.finditer(text):
+        if m["dtype"] in _BYTES:
+            n = 1
+            for d in m["dims"].split(","):
+                n *= int(d) if d else 1
+            space = _SPACE.search(m["layout"] or "")
+            out.append((n * _BYTES[m["dtype"]], int(space["space"]) if space else 0))
+    return out
+
+
+def _hbm(text: str) -> int:
+    return sum(b for b, space in _arrays(text) if space == 0)
+
+
+@dataclass(frozen=True)
+class OpBytes:
+    name: str
+    op: str
+    source: str  # JAX op_name with layer indices folded ("" when the op carries none)
+    operand_bytes: int
+    result_bytes: int
+
+    @property
+    def bytes(self) -> int:
+        return self.operand_bytes + self.result_bytes
+
+
+def _source(line: str) -> str:
+    m = _SOURCE.search(line)
+    if not m:
+        return ""
+    src = re.sub(r"layers_\d+", "layers_*", m["src"])
+    src = re.sub(r"^jit\([^)]*\)/(while/(body|cond)/)?", "", src)  # the program's own jit and its loop
+    return re.sub(r"jit\(([^)]*)\)", r"\1", src)
+
+
+Instruction = tuple[str, str, str, str, str]  # (name, type, op, operands text, whole line)
+
+
+def _parse(hlo_text: str) -> dict[str, list[Instruction]]:
+    computations: dict[str, list[Instruction]] = {}
+    current: list[Instruction] | None = None
+    for line in hlo_text.splitlines():
+        if m := _COMPUTATION.match(line):
+            current = computations.setdefault(m["name"], [])
+        elif current is not None and (m := _INSTRUCTION.match(line)):
+            current.append((m["name"], m["type"], m["op"], m["args"], line))
+    return computations
+
+
+def _operand_reads(body: list[Instruction]) -> dict[int, int]:
+    """For a fused computation: parameter index -> bytes it reads when it is only sliced or gathered from
+    (every use a gather/slice, or the in-place target of the root dynamic-update-slice)."""
+    params = {n: int(args) for n, _, op, args, _ in body if op == "parameter" and args.isdigit()}
+    uses: dict[str, list[tuple[int, str]]] = defaultdict(list)  # operand -> (bytes it reads, how)
+    for _, typ, op, args, line in body:
+        for i, a in enumerate(_OPERAND.finditer(args)):
+            if i == 0 and op == "dynamic-update-slice" and line.lstrip().startswith("ROOT"):
+                uses[a["name"]].append((0, "in place"))
+            elif i == 0 and op in _PARTIAL_READS:  # the sliced operand, not the indices
+                uses[a["name"]].append((sum(b for b, _ in _arrays(typ)), "window"))
+            else:
+                uses[a["name"]].append((0, "whole"))
+    return {
+        index: sum(b for b, _ in uses[name])
+        for name, index in params.items()
+        if uses[name] and all(how != "whole" for _, how in uses[name])
+    }
+
+
+def op_bytes(hlo_text: str) -> list[OpBytes]:
+    """Every top-level op of a compiled module with the HBM bytes it reads and writes, largest first."""
+    computations = _parse(hlo_text)
+    inner = {c["name"] for body in computations.values() for *_, line in body for c in _CALLEE.finditer(line)}
+    rows = []
+    for name, body in computations.items():
+        if name in inner:  # a fusion's or a reduction's body: its traffic is its caller's operands/result
+            continue
+        types = {n: t for n, t, *_ in body}
+        for n, typ, op, args, line in body:
+            if op in _FREE:
+                continue
+            arrays = _arrays(typ)
+            if op == "copy-start":  # (destination, source, context)
+                arrays = arrays[:1]
+            elif (
+                op.endswith("-start") and len(arrays) > 1
+            ):  # (operands..., results..., [context]): the results
+                arrays = arrays[len(arrays) // 2 :]
+            result = sum(b for b, space in arrays if space == 0)
+            operands = [types.get(a["name"], "(") for a in _OPERAND.finditer(args)]
+            reads = [0 if t.startswith("(") else _hbm(t) for t in operands]
+            callee = _CALLEE.search(line)
+            if op == "fusion" and callee and callee["name"] in computations:
+                for i, b in _operand_reads(computations[callee["name"]]).items():
+                    if i < len(reads) and reads[i]:
+                        reads[i] = b
+                        if b == 0:  # updated in place: the result is written only where the update lands
+                            result = 0
+            if op in ("dynamic-update-slice", "slice-start", "dynamic-slice", "slice", "gather"):
+                # In place, or reading a window: the moved bytes are the update's / the result's.
+                moved = reads[1] if op == "dynamic-update-slice" else sum(b for b, _ in arrays)
+                reads, result = [moved], moved if op == "dynamic-update-slice" else result
+            rows.append(OpBytes(n, op, _source(line), sum(reads), result))
+    return sorted(rows, key=lambda r: r.bytes, reverse=True)
+
+
+def by_source(rows: list[OpBytes], top: int = 12) -> list[dict[str, object]]:
+    """The `top` sources by bytes: [{source, ops, bytes}], the rest summed in one last "other" row."""
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for r in rows:
+        key = r.source or f"({r.op})"
+        totals[key][0] += r.bytes
+        totals[key][1] += 1
+    ranked = sorted(totals.items(), key=lambda kv: kv[1][0], reverse=True)
+    out: list[dict[str, object]] = [{"source": k, "ops": n, "bytes": b} for k, (b, n) in ranked[:top]]
+    if rest := ranked[top:]:
+        out.append(
+            {"source": "other", "ops": sum(n for _, (_, n) in rest), "bytes": sum(b for _, (b, _) in rest)}
+        )
+    return out
