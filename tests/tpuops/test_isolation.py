@@ -74,3 +74,17 @@ def test_the_users_and_homes_a_session_made_are_deleted_with_their_processes(
         pwd.getpwnam(w.user)
     assert not w.home.exists() and not w.running
     assert not (UserLeases("").lock_dir / f"{w.user}.lock").exists()  # the lease's file went with it
+
+
+def test_the_os_login_users_an_emulator_made_are_deleted_when_it_stops(tmp_path: Path) -> None:
+    from tpuops.cloud.emulator.model import Model
+
+    _, public = client_keypair(tmp_path / "client")
+    model = Model(tmp_path / "state", ["us-east1-d"], user_prefix=f"tpt{os.getpid()}y-")
+    profile = model.import_ssh_key("someone@example.com", {"key": public}, "p")["loginProfile"]
+    user = profile["posixAccounts"][0]["username"]
+    assert pwd.getpwnam(user).pw_dir == f"/home/{user}"  # a real POSIX user to log in as
+    model.stop_all()
+    with pytest.raises(KeyError):
+        pwd.getpwnam(user)
+    assert not Path(f"/home/{user}").exists()

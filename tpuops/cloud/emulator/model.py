@@ -72,6 +72,9 @@ class Model:
         self.projects: dict[str, dict[str, str]] = {}  # project -> common instance metadata
         self.profiles: dict[str, Profile] = {}  # account -> OS Login profile
         self.oslogin_users = UserLeases(f"{user_prefix}o")
+        self.oslogin_made: list[
+            tuple[str, Path]
+        ] = []  # POSIX users of OS Login profiles this emulator created
         self.oslogin_dir = state_dir / "oslogin"  # per POSIX user: the keys OS Login VMs accept
 
     # -- helpers ----------------------------------------------------------------------------------------
@@ -298,7 +301,8 @@ class Model:
                     from tpuops.cloud.emulator.sshd import ensure_user, reset_home
 
                     home = Path("/home") / prof.user
-                    ensure_user(prof.user, home)
+                    if ensure_user(prof.user, home):
+                        self.oslogin_made.append((prof.user, home))  # deleted by stop_all
                     reset_home(prof.user, home)
                 self.profiles[account] = prof
             fp = fingerprint_of_public_line(key).removeprefix("SHA256:")
@@ -371,3 +375,9 @@ class Model:
         remove_users(made)
         for w in made:
             self.users.give_back(w.user)
+        from tpuops.cloud.emulator.sshd import delete_user
+
+        for name, home in self.oslogin_made:
+            delete_user(name, home)
+            self.oslogin_users.give_back(name)
+        self.oslogin_made = []

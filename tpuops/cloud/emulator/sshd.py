@@ -199,15 +199,20 @@ def remove_users(workers: list[SshdWorker]) -> None:
         w.stop()
         if not w.created_user:
             continue
-        subprocess.run(["pkill", "-KILL", "-u", w.user], check=False, capture_output=True)
-        for _ in range(50):  # userdel refuses while a process of the user is still exiting
-            r = subprocess.run(["userdel", w.user], check=False, capture_output=True)
-            if r.returncode in (0, 6):  # 6: no such user
-                break
-            time.sleep(0.1)
-        shutil.rmtree(w.home, ignore_errors=True)
+        delete_user(w.user, w.home)
         w.created_user = False
         _LEASES.give_back(w.user)
+
+
+def delete_user(name: str, home: Path) -> None:
+    """Stop every process of a user this process created, delete it and its home."""
+    subprocess.run(["pkill", "-KILL", "-u", name], check=False, capture_output=True)
+    for _ in range(50):  # userdel refuses while a process of the user is still exiting
+        r = subprocess.run(["userdel", name], check=False, capture_output=True)
+        if r.returncode in (0, 6):  # 6: no such user
+            break
+        time.sleep(0.1)
+    shutil.rmtree(home, ignore_errors=True)
 
 
 def reset_home(name: str, home: Path) -> None:
