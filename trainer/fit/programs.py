@@ -13,6 +13,7 @@ parameters and optimizer state during the rollout.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ class Program:
     multiplier: int  # how many times a step runs its cost (memory is per run)
     resident_bytes: int  # per device, alive beside the program's own buffers
     error: str | None = None  # already known not to compile (libtpu's RESOURCE_EXHAUSTED)
+    compiled: Any = None  # already compiled (the prefill: the decode's state comes from its outputs)
+    compile_s: float = 0.0  # how long that compile took
 
 
 def model_config(cfg: Config, layers: int = 0) -> Qwen2Config:
@@ -139,6 +142,7 @@ def _rollout(
     rng = jax.eval_shape(lambda: jax.random.key(0))
     ids = _batch(rmesh, (N, P_len), jnp.int32)
     prefill = OnMesh(sampler._prefill, rmesh).lower(rparams, ids, ids, rng, **static)
+    t0 = time.perf_counter()
     try:
         prefill_out = prefill.compile()
     except Exception as e:  # too big for the TPU: both rollout programs are judged by this
@@ -149,7 +153,9 @@ def _rollout(
             Program("decode", None, max(C - 1, 1), resident, error="not compiled: the prefill does not fit")
         )
         return programs
-    programs.append(Program("prefill", prefill, 1, resident))
+    programs.append(
+        Program("prefill", prefill, 1, resident, compiled=prefill_out, compile_s=time.perf_counter() - t0)
+    )
     dstate = jax.tree_util.tree_map(
         lambda x, s: _sds(x.shape, x.dtype, s), prefill_out.out_info, prefill_out.output_shardings
     )
