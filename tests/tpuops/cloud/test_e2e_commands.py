@@ -423,7 +423,12 @@ def test_stop_a_detached_run_on_two_workers(vm2: Vm, tmp_path: Path) -> None:
     attached = tpuops(vm2.cloud, ["attach", run_id, "--json"], tmp_path)
     log = json.loads(attached.stdout)["report"]
     assert attached.returncode == 1 and log["exit_codes"] == {"0": 143, "1": 143}
-    assert {f["kind"] for f in log["failures"]} == {"exit_code"} and log["steps"] < 500, log["failures"]
+    # How each process ended is the report; one torn down in the middle of a collective while the other
+    # was already gone may also print that traceback (seen under load), and nothing else may appear.
+    kinds = {f["kind"] for f in log["failures"]}
+    assert "exit_code" in kinds and kinds <= {"exit_code", "traceback"} and log["steps"] < 500, log[
+        "failures"
+    ]
     (record,) = ok_json(tpuops(vm2.cloud, ["runs", "--json"], tmp_path))
     assert record["status"] == "failed (1)"  # attach recorded how the run ended
     again = ok_json(tpuops(vm2.cloud, ["stop", run_id, "--json"], tmp_path))
