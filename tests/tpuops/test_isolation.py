@@ -55,6 +55,7 @@ def test_a_worker_user_another_live_run_holds_is_refused_not_shared(
     finally:
         holder.kill()
         holder.wait()
+        UserLeases("").lock_dir.joinpath(f"{prefix}w0.lock").unlink(missing_ok=True)  # the killed holder's
 
 
 def test_the_users_and_homes_a_session_made_are_deleted_with_their_processes(
