@@ -42,14 +42,7 @@ def test_attach_after_the_follower_is_killed(
     rest = first.stderr.read()
     first.wait()
     shown += _lines(rest)  # what it printed before it died
-    runs = subprocess.run(
-        [sys.executable, "-m", "tpuops", "runs", "--json"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    (record,) = json.loads(runs.stdout)
+    (record,) = _runs(tmp_path)
     assert record["status"] == "running or interrupted"
     attached = subprocess.run(
         [sys.executable, "-m", "tpuops", "attach", record["run_id"]],
@@ -69,13 +62,18 @@ def test_attach_after_the_follower_is_killed(
     local = Path(os.environ["TPUOPS_HOME"]) / "runs" / record["run_id"]
     assert (local / "worker-1.log").read_text().count("step=") == 40
     # The attach recorded how the run ended (the follower that started it died before it could).
-    after = subprocess.run(
+    assert [r["status"] for r in _runs(tmp_path)] == ["ok"]
+    result = json.loads((local / "result.json").read_text())
+    assert result["exit_code"] == 0 and result["exit_codes"] == {"0": 0, "1": 0}
+
+
+def _runs(cwd: Path) -> list[dict]:
+    """`tpuops runs --json`, parsed."""
+    out = subprocess.run(
         [sys.executable, "-m", "tpuops", "runs", "--json"],
-        cwd=tmp_path,
+        cwd=cwd,
         capture_output=True,
         text=True,
         check=True,
     )
-    assert [r["status"] for r in json.loads(after.stdout)] == ["ok"]
-    result = json.loads((local / "result.json").read_text())
-    assert result["exit_code"] == 0 and result["exit_codes"] == {"0": 0, "1": 0}
+    return json.loads(out.stdout)
