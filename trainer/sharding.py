@@ -8,7 +8,7 @@ one table (LOGICAL) maps them to mesh axes; the model constrains them by name at
 (`constrain`), so the batch stays split over (dp, fsdp) and XLA all-gathers each layer's weights (FSDP)
 instead of all-reducing whole-batch activations. Constraints apply under `jax.set_mesh(mesh)` and are no-ops
 without a mesh in context (single-device code and tests).
-KV cache, one [B, S, K, H] per layer: batch over (dp, fsdp), kv heads over tp.
+KV cache, [L, B, S, K, H] for keys and for values: batch over (dp, fsdp), kv heads over tp.
 Decode uses its own layout of the same devices (`rollout_mesh`: batch over dp, heads over tp, no fsdp) with
 the weights cast to the compute dtype once per step: a decode loop over FSDP-split weights would all-gather
 every weight for every token (`tpuops fit` shows the difference).
@@ -44,11 +44,12 @@ LOGICAL: dict[str, Any] = {
 
 PARAM_RULES: tuple[tuple[str, P], ...] = (
     (r"embed_tokens/embedding", P("tp", "fsdp")),  # [V, D]
-    (r"layers_\d+/self_attn/[qkv]_proj/kernel", P("fsdp", "tp")),  # [D, heads*H]
-    (r"layers_\d+/self_attn/[qkv]_proj/bias", P("tp")),
-    (r"layers_\d+/self_attn/o_proj/kernel", P("tp", "fsdp")),  # [N*H, D]
-    (r"layers_\d+/mlp/(gate|up)_proj/kernel", P("fsdp", "tp")),  # [D, F]
-    (r"layers_\d+/mlp/down_proj/kernel", P("tp", "fsdp")),  # [F, D]
+    # Decoder layers are stacked ([L, ...], the layer scan's input): the layer axis is never split.
+    (r"layers/self_attn/[qkv]_proj/kernel", P(None, "fsdp", "tp")),  # [L, D, heads*H]
+    (r"layers/self_attn/[qkv]_proj/bias", P(None, "tp")),
+    (r"layers/self_attn/o_proj/kernel", P(None, "tp", "fsdp")),  # [L, N*H, D]
+    (r"layers/mlp/(gate|up)_proj/kernel", P(None, "fsdp", "tp")),  # [L, D, F]
+    (r"layers/mlp/down_proj/kernel", P(None, "tp", "fsdp")),  # [L, F, D]
     (r"lm_head/kernel", P("fsdp", "tp")),  # [D, V]
     (r".*(layernorm|norm)/scale", P()),
 )
@@ -108,9 +109,9 @@ def batch_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
     return NamedSharding(mesh, _fit(P(BATCH), shape, mesh))
 
 
-def kv_cache_sharding(mesh: Mesh, shape_BSKH: tuple[int, ...]) -> NamedSharding:
-    """One layer's KV cache [B, S, K, H]: batch over (dp, fsdp), kv heads over tp."""
-    return NamedSharding(mesh, logical_spec(("batch", None, "kv_heads", None), shape_BSKH, mesh))
+def kv_cache_sharding(mesh: Mesh, shape_LBSKH: tuple[int, ...]) -> NamedSharding:
+    """The stacked KV cache [L, B, S, K, H]: batch over (dp, fsdp), kv heads over tp."""
+    return NamedSharding(mesh, logical_spec((None, "batch", None, "kv_heads", None), shape_LBSKH, mesh))
 
 
 def logical_spec(names: Sequence[str | None], shape: tuple[int, ...], mesh: Any) -> P:

@@ -36,15 +36,18 @@ def _positions(mask: np.ndarray) -> np.ndarray:
 def test_rules_split_matrices_and_replicate_what_does_not_divide(mesh: jax.sharding.Mesh) -> None:
     assert mesh.shape == {"dp": 1, "fsdp": 4, "tp": 2}
     assert sharding.param_spec("embed_tokens/embedding", (151936, 64), mesh) == P("tp", "fsdp")
-    assert sharding.param_spec("layers_3/self_attn/k_proj/kernel", (64, 32), mesh) == P("fsdp", "tp")
-    assert sharding.param_spec("layers_0/mlp/down_proj/kernel", (128, 64), mesh) == P("tp", "fsdp")
-    assert sharding.param_spec("layers_0/post_attention_layernorm/scale", (64,), mesh) == P(None)
-    assert sharding.param_spec("layers_0/self_attn/q_proj/kernel", (64, 3), mesh) == P("fsdp", None)
+    # Stacked layer parameters [L, ...]: the layer axis is never split (L = 4 here, as large as fsdp).
+    assert sharding.param_spec("layers/self_attn/k_proj/kernel", (4, 64, 32), mesh) == P(None, "fsdp", "tp")
+    assert sharding.param_spec("layers/mlp/down_proj/kernel", (4, 128, 64), mesh) == P(None, "tp", "fsdp")
+    assert sharding.param_spec("layers/post_attention_layernorm/scale", (4, 64), mesh) == P(None, None)
+    assert sharding.param_spec("layers/self_attn/q_proj/kernel", (4, 64, 3), mesh) == P(None, "fsdp", None)
     assert sharding.batch_sharding(mesh, (3, 8)).spec == P(None, None)
-    assert sharding.kv_cache_sharding(mesh, (4, 16, 2, 16)).spec == P(("dp", "fsdp"), None, "tp", None)
-    assert sharding.kv_cache_sharding(mesh, (2, 16, 3, 16)).spec == P(None, None, None, None)
+    assert sharding.kv_cache_sharding(mesh, (2, 4, 16, 2, 16)).spec == P(
+        None, ("dp", "fsdp"), None, "tp", None
+    )
+    assert sharding.kv_cache_sharding(mesh, (2, 2, 16, 3, 16)).spec == P(None, None, None, None, None)
     with pytest.raises(KeyError, match="no partition rule"):
-        sharding.param_spec("layers_0/unknown/kernel", (4, 4), mesh)
+        sharding.param_spec("layers/unknown/kernel", (4, 4, 4), mesh)
     with pytest.raises(ValueError, match="received 2x2x1"):
         sharding.make_mesh(2, 2, 1)
 

@@ -4,9 +4,11 @@ lower bound of its time.
 Per phase: peak = arguments + outputs - donated (aliased) + temporaries + what stays resident beside it.
 It fits when peak <= (1 - HEADROOM) x HBM per device. Time per run = max(flops / peak FLOP/s, HBM bytes /
 HBM bandwidth) + bytes moved by collectives / ICI bandwidth (100% of the roofline: a lower bound, not a
-promise), times the phase's runs per step; a step is the sum over its phases. HBM bytes are read off the
-compiled program (trainer.fit.traffic: operands and results in HBM, op by op); XLA's own `bytes accessed`,
-which on TPU also counts VMEM copies, is reported beside them.
+promise), times the phase's runs per step; a step is the sum over its phases. FLOPs (trainer.fit.flops:
+matmuls) and HBM bytes (trainer.fit.traffic: operands and results in HBM, op by op) are read off the compiled
+program's text, each loop body times its trip count (trainer.fit.hlo). XLA's own cost analysis, reported
+beside them as `xla_flops` and `bytes_accessed`, counts a loop body once (and on TPU `bytes accessed` also
+counts VMEM copies).
 Probes: every figure is affine in the number of (identical, unrolled) decoder layers, so compiles at two
 small depths extrapolate exactly to the model's depth up to XLA's buffer packing (`extrapolate`).
 """
@@ -18,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from trainer.fit import hlo, traffic
+from trainer.fit import flops, hlo, traffic
 from trainer.fit.programs import Program
 
 HEADROOM = 0.10
@@ -26,11 +28,15 @@ _TEMP = re.compile(r"HLO temporaries \(([0-9.]+)([KMGT])\)")
 _SIZES = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "resident_bytes", "hbm_bytes")
 
 
-def _cost(compiled: Any) -> dict[str, float]:
+def _xla_cost(compiled: Any) -> dict[str, float]:
+    """XLA's own figures: a loop body counted once, elementwise ops among the flops, VMEM among the bytes."""
     cost = compiled.cost_analysis()
     if isinstance(cost, list):  # older jax: one dict per computation
         cost = cost[0] if cost else {}
-    return {"flops": float(cost.get("flops", 0.0)), "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
+    return {
+        "xla_flops": float(cost.get("flops", 0.0)),
+        "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
+    }
 
 
 def measure(program: Program, devices: int, breakdown: int = 0) -> dict[str, Any]:
@@ -51,20 +57,21 @@ def measure(program: Program, devices: int, breakdown: int = 0) -> dict[str, Any
             f"fit: {program.name} does not fit: {str(e).splitlines()[0][:200]}", file=sys.stderr, flush=True
         )
         return {**raw, "argument_bytes": 0, "output_bytes": 0, "alias_bytes": 0, "temp_bytes": temp, "flops": 0.0,
-                "bytes_accessed": 0.0, "hbm_bytes": 0, "collective_bytes": dict.fromkeys((*hlo.KINDS, "moved"), 0),
+                "xla_flops": 0.0, "bytes_accessed": 0.0, "hbm_bytes": 0,
+                "collective_bytes": dict.fromkeys((*hlo.KINDS, "moved"), 0),
                 "compile_s": time.perf_counter() - t0, "error": str(e).splitlines()[0][:300]}  # fmt: skip
     compile_s = program.compile_s + time.perf_counter() - t0
     print(f"fit: compiled {program.name} in {compile_s:.1f} s", file=sys.stderr, flush=True)
     mem = compiled.memory_analysis()
     for k in ("argument", "output", "alias", "temp"):
         raw[f"{k}_bytes"] = int(getattr(mem, f"{k}_size_in_bytes"))
-    text = compiled.as_text()
-    ops = traffic.op_bytes(text)
+    module = hlo.parse(compiled.as_text())
+    ops = traffic.op_bytes(module)
     raw["hbm_bytes"] = sum(r.bytes for r in ops)
     if breakdown:
         raw["breakdown"] = traffic.by_source(ops, breakdown)
-    return {**raw, **_cost(compiled), "collective_bytes": hlo.collectives(text, devices),
-            "compile_s": compile_s}  # fmt: skip
+    return {**raw, "flops": float(flops.flops(module)), **_xla_cost(compiled),
+            "collective_bytes": hlo.collectives(module, devices), "compile_s": compile_s}  # fmt: skip
 
 
 def extrapolate(a: dict[str, Any], b: dict[str, Any], la: int, lb: int, layers: int) -> dict[str, Any]:
@@ -74,7 +81,7 @@ def extrapolate(a: dict[str, Any], b: dict[str, Any], la: int, lb: int, layers: 
         return x + (y - x) * (layers - la) / (lb - la)
 
     out = {k: int(at(a[k], b[k])) for k in _SIZES}
-    out.update({k: at(a[k], b[k]) for k in ("flops", "bytes_accessed")})
+    out.update({k: at(a[k], b[k]) for k in ("flops", "xla_flops", "bytes_accessed")})
     out["collective_bytes"] = {
         k: int(at(a["collective_bytes"][k], b["collective_bytes"][k])) for k in b["collective_bytes"]
     }

@@ -3,9 +3,10 @@
 Dims: N sequences per step, P prompt bucket (the largest: the worst case), C max new tokens, M micro-batch.
 Phases: `decode_cast` (weights to the compute dtype, decode layout), `prefill`, `decode` (the whole
 while_loop), `ref_logp` (loss.beta > 0) and `update` (the jitted step with its lax.scan over micro-batches).
-XLA's cost analysis counts a loop body once, so `decode` is costed x (C - 1) tokens and `update` x the
-accumulation steps (the optimizer's elementwise update, a few ms, is then counted that many times too: the
-estimate errs high there, by design of a lower bound it does not matter much).
+Costs are loop-aware (trainer.fit.hlo): a loop whose trip count the compiled text shows (a scan over layers,
+the update's lax.scan over micro-batches) is counted that many times, so `update` runs once per step. The
+decode's while_loop also stops when every sequence is done, so its trip count is unknown to the text and
+counts once: `decode` is costed x (C - 1) tokens.
 Each phase also holds what stays in HBM while it runs but is not its argument (`resident_bytes`): the FSDP
 parameters and optimizer state during the rollout.
 """
@@ -38,7 +39,7 @@ from trainer.sharding import BATCH, make_mesh, param_shardings
 class Program:
     name: str
     lowered: Any  # jax Lowered
-    multiplier: int  # how many times a step runs its cost (memory is per run)
+    multiplier: int  # how many times a step runs its cost (memory is per run); loops the HLO shows are in it
     resident_bytes: int  # per device, alive beside the program's own buffers
     error: str | None = None  # already known not to compile (libtpu's RESOURCE_EXHAUSTED)
     compiled: Any = None  # already compiled (the prefill: the decode's state comes from its outputs)
@@ -170,7 +171,7 @@ def _update(
     N, P_len, C = cfg.sequences_per_step, max(cfg.data.prompt_buckets), cfg.rollout.max_new_tokens
     resident = device_bytes(params) + device_bytes(opt_state)
     programs: list[Program] = []
-    # Update: the jitted step and, for the cost of the other micro-batches, one micro-batch alone.
+    # Update: the jitted step; its lax.scan over micro-batches is counted trip-count times by trainer.fit.hlo.
     S = P_len + C
     batch = {
         "ids": _batch(mesh, (N, S), jnp.int32), "mask": _batch(mesh, (N, S), jnp.int32),
@@ -183,5 +184,5 @@ def _update(
         programs.append(Program("ref_logp", ref.lower(params, batch, P_len), 1, resident))
         batch["ref_logp"] = _batch(mesh, (N, C), jnp.float32)
     update = make_update(cfg, mconf, opt, P_len, impl, (params, opt_state))
-    programs.append(Program("update", update.lower(params, opt_state, batch), cfg.accumulation_steps, 0))
+    programs.append(Program("update", update.lower(params, opt_state, batch), 1, 0))
     return programs

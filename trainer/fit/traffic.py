@@ -7,8 +7,10 @@ matmul of a 22.5 MB weight costs 113 MB by that count (docs/performance.md). Thi
 text instead: every instruction of the entry, of loop bodies and of called computations (not the insides of
 fusions), with the bytes of its operands and results that live in HBM (memory space 0). In-place updates
 (dynamic-update-slice) count their update, slices and gathers (also inside a fusion) what they read, the
-`-done` halves of async pairs and views (tuples, bitcasts, parameters) nothing. Rows are grouped by the JAX
-source that made them (`op_name` metadata, `layers_<i>` folded into `layers_*`).
+`-done` halves of async pairs and views (tuples, bitcasts, parameters) nothing. An op in a loop body counts
+as many times as the body runs (trainer.fit.hlo: a scan over L layers, L times; XLA's `bytes accessed` counts
+a loop body once). Rows are grouped by the JAX source that made them (`op_name` metadata, `layers_<i>`
+folded into `layers_*`).
 It is an accounting of the program, not a profile: a kernel that re-reads an operand from HBM counts once.
 """
 
@@ -18,13 +20,9 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
-from trainer.fit.hlo import _BYTES
+from trainer.fit import hlo
+from trainer.fit.hlo import _BYTES, Instruction
 
-_COMPUTATION = re.compile(r"^(?:ENTRY )?%(?P<name>\S+) \(.*\{$")
-_INSTRUCTION = re.compile(
-    r"^\s+(?:ROOT )?%(?P<name>\S+) = (?P<type>\(.*?\)|\S+) (?P<op>[a-z][a-z0-9\-]*)\((?P<args>.*?)\)(?:, |$)"
-)
-_CALLEE = re.compile(r"(?:calls|to_apply)=%(?P<name>[\w.\-]+)")
 _OPERAND = re.compile(r"%(?P<name>[\w.\-]+)")
 _ARRAY = re.compile(r"(?P<dtype>[a-z]+[0-9a-z]*)\[(?P<dims>[0-9,]*)\](?:\{(?P<layout>[^}]*)\})?")
 _SPACE = re.compile(r"S\((?P<space>\d+)\)")
@@ -62,12 +60,14 @@ class OpBytes:
     name: str
     op: str
     source: str  # JAX op_name with layer indices folded ("" when the op carries none)
-    operand_bytes: int
-    result_bytes: int
+    operand_bytes: int  # per run
+    result_bytes: int  # per run
+    count: int = 1  # runs per execution of the program (trainer.fit.hlo.Module.counts: loops multiply)
 
     @property
     def bytes(self) -> int:
-        return self.operand_bytes + self.result_bytes
+        """Over one execution of the program: per run x runs."""
+        return (self.operand_bytes + self.result_bytes) * self.count
 
 
 def _source(line: str) -> str:
@@ -77,20 +77,6 @@ def _source(line: str) -> str:
     src = re.sub(r"layers_\d+", "layers_*", m["src"])
     src = re.sub(r"^jit\([^)]*\)/(while/(body|cond)/)?", "", src)  # the program's own jit and its loop
     return re.sub(r"jit\(([^)]*)\)", r"\1", src)
-
-
-Instruction = tuple[str, str, str, str, str]  # (name, type, op, operands text, whole line)
-
-
-def _parse(hlo_text: str) -> dict[str, list[Instruction]]:
-    computations: dict[str, list[Instruction]] = {}
-    current: list[Instruction] | None = None
-    for line in hlo_text.splitlines():
-        if m := _COMPUTATION.match(line):
-            current = computations.setdefault(m["name"], [])
-        elif current is not None and (m := _INSTRUCTION.match(line)):
-            current.append((m["name"], m["type"], m["op"], m["args"], line))
-    return computations
 
 
 def _operand_reads(body: list[Instruction]) -> dict[int, int]:
@@ -113,13 +99,14 @@ def _operand_reads(body: list[Instruction]) -> dict[int, int]:
     }
 
 
-def op_bytes(hlo_text: str) -> list[OpBytes]:
-    """Every top-level op of a compiled module with the HBM bytes it reads and writes, largest first."""
-    computations = _parse(hlo_text)
-    inner = {c["name"] for body in computations.values() for *_, line in body for c in _CALLEE.finditer(line)}
+def op_bytes(hlo_text: str | hlo.Module) -> list[OpBytes]:
+    """Every top-level op of a compiled module with the HBM bytes it reads and writes over one execution of
+    the program (per run x the runs of its computation), largest first."""
+    module = hlo.module(hlo_text)
+    computations = module.computations
     rows = []
     for name, body in computations.items():
-        if name in inner:  # a fusion's or a reduction's body: its traffic is its caller's operands/result
+        if name in module.nested:  # a fusion's or a reduction's body: its caller's operands and result
             continue
         types = {n: t for n, t, *_ in body}
         for n, typ, op, args, line in body:
@@ -135,9 +122,9 @@ def op_bytes(hlo_text: str) -> list[OpBytes]:
             result = sum(b for b, space in arrays if space == 0)
             operands = [types.get(a["name"], "(") for a in _OPERAND.finditer(args)]
             reads = [0 if t.startswith("(") else _hbm(t) for t in operands]
-            callee = _CALLEE.search(line)
-            if op == "fusion" and callee and callee["name"] in computations:
-                for i, b in _operand_reads(computations[callee["name"]]).items():
+            callee = dict(hlo.callees(line)).get("calls")
+            if op == "fusion" and callee in computations:
+                for i, b in _operand_reads(computations[callee]).items():
                     if i < len(reads) and reads[i]:
                         reads[i] = b
                         if b == 0:  # updated in place: the result is written only where the update lands
@@ -146,7 +133,7 @@ def op_bytes(hlo_text: str) -> list[OpBytes]:
                 # In place, or reading a window: the moved bytes are the update's / the result's.
                 moved = reads[1] if op == "dynamic-update-slice" else sum(b for b, _ in arrays)
                 reads, result = [moved], moved if op == "dynamic-update-slice" else result
-            rows.append(OpBytes(n, op, _source(line), sum(reads), result))
+            rows.append(OpBytes(n, op, _source(line), sum(reads), result, module.counts[name]))
     return sorted(rows, key=lambda r: r.bytes, reverse=True)
 
 

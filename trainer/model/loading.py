@@ -53,6 +53,12 @@ def _weight_files(folder: Path) -> dict[str, Path]:
     raise FileNotFoundError(f"{folder} has neither {SINGLE} nor {INDEX}")
 
 
+def _block(tensor: Any, index: tuple[slice, ...], transpose: bool, dtype: Any) -> np.ndarray:
+    """The `index` block of one HF tensor in Flax orientation (a transposed tensor is sliced transposed)."""
+    block = tensor[index[::-1]].T if transpose else tensor[index]
+    return np.ascontiguousarray(block).astype(dtype)
+
+
 def load_pretrained(
     path_or_repo_id: str | Path,
     *,
@@ -71,24 +77,35 @@ def load_pretrained(
     if missing:
         raise KeyError(f"checkpoint {folder} lacks {len(missing)} tensors, e.g. {missing[:3]}")
     target = jnp.dtype(config.param_dtype)
+    # Flax leaf -> its HF tensors (one per layer, in layer order, for a stacked layer leaf) and transpose.
+    leaves: dict[str, tuple[list[str], bool]] = {}
+    for name in sorted(name_map.expected_hf_names(config)):
+        path, layer, transpose = name_map.hf_to_flax(name)  # type: ignore[misc]
+        names, _ = leaves.setdefault(
+            path, ([""] * (config.num_hidden_layers if layer is not None else 1), transpose)
+        )
+        names[layer or 0] = name
     params: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
         handles = {p: stack.enter_context(safe_open(p, "np")) for p in set(files.values())}
-        for name in sorted(name_map.expected_hf_names(config)):
-            path, transpose = name_map.hf_to_flax(name)  # type: ignore[misc]
-            tensor = handles[files[name]].get_slice(name)
-            hf_shape = tuple(tensor.get_shape())
+        for path, (names, transpose) in leaves.items():
+            tensors = [handles[files[name]].get_slice(name) for name in names]
+            hf_shape = tuple(tensors[0].get_shape())
             shape = hf_shape[::-1] if transpose else hf_shape
+            stacked = name_map.is_stacked(path)
+            if stacked:
+                shape = (len(tensors), *shape)
             if mesh is None:
                 placement = SingleDeviceSharding(jax.local_devices()[0])
             else:
                 placement = jax.sharding.NamedSharding(mesh, sharding.param_spec(path, shape, mesh))
 
-            def read(
-                index: tuple[slice, ...], tensor: Any = tensor, transpose: bool = transpose
-            ) -> np.ndarray:
-                block = tensor[index[::-1]].T if transpose else tensor[index]
-                return np.ascontiguousarray(block).astype(target)
+            def read(index: tuple[slice, ...], tensors: list[Any] = tensors, stacked: bool = stacked,
+                     transpose: bool = transpose) -> np.ndarray:  # fmt: skip
+                if not stacked:
+                    return _block(tensors[0], index, transpose, target)
+                rows = range(len(tensors))[index[0]]  # this shard's layers, each sliced like the 2-D tensor
+                return np.stack([_block(tensors[i], index[1:], transpose, target) for i in rows])
 
             node = params
             *parents, leaf = path.split("/")
@@ -121,9 +138,12 @@ def save_pretrained(
     out = Path(out_dir)
     tensors: dict[str, np.ndarray] = {}
     for key_path, leaf in jax.tree_util.tree_leaves_with_path(params):
-        name, transpose = name_map.flax_to_hf(sharding.path_str(key_path))
+        path = sharding.path_str(key_path)
         array = _host_numpy(leaf).astype(jnp.dtype(config.param_dtype))
-        tensors[name] = np.ascontiguousarray(array.T if transpose else array)
+        rows = enumerate(array) if name_map.is_stacked(path) else [(None, array)]
+        for layer, row in rows:
+            name, transpose = name_map.flax_to_hf(path, layer)
+            tensors[name] = np.ascontiguousarray(row.T if transpose else row)
     if jax.process_index() != 0 and not every_process:
         return out
     out.mkdir(parents=True, exist_ok=True)

@@ -8,8 +8,11 @@ Public API (params is the dict under linen's "params" collection):
   forward_hidden(params, config, input_ids_BT, positions_BT, attention_mask_BT) -> hidden_BTD
   lm_head_weight(params, config) -> W_DV          (the embedding transposed when tied)
   forward_logits(params, config, input_ids_BT, positions_BT, attention_mask_BT) -> logits_BTV
-  forward_with_kv(...)  prefill: hidden plus each layer's fresh keys/values, to seed the KV cache
-  decode_step(...)      one token per sequence against the KV cache (trainer/sampling/kv_cache.py)
+  forward_with_kv(...)  prefill: hidden plus every layer's fresh keys/values ([L, B, T, K, H] each)
+  decode_step(...)      one token per sequence against the stacked KV cache (trainer/sampling/kv_cache.py)
+The decoder layers run as one scan over stacked parameters (params["layers"], a leading [L] axis on every
+layer parameter): one compiled layer body, whatever the depth. trainer/model/params.py maps the stack to
+Hugging Face's per-layer tensors.
 Attention scores and softmax are always float32; q/k/v and probs@v run in the compute dtype.
 The forward functions are jitted with `config` static (inlined when called inside another jit).
 Activations are constrained by logical axis names at every layer boundary (trainer.sharding.constrain: a
@@ -28,7 +31,7 @@ import numpy as np
 from jax import Array
 
 from trainer.model.config import Qwen2Config
-from trainer.sharding import constrain
+from trainer.sharding import constrain, path_str
 
 Params = dict[str, Any]
 # Logical axis names of the activations (trainer.sharding.LOGICAL maps them to mesh axes).
@@ -36,6 +39,7 @@ _BTD = ("batch", "length", "embed")
 _BTNH = ("batch", "length", "heads", "head_dim")
 _BTKH = ("batch", "length", "kv_heads", "head_dim")
 _BTF = ("batch", "length", "mlp")
+_LBSKH = (None, "batch", None, "kv_heads", None)  # the stacked KV cache
 _NEG = -1e30  # finite "minus infinity": a fully masked row (left padding) softmaxes to uniform, not NaN
 
 
@@ -105,8 +109,9 @@ class Attention(nn.Module):
     @nn.compact
     def __call__(self, x_BTD: Array, cos_BTH: Array, sin_BTH: Array, mask_BTS: Array, kv: Any) -> Any:
         """`kv` None: attend over this call's own keys (mask_BTS is [B, T, T]) and return them; else
-        (k_BSKH, v_BSKH, slot): write the new keys/values at `slot` of this layer's cache, attend over its
-        S slots (mask_BTS is [B, T, S]) and return the updated layer cache."""
+        (keys_LBSKH, values_LBSKH, layer, slot): write the new keys/values at (`layer`, `slot`) of the whole
+        stacked cache, in place, attend over this layer's S slots (mask_BTS is [B, T, S]) and return the
+        updated stacked cache."""
         c = self.config
         B, T, _ = x_BTD.shape
         N, K, H = c.num_attention_heads, c.num_key_value_heads, c.head_dim
@@ -117,12 +122,16 @@ class Attention(nn.Module):
         if kv is None:
             keys, values, new_kv = k, v, (k, v)
         else:
-            # One small in-place update of this layer's own cache buffer per decode step.
-            k_BSKH, v_BSKH, slot = kv
-            at = (jnp.int32(0), jnp.asarray(slot, jnp.int32), jnp.int32(0), jnp.int32(0))
-            k_BSKH = jax.lax.dynamic_update_slice(k_BSKH, k.astype(k_BSKH.dtype), at)
-            v_BSKH = jax.lax.dynamic_update_slice(v_BSKH, v.astype(v_BSKH.dtype), at)
-            keys, values, new_kv = k_BSKH, v_BSKH, (k_BSKH, v_BSKH)
+            # One small in-place update of the stacked cache per layer and decode step (the cache is the
+            # layer loop's carry, so XLA updates its buffer in place), then this layer's slots are read.
+            keys_LBSKH, values_LBSKH, layer, slot = kv
+            at = (jnp.asarray(layer, jnp.int32), jnp.int32(0), jnp.asarray(slot, jnp.int32), jnp.int32(0),
+                  jnp.int32(0))  # fmt: skip
+            keys_LBSKH = jax.lax.dynamic_update_slice(keys_LBSKH, k[None].astype(keys_LBSKH.dtype), at)
+            values_LBSKH = jax.lax.dynamic_update_slice(values_LBSKH, v[None].astype(values_LBSKH.dtype), at)
+            keys = jax.lax.dynamic_index_in_dim(keys_LBSKH, layer, 0, keepdims=False)
+            values = jax.lax.dynamic_index_in_dim(values_LBSKH, layer, 0, keepdims=False)
+            new_kv = (constrain(keys_LBSKH, *_LBSKH), constrain(values_LBSKH, *_LBSKH))
         out = constrain(attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS), *_BTNH)
         return constrain(self._dense(c.hidden_size, False, "o_proj")(out.reshape(B, T, N * H)), *_BTD), new_kv
 
@@ -145,17 +154,33 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """One decoder layer as the body of the layer scan: (carry, layer index, broadcast inputs) -> (carry, out).
+
+    Without a cache (`slot` None) the carry is the hidden state and the output this layer's (k, v) when
+    `collect_kv`, else None. With one, the carry is (hidden, keys_LBSKH, values_LBSKH) and the output None."""
+
     config: Qwen2Config
+    collect_kv: bool = False
 
     @nn.compact
-    def __call__(self, x_BTD: Array, cos_BTH: Array, sin_BTH: Array, mask_BTS: Array, kv: Any) -> Any:
+    def __call__(
+        self, carry: Any, layer: Array, cos_BTH: Array, sin_BTH: Array, mask_BTS: Array, slot: Array | None
+    ) -> Any:
         c = self.config
+        if slot is None:
+            x_BTD, kv = carry, None
+        else:
+            x_BTD, keys_LBSKH, values_LBSKH = carry
+            kv = (keys_LBSKH, values_LBSKH, layer, slot)
         norm = {"eps": c.rms_norm_eps, "dtype": _dt(c.dtype), "param_dtype": _dt(c.param_dtype)}
         h = RMSNorm(name="input_layernorm", **norm)(x_BTD)
         attn_out, new_kv = Attention(c, name="self_attn")(h, cos_BTH, sin_BTH, mask_BTS, kv)
         x_BTD = x_BTD + attn_out
         h = RMSNorm(name="post_attention_layernorm", **norm)(x_BTD)
-        return constrain(x_BTD + MLP(c, name="mlp")(h), *_BTD), new_kv
+        x_BTD = constrain(x_BTD + MLP(c, name="mlp")(h), *_BTD)
+        if slot is None:
+            return x_BTD, (new_kv if self.collect_kv else None)
+        return (x_BTD, *new_kv), None
 
 
 # What each decoder layer keeps for the backward pass (config.remat): everything, only matmul outputs, or
@@ -169,10 +194,14 @@ REMAT_POLICIES: dict[str, Any] = {
 class Qwen2(nn.Module):
     """Embedding -> L decoder layers -> final RMSNorm.
 
-    Returns (hidden_BTD, [(k_BTKH, v_BTKH)] per layer) without a cache, (hidden_BTD, (keys, values)) with
-    one (a [B, S, K, H] array per layer in each)."""
+    The layers are one `nn.scan` over a stacked copy of their parameters (every layer parameter has a
+    leading [L] axis, under params["layers"]): XLA compiles one layer body whatever the depth, so a 36-layer
+    model compiles as fast as a 2-layer one. Returns (hidden_BTD, (keys_LBTKH, values_LBTKH)) with
+    `collect_kv` (the prefill), (hidden_BTD, None) without it, and with a cache (hidden_BTD, (keys, values))
+    with the stacked [L, B, S, K, H] cache updated."""
 
     config: Qwen2Config
+    collect_kv: bool = False
 
     def setup(self) -> None:
         c = self.config
@@ -181,9 +210,12 @@ class Qwen2(nn.Module):
             embedding_init=nn.initializers.normal(c.initializer_range),
         )  # fmt: skip
         layer_cls = DecoderLayer
-        if c.remat != "none":
-            layer_cls = nn.remat(DecoderLayer, policy=REMAT_POLICIES[c.remat], prevent_cse=True)
-        self.layers = [layer_cls(c, name=f"layers_{i}") for i in range(c.num_hidden_layers)]
+        if c.remat != "none":  # inside a scan the loop already keeps XLA from merging recomputations away
+            layer_cls = nn.remat(DecoderLayer, policy=REMAT_POLICIES[c.remat], prevent_cse=False)
+        self.layers = nn.scan(
+            layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
+            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
+        )(c, self.collect_kv, name="layers")  # fmt: skip
         self.norm = RMSNorm(c.rms_norm_eps, _dt(c.dtype), _dt(c.param_dtype))
         if not c.tie_word_embeddings:
             self.lm_head = nn.Dense(
@@ -194,19 +226,13 @@ class Qwen2(nn.Module):
     def __call__(self, input_ids_BT: Array, positions_BT: Array, mask_BTS: Array, cache: Any = None) -> Any:
         x_BTD = constrain(self.embed_tokens(input_ids_BT), *_BTD)
         cos, sin = rope_cos_sin(positions_BT, self.config)
-        if cache is None:  # prefill / training: collect each layer's fresh keys and values
-            new_kv = []
-            for layer in self.layers:
-                x_BTD, layer_kv = layer(x_BTD, cos, sin, mask_BTS, None)
-                new_kv.append(layer_kv)
-            return self.norm(x_BTD), new_kv
-        keys, values, slot = cache  # decode: each layer updates and reads its own cache buffers
-        new_keys, new_values = [], []
-        for layer, k_BSKH, v_BSKH in zip(self.layers, keys, values, strict=True):
-            x_BTD, (new_k, new_v) = layer(x_BTD, cos, sin, mask_BTS, (k_BSKH, v_BSKH, slot))
-            new_keys.append(new_k)
-            new_values.append(new_v)
-        return self.norm(x_BTD), (tuple(new_keys), tuple(new_values))
+        layer_L = jnp.arange(self.config.num_hidden_layers, dtype=jnp.int32)
+        if cache is None:  # prefill / training
+            x_BTD, kv = self.layers(x_BTD, layer_L, cos, sin, mask_BTS, None)
+            return self.norm(x_BTD), kv
+        keys, values, slot = cache  # decode: the stacked cache is the layer loop's carry
+        (x_BTD, keys, values), _ = self.layers((x_BTD, keys, values), layer_L, cos, sin, mask_BTS, slot)
+        return self.norm(x_BTD), (keys, values)
 
     def init_all(self, input_ids_BT: Array) -> Any:
         """Touches every parameter (the untied lm_head included) for `init`."""
@@ -223,14 +249,22 @@ def init_params(config: Qwen2Config, rng: Array) -> Params:
     # on CPU for the 151,936-row vocabulary; NumPy draws the same sizes in a fraction of a second.
     shapes = jax.eval_shape(lambda: Qwen2(config).init(rng, ids, method=Qwen2.init_all)["params"])
     leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+    host = {path_str(kp): np.empty(leaf.shape, np.float32) for kp, leaf in leaves}
     gen = np.random.default_rng(np.asarray(jax.random.key_data(rng)).ravel().tolist())
-    values = []
-    for key_path, leaf in leaves:
-        if str(key_path[-1].key) == "scale":
-            values.append(jnp.ones(leaf.shape, leaf.dtype))
+    # Drawn per tensor in the order of the per-layer names ("layers_0/...", "layers_1/...", sorted as
+    # strings): the same seed gives the same model as before the layers were stacked.
+    per_layer = [(f"layers_{i}/{path[len('layers/'):]}", path, i) for path in host if path.startswith("layers/")
+                 for i in range(config.num_hidden_layers)]  # fmt: skip
+    draws = sorted([(path, path, None) for path in host if not path.startswith("layers/")] + per_layer)
+    for _, path, i in draws:
+        target = host[path] if i is None else host[path][i]
+        if path.endswith("/scale"):
+            target[...] = 1.0
         else:
-            noise = gen.standard_normal(leaf.shape, dtype=np.float32) * np.float32(config.initializer_range)
-            values.append(jnp.asarray(noise, leaf.dtype))
+            target[...] = gen.standard_normal(target.shape, dtype=np.float32) * np.float32(
+                config.initializer_range
+            )
+    values = [jnp.asarray(host[path_str(kp)], leaf.dtype) for kp, leaf in leaves]
     return jax.tree_util.tree_unflatten(treedef, values)
 
 
@@ -255,9 +289,11 @@ def forward_hidden(
 @functools.partial(jax.jit, static_argnames="config")
 def forward_with_kv(
     params: Params, config: Qwen2Config, input_ids_BT: Array, positions_BT: Array, attention_mask_BT: Array
-) -> tuple[Array, list[tuple[Array, Array]]]:
-    """Like forward_hidden, plus each layer's (k_BTKH, v_BTKH) after RoPE: the prefill."""
-    return Qwen2(config).apply({"params": params}, input_ids_BT, positions_BT, causal_mask(attention_mask_BT))
+) -> tuple[Array, tuple[Array, Array]]:
+    """Like forward_hidden, plus every layer's keys and values after RoPE (k_LBTKH, v_LBTKH): the prefill."""
+    return Qwen2(config, collect_kv=True).apply(
+        {"params": params}, input_ids_BT, positions_BT, causal_mask(attention_mask_BT)
+    )
 
 
 def lm_head_weight(params: Params, config: Qwen2Config) -> Array:
@@ -291,16 +327,15 @@ def decode_step(
     config: Qwen2Config,
     input_ids_BT: Array,
     positions_BT: Array,
-    keys: tuple[Array, ...],
-    values: tuple[Array, ...],
+    keys_LBSKH: Array,
+    values_LBSKH: Array,
     slot: Array,
     slot_mask_BTS: Array,
-) -> tuple[Array, tuple[Array, ...], tuple[Array, ...]]:
-    """Write the new tokens' keys/values at cache `slot` and attend over the cache (one [B, S, K, H] array
-    per layer in `keys` and `values`).
+) -> tuple[Array, Array, Array]:
+    """Write the new tokens' keys/values at cache `slot` of every layer and attend over the cache.
 
     Returns (logits_BTV float32, keys, values) with the cache updated."""
     hidden, (keys, values) = Qwen2(config).apply(
-        {"params": params}, input_ids_BT, positions_BT, slot_mask_BTS, (keys, values, slot)
+        {"params": params}, input_ids_BT, positions_BT, slot_mask_BTS, (keys_LBSKH, values_LBSKH, slot)
     )
     return logits_from_hidden(params, config, hidden), keys, values

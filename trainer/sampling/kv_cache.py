@@ -1,10 +1,9 @@
-"""The KV cache: a pytree of per-layer keys/values for every slot of prompt + completion.
+"""The KV cache: every layer's keys/values for every slot of prompt + completion, stacked over layers.
 
 Dims: L layers, B batch, S = P + C slots (prompt bucket + max new tokens), K kv heads, H head dim.
 Fields:
-  keys, values      one [B, S, K, H] array per layer (after RoPE, in the compute dtype): a layer's decode
-                    step updates and reads only its own buffer, in place (a stacked [L, ...] array made
-                    each layer's slice-and-update touch the whole cache in XLA's accounting and copies).
+  keys, values      [L, B, S, K, H] each (after RoPE, in the compute dtype): the carry of the model's layer
+                    scan, so layer l's decode step writes its one new slot in place and reads row l.
   mask_BS           bool: slot s holds a real token (left-padding slots of the prompt stay False).
   index             int32 scalar: the next slot to write. Prompts are left-padded to the same P, so
                     every sequence writes its t-th new token into the same slot P + t and one index serves
@@ -23,24 +22,24 @@ from jax import Array
 
 @flax.struct.dataclass
 class KVCache:
-    keys: tuple[Array, ...]  # L x [B, S, K, H]
-    values: tuple[Array, ...]  # L x [B, S, K, H]
+    keys: Array  # [L, B, S, K, H]
+    values: Array  # [L, B, S, K, H]
     mask_BS: Array
     index: Array
 
     @property
     def length(self) -> int:
-        return self.keys[0].shape[1]
+        return self.keys.shape[2]
 
 
-def from_prefill(kv_per_layer: list[tuple[Array, Array]], prompt_mask_BP: Array, length: int) -> KVCache:
-    """A cache of `length` slots holding the prompt's keys/values in slots [0, P); index = P."""
+def from_prefill(kv: tuple[Array, Array], prompt_mask_BP: Array, length: int) -> KVCache:
+    """A cache of `length` slots holding the prompt's keys/values (k_LBPKH, v_LBPKH) in slots [0, P);
+    index = P."""
     P = prompt_mask_BP.shape[1]
-    pad = [(0, 0), (0, length - P), (0, 0), (0, 0)]
+    pad = [(0, 0), (0, 0), (0, length - P), (0, 0), (0, 0)]
     mask_BS = jnp.pad(prompt_mask_BP.astype(bool), [(0, 0), (0, length - P)])
-    keys = tuple(jnp.pad(k_BPKH, pad) for k_BPKH, _ in kv_per_layer)
-    values = tuple(jnp.pad(v_BPKH, pad) for _, v_BPKH in kv_per_layer)
-    return KVCache(keys, values, mask_BS, jnp.int32(P))
+    k_LBPKH, v_LBPKH = kv
+    return KVCache(jnp.pad(k_LBPKH, pad), jnp.pad(v_LBPKH, pad), mask_BS, jnp.int32(P))
 
 
 def mark_written(cache: KVCache, width: int = 1) -> KVCache:

@@ -155,10 +155,10 @@ def _prefill(
     hidden_BPD, kv = qwen2.forward_with_kv(params, config, prompt_ids_BP, positions_BP, prompt_mask_BP)
     cache = kv_cache.from_prefill(kv, prompt_mask_BP, P + C)
     if mesh is not None:
-        spec = sharding.kv_cache_sharding(mesh, cache.keys[0].shape)
+        spec = sharding.kv_cache_sharding(mesh, cache.keys.shape)
         cache = cache.replace(
-            keys=tuple(jax.lax.with_sharding_constraint(k, spec) for k in cache.keys),
-            values=tuple(jax.lax.with_sharding_constraint(v, spec) for v in cache.values),
+            keys=jax.lax.with_sharding_constraint(cache.keys, spec),
+            values=jax.lax.with_sharding_constraint(cache.values, spec),
         )
     logits_BV = _whole_rows(qwen2.logits_from_hidden(params, config, hidden_BPD[:, -1:])[:, 0], mesh)
     rng, key = jax.random.split(rng)

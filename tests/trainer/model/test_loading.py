@@ -25,17 +25,21 @@ def test_name_table_round_trips_every_tensor() -> None:
     names = name_map.expected_hf_names(PRESETS["tiny-untied"])
     assert len(names) == 2 * 12 + 3
     for name in names:
-        flax_path, transpose = name_map.hf_to_flax(name)
-        assert name_map.flax_to_hf(flax_path) == (name, transpose)
+        flax_path, layer, transpose = name_map.hf_to_flax(name)
+        assert name_map.flax_to_hf(flax_path, layer) == (name, transpose)
+        assert (layer is not None) == name_map.is_stacked(flax_path) == (".layers." in name)
+    assert name_map.hf_to_flax("model.layers.1.mlp.up_proj.weight") == ("layers/mlp/up_proj/kernel", 1, True)
     assert name_map.hf_to_flax("model.layers.0.self_attn.rotary_emb.inv_freq") is None
+    with pytest.raises(KeyError, match="takes a layer index"):
+        name_map.flax_to_hf("layers/mlp/up_proj/kernel")
 
 
 def test_checkpoint_holds_hf_layout(tiny_model_dir: Path, tiny_f32: tuple) -> None:
     config, params = tiny_f32
     with safe_open(tiny_model_dir / "model.safetensors", "np") as f:
         assert set(f.keys()) == name_map.expected_hf_names(config)  # tied: no lm_head.weight
-        q = f.get_tensor("model.layers.0.self_attn.q_proj.weight")
-    np.testing.assert_array_equal(q.T, np.asarray(params["layers_0"]["self_attn"]["q_proj"]["kernel"]))
+        q = f.get_tensor("model.layers.1.self_attn.q_proj.weight")
+    np.testing.assert_array_equal(q.T, np.asarray(params["layers"]["self_attn"]["q_proj"]["kernel"][1]))
     assert json.loads((tiny_model_dir / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]
 
 
@@ -65,9 +69,9 @@ def test_sharded_index_round_trip_and_bf16(tiny_untied_model_dir: Path, tmp_path
 def test_missing_tensor_and_missing_folder_are_errors(tiny_model_dir: Path, tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text((tiny_model_dir / "config.json").read_text())
     config, params = load_pretrained(tiny_model_dir)
-    del params["layers_1"]["mlp"]
+    del params["layers"]["mlp"]  # every layer's 3 MLP weights
     save_pretrained(config, params, tmp_path)
-    with pytest.raises(KeyError, match=r"lacks 3 tensors"):
+    with pytest.raises(KeyError, match=rf"lacks {3 * config.num_hidden_layers} tensors"):
         load_pretrained(tmp_path)
     with pytest.raises(FileNotFoundError, match="not a folder"):
         load_pretrained(tmp_path / "nope")

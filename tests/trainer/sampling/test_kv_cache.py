@@ -29,8 +29,8 @@ def test_cached_decode_matches_full_forward(tiny_f32: tuple, prompts: tuple) -> 
         params, config, jnp.asarray(prompt_ids), jnp.asarray(full_pos[:, :P]), jnp.asarray(prompt_mask)
     )
     cache = kv_cache.from_prefill(kv, jnp.asarray(prompt_mask), P + C)
-    assert len(cache.keys) == len(cache.values) == config.num_hidden_layers
-    assert cache.keys[0].shape == (B, P + C, config.num_key_value_heads, config.head_dim)
+    shape = (config.num_hidden_layers, B, P + C, config.num_key_value_heads, config.head_dim)
+    assert cache.keys.shape == cache.values.shape == shape
     assert int(cache.index) == P
     for t in range(C):
         cache = kv_cache.mark_written(cache)
