@@ -1,23 +1,30 @@
 """Matmul FLOPs of a compiled program, read from its HLO text: every dot and convolution (fusion bodies
-included), 2 x output elements x contracted size, times the runs of the computation that holds it.
+included), 2 x multiply-adds as XLA's HloCostAnalysis counts them, times the runs of the computation that
+holds it (trainer.fit.hlo.Module.counts: a scan over L layers counts L times; XLA's cost analysis counts a
+loop body once, and also counts elementwise ops, which this does not).
 
-Unlike XLA's cost analysis (which counts a loop body once and also counts elementwise ops), this counts a
-scan over L layers L times (trainer.fit.hlo.Module.counts). TPU HLO writes most matmuls as convolutions
-(`dim_labels=bf_io->bf`): their contracted size is the kernel's input features x its window (padding is not
-subtracted: an upper bound for padded windows, exact for matmuls). Custom calls (Pallas kernels) are not
-seen, as XLA does not see them either.
+A dot: output elements x its contracted size. libtpu writes most matmuls as convolutions (`dim_labels=
+bf_io->bf`), batched and multi-axis ones with spatial dims that are really batch dims or contracted dims
+(windows with lhs_dilate, stride and padding): input features x output features x batch x, per spatial dim,
+the (output, kernel) position pairs that land on an input element. Custom calls (Pallas kernels) carry no
+matmul XLA can see, so they count nothing here either.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from functools import cache
+
+import numpy as np
 
 from trainer.fit import hlo
 
 _DIMS = re.compile(r"\[(?P<dims>[0-9,]*)\]")
 _CONTRACTING = re.compile(r"\blhs_contracting_dims=\{(?P<dims>[0-9,]*)\}")
 _LABELS = re.compile(r"\bdim_labels=(?P<lhs>\w+)_(?P<rhs>\w+)->(?P<out>\w+)")
+_WINDOW = re.compile(r"\bwindow=\{(?P<window>[^}]*)\}")
+_GROUPS = re.compile(r"\b(?P<kind>feature|batch)_group_count=(?P<n>\d+)")
 
 
 def _shape(type_text: str) -> list[int]:
@@ -25,24 +32,70 @@ def _shape(type_text: str) -> list[int]:
     return [int(d) for d in m["dims"].split(",") if d] if m else []
 
 
+@cache
+def _taps(
+    inputs: int, outputs: int, kernel: int, stride: int, pad_low: int, lhs_dilate: int, rhs_dilate: int
+) -> int:
+    """(output position, kernel position) pairs of one spatial dim that land on an input element, not on
+    padding or a hole of the input's dilation (XLA's HloCostAnalysis::GetConvolutionFlops)."""
+    out = np.arange(outputs, dtype=np.int64)
+    total = 0
+    for k in range(kernel):
+        at = out * stride - pad_low + k * rhs_dilate  # in the dilated, padded input
+        total += int(np.count_nonzero((at % lhs_dilate == 0) & (at >= 0) & (at // lhs_dilate < inputs)))
+    return total
+
+
+def _convolution(line: str, lhs: list[int], rhs: list[int], out: list[int]) -> int:
+    """Multiply-adds of a convolution as XLA counts them. libtpu writes batched and multi-contraction matmuls
+    as convolutions whose spatial dims are batch dims (window = lhs_dilate = the dim, stride one less: one
+    tap per output) or contracted dims (padded windows: a tap per input element), so the taps are counted,
+    not the window size."""
+    labels = _LABELS.search(line)
+    if labels is None or (len(lhs), len(rhs), len(out)) != tuple(
+        len(labels[k]) for k in ("lhs", "rhs", "out")
+    ):
+        return 0
+    fields = (
+        dict(f.split("=", 1) for f in _WINDOW.search(line)["window"].split()) if _WINDOW.search(line) else {}
+    )
+
+    def per_dim(key: str, default: int, n: int) -> list[int]:
+        return [int(v) for v in fields[key].split("x")] if key in fields else [default] * n
+
+    spatial = sorted(c for c in labels["lhs"] if c.isdigit())
+    n = len(spatial)
+    pads = [int(p.split("_")[0]) for p in fields["pad"].split("x")] if "pad" in fields else [0] * n
+    strides, lhs_dil, rhs_dil = (
+        per_dim("stride", 1, n),
+        per_dim("lhs_dilate", 1, n),
+        per_dim("rhs_dilate", 1, n),
+    )
+    taps = math.prod(
+        _taps(lhs[labels["lhs"].index(d)], out[labels["out"].index(d)], rhs[labels["rhs"].index(d)], strides[i],
+              pads[i], lhs_dil[i], rhs_dil[i])
+        for i, d in enumerate(spatial)
+    )  # fmt: skip
+    groups = {m["kind"]: int(m["n"]) for m in _GROUPS.finditer(line)}
+    features_in = lhs[labels["lhs"].index("f")] // groups.get("feature", 1)
+    batch = lhs[labels["lhs"].index("b")] // groups.get("batch", 1)
+    return features_in * out[labels["out"].index("f")] * batch * taps
+
+
 def matmul_flops(ins: hlo.Instruction, types: dict[str, str]) -> int:
-    """2 x output elements x contracted size of one dot or convolution; `types` maps the operands' names
+    """2 x multiply-adds of one dot or convolution, as XLA counts them; `types` maps the operands' names
     (instructions of the same computation) to their types."""
-    operands = [types.get(name, "") for name in hlo.operands(ins)]
+    operands = [_shape(types.get(name, "")) for name in hlo.operands(ins)]
     if len(operands) < 2:
         return 0
-    out = math.prod(_shape(ins.type))
-    if ins.op == "dot":
-        lhs = _shape(operands[0])
+    if ins.op == "dot":  # output elements x contracted size
         m = _CONTRACTING.search(ins.line)
         dims = [int(d) for d in m["dims"].split(",") if d] if m else []
-        return 2 * out * math.prod(lhs[d] for d in dims if d < len(lhs))
-    if ins.op == "convolution" and (m := _LABELS.search(ins.line)):
-        kernel = _shape(operands[1])
-        if len(kernel) != len(m["rhs"]):
-            return 0
-        # The kernel's input features times every spatial (window) dim: all but its output features.
-        return 2 * out * math.prod(n for n, label in zip(kernel, m["rhs"], strict=True) if label != "o")
+        return (
+            2 * math.prod(_shape(ins.type)) * math.prod(operands[0][d] for d in dims if d < len(operands[0]))
+        )
+    if ins.op == "convolution":
+        return 2 * _convolution(ins.line, operands[0], operands[1], _shape(ins.type))
     return 0
 
 
