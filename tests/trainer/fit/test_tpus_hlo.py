@@ -1,10 +1,12 @@
-"""The accelerator table and the HLO collective reader (pure functions: no compile)."""
+"""The accelerator table and the HLO readers: loop counts, collectives, HBM traffic and matmul FLOPs (synthetic
+texts, and one small compile for a v6e-8 with libtpu)."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainer.fit import hlo, tpus, traffic
+from trainer.fit import flops, hlo, tpus, traffic
+from trainer.fit.__main__ import _quiet_libtpu
 
 
 @pytest.mark.parametrize(
@@ -52,6 +54,16 @@ def test_collectives_read_result_bytes_group_sizes_and_async_starts() -> None:
     assert got["all-reduce"] == 4
     moved = 1024 * 2048 * 2 * 7 / 8 + 256 * 64 * 4 * 7 + 2 * 4 * 1 / 2 + 64 * 8 * 2 * 3 / 4
     assert got["moved"] == int(moved)
+
+
+def test_collective_groups_over_named_mesh_axes() -> None:
+    """libtpu's newer form: the groups span the axes in braces (here 4 of the 8 devices)."""
+    line = (
+        "  %ag = bf16[1,512,512]{2,1,0} all-gather(%w), channel_id=14, "
+        "replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0'}, dimensions={1}, use_global_device_ids=true"
+    )
+    got = hlo.collectives(line, devices=8)
+    assert (got["all-gather"], got["moved"]) == (512 * 512 * 2, 512 * 512 * 2 * 3 // 4)
 
 
 # A decode-like program as libtpu compiles it: a weight prefetched into VMEM (S(1)) and read there by a matmul
@@ -113,3 +125,206 @@ def test_traffic_counts_hbm_bytes_once_per_op_not_vmem_copies() -> None:
     by = {b["source"]: b for b in traffic.by_source(list(ops.values()), top=3)}
     assert by["layers_*/up/dot"]["bytes"] == x + out  # layer index folded
     assert sum(b["bytes"] for b in by.values()) == total and "other" in by
+
+
+# A decode-like program: a while loop that also stops on data (trip count unknown: counted once, the caller
+# multiplies) around a scan over 3 layers (the JAX scan pattern libtpu leaves: counter from constant 0, +1,
+# compared LT with 3), whose body all-gathers a weight and multiplies in a fusion; then a loop whose trip
+# count XLA wrote down (known_trip_count) holding an all-reduce.
+NESTED_HLO = """
+%fused_matmul (p0: bf16[32,256], p1: bf16[256,256]) -> bf16[32,256] {
+  %p0 = bf16[32,256]{1,0} parameter(0)
+  %p1 = bf16[256,256]{1,0} parameter(1)
+  ROOT %conv = bf16[32,256]{1,0} convolution(%p0, %p1), dim_labels=bf_io->bf
+}
+
+%layer_body (lp: (s32[], bf16[32,256], bf16[3,64,256])) -> (s32[], bf16[32,256], bf16[3,64,256]) {
+  %lp = (s32[], bf16[32,256]{1,0}, bf16[3,64,256]{2,1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%lp), index=0
+  %i.copy = s32[]{:T(128)S(6)} copy(%i)
+  %x = bf16[32,256]{1,0} get-tuple-element(%lp), index=1
+  %ws = bf16[3,64,256]{2,1,0} get-tuple-element(%lp), index=2
+  %zero = s32[] constant(0)
+  %w = bf16[1,64,256]{2,1,0} dynamic-slice(%ws, %i.copy, %zero, %zero), dynamic_slice_sizes={1,64,256}
+  %ag = bf16[1,256,256]{2,1,0} all-gather(%w), channel_id=1, replica_groups=[2,4]<=[8], dimensions={1}
+  %wb = bf16[256,256]{1,0} bitcast(%ag)
+  %y = bf16[32,256]{1,0} fusion(%x, %wb), kind=kOutput, calls=%fused_matmul, metadata={op_name="jit(f)/while/body/layers/dot"}
+  %one = s32[] constant(1)
+  %next = s32[] add(%i.copy, %one)
+  ROOT %lt = (s32[], bf16[32,256]{1,0}, bf16[3,64,256]{2,1,0}) tuple(%next, %y, %ws)
+}
+
+%layer_cond (lc: (s32[], bf16[32,256], bf16[3,64,256])) -> pred[] {
+  %lc = (s32[], bf16[32,256]{1,0}, bf16[3,64,256]{2,1,0}) parameter(0)
+  %n = s32[] constant(3)
+  %m = s32[] constant(2)
+  %j = s32[] get-tuple-element(%lc), index=0
+  %data = s32[] get-tuple-element(%lc), index=1
+  ROOT %stop = pred[] COMPARE
+}
+
+%decode_body (dp: (s32[], pred[], bf16[32,256], bf16[3,64,256])) -> (s32[], pred[], bf16[32,256], bf16[3,64,256]) {
+  %dp = (s32[], pred[], bf16[32,256]{1,0}, bf16[3,64,256]{2,1,0}) parameter(0)
+  %s = s32[] get-tuple-element(%dp), index=0
+  %done = pred[] get-tuple-element(%dp), index=1
+  %h = bf16[32,256]{1,0} get-tuple-element(%dp), index=2
+  %stack = bf16[3,64,256]{2,1,0} get-tuple-element(%dp), index=3
+  %c0 = s32[] constant(0)
+  %c0.copy = s32[] copy(%c0)
+  %init = (s32[], bf16[32,256]{1,0}, bf16[3,64,256]{2,1,0}) tuple(%c0.copy, %h, %stack)
+  %layers = (s32[], bf16[32,256]{1,0}, bf16[3,64,256]{2,1,0}) while(%init), condition=%layer_cond, body=%layer_body
+  %h2 = bf16[32,256]{1,0} get-tuple-element(%layers), index=1
+  %c1 = s32[] constant(1)
+  %s1 = s32[] add(%s, %c1)
+  ROOT %dt = (s32[], pred[], bf16[32,256]{1,0}, bf16[3,64,256]{2,1,0}) tuple(%s1, %done, %h2, %stack)
+}
+
+%decode_cond (dc: (s32[], pred[], bf16[32,256], bf16[3,64,256])) -> pred[] {
+  %dc = (s32[], pred[], bf16[32,256]{1,0}, bf16[3,64,256]{2,1,0}) parameter(0)
+  %t = s32[] get-tuple-element(%dc), index=0
+  %limit = s32[] constant(511)
+  %more = pred[] compare(%t, %limit), direction=LT
+  %d = pred[] get-tuple-element(%dc), index=1
+  %notdone = pred[] not(%d)
+  ROOT %go = pred[] and(%more, %notdone)
+}
+
+%sum_body (sp: (s32[], f32[1024])) -> (s32[], f32[1024]) {
+  %sp = (s32[], f32[1024]{0}) parameter(0)
+  %k = s32[] get-tuple-element(%sp), index=0
+  %v = f32[1024]{0} get-tuple-element(%sp), index=1
+  %ar = f32[1024]{0} all-reduce(%v), channel_id=2, replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
+  ROOT %st = (s32[], f32[1024]{0}) tuple(%k, %ar)
+}
+
+%sum_cond (sc: (s32[], f32[1024])) -> pred[] {
+  %sc = (s32[], f32[1024]{0}) parameter(0)
+  ROOT %always = pred[] constant(true)
+}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %ab = f32[] add(%a, %b)
+}
+
+ENTRY %main (h0: bf16[32,256], ws0: bf16[3,64,256], v0: f32[1024]) -> bf16[32,256] {
+  %h0 = bf16[32,256]{1,0} parameter(0)
+  %ws0 = bf16[3,64,256]{2,1,0} parameter(1)
+  %v0 = f32[1024]{0} parameter(2)
+  %zero.e = s32[] constant(0)
+  %false = pred[] constant(false)
+  %state = (s32[], pred[], bf16[32,256]{1,0}, bf16[3,64,256]{2,1,0}) tuple(%zero.e, %false, %h0, %ws0)
+  %decode = (s32[], pred[], bf16[32,256]{1,0}, bf16[3,64,256]{2,1,0}) while(%state), condition=%decode_cond, body=%decode_body
+  %sums = (s32[], f32[1024]{0}) tuple(%zero.e, %v0)
+  %summed = (s32[], f32[1024]{0}) while(%sums), condition=%sum_cond, body=%sum_body, backend_config={"known_trip_count":{"n":"5"}}
+  ROOT %out = bf16[32,256]{1,0} get-tuple-element(%decode), index=2
+}
+"""
+SCAN_PATTERN = NESTED_HLO.replace("COMPARE", "compare(%j, %n), direction=LT")
+
+
+@pytest.mark.parametrize(
+    ("compare", "layers"),
+    [("compare(%j, %n), direction=LT", 3), ("compare(%n, %j), direction=GT", 3), ("compare(%j, %m), direction=LE", 3),
+     ("compare(%j, %data), direction=LT", 1)],  # the bound is data: unknown, counted once
+)  # fmt: skip
+def test_loop_bodies_run_their_trip_count_and_unknown_loops_once(compare: str, layers: int) -> None:
+    counts = hlo.parse(NESTED_HLO.replace("COMPARE", compare)).counts
+    assert counts["main"] == counts["decode_body"] == counts["decode_cond"] == 1  # data-dependent: once
+    assert counts["layer_body"] == counts["fused_matmul"] == layers  # a fusion in the body inherits
+    assert counts["layer_cond"] == (layers + 1 if layers > 1 else 1)  # tested once more than the body runs
+    assert (counts["sum_body"], counts["sum_cond"], counts["add"]) == (5, 6, 5)  # known_trip_count
+
+
+def test_collectives_traffic_and_flops_in_a_loop_body_count_per_trip() -> None:
+    module = hlo.parse(SCAN_PATTERN)
+    got = hlo.collectives(module, devices=8)
+    assert got["all-gather"] == 3 * 256 * 256 * 2  # gathered from groups of 4, in each of the 3 layers
+    assert got["all-reduce"] == 5 * 1024 * 4
+    assert got["moved"] == int(3 * 256 * 256 * 2 * 3 / 4 + 5 * 2 * 1024 * 4 * 7 / 8)
+    ops = {r.name: r for r in traffic.op_bytes(module)}
+    assert ops["y"].count == 3 and ops["y"].bytes == 3 * (32 * 256 * 2 + 256 * 256 * 2 + 32 * 256 * 2)
+    assert ops["ag"].bytes == 3 * (64 * 256 * 2 + 256 * 256 * 2)
+    assert ops["ar"].count == 5 and "conv" not in ops  # the fusion's inside is its caller's traffic
+    by = {b["source"]: b for b in traffic.by_source(list(ops.values()))}
+    assert by["layers/dot"] == {"source": "layers/dot", "ops": 1, "bytes": ops["y"].bytes}
+    assert flops.flops(module) == 3 * 2 * 32 * 256 * 256
+
+
+# Matmuls as libtpu writes them (from a compiled attention block): a plain matmul; q·kᵀ with batch and heads
+# as spatial dims (window = lhs_dilate = the dim: one tap per output); a projection to heads x head_dim
+# (heads as a padded window: a tap per head); the output projection contracting heads x head_dim.
+@pytest.mark.parametrize(
+    ("instruction", "lhs", "rhs", "expected"),
+    [("bf16[32,512]{1,0} dot(%a, %b), lhs_batch_dims={}, lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+      "bf16[32,256]", "bf16[256,512]", 2 * 32 * 512 * 256),
+     ("f32[8,16,32]{2,1,0} dot(%a, %b), lhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_batch_dims={0}, "
+      "rhs_contracting_dims={1}", "f32[8,16,64]", "f32[8,64,32]", 2 * 8 * 16 * 32 * 64),
+     ("bf16[1024,32]{0,1} convolution(%a, %b), dim_labels=bf_io->fb", "bf16[32,256]", "bf16[256,1024]",
+      2 * 32 * 1024 * 256),
+     ("bf16[2,4,256,256]{3,2,1,0} convolution(%a, %b), window={size=2x4 stride=1x3 lhs_dilate=2x4}, "
+      "dim_labels=0b1f_0o1i->01bf", "bf16[2,256,4,64]", "bf16[2,256,4,64]", 2 * 2 * 4 * 256 * 256 * 64),
+     ("bf16[2,256,4,64]{3,2,1,0} convolution(%a, %b), window={size=1x4 pad=0_0x3_3 rhs_reversal=0x1}, "
+      "dim_labels=0bf1_i1o0->0b1f", "bf16[2,256,512,1]", "bf16[512,4,64,1]", 2 * 2 * 256 * 512 * 4 * 64),
+     ("bf16[2,256,512,1]{3,2,1,0} convolution(%a, %b), window={size=1x4}, dim_labels=0b1f_1io0->0bf1",
+      "bf16[2,256,4,64]", "bf16[4,64,512,1]", 2 * 2 * 256 * 512 * 4 * 64)],
+)  # fmt: skip
+def test_matmul_flops_of_dots_and_tpu_convolutions(
+    instruction: str, lhs: str, rhs: str, expected: int
+) -> None:
+    text = f"""
+ENTRY %main (a: {lhs}, b: {rhs}) -> f32[] {{
+  %a = {lhs} parameter(0)
+  %b = {rhs} parameter(1)
+  ROOT %mm = {instruction}
+}}
+"""
+    assert flops.flops(text) == expected
+
+
+@pytest.fixture
+def v6e_8(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The 8 devices of a v6e-8, compiled for by libtpu on this machine (no TPU)."""
+    pytest.importorskip("libtpu", reason="libtpu (the tpu extra) compiles for a TPU topology")
+    for k in ("ALLOW_MULTIPLE_LIBTPU_LOAD", "TPU_SKIP_MDS_QUERY", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES",
+              "TF_CPP_MIN_LOG_LEVEL"):  # fmt: skip
+        monkeypatch.delenv(k, raising=False)  # restored after the test
+    _quiet_libtpu("v6e-8")
+    from jax.experimental import topologies
+
+    return list(topologies.get_topology_desc(platform="tpu", topology_name="v6e:2x4").devices)
+
+
+def test_a_scan_over_layers_costs_its_layers_times_one_layer(v6e_8: list[object]) -> None:
+    """libtpu's text of a lax.scan over L FSDP layers: L x the matmul FLOPs and weight all-gathers of one
+    layer, and the HBM bytes of the same layers unrolled (XLA's cost analysis counts the body once)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh, D = Mesh(np.array(v6e_8), ("fsdp",)), 512
+    x = jax.ShapeDtypeStruct((256, D), jnp.bfloat16, sharding=NamedSharding(mesh, P("fsdp", None)))
+
+    def scan(x: jax.Array, ws: jax.Array) -> jax.Array:
+        return jax.lax.scan(lambda x, w: (jnp.tanh(x @ w), None), x, ws)[0]
+
+    def unrolled(x: jax.Array, ws: jax.Array) -> jax.Array:
+        for w in ws:
+            x = jnp.tanh(x @ w)
+        return x
+
+    def cost(f: object, layers: int) -> tuple[int, int, int]:
+        ws = jax.ShapeDtypeStruct((layers, D, D), jnp.bfloat16, sharding=NamedSharding(mesh, P(None, "fsdp")))
+        module = hlo.parse(jax.jit(f).lower(x, ws).compile().as_text())
+        hbm = sum(r.bytes for r in traffic.op_bytes(module))
+        return flops.flops(module), hbm, hlo.collectives(module, 8)["all-gather"]
+
+    (f1, hbm1, ag1), (f4, hbm4, ag4) = cost(scan, 1), cost(scan, 4)
+    assert f1 == 2 * (256 // 8) * D * D and ag1 == D * D * 2  # per device: its rows, the whole weight
+    assert (f4, ag4) == (4 * f1, 4 * ag1) == cost(unrolled, 4)[::2]
+    shard = D * D * 2 // 8  # the weight each device reads per layer; the rest is x and the result, once
+    assert hbm4 - hbm1 == pytest.approx(3 * shard, rel=1e-3)  # + the loop counter's few bytes
+    assert hbm4 == pytest.approx(cost(unrolled, 4)[1], rel=1e-3)
