@@ -6,11 +6,12 @@ it there, plus a no-op bitcast fusion nested in the matmul that counts as one mo
 matmul of a 22.5 MB weight costs 113 MB by that count (docs/performance.md). This module reads the compiled
 text instead: every instruction of the entry, of loop bodies and of called computations (not the insides of
 fusions), with the bytes of its operands and results that live in HBM (memory space 0). In-place updates
-(dynamic-update-slice) count their update, slices and gathers (also inside a fusion) what they read, the
-`-done` halves of async pairs and views (tuples, bitcasts, parameters) nothing. An op in a loop body counts
-as many times as the body runs (trainer.fit.hlo: a scan over L layers, L times; XLA's `bytes accessed` counts
-a loop body once). Rows are grouped by the JAX source that made them (`op_name` metadata, `layers_<i>`
-folded into `layers_*`).
+(dynamic-update-slice) count their update, slices and gathers what they read (also inside a fusion, at any
+depth: a scan's matmul fusion takes the whole stack of layer weights and slices one layer one fusion down),
+the `-done` halves of async pairs and views (tuples, bitcasts, parameters) nothing. An op in a loop body
+counts as many times as the body runs (trainer.fit.hlo: a scan over L layers, L times; XLA's `bytes accessed`
+counts a loop body once). Rows are grouped by the JAX source that made them (`op_name` metadata,
+`layers_<i>` folded into `layers_*`).
 It is an accounting of the program, not a profile: a kernel that re-reads an operand from HBM counts once.
 """
 
@@ -79,17 +80,24 @@ def _source(line: str) -> str:
     return re.sub(r"jit\(([^)]*)\)", r"\1", src)
 
 
-def _operand_reads(body: list[Instruction]) -> dict[int, int]:
+def _operand_reads(computations: dict[str, list[Instruction]], name: str) -> dict[int, int]:
     """For a fused computation: parameter index -> bytes it reads when it is only sliced or gathered from
-    (every use a gather/slice, or the in-place target of the root dynamic-update-slice)."""
+    (every use a gather/slice, the in-place target of the root dynamic-update-slice, or such a parameter of a
+    nested fusion: a scan's stacked weights are sliced one layer at a time one fusion down)."""
+    body = computations[name]
     params = {n: int(args) for n, _, op, args, _ in body if op == "parameter" and args.isdigit()}
     uses: dict[str, list[tuple[int, str]]] = defaultdict(list)  # operand -> (bytes it reads, how)
     for _, typ, op, args, line in body:
+        root = line.lstrip().startswith("ROOT")
+        callee = dict(hlo.callees(line)).get("calls") if op == "fusion" else None
+        nested = _operand_reads(computations, callee) if callee in computations else {}
         for i, a in enumerate(_OPERAND.finditer(args)):
-            if i == 0 and op == "dynamic-update-slice" and line.lstrip().startswith("ROOT"):
+            if i == 0 and op == "dynamic-update-slice" and root:
                 uses[a["name"]].append((0, "in place"))
             elif i == 0 and op in _PARTIAL_READS:  # the sliced operand, not the indices
                 uses[a["name"]].append((sum(b for b, _ in _arrays(typ)), "window"))
+            elif i in nested and (nested[i] or root):  # in place only as the result of this fusion too
+                uses[a["name"]].append((nested[i], "window" if nested[i] else "in place"))
             else:
                 uses[a["name"]].append((0, "whole"))
     return {
@@ -124,7 +132,7 @@ def op_bytes(hlo_text: str | hlo.Module) -> list[OpBytes]:
             reads = [0 if t.startswith("(") else _hbm(t) for t in operands]
             callee = dict(hlo.callees(line)).get("calls")
             if op == "fusion" and callee in computations:
-                for i, b in _operand_reads(computations[callee]).items():
+                for i, b in _operand_reads(computations, callee).items():
                     if i < len(reads) and reads[i]:
                         reads[i] = b
                         if b == 0:  # updated in place: the result is written only where the update lands

@@ -127,6 +127,39 @@ def test_traffic_counts_hbm_bytes_once_per_op_not_vmem_copies() -> None:
     assert sum(b["bytes"] for b in by.values()) == total and "other" in by
 
 
+# A scan's layer body as libtpu fuses it: the matmul fusion takes the whole stack of layer weights and a nested
+# fusion slices out the layer it multiplies by.
+STACKED_HLO = """
+%slice_layer (s0: bf16[4,256,256], s1: s32[]) -> bf16[256,256] {
+  %s0 = bf16[4,256,256]{2,1,0} parameter(0)
+  %s1 = s32[] parameter(1)
+  %z = s32[] constant(0)
+  %ds = bf16[1,256,256]{2,1,0} dynamic-slice(%s0, %s1, %z, %z), dynamic_slice_sizes={1,256,256}
+  ROOT %layer = bf16[256,256]{1,0} bitcast(%ds)
+}
+
+%layer_matmul (m0: bf16[8,256], m1: bf16[4,256,256], m2: s32[]) -> bf16[8,256] {
+  %m0 = bf16[8,256]{1,0} parameter(0)
+  %m1 = bf16[4,256,256]{2,1,0} parameter(1)
+  %m2 = s32[] parameter(2)
+  %w = bf16[256,256]{1,0} fusion(%m1, %m2), kind=kLoop, calls=%slice_layer
+  ROOT %mm = bf16[8,256]{1,0} convolution(%m0, %w), dim_labels=bf_io->bf
+}
+
+ENTRY %main (x: bf16[8,256], stack: bf16[4,256,256], i: s32[]) -> bf16[8,256] {
+  %x = bf16[8,256]{1,0} parameter(0)
+  %stack = bf16[4,256,256]{2,1,0} parameter(1)
+  %i = s32[] parameter(2)
+  ROOT %y = bf16[8,256]{1,0} fusion(%x, %stack, %i), kind=kOutput, calls=%layer_matmul
+}
+"""
+
+
+def test_traffic_reads_one_layer_of_a_stack_sliced_in_a_nested_fusion() -> None:
+    (y,) = traffic.op_bytes(STACKED_HLO)
+    assert y.bytes == 8 * 256 * 2 + 256 * 256 * 2 + 4 + 8 * 256 * 2  # x, one layer, the index, the result
+
+
 # A decode-like program: a while loop that also stops on data (trip count unknown: counted once, the caller
 # multiplies) around a scan over 3 layers (the JAX scan pattern libtpu leaves: counter from constant 0, +1,
 # compared LT with 3), whose body all-gathers a weight and multiplies in a fusion; then a loop whose trip
@@ -296,17 +329,24 @@ def v6e_8(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     return list(topologies.get_topology_desc(platform="tpu", topology_name="v6e:2x4").devices)
 
 
-def test_a_scan_over_layers_costs_its_layers_times_one_layer(v6e_8: list[object]) -> None:
-    """libtpu's text of a lax.scan over L FSDP layers: L x the matmul FLOPs and weight all-gathers of one
-    layer, and the HBM bytes of the same layers unrolled (XLA's cost analysis counts the body once)."""
+@pytest.mark.parametrize(
+    ("x_spec", "w_spec", "gathered"),
+    [(("x", None), (None, "x", None), "weight"),  # FSDP: each layer's weight all-gathered in the loop body
+     ((None, None), (None, None, "x"), "activation")],  # TP: the device's slice of the stack read in a fusion
+)  # fmt: skip
+def test_a_scan_over_layers_costs_its_layers_times_one_layer(
+    v6e_8: list[object], x_spec: tuple[str | None, ...], w_spec: tuple[str | None, ...], gathered: str
+) -> None:
+    """libtpu's text of a lax.scan over L layers: L x the matmul FLOPs, all-gathers and weight reads of one
+    layer, as the same layers unrolled (XLA's cost analysis counts the body once)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    mesh, D = Mesh(np.array(v6e_8), ("fsdp",)), 512
-    x = jax.ShapeDtypeStruct((256, D), jnp.bfloat16, sharding=NamedSharding(mesh, P("fsdp", None)))
+    mesh, B, D = Mesh(np.array(v6e_8), ("x",)), 256, 512
+    x = jax.ShapeDtypeStruct((B, D), jnp.bfloat16, sharding=NamedSharding(mesh, P(*x_spec)))
 
     def scan(x: jax.Array, ws: jax.Array) -> jax.Array:
         return jax.lax.scan(lambda x, w: (jnp.tanh(x @ w), None), x, ws)[0]
@@ -317,14 +357,17 @@ def test_a_scan_over_layers_costs_its_layers_times_one_layer(v6e_8: list[object]
         return x
 
     def cost(f: object, layers: int) -> tuple[int, int, int]:
-        ws = jax.ShapeDtypeStruct((layers, D, D), jnp.bfloat16, sharding=NamedSharding(mesh, P(None, "fsdp")))
+        ws = jax.ShapeDtypeStruct((layers, D, D), jnp.bfloat16, sharding=NamedSharding(mesh, P(*w_spec)))
         module = hlo.parse(jax.jit(f).lower(x, ws).compile().as_text())
         hbm = sum(r.bytes for r in traffic.op_bytes(module))
         return flops.flops(module), hbm, hlo.collectives(module, 8)["all-gather"]
 
-    (f1, hbm1, ag1), (f4, hbm4, ag4) = cost(scan, 1), cost(scan, 4)
-    assert f1 == 2 * (256 // 8) * D * D and ag1 == D * D * 2  # per device: its rows, the whole weight
-    assert (f4, ag4) == (4 * f1, 4 * ag1) == cost(unrolled, 4)[::2]
-    shard = D * D * 2 // 8  # the weight each device reads per layer; the rest is x and the result, once
+    (f1, hbm1, _), (f4, hbm4, ag4) = cost(scan, 1), cost(scan, 4)
+    assert f1 == 2 * B * D * D // 8 and f4 == 4 * f1  # every device does an eighth of each matmul
+    # FSDP gathers each layer's weight; TP the layer's input (the scan's carry keeps one sharding).
+    assert ag4 == 4 * {"weight": D * D * 2, "activation": B * D * 2}[gathered]
+    shard = D * D * 2 // 8  # the weight each device reads per layer; x and the result are read/written once
     assert hbm4 - hbm1 == pytest.approx(3 * shard, rel=1e-3)  # + the loop counter's few bytes
-    assert hbm4 == pytest.approx(cost(unrolled, 4)[1], rel=1e-3)
+    if gathered == "weight":  # unrolled TP gathers L - 1 inputs and prefetches slices of the stack whole
+        f, hbm, ag = cost(unrolled, 4)
+        assert (f, ag) == (f4, ag4) and hbm == pytest.approx(hbm4, rel=1e-3)
