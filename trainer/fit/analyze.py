@@ -65,7 +65,7 @@ def measure(program: Program, devices: int, breakdown: int = 0) -> dict[str, Any
     mem = compiled.memory_analysis()
     for k in ("argument", "output", "alias", "temp"):
         raw[f"{k}_bytes"] = int(getattr(mem, f"{k}_size_in_bytes"))
-    module = hlo.parse(compiled.as_text())
+    module = hlo.parse(compiled.as_text(), program.loop_trips)
     ops = traffic.op_bytes(module)
     raw["hbm_bytes"] = sum(r.bytes for r in ops)
     if breakdown:

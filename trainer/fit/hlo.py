@@ -9,7 +9,8 @@ GPU and CPU compilers print it; libtpu does not), else read off the loop when it
 pattern libtpu leaves: the condition's ROOT is `compare(counter, constant N)` (LT, LE, GT or GE), the
 counter starts at a constant in the while's init tuple and the body's ROOT tuple adds a constant to it. A
 loop whose trip count cannot be read (a `lax.while_loop` that also tests data, like the sampler's decode
-loop) counts once: whoever knows how often it runs multiplies (trainer.fit.programs, the decode's C - 1).
+loop) runs `unknown_trips` times, 1 unless the caller knows better (trainer.fit.programs: the decode loop's
+C - 1 tokens, so that what the decode program does once, outside its loop, counts once).
 A computation nothing calls counts once (also a fragment of text without an ENTRY).
 
 Collectives: result bytes per kind and the bytes each device moves over ICI (ring algorithms: all-gather
@@ -76,8 +77,9 @@ def callees(line: str) -> list[tuple[str, str]]:
     return out
 
 
-def parse(hlo_text: str) -> Module:
-    """The computations of an HLO module text and how many times each runs."""
+def parse(hlo_text: str, unknown_trips: int = 1) -> Module:
+    """The computations of an HLO module text and how many times each runs (a loop whose trip count cannot
+    be read: `unknown_trips`)."""
     computations: dict[str, list[Instruction]] = {}
     entry = None
     current: list[Instruction] = computations.setdefault("", [])  # instructions before any header
@@ -96,8 +98,9 @@ def parse(hlo_text: str) -> Module:
         for ins in body:
             for how, callee in callees(ins.line):
                 runs = 1
-                if ins.op == "while" and (n := trip_count(computations, defs, ins)) is not None:
-                    runs = n if how == "body" else n + 1
+                if ins.op == "while":
+                    n = trip_count(computations, defs, ins)
+                    runs = unknown_trips if n is None else n if how == "body" else n + 1
                 callers[callee].append((caller, runs))
                 if ins.op not in CONTROL:
                     nested.add(callee)

@@ -4,9 +4,10 @@ Dims: N sequences per step, P prompt bucket (the largest: the worst case), C max
 Phases: `decode_cast` (weights to the compute dtype, decode layout), `prefill`, `decode` (the whole
 while_loop), `ref_logp` (loss.beta > 0) and `update` (the jitted step with its lax.scan over micro-batches).
 Costs are loop-aware (trainer.fit.hlo): a loop whose trip count the compiled text shows (a scan over layers,
-the update's lax.scan over micro-batches) is counted that many times, so `update` runs once per step. The
-decode's while_loop also stops when every sequence is done, so its trip count is unknown to the text and
-counts once: `decode` is costed x (C - 1) tokens.
+the update's lax.scan over micro-batches) is counted that many times, so every phase runs once per step. The
+decode's while_loop also stops when every sequence is done, so its trip count is unknown to the text: it is
+given as C - 1 tokens (`loop_trips`, the worst case), and what the decode program does outside its loop (a
+one-time relayout of the KV cache, say) counts once.
 Each phase also holds what stays in HBM while it runs but is not its argument (`resident_bytes`): the FSDP
 parameters and optimizer state during the rollout.
 """
@@ -44,6 +45,7 @@ class Program:
     error: str | None = None  # already known not to compile (libtpu's RESOURCE_EXHAUSTED)
     compiled: Any = None  # already compiled (the prefill: the decode's state comes from its outputs)
     compile_s: float = 0.0  # how long that compile took
+    loop_trips: int = 1  # runs of a loop whose trip count the HLO does not show (the decode loop: C - 1)
 
 
 def model_config(cfg: Config, layers: int = 0) -> Qwen2Config:
@@ -151,7 +153,7 @@ def _rollout(
             raise
         programs.append(Program("prefill", prefill, 1, resident, error=str(e)))
         programs.append(
-            Program("decode", None, max(C - 1, 1), resident, error="not compiled: the prefill does not fit")
+            Program("decode", None, 1, resident, error="not compiled: the prefill does not fit")
         )
         return programs
     programs.append(
@@ -161,7 +163,7 @@ def _rollout(
         lambda x, s: _sds(x.shape, x.dtype, s), prefill_out.out_info, prefill_out.output_shardings
     )
     decode = OnMesh(sampler._decode, rmesh).lower(rparams, dstate, **static)
-    programs.append(Program("decode", decode, max(C - 1, 1), resident))
+    programs.append(Program("decode", decode, 1, resident, loop_trips=max(C - 1, 1)))
     return programs
 
 

@@ -270,6 +270,14 @@ def test_loop_bodies_run_their_trip_count_and_unknown_loops_once(compare: str, l
     assert (counts["sum_body"], counts["sum_cond"], counts["add"]) == (5, 6, 5)  # known_trip_count
 
 
+def test_a_loop_of_unknown_trip_count_runs_as_often_as_the_caller_says() -> None:
+    # The decode program: its data-dependent loop runs C - 1 times, what is outside it once.
+    counts = hlo.parse(SCAN_PATTERN, unknown_trips=511).counts
+    assert counts["main"] == 1
+    assert counts["decode_body"] == counts["decode_cond"] == 511
+    assert counts["layer_body"] == counts["fused_matmul"] == 511 * 3 and counts["layer_cond"] == 511 * 4
+
+
 def test_collectives_traffic_and_flops_in_a_loop_body_count_per_trip() -> None:
     module = hlo.parse(SCAN_PATTERN)
     got = hlo.collectives(module, devices=8)
