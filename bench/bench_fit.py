@@ -1,5 +1,5 @@
 """Every shipped TPU preset compiled for its TPU (tpuops fit): per-phase per-device peak, headroom, FLOPs,
-collectives and roofline seconds as the markdown tables of docs/performance.md.
+HBM bytes, collectives, roofline seconds and compile seconds as the markdown tables of docs/performance.md.
 
     python bench/bench_fit.py                        # every trainer/configs/qwen2.5-*.yaml, full depth
     python bench/bench_fit.py qwen2.5-3b-v6e-8 --set rollout.tp=1   # one preset, an alternative layout
@@ -37,13 +37,13 @@ def table(r: dict) -> str:
         f"remat {r['remat']}): **{'fits' if r['fits'] else 'does not fit'}**, tightest "
         f"{r['tightest_phase']} at {r['headroom']:.0%} headroom; estimate **{r['estimate']['step_s']:.2f} s/step**"
     )
-    rows = ["| phase | peak GB | headroom | TFLOP / run | HBM GB / run | XLA GB / run | all-gather GB | "
+    rows = ["| phase | peak GB | headroom | TFLOP / run | HBM GB / run | compile s | all-gather GB | "
             "reduce-scatter GB | all-reduce GB | runs / step | s / step | largest term |", "|" + " --- |" * 12]  # fmt: skip
     for name, p in r["phases"].items():
         c = p["collective_bytes"]
         rows.append(
             f"| {name} | {p['peak_bytes'] / GB:.2f} | {p['headroom']:.0%} | {p['flops'] / 1e12:.2f} | "
-            f"{p['hbm_bytes'] / GB:.2f} | {p['bytes_accessed'] / GB:.2f} | {c['all-gather'] / GB:.2f} | "
+            f"{p['hbm_bytes'] / GB:.2f} | {p['compile_s']:.0f} | {c['all-gather'] / GB:.2f} | "
             f"{c['reduce-scatter'] / GB:.2f} | "
             f"{c['all-reduce'] / GB:.2f} | {p['runs_per_step']} | {p['seconds']:.3f} | {p['largest_term']} |"
         )

@@ -14,14 +14,13 @@ def render(r: dict[str, Any]) -> str:
         f"rollout mesh {r['rollout_mesh']})"
     )
     rows = [f"{'phase':<13}{'args':>8}{'out':>8}{'temp':>8}{'resident':>9}{'peak':>8}{'headroom':>9}"
-            f"{'TFLOP':>8}{'HBM GB':>8}{'XLA GB':>8}{'coll GB':>8}{'s/step':>8}  largest"]  # fmt: skip
+            f"{'TFLOP':>8}{'HBM GB':>8}{'coll GB':>8}{'s/step':>8}{'compile':>8}  largest"]  # fmt: skip
     for name, p in r["phases"].items():
         rows.append(
             f"{name:<13}{p['argument_bytes'] / GB:>8.2f}{p['output_bytes'] / GB:>8.2f}{p['temp_bytes'] / GB:>8.2f}"
             f"{p['resident_bytes'] / GB:>9.2f}{p['peak_bytes'] / GB:>8.2f}{p['headroom']:>9.0%}"
-            f"{p['flops'] / 1e12:>8.2f}{p['hbm_bytes'] / GB:>8.2f}{p['bytes_accessed'] / GB:>8.2f}"
-            f"{p['collective_bytes']['moved'] / GB:>8.2f}"
-            f"{p['seconds']:>8.3f}  {p['largest_term'] if p['runs_per_step'] else '-'}"
+            f"{p['flops'] / 1e12:>8.2f}{p['hbm_bytes'] / GB:>8.2f}{p['collective_bytes']['moved'] / GB:>8.2f}"
+            f"{p['seconds']:>8.3f}{p['compile_s']:>7.0f}s  {p['largest_term'] if p['runs_per_step'] else '-'}"
         )
     verdict = (
         f"fits: every phase has >= 10% headroom (tightest: {r['tightest_phase']}, {r['headroom']:.0%})"
