@@ -49,9 +49,9 @@ def _trainer_dir(cwd: Path) -> Path:
     )
 
 
-def cache_key(config: str, sets: list[str], target: str, probe: str | None, cwd: Path) -> str:
+def cache_key(config: str, sets: list[str], target: str, cwd: Path) -> str:
     h = hashlib.sha256()
-    for part in (config, *sets, target, probe or "", _version("jax"), _version("libtpu")):
+    for part in (config, *sets, target, _version("jax"), _version("libtpu")):
         h.update(part.encode() + b"\0")
     trainer = _trainer_dir(cwd)
     candidates = [cwd / config, trainer / "configs" / f"{config}.yaml"]
@@ -73,7 +73,6 @@ def check(
     *,
     accelerator: str | None = None,
     topology: str | None = None,
-    probe: str | None = None,
     cwd: Path | None = None,
     use_cache: bool = True,
 ) -> dict[str, Any]:
@@ -84,7 +83,7 @@ def check(
     cwd = cwd or Path.cwd()
     sets = [s.removeprefix("--set=") for s in sets or []]
     target = f"topology={topology}" if topology else f"accelerator={accelerator or ''}"
-    entry = state_home() / "fit" / f"{cache_key(config, sets, target, probe, cwd)}.json"
+    entry = state_home() / "fit" / f"{cache_key(config, sets, target, cwd)}.json"
     if use_cache and entry.is_file():
         try:
             return {**json.loads(entry.read_text()), "cached": True}
@@ -93,7 +92,6 @@ def check(
     argv = [sys.executable, "-m", "trainer.fit", "--config", config, "--json"]
     argv += [f"--set={s}" for s in sets]
     argv += ["--topology", topology] if topology else (["--accelerator", accelerator] if accelerator else [])
-    argv += ["--probe", probe] if probe else []
     r = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
     if r.returncode == EXIT_NO_LIBTPU:
         raise FitUnavailableError(json.loads(r.stdout.strip().splitlines()[-1])["message"])

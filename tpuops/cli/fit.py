@@ -22,10 +22,6 @@ def fit(
     topology: Annotated[
         str | None, typer.Option("--topology", help="JAX topology instead, e.g. v6e:2x4.")
     ] = None,
-    probe: Annotated[
-        str | None,
-        typer.Option("--probe", help="Compile at two depths A,B and extrapolate (faster, approximate)."),
-    ] = None,
     no_cache: Annotated[
         bool, typer.Option("--no-cache", help="Compile again even when a verdict is cached.")
     ] = False,
@@ -47,8 +43,6 @@ def fit(
     from tpuops.run import report
 
     sets = [f"{k}={v}" for k, v in parse_sets(set_).items()]
-    result = fitlib.check(
-        config, sets, accelerator=accelerator, topology=topology, probe=probe, use_cache=not no_cache
-    )
+    result = fitlib.check(config, sets, accelerator=accelerator, topology=topology, use_cache=not no_cache)
     report.fit_report(result, json)
     raise typer.Exit(fitlib.exit_code(result))

@@ -64,10 +64,6 @@ def main(argv: list[str] | None = None) -> int:
         "--phases", help="compile only these phases, e.g. decode_cast,prefill,decode (default: all)"
     )
     ap.add_argument(
-        "--probe", metavar="A,B",
-        help="compile at A and B decoder layers and extrapolate to the model's depth (fast; CI uses 2,3)",
-    )  # fmt: skip
-    ap.add_argument(
         "--breakdown", type=int, default=0, metavar="N",
         help="per phase, the N sources of the most HBM bytes (e.g. --phases decode --breakdown 12)",
     )  # fmt: skip
@@ -90,11 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_NO_LIBTPU
     _quiet_libtpu(tgt.accelerator)
     try:
-        probe = tuple(int(x) for x in args.probe.split(",")) if args.probe else None
         only = tuple(args.phases.split(",")) if args.phases else None
-        result = run(
-            cfg, tgt, args.set, fix=not args.no_fix, probe=probe, only=only, breakdown=args.breakdown
-        )
+        result = run(cfg, tgt, args.set, fix=not args.no_fix, only=only, breakdown=args.breakdown)
     except config.ConfigError as e:
         print(f"config: {e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -125,12 +118,12 @@ def run(
     sets: list[str],
     *,
     fix: bool = True,
-    probe: tuple[int, int] | None = None,
     only: tuple[str, ...] | None = None,
     breakdown: int = 0,
 ) -> dict[str, Any]:
-    """Compile and judge every phase (at the model's depth, or extrapolated from two `probe` depths); when
-    only the update does not fit, the first override list that does (`fix_candidates`)."""
+    """Compile and judge every phase at the model's depth (the layer scan compiles one layer body, so depth
+    costs no compile time); when only the update does not fit, the first override list that does
+    (`fix_candidates`)."""
     from trainer import config
     from trainer.fit import analyze, programs
     from trainer.kernels.logprob.blocks import compile_target
@@ -140,14 +133,8 @@ def run(
     layers = programs.model_config(cfg).num_hidden_layers
 
     def measured(c: Any, only: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
-        if probe is None:
-            progs, facts = programs.step_programs(c, devices, only)
-            return analyze.measure_all(progs, len(devices), breakdown), facts
-        la, lb = probe
-        at_a = analyze.measure_all(programs.step_programs(c, devices, only, layers=la)[0], len(devices))
-        progs, facts = programs.step_programs(c, devices, only, layers=lb)
-        at_b = analyze.measure_all(progs, len(devices))
-        return {k: analyze.extrapolate(at_a[k], at_b[k], la, lb, layers) for k in at_b}, facts
+        progs, facts = programs.step_programs(c, devices, only)
+        return analyze.measure_all(progs, len(devices), breakdown), facts
 
     with compile_target(f"tpu {devices[0].device_kind}"):
         raw, facts = measured(cfg, only or programs.ROLLOUT + programs.UPDATE)
@@ -164,12 +151,11 @@ def run(
                         "peak_bytes": max(p["peak_bytes"] for p in tried["phases"].values()),
                     }
                     break
-    method = f"extrapolated from {probe[0]} and {probe[1]} layers" if probe else "compiled"
     return {
         "accelerator": tgt.accelerator, "topology": tgt.topology, "devices": len(devices),
         "device_kind": devices[0].device_kind, "hbm_bytes_per_device": per_device["hbm_bytes"],
         "usable_bytes_per_device": (1 - analyze.HEADROOM) * per_device["hbm_bytes"], "per_device": per_device,
-        "sets": sets, "layers": layers, "method": method, **facts, **result,
+        "sets": sets, "layers": layers, "method": "compiled", **facts, **result,
     }  # fmt: skip
 
 

@@ -9,8 +9,6 @@ matmuls) and HBM bytes (trainer.fit.traffic: operands and results in HBM, op by 
 program's text, each loop body times its trip count (trainer.fit.hlo). XLA's own cost analysis, reported
 beside them as `xla_flops` and `bytes_accessed`, counts a loop body once (and on TPU `bytes accessed` also
 counts VMEM copies).
-Probes: every figure is affine in the number of (identical, unrolled) decoder layers, so compiles at two
-small depths extrapolate exactly to the model's depth up to XLA's buffer packing (`extrapolate`).
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ from trainer.fit.programs import Program
 
 HEADROOM = 0.10
 _TEMP = re.compile(r"HLO temporaries \(([0-9.]+)([KMGT])\)")
-_SIZES = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "resident_bytes", "hbm_bytes")
 
 
 def _xla_cost(compiled: Any) -> dict[str, float]:
@@ -72,23 +69,6 @@ def measure(program: Program, devices: int, breakdown: int = 0) -> dict[str, Any
         raw["breakdown"] = traffic.by_source(ops, breakdown)
     return {**raw, "flops": float(flops.flops(module)), **_xla_cost(compiled),
             "collective_bytes": hlo.collectives(module, devices), "compile_s": compile_s}  # fmt: skip
-
-
-def extrapolate(a: dict[str, Any], b: dict[str, Any], la: int, lb: int, layers: int) -> dict[str, Any]:
-    """Figures at `layers` from the same phase measured at la and lb layers (affine in the layer count)."""
-
-    def at(x: float, y: float) -> float:
-        return x + (y - x) * (layers - la) / (lb - la)
-
-    out = {k: int(at(a[k], b[k])) for k in _SIZES}
-    out.update({k: at(a[k], b[k]) for k in ("flops", "xla_flops", "bytes_accessed")})
-    out["collective_bytes"] = {
-        k: int(at(a["collective_bytes"][k], b["collective_bytes"][k])) for k in b["collective_bytes"]
-    }
-    out.update(runs_per_step=b["runs_per_step"], compile_s=a["compile_s"] + b["compile_s"])
-    if "error" in a or "error" in b:
-        out["error"] = a.get("error") or b.get("error")
-    return out
 
 
 def verdict(raw: dict[str, Any], per_device: dict[str, float]) -> dict[str, Any]:

@@ -48,15 +48,14 @@ class Program:
     loop_trips: int = 1  # runs of a loop whose trip count the HLO does not show (the decode loop: C - 1)
 
 
-def model_config(cfg: Config, layers: int = 0) -> Qwen2Config:
-    """The model's shapes: a local folder's config.json, else the preset (hub ids are not fetched);
-    `layers` > 0 keeps only that many decoder layers (trainer.fit's probes)."""
+def model_config(cfg: Config) -> Qwen2Config:
+    """The model's shapes: a local folder's config.json, else the preset (hub ids are not fetched);"""
     folder = Path(cfg.model.path).expanduser()
     if (folder / "config.json").is_file():
         mconf = Qwen2Config.from_hf(json.loads((folder / "config.json").read_text()), dtype=cfg.model.dtype)
     else:
         mconf = preset(cfg.model.preset).replace(dtype=cfg.model.dtype)
-    return mconf.replace(num_hidden_layers=layers) if layers else mconf
+    return mconf
 
 
 def device_bytes(tree: Any) -> int:
@@ -103,10 +102,10 @@ UPDATE = ("ref_logp", "update")
 
 
 def step_programs(
-    cfg: Config, devices: list[Any], only: tuple[str, ...] = ROLLOUT + UPDATE, layers: int = 0
+    cfg: Config, devices: list[Any], only: tuple[str, ...] = ROLLOUT + UPDATE
 ) -> tuple[list[Program], dict[str, Any]]:
     """Every program of one step (or those named in `only`), lowered; plus facts for the report."""
-    mconf = model_config(cfg, layers)
+    mconf = model_config(cfg)
     mesh = training_mesh(cfg, devices)
     cfg.check_batch(len({d.process_index for d in devices}), mesh.shape["dp"] * mesh.shape["fsdp"])
     params, opt_state, opt = state(cfg, mconf, mesh)
@@ -152,9 +151,7 @@ def _rollout(
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise
         programs.append(Program("prefill", prefill, 1, resident, error=str(e)))
-        programs.append(
-            Program("decode", None, 1, resident, error="not compiled: the prefill does not fit")
-        )
+        programs.append(Program("decode", None, 1, resident, error="not compiled: the prefill does not fit"))
         return programs
     programs.append(
         Program("prefill", prefill, 1, resident, compiled=prefill_out, compile_s=time.perf_counter() - t0)
