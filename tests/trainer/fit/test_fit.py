@@ -66,7 +66,7 @@ def _fit(preset: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2700)  # four full-depth TPU compiles of 0.5B-7B models: ~15 min on a 2-core machine
+@pytest.mark.timeout(2700)  # four full-depth TPU compiles of 0.5B-7B models: ~7 min on a 2-core machine
 def test_every_shipped_tpu_config_fits_its_tpu() -> None:
     """Full-depth compiles of every shipped preset for its own TPU (mesh.accelerator), two at a time (XLA
     compiles on one core): every phase keeps >= 10% of HBM free, with the Pallas kernels on the update path."""
