@@ -10,8 +10,8 @@ fusions), with the bytes of its operands and results that live in HBM (memory sp
 depth: a scan's matmul fusion takes the whole stack of layer weights and slices one layer one fusion down),
 the `-done` halves of async pairs and views (tuples, bitcasts, parameters) nothing. An op in a loop body
 counts as many times as the body runs (trainer.fit.hlo: a scan over L layers, L times; XLA's `bytes accessed`
-counts a loop body once). Rows are grouped by the JAX source that made them (`op_name` metadata,
-`layers_<i>` folded into `layers_*`).
+counts a loop body once). Rows are grouped by the JAX source that made them (`op_name` metadata; the layer
+scan's body is one source per op for all layers).
 It is an accounting of the program, not a profile: a kernel that re-reads an operand from HBM counts once.
 """
 
@@ -22,9 +22,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from trainer.fit import hlo
-from trainer.fit.hlo import _BYTES, Instruction
+from trainer.fit.hlo import _BYTES, _OPERAND, Instruction
 
-_OPERAND = re.compile(r"%(?P<name>[\w.\-]+)")
 _ARRAY = re.compile(r"(?P<dtype>[a-z]+[0-9a-z]*)\[(?P<dims>[0-9,]*)\](?:\{(?P<layout>[^}]*)\})?")
 _SPACE = re.compile(r"S\((?P<space>\d+)\)")
 _SOURCE = re.compile(r'op_name="(?P<src>[^"]*)"')
@@ -60,7 +59,7 @@ def _hbm(text: str) -> int:
 class OpBytes:
     name: str
     op: str
-    source: str  # JAX op_name with layer indices folded ("" when the op carries none)
+    source: str  # JAX op_name without the program's own jit ("" when the op carries none)
     operand_bytes: int  # per run
     result_bytes: int  # per run
     count: int = 1  # runs per execution of the program (trainer.fit.hlo.Module.counts: loops multiply)
@@ -75,8 +74,7 @@ def _source(line: str) -> str:
     m = _SOURCE.search(line)
     if not m:
         return ""
-    src = re.sub(r"layers_\d+", "layers_*", m["src"])
-    src = re.sub(r"^jit\([^)]*\)/(while/(body|cond)/)?", "", src)  # the program's own jit and its loop
+    src = re.sub(r"^jit\([^)]*\)/(while/(body|cond)/)?", "", m["src"])  # the program's own jit and its loop
     return re.sub(r"jit\(([^)]*)\)", r"\1", src)
 
 
