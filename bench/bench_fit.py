@@ -38,14 +38,14 @@ def table(r: dict) -> str:
         f"{r['tightest_phase']} at {r['headroom']:.0%} headroom; estimate **{r['estimate']['step_s']:.2f} s/step**"
     )
     rows = ["| phase | peak GB | headroom | TFLOP / run | HBM GB / run | compile s | all-gather GB | "
-            "reduce-scatter GB | all-reduce GB | runs / step | s / step | largest term |", "|" + " --- |" * 12]  # fmt: skip
+            "reduce-scatter GB | all-reduce GB | s / step | largest term |", "|" + " --- |" * 11]  # fmt: skip
     for name, p in r["phases"].items():
         c = p["collective_bytes"]
         rows.append(
             f"| {name} | {p['peak_bytes'] / GB:.2f} | {p['headroom']:.0%} | {p['flops'] / 1e12:.2f} | "
             f"{p['hbm_bytes'] / GB:.2f} | {p['compile_s']:.0f} | {c['all-gather'] / GB:.2f} | "
             f"{c['reduce-scatter'] / GB:.2f} | "
-            f"{c['all-reduce'] / GB:.2f} | {p['runs_per_step']} | {p['seconds']:.3f} | {p['largest_term']} |"
+            f"{c['all-reduce'] / GB:.2f} | {p['seconds']:.3f} | {p['largest_term']} |"
         )
     return "\n".join([head, "", *rows])
 

@@ -322,13 +322,13 @@ def fit_report(result: dict[str, Any], as_json: bool) -> None:
         f"mesh {result['mesh']}, rollout mesh {result['rollout_mesh']}, {result['method']}"
     )
     t = Table("phase", "arguments", "outputs", "temp", "resident", "peak", "headroom", "TFLOP", "HBM GB",
-              "collective GB", "runs", "s/step", "largest", title=title, title_justify="left")  # fmt: skip
+              "collective GB", "s/step", "largest", title=title, title_justify="left")  # fmt: skip
     for name, p in result["phases"].items():
         t.add_row(
             name, *(f"{p[k] / GB:.2f}" for k in ("argument_bytes", "output_bytes", "temp_bytes", "resident_bytes")),
             f"{p['peak_bytes'] / GB:.2f}", f"[{'green' if p['fits'] else 'bold red'}]{p['headroom']:.0%}[/]",
             f"{p['flops'] / 1e12:.2f}", f"{p.get('hbm_bytes', p['bytes_accessed']) / GB:.2f}",
-            f"{p['collective_bytes']['moved'] / GB:.2f}", str(p["runs_per_step"]), f"{p['seconds']:.3f}",
+            f"{p['collective_bytes']['moved'] / GB:.2f}", f"{p['seconds']:.3f}",
             p["largest_term"],
         )  # fmt: skip
     err.print(t)

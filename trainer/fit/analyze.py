@@ -40,7 +40,7 @@ def measure(program: Program, devices: int, breakdown: int = 0) -> dict[str, Any
     """Compile one program: its per-device sizes, cost, HBM traffic and collectives (raw figures, no verdict);
     with `breakdown`, its HBM bytes by the `breakdown` largest sources (trainer.fit.traffic.by_source)."""
     t0 = time.perf_counter()
-    raw: dict[str, Any] = {"runs_per_step": program.multiplier, "resident_bytes": program.resident_bytes}
+    raw: dict[str, Any] = {"resident_bytes": program.resident_bytes}
     try:
         if program.error is not None:
             raise RuntimeError(program.error)
@@ -83,7 +83,7 @@ def verdict(raw: dict[str, Any], per_device: dict[str, float]) -> dict[str, Any]
     once = max(terms["compute"], terms["hbm"]) + terms["collectives"]
     fits = "error" not in raw and peak <= (1 - HEADROOM) * per_device["hbm_bytes"]
     return {**raw, "peak_bytes": peak, "fits": fits, "headroom": 1 - peak / per_device["hbm_bytes"],
-            "seconds": once * raw["runs_per_step"], "terms_s": terms,
+            "seconds": once, "terms_s": terms,
             "largest_term": max(terms, key=terms.get)}  # fmt: skip
 
 
@@ -96,7 +96,7 @@ def judge(phases_raw: dict[str, dict[str, Any]], per_device: dict[str, float]) -
         "tightest_phase": worst,
         "estimate": {
             "step_s": sum(p["seconds"] for p in phases.values()),
-            "phases_s": {k: p["seconds"] for k, p in phases.items() if p["runs_per_step"]},
+            "phases_s": {k: p["seconds"] for k, p in phases.items()},
             "largest_phase": max(phases, key=lambda k: phases[k]["seconds"]),
         },
     }  # fmt: skip

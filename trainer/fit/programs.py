@@ -40,7 +40,6 @@ from trainer.sharding import BATCH, make_mesh, param_shardings
 class Program:
     name: str
     lowered: Any  # jax Lowered
-    multiplier: int  # how many times a step runs its cost (memory is per run); loops the HLO shows are in it
     resident_bytes: int  # per device, alive beside the program's own buffers
     error: str | None = None  # already known not to compile (libtpu's RESOURCE_EXHAUSTED)
     compiled: Any = None  # already compiled (the prefill: the decode's state comes from its outputs)
@@ -134,7 +133,7 @@ def _rollout(
     N, P_len, C = cfg.sequences_per_step, max(cfg.data.prompt_buckets), cfg.rollout.max_new_tokens
     resident = device_bytes(params) + device_bytes(opt_state)
     programs: list[Program] = []
-    programs.append(Program("decode_cast", to_decode.lower(params), 1, device_bytes(opt_state)))
+    programs.append(Program("decode_cast", to_decode.lower(params), device_bytes(opt_state)))
     rparams = jax.tree_util.tree_map(lambda x: _sds(x.shape, jnp.dtype(mconf.dtype), None), params)
     rparams = jax.tree_util.tree_map(
         lambda x, s: _sds(x.shape, x.dtype, s), rparams, param_shardings(rparams, rmesh)
@@ -150,17 +149,17 @@ def _rollout(
     except Exception as e:  # too big for the TPU: both rollout programs are judged by this
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise
-        programs.append(Program("prefill", prefill, 1, resident, error=str(e)))
-        programs.append(Program("decode", None, 1, resident, error="not compiled: the prefill does not fit"))
+        programs.append(Program("prefill", prefill, resident, error=str(e)))
+        programs.append(Program("decode", None, resident, error="not compiled: the prefill does not fit"))
         return programs
     programs.append(
-        Program("prefill", prefill, 1, resident, compiled=prefill_out, compile_s=time.perf_counter() - t0)
+        Program("prefill", prefill, resident, compiled=prefill_out, compile_s=time.perf_counter() - t0)
     )
     dstate = jax.tree_util.tree_map(
         lambda x, s: _sds(x.shape, x.dtype, s), prefill_out.out_info, prefill_out.output_shardings
     )
     decode = OnMesh(sampler._decode, rmesh).lower(rparams, dstate, **static)
-    programs.append(Program("decode", decode, 1, resident, loop_trips=max(C - 1, 1)))
+    programs.append(Program("decode", decode, resident, loop_trips=max(C - 1, 1)))
     return programs
 
 
@@ -180,8 +179,8 @@ def _update(
     }  # fmt: skip
     if cfg.loss.beta > 0:
         ref = make_ref_logp(cfg, mconf, impl, mesh)
-        programs.append(Program("ref_logp", ref.lower(params, batch, P_len), 1, resident))
+        programs.append(Program("ref_logp", ref.lower(params, batch, P_len), resident))
         batch["ref_logp"] = _batch(mesh, (N, C), jnp.float32)
     update = make_update(cfg, mconf, opt, P_len, impl, (params, opt_state))
-    programs.append(Program("update", update.lower(params, opt_state, batch), 1, 0))
+    programs.append(Program("update", update.lower(params, opt_state, batch), 0))
     return programs

@@ -20,7 +20,7 @@ def render(r: dict[str, Any]) -> str:
             f"{name:<13}{p['argument_bytes'] / GB:>8.2f}{p['output_bytes'] / GB:>8.2f}{p['temp_bytes'] / GB:>8.2f}"
             f"{p['resident_bytes'] / GB:>9.2f}{p['peak_bytes'] / GB:>8.2f}{p['headroom']:>9.0%}"
             f"{p['flops'] / 1e12:>8.2f}{p['hbm_bytes'] / GB:>8.2f}{p['collective_bytes']['moved'] / GB:>8.2f}"
-            f"{p['seconds']:>8.3f}{p['compile_s']:>7.0f}s  {p['largest_term'] if p['runs_per_step'] else '-'}"
+            f"{p['seconds']:>8.3f}{p['compile_s']:>7.0f}s  {p['largest_term']}"
         )
     verdict = (
         f"fits: every phase has >= 10% headroom (tightest: {r['tightest_phase']}, {r['headroom']:.0%})"
