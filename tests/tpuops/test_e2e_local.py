@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.data import DATA
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -149,7 +151,8 @@ def test_logs_then_stop_a_detached_run(tmp_path: Path) -> None:
 
 
 def test_recompile_check_passes_with_fixed_buckets() -> None:
-    r = tpuops("recompile-check", "--local", "--set", "config=toy", "--set", "steps=3", "--json", cwd=REPO)
+    sets = ("--set", "config=toy", "--set", f"data_dir={DATA}", "--set", "steps=3")
+    r = tpuops("recompile-check", "--local", *sets, "--json", cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     log = json.loads(r.stdout)["log"]
     assert log["compiles"]["after_warmup"] == 0 and log["compiles"]["total"] > 0  # logging was on

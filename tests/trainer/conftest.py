@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+from tests.data import DATA
 
 
 @pytest.fixture(scope="session")
 def tokenizer_dir() -> Path:
-    path = SHARED_DATA / "qwen2.5-tokenizer"
-    assert (path / "tokenizer.json").exists(), f"missing shared data: {path}"
+    path = DATA / "qwen2.5-tokenizer"
+    assert (path / "tokenizer.json").exists(), f"missing test data: {path}"
     return path
 
 

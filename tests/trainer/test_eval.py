@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.data import DATA
 from trainer import checkpoint, config, data, metrics, train
 from trainer import eval as trainer_eval
 
@@ -23,7 +24,7 @@ def eval_lines(out: str) -> list[str]:
 
 
 def test_score_completions_gold_is_right_and_wrong_is_wrong() -> None:
-    golds = [ex.gold for ex in data.load_gsm8k("auto", "test")[:4]]
+    golds = [ex.gold for ex in data.load_gsm8k("auto", "test", str(DATA))[:4]]
     right = [f"<reasoning>\nsome work\n</reasoning>\n<answer>\n{g}\n</answer>" for g in golds]
     wrong = [f"<reasoning>\n{g} is tempting\n</reasoning>\n<answer>\n{int(g) + 1}\n</answer>" for g in golds]
     assert trainer_eval.score_completions(right, golds).tolist() == [1.0] * 4
@@ -74,7 +75,7 @@ def test_command_prints_the_three_lines_for_a_restored_checkpoint(
         checkpoint.manager(str(tmp_path / "ck")), 3, {"params": params, "opt_state": {}}, {"data_position": 0}
     )
     sets = [f"model.path={tiny_model_dir}", f"log.output_dir={tmp_path / 'out'}", "eval.max_examples=8",
-            "rollout.max_new_tokens=4", "mesh.devices=1"]  # fmt: skip
+            "rollout.max_new_tokens=4", "mesh.devices=1", f"data.root={DATA}"]  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-m", "trainer.eval", "--config", "tiny", *[a for s in sets for a in ("--set", s)],
          "--checkpoint", str(tmp_path / "ck")],
@@ -128,7 +129,8 @@ def test_eval_every_step_compiles_only_inside_the_first_eval(
     logging.getLogger("jax").addHandler(handler)
     try:
         cfg = config.load("tiny", [
-            f"log.output_dir={tmp_path / 'out'}", "log.log_compiles=true", "mesh.devices=2", "train.steps=2",
+            f"log.output_dir={tmp_path / 'out'}", f"data.root={DATA}", "log.log_compiles=true", "mesh.devices=2",
+            "train.steps=2",
             "train.prompts_per_step=2", "rollout.samples_per_prompt=2", "train.micro_batch=4",
             "rollout.max_new_tokens=4", "data.prompt_buckets=256", "eval.every=1", "eval.max_examples=5",
             "eval.batch=3",

@@ -15,10 +15,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tests.data import DATA
 from trainer.make_tiny import make_tiny
 
 REPO = Path(__file__).resolve().parents[2]
-GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
+GSM8K = DATA / "gsm8k"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 
 
@@ -33,7 +34,12 @@ def _snapshot(cache: Path, kind: str, repo_id: str) -> Path:
 
 def test_model_and_gsm8k_come_from_the_hub_when_there_is_no_local_copy(tmp_path: Path) -> None:
     cache = tmp_path / "hub"
-    make_tiny(_snapshot(cache, "model", "tpuops-test/tiny-qwen2"), "tiny", seed=0)
+    make_tiny(
+        _snapshot(cache, "model", "tpuops-test/tiny-qwen2"),
+        "tiny",
+        seed=0,
+        tokenizer=DATA / "qwen2.5-tokenizer",
+    )
     rows = [json.loads(ln) for ln in (GSM8K / "train.jsonl").read_text().splitlines()[:64]]
     split = _snapshot(cache, "dataset", "openai/gsm8k") / "main"
     split.mkdir()

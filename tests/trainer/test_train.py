@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.data import DATA
 from trainer import config, metrics, train
 
 
@@ -44,7 +45,7 @@ def run_toy(tmp_path: Path, *sets: str) -> Recorder:
     handler = _Collect()
     logging.getLogger("jax").addHandler(handler)
     try:
-        cfg = config.load("toy", [f"log.output_dir={tmp_path / 'out'}", *sets])
+        cfg = config.load("toy", [f"log.output_dir={tmp_path / 'out'}", f"data.root={DATA}", *sets])
         rec = Recorder(handler.messages)
         rec.result = train.run(cfg, emit=rec)
     finally:

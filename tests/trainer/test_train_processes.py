@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.data import DATA
+
 REPO = Path(__file__).resolve().parents[2]
 STEP = re.compile(r"^step=(\d+) (.*)$")
 
@@ -36,6 +38,8 @@ def _argv(tmp_path: Path, *sets: str) -> list[str]:
         "toy",
         "--set",
         f"log.output_dir={tmp_path / 'out'}",
+        "--set",
+        f"data.root={DATA}",
     ]
     for s in sets:
         argv += ["--set", s]

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.data import DATA
 from trainer import config, metrics, train
 
 SENTINEL_KEY = "sentinel0123456789abcdef0123456789abcdef"  # not a key: it must simply never be printed
@@ -68,8 +69,8 @@ class Recorder(metrics.Emitter):
 
 def toy(tmp_path: Path, model_dir: Path, *sets: str) -> config.Config:
     return config.load("toy", [
-        f"log.output_dir={tmp_path / 'out'}", f"model.path={model_dir}", "mesh.devices=1", "train.micro_batch=8",
-        "rollout.samples_per_prompt=4", "rollout.max_new_tokens=4",
+        f"log.output_dir={tmp_path / 'out'}", f"model.path={model_dir}", f"data.root={DATA}", "mesh.devices=1",
+        "train.micro_batch=8", "rollout.samples_per_prompt=4", "rollout.max_new_tokens=4",
         *sets,
     ])  # fmt: skip
 

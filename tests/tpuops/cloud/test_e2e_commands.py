@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.data import DATA
 from tests.tpuops.cloud.conftest import Cloud
 from tpuops.cloud.emulator.sshd import free_port
 
 REPO = Path(__file__).resolve().parents[3]
-DATA = REPO.parent / "shared" / "data"
 ZONE = "us-east1-d"
 # The smallest GRPO step the tiny model takes: 2 prompts x 2 samples, 8 new tokens, one micro-batch.
 TINY = {  # the tiny model on GSM8K prompts (their lengths vary: the bucket tests need that)

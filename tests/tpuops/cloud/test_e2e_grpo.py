@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.data import DATA
 from tests.tpuops.cloud.conftest import Cloud
 from tpuops.cloud.emulator.sshd import free_port
 
 REPO = Path(__file__).resolve().parents[3]
-DATA = REPO.parent / "shared" / "data"
 ZONE = "us-east1-d"
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.data import DATA
 from tests.gcs import BUCKET, gcs_server
 from tests.tpuops.cloud.conftest import Cloud
 from tpuops.cloud.emulator.sshd import free_port
@@ -25,7 +26,6 @@ from tpuops.sop.executor import SopReport
 
 ZONE = "us-central1-a"
 REPO = Path(__file__).resolve().parents[3]
-DATA = REPO.parent / "shared" / "data"
 
 
 def _vm(cloud: Cloud, name: str, accelerator: str = "v4-16", *extra: str) -> str:

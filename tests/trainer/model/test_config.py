@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+from tests.data import DATA
 from trainer.model.config import PRESETS, Qwen2Config, preset
 
-CONFIGS = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "qwen2.5-configs"
+CONFIGS = DATA / "qwen2.5-configs"
 SHAPE_FIELDS = (
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "rope_theta", "rms_norm_eps", "tie_word_embeddings", "max_position_embeddings",

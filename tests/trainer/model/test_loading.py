@@ -77,8 +77,9 @@ def test_missing_tensor_and_missing_folder_are_errors(tiny_model_dir: Path, tmp_
         load_pretrained(tmp_path / "nope")
 
 
-def test_make_tiny_cli_is_seeded(tmp_path: Path, tiny_model_dir: Path) -> None:
-    assert make_tiny_main([str(tmp_path / "again"), "--preset", "tiny", "--seed", "0"]) == 0
+def test_make_tiny_cli_is_seeded(tmp_path: Path, tiny_model_dir: Path, tokenizer_dir: Path) -> None:
+    argv = [str(tmp_path / "again"), "--preset", "tiny", "--seed", "0", "--tokenizer", str(tokenizer_dir)]
+    assert make_tiny_main(argv) == 0
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert (tmp_path / "again" / name).read_bytes() == (tiny_model_dir / name).read_bytes()
     assert make_tiny_main([str(tmp_path / "bad"), "--preset", "tiny-tied"]) == 1
