@@ -64,7 +64,7 @@ def build() -> object:
 
 
 def save(out_dir: str | Path = BUNDLED) -> Path:
-    """tokenizer.json and tokenizer_config.json in `out_dir` (what transformers.AutoTokenizer reads)."""
+    """tokenizer.json and tokenizer_config.json in `out_dir` (what trainer.tokenizer.load_tokenizer reads)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     build().save(str(out / "tokenizer.json"))  # type: ignore[attr-defined]

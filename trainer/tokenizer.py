@@ -17,13 +17,16 @@ Messages = list[dict[str, str]]
 
 
 def load_tokenizer(path: str | Path) -> Any:
-    """transformers.AutoTokenizer from a local folder (tokenizer.json, tokenizer_config.json, ...)."""
-    from transformers import AutoTokenizer
+    """The fast tokenizer of a local folder (tokenizer.json, and tokenizer_config.json: special tokens, chat
+    template). transformers' generic fast class, not AutoTokenizer: the auto classes import PyTorch where it is
+    installed (1.2 s of every trainer start-up) and give the same ids and template (tests/trainer/test_tokenizer.py)."""
+    from transformers import PreTrainedTokenizerFast
 
     folder = Path(path)
-    if not (folder / "tokenizer_config.json").exists():
-        raise FileNotFoundError(f"no tokenizer_config.json in {folder}")
-    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if not (folder / name).exists():
+            raise FileNotFoundError(f"no {name} in {folder}")
+    return PreTrainedTokenizerFast.from_pretrained(str(folder), local_files_only=True)
 
 
 def pad_id(tokenizer: Any) -> int:

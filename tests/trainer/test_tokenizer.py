@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from trainer import tokenizer as tok
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -43,3 +48,31 @@ def test_right_padding_and_masked_decode(qwen_tok: object) -> None:
     ids, mask = tok.pad_batch([[*hello, 151_645, 9707]], 8, 151_643, side="right")
     mask[0, len(hello) + 1 :] = 0  # completion mask stops after EOS
     assert tok.decode(qwen_tok, ids, mask) == ["Hello world"]
+
+
+def test_the_fast_tokenizer_matches_autotokenizer_and_imports_no_torch(
+    qwen_tok: object, tokenizer_dir: Path
+) -> None:
+    """The trainer loads transformers' generic fast class, not AutoTokenizer (whose auto classes import PyTorch
+    where it is installed): the same ids, chat template, special ids and decoding as AutoTokenizer gives."""
+    from transformers import AutoTokenizer
+
+    auto = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    chat = [
+        {"role": "system", "content": "Think, then answer."},
+        {"role": "user", "content": "What is 12 * 7?"},
+    ]
+    assert qwen_tok.apply_chat_template(
+        chat, tokenize=False, add_generation_prompt=True
+    ) == auto.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    text = "Natalia sold clips to 48 of her friends<|im_end|> naïve café ☃ 漢字 #### 1,000\n"
+    ids = auto(text, add_special_tokens=False)["input_ids"]
+    assert qwen_tok(text, add_special_tokens=False)["input_ids"] == ids
+    for skip in (True, False):
+        assert qwen_tok.decode(ids, skip_special_tokens=skip) == auto.decode(ids, skip_special_tokens=skip)
+    assert (tok.pad_id(qwen_tok), tok.eos_ids(qwen_tok)) == (tok.pad_id(auto), tok.eos_ids(auto))
+    assert importlib.util.find_spec("torch") is not None  # installed (test extra): the check can fail
+    load = f"from trainer import tokenizer; tokenizer.load_tokenizer({str(tokenizer_dir)!r})"
+    code = f"import sys; {load}; print('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert r.stdout.strip() == "False", r.stderr[-2000:]
