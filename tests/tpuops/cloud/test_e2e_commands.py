@@ -303,12 +303,14 @@ def test_detached_run_on_one_worker_runs_logs_stop_attach(vm1: Vm, tmp_path: Pat
     assert record["status"] == "failed (1)"
 
 
+# -- two workers --------------------------------------------------------------------------------------
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("workers", [1, 2])
-def test_bench_rollout_compares_two_variants(
-    workers: int, request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
-    vm: Vm = request.getfixturevalue(f"vm{workers}")
+def test_bench_rollout_compares_two_variants(vm2: Vm, tmp_path: Path) -> None:
+    """On two workers only: a one-worker VM adds no path of its own to bench (its one-process trainer runs are
+    the one-worker tests above), and each variant is a trainer run that costs seconds of compiles."""
+    vm, workers = vm2, 2
     argv = vm.args("bench", "rollout", "--variant", "", "--variant", "rollout.max_new_tokens=4", "--json",
                    sets=vm.trainer_sets(2))  # fmt: skip
     base, short = ok_json(tpuops(vm.cloud, argv, tmp_path, timeout=500))
@@ -330,13 +332,10 @@ def test_bench_rollout_compares_two_variants(
         ]
 
 
-# -- both ---------------------------------------------------------------------------------------------
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("workers", [1, 2])
-def test_gradcheck_and_microbench(workers: int, request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    vm: Vm = request.getfixturevalue(f"vm{workers}")
+def test_gradcheck_and_microbench(vm2: Vm, tmp_path: Path) -> None:
+    """On two workers only, each checking its own devices (one worker is one of them)."""
+    vm, workers = vm2, 2
     everyone = [str(w) for w in range(workers)]
     data = ok_json(tpuops(vm.cloud, vm.args("gradcheck", "ce", "--json", sets=vm.code), tmp_path))
     assert data["sop"] == "gradcheck" and data["workers"] == list(range(workers)) and data["exit_code"] == 0
@@ -360,9 +359,6 @@ def test_gradcheck_and_microbench(workers: int, request: pytest.FixtureRequest, 
     for m in (chunked, reference):
         assert m["kind"] == "microbench" and m["backend"] == "cpu"
         assert (m["B"], m["T"], m["V"]) == (1, 64, 1024) and m["iters"] == 2 and m["p50_ms"] > 0
-
-
-# -- two workers --------------------------------------------------------------------------------------
 
 
 @pytest.mark.slow

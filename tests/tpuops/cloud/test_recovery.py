@@ -183,17 +183,52 @@ def test_a_vm_run_without_recover_ends_at_once_with_exit_8_when_preempted(
     assert "rerun with --recover" in error["message"]
 
 
+# 20 toy GRPO steps with a checkpoint every 5 and the final parameters' digest printed.
+TRAINER = {"train.steps": "20", "checkpoint.every": "5", "log.param_digest": "true"}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_digest(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The digest of the same trainer, config and seed run without a break, here (one process, one CPU
+    device): run once for both stores."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINER_", "XLA_"))}
+    env.update(JAX_PLATFORMS="cpu")
+    argv = [sys.executable, "-m", "trainer.main", "--config", "toy"]
+    sets = {
+        **TRAINER,
+        "checkpoint.dir": str(out / "ckpt"),
+        "log.output_dir": str(out / "out"),
+        "data.root": str(DATA),
+    }
+    for k, v in sets.items():
+        argv += ["--set", f"{k}={v}"]
+    whole = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    summary = json.loads(next(ln for ln in whole.stdout.splitlines() if ln.startswith("summary: "))[9:])
+    return summary["param_digest"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("store", ["shared-dir", "gs"])
 def test_preempted_grpo_run_resumes_from_its_checkpoint_with_the_uninterrupted_parameters(
-    store: str, cloud: Cloud, vm_name: str, committed_repo: Path, worker_python: str, tmp_path: Path
+    store: str,
+    cloud: Cloud,
+    vm_name: str,
+    committed_repo: Path,
+    worker_python: str,
+    tmp_path: Path,
+    uninterrupted_digest: str,
 ) -> None:
     """20 toy GRPO steps, a checkpoint every 5, preempted at step ~7: recreated, resumed at 5, the same end.
 
     The checkpoint lives off the VM: a folder every worker user may write, or gs:// on a local GCS-compatible
     server (its address reaches the workers' jobs through .env as STORAGE_EMULATOR_HOST)."""
     with contextlib.ExitStack() as stack:
-        _resume_after_preemption(store, stack, cloud, vm_name, committed_repo, worker_python, tmp_path)
+        digest = _resume_after_preemption(
+            store, stack, cloud, vm_name, committed_repo, worker_python, tmp_path
+        )
+    assert digest == uninterrupted_digest  # the recovered run ends with the uninterrupted run's parameters
 
 
 def _resume_after_preemption(
@@ -204,7 +239,8 @@ def _resume_after_preemption(
     committed_repo: Path,
     worker_python: str,
     tmp_path: Path,
-) -> None:
+) -> str:
+    """The recovered run's final parameter digest."""
     node = _vm(cloud, vm_name, "v4-8")
     ckpt = Path(tempfile.mkdtemp(prefix="tpuops-ckpt-"))
     ckpt.chmod(0o1777)
@@ -218,10 +254,7 @@ def _resume_after_preemption(
     head = subprocess.run(
         ["git", "-C", str(committed_repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
     )
-    trainer = {
-        "train.steps": "20", "checkpoint.dir": ckpt_dir, "checkpoint.every": "5",
-        "log.param_digest": "true", "log.output_dir": "~/trainer-out",
-    }  # fmt: skip
+    trainer = {**TRAINER, "checkpoint.dir": ckpt_dir, "log.output_dir": "~/trainer-out"}
     sets = {
         "repo_url": str(committed_repo), "branch": head.stdout.strip(), "venv": "none", "python": worker_python,
         "data_dir": str(DATA), "config": "toy", "steps": "20", "lockfile": "~/libtpu_lockfile",
@@ -247,21 +280,7 @@ def _resume_after_preemption(
     assert log["summary"]["start_step"] == rec["resumed_step"]
     assert "step=19 " in "\n".join(lines)
 
-    # The uninterrupted run: the same trainer, config and seed, here (one process, one CPU device).
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINER_", "XLA_"))}
-    env.update(JAX_PLATFORMS="cpu")
-    argv = [sys.executable, "-m", "trainer.main", "--config", "toy"]
-    for k, v in {
-        **trainer,
-        "checkpoint.dir": str(tmp_path / "whole"),
-        "log.output_dir": str(tmp_path / "out"),
-        "data.root": str(DATA),
-    }.items():
-        argv += ["--set", f"{k}={v}"]
-    whole = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    summary = json.loads(next(ln for ln in whole.stdout.splitlines() if ln.startswith("summary: "))[9:])
-    assert log["summary"]["param_digest"] == summary["param_digest"]
+    return log["summary"]["param_digest"]
 
 
 def test_a_recovery_that_could_not_resume_is_said_up_front() -> None:
