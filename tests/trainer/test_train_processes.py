@@ -57,6 +57,18 @@ def _parse(out: str) -> tuple[dict[int, dict[str, str]], dict]:
     return steps, summary
 
 
+def _start(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _finish(proc: subprocess.Popen[str]) -> str:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-2000:] + err[-3000:]
+    return out
+
+
 def _run(argv: list[str], env: dict[str, str]) -> str:
     r = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
@@ -100,8 +112,8 @@ def test_two_processes_give_the_loss_of_one(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_killed_at_step_7_resumes_from_the_checkpoint_with_the_same_losses(tmp_path: Path) -> None:
     sets = ("train.steps=10", "checkpoint.every=5", "log.param_digest=true", "train.micro_batch=8")
-    whole_steps, whole = _parse(_run(_argv(tmp_path, *sets, f"checkpoint.dir={tmp_path / 'a'}"), _env()))
-    assert sorted(whole_steps) == list(range(10))
+    # The uninterrupted run goes alongside the killed one (independent runs: 2 cores, 2 processes).
+    uninterrupted = _start(_argv(tmp_path / "whole", *sets, f"checkpoint.dir={tmp_path / 'a'}"), _env())
 
     argv = _argv(tmp_path, *sets, f"checkpoint.dir={tmp_path / 'b'}")
     p = subprocess.Popen(
@@ -119,6 +131,8 @@ def test_killed_at_step_7_resumes_from_the_checkpoint_with_the_same_losses(tmp_p
     assert p.returncode == -signal.SIGKILL and any(s.startswith("checkpoint step=5 ") for s in seen)
 
     out = _run(argv, _env())
+    whole_steps, whole = _parse(_finish(uninterrupted))
+    assert sorted(whole_steps) == list(range(10))
     assert f"resumed step=5 from={tmp_path / 'b'}" in out
     resumed_steps, resumed = _parse(out)
     assert sorted(resumed_steps) == [5, 6, 7, 8, 9]  # steps lost: 7 - 5 = 2
