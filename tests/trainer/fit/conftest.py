@@ -48,7 +48,9 @@ class ShippedFits:
                 stderr=subprocess.PIPE, text=True,
             )  # fmt: skip
             self._procs.append(proc)
-        out, err = proc.communicate(timeout=2400)
+        # Bounded by the CI limit, not tighter: at nice 19 a compile may wait for the whole rest of the suite
+        # (or of two suites at once); the waiting test has its own timeout.
+        out, err = proc.communicate(timeout=5400)
         return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
     def stop(self) -> None:
