@@ -202,3 +202,8 @@ def mean(values: list[float | None]) -> float | None:
     """The mean of the values present (None: missing from that step line)."""
     vals = [v for v in values if v is not None]
     return sum(vals) / len(vals) if vals else None
+
+
+def at_step(step: int | None) -> str:
+    """Where a run stood as process 0's step lines said: "at step 7", or "before its first step line"."""
+    return "before its first step line" if step is None else f"at step {step}"

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tpuops.errors import PreemptedError
-from tpuops.run.events import Event, StepEvent
+from tpuops.run.events import Event, StepEvent, at_step
 from tpuops.run.scanner import LogScanner
 from tpuops.run.target import Target, resolve
 from tpuops.sop.executor import SopReport
@@ -95,7 +95,7 @@ def watched(
             return result
         if max_recoveries == 0:
             raise PreemptedError(
-                f"{vm.name} {lost.why} at step {seen['last']}; the run is lost with it",
+                f"{vm.name} {lost.why} {at_step(seen['last'])}; the run is lost with it",
                 hint="rerun with --recover (and --set checkpoint.dir=gs://...) to recreate it and resume",
             )
         if n == max_recoveries:
@@ -104,7 +104,7 @@ def watched(
                 "recoveries",
                 hint="try another zone, or a reserved (non-spot) VM",
             )
-        say(f"{vm.name} {lost.why} at step {seen['last']}; recreating it ({n + 1}/{max_recoveries})")
+        say(f"{vm.name} {lost.why} {at_step(seen['last'])}; recreating it ({n + 1}/{max_recoveries})")
         t0 = time.monotonic()
         _recreate(target.api, vm, target.spec, ready_timeout)
         # The recreated VM has new host keys and addresses: the one legitimate second resolve.

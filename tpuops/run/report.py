@@ -9,6 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from tpuops.console import emit_json, err, escape, out, status_cell
+from tpuops.run.events import at_step
 from tpuops.sop.actions import render_plan
 
 
@@ -51,9 +52,15 @@ def sop_report(report: Any, code: int, as_json: bool) -> None:
                 )
                 err.print(escape(str(o.data["py_spy"]).rstrip()))
     for rec in getattr(report, "recoveries", []):
+        resumed = (
+            "no step line after it"
+            if rec["resumed_step"] is None
+            else f"resumed at step {rec['resumed_step']}"
+        )
+        lost = "steps lost unknown" if rec["steps_lost"] is None else f"steps lost {rec['steps_lost']}"
         err.print(
-            f"recovered: the VM {rec.get('why', 'was PREEMPTED')} at step {rec['last_step']}; "
-            f"{rec['duration_s']}s to recreate, resumed at step {rec['resumed_step']}, steps lost {rec['steps_lost']}"
+            f"recovered: the VM {rec.get('why', 'was PREEMPTED')} {at_step(rec['last_step'])}; "
+            f"{rec['duration_s']}s to recreate, {resumed}, {lost}"
         )
     if report.log is not None and report.log.metrics:
         benches = [m for m in report.log.metrics if m.get("kind") == "microbench"]

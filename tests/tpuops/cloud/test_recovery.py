@@ -43,7 +43,8 @@ def _request(cloud: Cloud, name: str, bare: Path) -> launch.RunRequest:
 
 
 def _after_steps(lines: list[str], n: int, action: Callable[[], None]) -> threading.Thread:
-    """Run `action` in the background once `n` step lines (of any worker) were seen."""
+    """Run `action` in the background once `n` step lines were seen (lines as `_worker_line` keeps them: only
+    worker 0's start with "step=", and worker 0's are the ones the recovery's step count reads)."""
 
     def go() -> None:
         deadline = time.monotonic() + 60
@@ -56,6 +57,12 @@ def _after_steps(lines: list[str], n: int, action: Callable[[], None]) -> thread
     return t
 
 
+def _worker_line(lines: list[str]) -> Callable[[int, str], None]:
+    """An on_line that keeps worker 0's lines as they are and the others' behind a "[wK] " prefix: under load
+    one worker's lines can run ahead of another's."""
+    return lambda w, s: lines.append(s if w == 0 else f"[w{w}] {s}")
+
+
 def _preempt_after(cloud: Cloud, node: str, lines: list[str], n: int) -> threading.Thread:
     return _after_steps(lines, n, lambda: cloud.emu.model.preempt(node))
 
@@ -65,7 +72,7 @@ def _recover_smoke(
 ) -> SopReport:
     """The smoke SOP under --recover, watched every 0.2 s; lines and tpuops' events collected."""
     report = launch.start(
-        _request(cloud, vm_name, bare), watch_s=0.2, ready_timeout=60, on_line=lambda w, s: lines.append(s),
+        _request(cloud, vm_name, bare), watch_s=0.2, ready_timeout=60, on_line=_worker_line(lines),
         on_event=events.append, cwd=cwd, **kw,
     )  # fmt: skip
     assert isinstance(report, SopReport)
@@ -87,7 +94,7 @@ def test_preempted_vm_is_recreated_and_the_run_finishes(
     assert report.ok, report.first_failure()
     assert len(report.recoveries) == 1
     rec = report.recoveries[0]
-    assert rec["last_step"] >= 2  # 5 step lines of two workers were seen before the preemption
+    assert rec["last_step"] >= 4  # worker 0's steps 0..4 were seen before the preemption
     assert rec["resumed_step"] == 0  # the smoke job keeps no checkpoint: it starts over
     assert rec["steps_lost"] == rec["last_step"] + 1
     assert any("PREEMPTED" in e for e in events) and any("READY again" in e for e in events)
@@ -119,7 +126,7 @@ def test_a_vm_whose_workers_all_stop_answering_is_recreated(
     assert report.ok, report.first_failure()
     (got,) = report.recoveries
     assert got["why"].startswith("was unreachable (no worker answered on SSH for 1.5s; API state READY)")
-    assert got["last_step"] >= 2 and got["resumed_step"] == 0
+    assert got["last_step"] >= 4 and got["resumed_step"] == 0
     assert any("was unreachable" in e for e in events) and any("READY again" in e for e in events)
     assert "step=29 " in "\n".join(lines)
 
@@ -149,7 +156,7 @@ def test_recoveries_run_out_with_a_clear_error(
             max_recoveries=1,
             watch_s=0.2,
             ready_timeout=60,
-            on_line=lambda w, s: lines.append(s),
+            on_line=_worker_line(lines),
             cwd=tmp_path,
         )
     killer.join()

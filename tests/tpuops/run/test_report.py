@@ -36,3 +36,22 @@ def test_every_status_renders_for_people_and_in_json(status: Status, monkeypatch
 
 def test_every_status_has_its_own_style() -> None:
     assert set(console._STYLE) == set(Status)  # status cells are styled in console.py since the move
+
+
+def test_a_recovery_says_where_the_run_stood_and_never_prints_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    err = io.StringIO()
+    monkeypatch.setattr(report, "err", Console(file=err, width=200, highlight=False, soft_wrap=True))
+    rep = SopReport("grpo", "r1", "ssh", [0, 1], steps=[])
+    known = {"why": "was PREEMPTED", "duration_s": 3.5, "last_step": 7, "resumed_step": 5, "steps_lost": 3}
+    early = {**known, "last_step": None, "resumed_step": None, "steps_lost": None}  # lost before any step line
+    rep.recoveries = [known, early]
+    report.sop_report(rep, 0, as_json=False)
+    text = err.getvalue()
+    assert (
+        "recovered: the VM was PREEMPTED at step 7; 3.5s to recreate, resumed at step 5, steps lost 3" in text
+    )
+    assert (
+        "recovered: the VM was PREEMPTED before its first step line; 3.5s to recreate, no step line after it, "
+        "steps lost unknown" in text
+    )
+    assert "None" not in text
