@@ -42,13 +42,19 @@ def _request(cloud: Cloud, name: str, bare: Path) -> launch.RunRequest:
     return launch.RunRequest(sop="smoke", sets=sets, target=spec)
 
 
-def _after_steps(lines: list[str], n: int, action: Callable[[], None]) -> threading.Thread:
+def _after_steps(
+    lines: list[str], n: int, action: Callable[[], None], within: float = 60
+) -> threading.Thread:
     """Run `action` in the background once `n` step lines were seen (lines as `_worker_line` keeps them: only
-    worker 0's start with "step=", and worker 0's are the ones the recovery's step count reads)."""
+    worker 0's start with "step=", and worker 0's are the ones the recovery's step count reads). Not seen
+    `within` seconds: nothing is done (the test then fails on its missing recovery, not on an action that reaches
+    into the next test's VM)."""
 
     def go() -> None:
-        deadline = time.monotonic() + 60
-        while sum(ln.startswith("step=") for ln in lines) < n and time.monotonic() < deadline:
+        deadline = time.monotonic() + within
+        while sum(ln.startswith("step=") for ln in lines) < n:
+            if time.monotonic() > deadline:
+                return
             time.sleep(0.02)
         action()
 
@@ -63,8 +69,8 @@ def _worker_line(lines: list[str]) -> Callable[[int, str], None]:
     return lambda w, s: lines.append(s if w == 0 else f"[w{w}] {s}")
 
 
-def _preempt_after(cloud: Cloud, node: str, lines: list[str], n: int) -> threading.Thread:
-    return _after_steps(lines, n, lambda: cloud.emu.model.preempt(node))
+def _preempt_after(cloud: Cloud, node: str, lines: list[str], n: int, within: float = 60) -> threading.Thread:
+    return _after_steps(lines, n, lambda: cloud.emu.model.preempt(node), within)
 
 
 def _recover_smoke(
@@ -84,7 +90,8 @@ def test_preempted_vm_is_recreated_and_the_run_finishes(
     cloud: Cloud, vm_name: str, git_remote: tuple[Path, str], tmp_path: Path, queued: bool
 ) -> None:
     """A plain VM is deleted and created again; a queued resource's VM is queued again and awaited."""
-    node = _vm(cloud, vm_name, "v4-16", *(["--queued", "--spot"] if queued else []))
+    # --wait: a queued create returns once queued; the run is refused while the node is still CREATING.
+    node = _vm(cloud, vm_name, "v4-16", *(["--queued", "--spot", "--wait"] if queued else []))
     qr = cloud.emu.model.nodes[node].queued_resource
     lines: list[str] = []
     events: list[str] = []
@@ -269,7 +276,7 @@ def _resume_after_preemption(
     }  # fmt: skip
     spec = TargetSpec(vm=vm_name, zone=ZONE, api_endpoint=cloud.url, identity=str(cloud.identity))
     lines: list[str] = []
-    killer = _preempt_after(cloud, node, lines, 8)  # after step=7
+    killer = _preempt_after(cloud, node, lines, 8, within=300)  # after step=7 (set-up and compiles first)
     report = launch.start(
         launch.RunRequest(sop="grpo", sets=sets, target=spec, skip_fit=True),  # CPU workers: test_fit.py
         max_recoveries=1,
