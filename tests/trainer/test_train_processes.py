@@ -71,9 +71,7 @@ def _finish(proc: subprocess.Popen[str]) -> str:
 
 
 def _run(argv: list[str], env: dict[str, str]) -> str:
-    r = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    return r.stdout
+    return _finish(_start(argv, env))
 
 
 def _free_port() -> int:
@@ -87,15 +85,11 @@ def test_two_processes_give_the_loss_of_one(tmp_path: Path) -> None:
     one_steps, one = _parse(_run(_argv(tmp_path, *SAME), _env()))
     port = _free_port()
     procs = [
-        subprocess.Popen(
+        _start(
             _argv(tmp_path, *SAME),
-            env=_env(
+            _env(
                 TRAINER_COORDINATOR=f"127.0.0.1:{port}", TRAINER_NUM_PROCESSES="2", TRAINER_PROCESS_ID=str(i)
             ),
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
         )
         for i in range(2)
     ]

@@ -282,7 +282,7 @@ def _resume_after_preemption(
         max_recoveries=1,
         watch_s=0.2,
         ready_timeout=120,
-        on_line=lambda w, s: lines.append(s),
+        on_line=_worker_line(lines),
         cwd=tmp_path,
     )
     killer.join()

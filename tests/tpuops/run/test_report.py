@@ -43,12 +43,8 @@ def test_a_recovery_says_where_the_run_stood_and_never_prints_none(monkeypatch: 
     monkeypatch.setattr(report, "err", Console(file=err, width=200, highlight=False, soft_wrap=True))
     rep = SopReport("grpo", "r1", "ssh", [0, 1], steps=[])
     known = {"why": "was PREEMPTED", "duration_s": 3.5, "last_step": 7, "resumed_step": 5, "steps_lost": 3}
-    early = {
-        **known,
-        "last_step": None,
-        "resumed_step": None,
-        "steps_lost": None,
-    }  # lost before any step line
+    # Lost before any step line: nothing is known of where it stood, where it resumed or what it lost.
+    early = {**known, "last_step": None, "resumed_step": None, "steps_lost": None}
     rep.recoveries = [known, early]
     report.sop_report(rep, 0, as_json=False)
     text = err.getvalue()
