@@ -177,3 +177,56 @@ def test_tpuops_and_trainer_never_import_each_other(package: str, forbidden: str
         if name.split(".")[0] == forbidden
     )
     assert not bad, "\n".join(bad)
+
+
+# Layers import only downward: cli/ -> run/ -> (checks/, sop/) -> logs/ -> transport/, cloud/.
+BELOW_RUN = ("sop", "transport", "checks", "logs")
+BELOW_SOP = ("logs", "transport")
+
+
+def _upward(raw: dict[str, set[str]], lower: tuple[str, ...], upper: tuple[str, ...]) -> list[str]:
+    """`m imports name` for each module of the lower packages that imports from an upper package."""
+
+    def package(name: str) -> str:
+        parts = name.split(".")
+        return parts[1] if len(parts) > 1 and parts[0] == "tpuops" else ""
+
+    return sorted(
+        f"{m} imports {name}"
+        for m, names in raw.items()
+        if package(m) in lower
+        for name in names
+        if package(name) in upper
+    )
+
+
+def test_the_example_upward_import_is_found(tmp_path: Path) -> None:
+    for name, text in {
+        "tpuops/__init__.py": "",
+        "tpuops/run/__init__.py": "",
+        "tpuops/run/launch.py": "from tpuops.sop import executor\n",
+        "tpuops/sop/__init__.py": "",
+        "tpuops/sop/executor.py": "def f():\n    from tpuops.run.follow import Follower\n",
+        "tpuops/logs/__init__.py": "",
+        "tpuops/logs/follow.py": "from ..sop.actions import Follow\n",
+    }.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    _, raw = graph(tmp_path, ("tpuops",))
+    assert _upward(raw, BELOW_RUN, ("run",)) == ["tpuops.sop.executor imports tpuops.run.follow.Follower"]
+    assert _upward(raw, BELOW_SOP, ("sop", "run", "checks")) == [
+        "tpuops.logs.follow imports tpuops.sop.actions.Follow"
+    ]
+
+
+def test_no_module_below_run_imports_from_run() -> None:
+    _, raw = graph(ROOT)
+    assert any(m.startswith("tpuops.logs.") for m in raw)  # the packages checked exist
+    bad = _upward(raw, BELOW_RUN, ("run", "cli"))
+    assert not bad, "imports that point up (move the code down or pass it in):\n" + "\n".join(bad)
+
+
+def test_the_log_reader_and_transports_import_nothing_from_sop_or_checks() -> None:
+    _, raw = graph(ROOT)
+    bad = _upward(raw, BELOW_SOP, ("sop", "checks", "run", "cli"))
+    assert not bad, "imports that point up (move the code down or pass it in):\n" + "\n".join(bad)

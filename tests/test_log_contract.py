@@ -1,4 +1,4 @@
-"""The log-line contract (docs/contracts.md): trainer/metrics.py formats, tpuops/run/scan.py parses."""
+"""The log-line contract (docs/contracts.md): trainer/metrics.py formats, tpuops/logs/scanner.py parses."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tpuops.run.scan import LogScanner
+from tpuops.logs.scanner import LogScanner
 
 metrics = pytest.importorskip(
     "trainer.metrics", reason="trainer/metrics.py (the log-line emitter) has not landed"

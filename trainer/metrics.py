@@ -7,7 +7,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-# The fixed head of a step line: three fields, then `dt` (tpuops/run/scanner.py reads dt as the fifth field),
+# The fixed head of a step line: three fields, then `dt` (tpuops/logs/scanner.py reads dt as the fifth field),
 # chosen to say whether the run learns (docs/trainer.md "The step line"); then the other learning signals,
 # the time breakdown, `loss` (about 0 by construction in GRPO: no progress signal) and everything else.
 HEAD = (("reward_mean", ".4f"), ("reward_delta", "+.4f"), ("entropy", ".4f"))

@@ -7,12 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpuops import shell
-from tpuops.config import TargetSpec
-from tpuops.config import load as load_config
 from tpuops.errors import ExitCode, TpuopsError
-from tpuops.run.target import open_transport, resolve
 from tpuops.shell import Redactor
 from tpuops.sop import secrets
+from tpuops.transport.base import Transport
 
 
 @dataclass
@@ -26,15 +24,22 @@ class WorkerHealth:
     lock: str = ""
 
 
+def local_env(env_file: Path) -> dict[str, str]:
+    """The local .env's values (empty when there is none): doctor compares their hashes, never the values."""
+    return secrets.parse(env_file.read_bytes())[0] if env_file.exists() else {}
+
+
 def examine(
-    spec: TargetSpec, *, env_file: Path, remote_env: str, lockfile: str, cwd: Path
+    transport: Transport,
+    local_values: dict[str, str],
+    *,
+    remote_env: str,
+    lockfile: str,
+    redact: Redactor,
 ) -> list[WorkerHealth]:
-    """Connect to every worker; compare its .env with the local one key by key (values never leave hashes)."""
-    cfg = load_config(cwd)
-    local_values = secrets.parse(env_file.read_bytes())[0] if env_file.exists() else {}
+    """Connect to every worker of a transport the caller opened (and closes); compare its .env with the
+    local one key by key (values never leave hashes)."""
     local = secrets.key_hashes(local_values)
-    redact = Redactor(local_values.values())
-    transport = open_transport(resolve(spec, cfg), redact)
 
     def one(w: int) -> WorkerHealth:
         h = WorkerHealth(w, transport.workers[w].address, connected=False)
@@ -60,11 +65,8 @@ def examine(
             h.error = redact(e.line())
         return h
 
-    try:
-        with ThreadPoolExecutor(max_workers=16) as pool:
-            return list(pool.map(one, range(len(transport.workers))))
-    finally:
-        transport.close()
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return list(pool.map(one, range(len(transport.workers))))
 
 
 def exit_code(health: list[WorkerHealth]) -> int:

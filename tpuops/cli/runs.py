@@ -195,7 +195,7 @@ def doctor(
     """
     from pathlib import Path
 
-    from tpuops.checks import doctor as library
+    from tpuops.run import health as library
     from tpuops.run import report
 
     health = library.examine(

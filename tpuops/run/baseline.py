@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tpuops.run.events import LogReport
+from tpuops.logs.events import LogReport
 
 # Baseline metrics: (dotted key in to_dict(), +1 if higher is worse, -1 if lower is worse).
 BASELINE_KEYS: tuple[tuple[str, int], ...] = (

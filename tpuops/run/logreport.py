@@ -12,8 +12,8 @@ from rich.table import Table
 
 from tpuops.console import err, escape, out
 from tpuops.errors import ExitCode, UsageError
+from tpuops.logs.events import LogReport
 from tpuops.run.baseline import Delta, compare
-from tpuops.run.events import LogReport
 
 HEAD_ROWS = 10  # the terminal table shows the first and last steps; --json and --html have every kept row
 

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tpuops.errors import PreemptedError
-from tpuops.run.events import Event, StepEvent, at_step
-from tpuops.run.scanner import LogScanner
+from tpuops.logs.events import Event, StepEvent, at_step
+from tpuops.logs.scanner import LogScanner
 from tpuops.run.target import Target, resolve
 from tpuops.sop.executor import SopReport
 from tpuops.transport.base import LineSink

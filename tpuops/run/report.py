@@ -9,7 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from tpuops.console import emit_json, err, escape, out, status_cell
-from tpuops.run.events import at_step
+from tpuops.logs.events import at_step
 from tpuops.sop.actions import render_plan
 
 

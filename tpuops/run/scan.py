@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 # The reader and what it hands out, under the names report and launch code reach for.
-from tpuops.run.events import LogReport, apply_exit, merge
-from tpuops.run.scanner import WORKER_LOG, LogScanner
+from tpuops.logs.events import LogReport, apply_exit, merge
+from tpuops.logs.scanner import WORKER_LOG, LogScanner
 
 __all__ = [
     "LogReport", "LogScanner", "apply_exit", "merge", "read_exit", "run_logs", "scan_file", "scan_run", "scan_target",

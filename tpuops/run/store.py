@@ -13,9 +13,9 @@ from tpuops import config as user_config
 from tpuops import shell
 from tpuops.config import TargetSpec, write_atomic
 from tpuops.errors import UsageError
+from tpuops.logs.events import Event, ExitEvent, LogReport
+from tpuops.logs.follow import Follower
 from tpuops.run import logreport, scan
-from tpuops.run.events import Event, ExitEvent, LogReport
-from tpuops.run.follow import Follower
 from tpuops.run.target import open_transport, resolve, select_workers
 from tpuops.shell import Redactor
 from tpuops.sop.actions import Fetch, Follow

@@ -12,7 +12,7 @@ from typing import Any
 
 from tpuops import shell
 from tpuops.errors import TpuopsError, error_class
-from tpuops.run.follow import Follower
+from tpuops.logs.follow import Follower
 from tpuops.shell import Redactor
 from tpuops.sop import secrets
 from tpuops.sop.actions import Action, Command, Fetch, Follow, Upload
@@ -48,7 +48,7 @@ class SopReport:
     workers: list[int]
     steps: list[StepReport] = field(default_factory=list)
     duration_s: float = 0.0
-    log: Any = None  # tpuops.run.events.LogReport when the SOP scans its logs
+    log: Any = None  # tpuops.logs.events.LogReport when the SOP scans its logs
     fail_on_recompile: bool = False
     recoveries: list[dict[str, Any]] = field(default_factory=list)  # --recover: one entry per VM recreation
     hint: str | None = None  # what to try next, for failures with a known fix (an out-of-memory)

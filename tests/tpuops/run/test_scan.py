@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from tpuops.errors import UsageError
-from tpuops.run import events, scanner
+from tpuops.logs import events, scanner
+from tpuops.logs.events import LogReport
 from tpuops.run import scan as scanner_module
-from tpuops.run.events import LogReport
 from tpuops.run.scan import LogScanner, scan_file
 
 

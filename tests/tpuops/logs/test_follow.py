@@ -6,9 +6,9 @@ import threading
 import time
 from pathlib import Path
 
-from tpuops.run.events import Compile, Event, ExitEvent, Failure, StepEvent
-from tpuops.run.follow import Follower, HangWatch
-from tpuops.run.scanner import LogScanner
+from tpuops.logs.events import Compile, Event, ExitEvent, Failure, StepEvent
+from tpuops.logs.follow import Follower, HangWatch
+from tpuops.logs.scanner import LogScanner
 from tpuops.shell import Redactor
 from tpuops.sop.actions import Fetch, Follow
 from tpuops.transport.local import LocalTransport

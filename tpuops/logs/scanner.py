@@ -8,7 +8,7 @@ import re
 from collections import Counter
 from collections.abc import Callable
 
-from tpuops.run.events import (
+from tpuops.logs.events import (
     MAX_EVENTS,
     Compile,
     Event,

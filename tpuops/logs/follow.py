@@ -11,10 +11,10 @@ from pathlib import Path
 
 from tpuops import shell
 from tpuops.errors import TpuopsError
-from tpuops.run.events import Event, Failure, StepEvent
-from tpuops.run.scanner import LogScanner
+from tpuops.logs.actions import Fetch, Follow
+from tpuops.logs.events import Event, Failure, StepEvent
+from tpuops.logs.scanner import LogScanner
 from tpuops.shell import Redactor
-from tpuops.sop.actions import Fetch, Follow
 from tpuops.transport.base import CmdResult, LineSink, Transport
 
 
