@@ -21,6 +21,8 @@ class ExitCode(IntEnum):
     OOM = 10
     INCONSISTENT = 11
     NO_FIT = 12
+    INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+    TERMINATED = 143  # 128 + SIGTERM
 
 
 # code -> (error_class in --json output, meaning as README.md shows it). The one place both are written:
@@ -64,6 +66,14 @@ EXIT_CODES: dict[ExitCode, tuple[str, str]] = {
         "no_fit",
         "the config does not fit its TPU: `tpuops fit`, or the fit preflight of a run on a VM (nothing was "
         "started)",
+    ),
+    ExitCode.INTERRUPTED: (
+        "interrupted",
+        "tpuops itself was interrupted (Ctrl-C, SIGINT); a detached job goes on (`tpuops attach RUN_ID`)",
+    ),
+    ExitCode.TERMINATED: (
+        "terminated",
+        "tpuops itself was stopped by SIGTERM; a detached job goes on (`tpuops attach RUN_ID`)",
     ),
 }
 

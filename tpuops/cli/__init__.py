@@ -52,10 +52,27 @@ def _usage_line(e: BaseException) -> str:
     return f"{' '.join(message.split())} (see {where})"
 
 
+def _terminated(signum: int, frame: object) -> None:
+    """SIGTERM ends tpuops with exit 143: as an exception (`finally:` blocks close connections and tunnels),
+    and for certain within 5 s (a worker thread still waiting on a remote command must not hold the exit)."""
+    import threading
+
+    from tpuops.errors import ExitCode
+
+    code = int(ExitCode.TERMINATED)
+    deadline = threading.Timer(5.0, os._exit, (code,))
+    deadline.daemon = True  # an exit that finishes sooner does not wait for it
+    deadline.start()
+    raise SystemExit(code)
+
+
 def main() -> None:
     """Entry point: one actionable line per error and a fixed exit code; tracebacks only with TPUOPS_DEBUG=1."""
+    import signal
+
     from tpuops.errors import ExitCode, TpuopsError
 
+    signal.signal(signal.SIGTERM, _terminated)
     exits, click_errors, aborts = _click_exceptions()
     try:
         # Without standalone mode click returns a command's typer.Exit code instead of exiting.
@@ -86,5 +103,5 @@ def main() -> None:
     except aborts:
         sys.exit(int(ExitCode.FAILED))
     except KeyboardInterrupt:
-        sys.exit(130)
+        sys.exit(int(ExitCode.INTERRUPTED))
     sys.exit(code if isinstance(code, int) else 0)
