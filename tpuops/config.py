@@ -59,6 +59,7 @@ def load(cwd: Path | None = None) -> UserConfig:
         except tomllib.TOMLDecodeError as e:
             raise UsageError(f"{path}: invalid TOML: {e}") from None
         _check_keys(path, data)
+        _check_values(path, data)
         params = {**merged["params"], **data.get("params", {})}
         merged.update(data)
         merged["params"] = params
@@ -72,6 +73,21 @@ def _check_keys(path: Path, data: dict[str, Any]) -> None:
             close = difflib.get_close_matches(key, valid, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise UsageError(f"{path}: unknown key {key!r}{hint}", hint=f"valid keys: {', '.join(valid)}")
+
+
+def _check_values(path: Path, data: dict[str, Any]) -> None:
+    """Names by the API's rules, numbers by sign and finiteness (tpuops.validators), before anything runs."""
+    from tpuops import validators
+
+    for kind in ("vm", "zone", "project"):
+        if kind in data:
+            validators.name(kind, data[kind], f"{path}: {kind}")
+    if "parallel" in data:
+        validators.number(data["parallel"], f"{path}: parallel", minimum=1, above=False, integer=True)
+    if "unreachable_s" in data:
+        validators.number(data["unreachable_s"], f"{path}: unreachable_s", minimum=1, above=False)
+    if "key_ttl_s" in data:
+        validators.number(data["key_ttl_s"], f"{path}: key_ttl_s")
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,33 @@ from typing import Annotated, Any
 
 import typer
 
+from tpuops import validators
 from tpuops.config import TargetSpec, parse_sets, target_from_options
 
-VmOpt = Annotated[str | None, typer.Option("--vm", help="TPU VM name (found through the TPU API).")]
-ZoneOpt = Annotated[str | None, typer.Option("--zone", help="Zone of the VM; searched when omitted.")]
-ProjectOpt = Annotated[str | None, typer.Option("--project", help="Google Cloud project.")]
+
+def _checked(kind: str, option: str) -> Callable[[str | None], str | None]:
+    """A Typer callback: the name checked by the API's own rules before the command runs (else exit 2)."""
+
+    def check(value: str | None) -> str | None:
+        return validators.name(kind, value, option)
+
+    return check
+
+
+VmOpt = Annotated[
+    str | None,
+    typer.Option("--vm", help="TPU VM name (found through the TPU API).", callback=_checked("vm", "--vm")),
+]
+ZoneOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--zone", help="Zone of the VM; searched when omitted.", callback=_checked("zone", "--zone")
+    ),
+]
+ProjectOpt = Annotated[
+    str | None,
+    typer.Option("--project", help="Google Cloud project.", callback=_checked("project", "--project")),
+]
 HostOpt = Annotated[
     list[str] | None,
     typer.Option("--host", help="Direct SSH target user@ip[:port], one per worker (repeatable)."),
@@ -71,6 +93,9 @@ UnreachableOpt = Annotated[
         min=1.0,
         help="Seconds no worker of the VM answers on SSH before it counts as lost (default 300, or "
         "unreachable_s in tpuops.toml).",
+        callback=lambda v: (
+            None if v is None else validators.number(v, "--unreachable-s", minimum=1.0, above=False)
+        ),
     ),
 ]
 InternalIpOpt = Annotated[bool, typer.Option("--internal-ip", help="Connect to workers' internal IPs.")]

@@ -144,7 +144,22 @@ def _check(req: RunRequest, spec: TargetSpec, cfg: UserConfig, cwd: Path) -> _Ch
     values = sop.resolve(req.sets, {**context, **cfg.params})
     prepare.check_env_files(sop, values, {*req.sets, *cfg.params}, cwd)
     prepare.check_trainer(sop, values)
+    _check_plan(sop, values, cwd)
     return _Checked(sop, values)
+
+
+def _check_plan(sop: loader.Sop, values: dict[str, object], cwd: Path) -> None:
+    """Every step planned once (pure: no worker is asked) so a value only a step checks (`timeout=-1`, a
+    negative poll interval) is bad input before anything runs, not a failure halfway through the SOP."""
+    from tpuops.sop.model import PlanContext
+
+    paths = frozenset(k for k, p in sop.params.items() if p.type == "path")
+    ctx = PlanContext(0, 1, DRY_RUN_ID, values, local_dir=cwd, paths=paths)
+    for step in sop.steps:
+        try:
+            step.plan(ctx)
+        except ValueError as e:  # a step's own check of a templated field (on_hang: stop or wait)
+            raise UsageError(f"SOP {sop.name}, step {step.title}: {e}") from None
 
 
 def _execute(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +86,11 @@ class Param(Frozen):
                     f"parameter {name} must be {self.type}, received {raw!r}",
                     hint=f"for example --set {name}={self._example()}",
                 ) from None
+        if isinstance(value, float) and not math.isfinite(value):  # float("nan") parses; no setting means it
+            raise UsageError(
+                f"parameter {name} must be a finite number, received {raw!r}",
+                hint=f"for example --set {name}={self._example()}",
+            )
         if self.choices is not None and value not in self.choices:
             raise UsageError(f"parameter {name} must be one of {self.choices}, received {raw!r}")
         return value
@@ -120,17 +126,24 @@ class PlanContext:
         return TEMPLATE.sub(lambda m: _text(scope[m.group(1)]), template)
 
     def number(self, value: float | str | None, field_name: str) -> float | None:
-        """A numeric step field, or its template (`"{timeout}"`) checked once the parameters are in."""
-        if not isinstance(value, str):
-            return value
-        text = self.raw(value)
+        """A numeric step field, or its template (`"{timeout}"`) checked once the parameters are in: finite and
+        not negative; a timeout above 0 (`timeout=-1` would run the command and then call it timed out)."""
+        if value is None:
+            return None
+        text = self.raw(value) if isinstance(value, str) else str(value)
+        where = f" (from {value!r})" if isinstance(value, str) and text != value else ""
         try:
-            return float(text)
+            number = float(text)
         except ValueError:
+            number = math.nan
+        positive = field_name == "timeout"
+        if not math.isfinite(number) or number < 0 or (positive and number == 0):
             raise UsageError(
-                f"step field {field_name} must be a number of seconds, received {text!r} (from {value!r})",
+                f"step field {field_name} must be a number of seconds {'> 0' if positive else '>= 0'}, "
+                f"received {text!r}{where}",
                 hint=f"for example {field_name}: 600, or a float parameter such as {{{field_name}}}",
-            ) from None
+            )
+        return number
 
     def command(self, template: str) -> str:
         """Substitute parameters into shell text, each value quoted: a value is data, never code."""
