@@ -1,0 +1,458 @@
+"""The trainer's real GRPO step (decode-layout cast, prefill + decode, update) timed on one accelerator at
+Qwen2.5-0.5B, 1.5B and 3B shapes, beside an analytic roofline for the same GPU (bench/step_roofline.py).
+
+Run (repository root): `bash bench/device_step.sh` (the GPU sizes) or, to check it on CPU,
+`DEVICE_STEP_SIZES=tiny bash bench/device_step.sh`. Each size runs in its own process with a time cap (a
+share of DEVICE_STEP_BUDGET_S, default 450 s for all sizes: a size that fails or runs out of time loses only
+itself, and its partial figures are kept). Random init on the device (nothing downloads), the model shapes
+from tests/fixtures/data/qwen2.5-configs, GSM8K prompts from tests/fixtures/data through the real tokenizer
+and chat template, left-padded to the prompt bucket (random full-length prompts if the tokenizer cannot load).
+Per size: the trainer's jitted programs (trainer.layout.decode_layout's cast, trainer.sampling.sampler's
+generate, trainer.loop.programs.make_update), one warm-up step (compiles), then up to DEVICE_STEP_STEPS timed
+steps (medians). Printed and written to $OUT (device_step.json, device_step.txt) when $OUT is set.
+
+Settings (environment): DEVICE_STEP_SIZES (tiny,0.5b,1.5b,3b), DEVICE_STEP_PROMPTS (16), DEVICE_STEP_SAMPLES
+(8), DEVICE_STEP_PROMPT_LEN (512), DEVICE_STEP_NEW_TOKENS (512), DEVICE_STEP_STEPS (3), DEVICE_STEP_MICRO
+(per size: 16, 16, 8; halved until the update's compiled memory fits), DEVICE_STEP_BUDGET_S (450).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+FIXTURES = ROOT / "tests" / "fixtures" / "data"
+# size -> (trainer preset whose settings the step uses, HF config of the shapes, default micro-batch, time share)
+SIZES: dict[str, tuple[str, str | None, int, float]] = {
+    "tiny": ("tiny", None, 4, 1.0),
+    "0.5b": ("qwen2.5-0.5b-v4-8", "Qwen2.5-0.5B-Instruct.json", 16, 0.22),
+    "1.5b": ("qwen2.5-1.5b-v6e-8", "Qwen2.5-1.5B-Instruct.json", 16, 0.30),
+    "3b": ("qwen2.5-3b-v6e-8", "Qwen2.5-3B-Instruct.json", 8, 0.48),
+}
+# tiny: a CPU check of the script, not a benchmark (2 prompts x 2 samples, 8 new tokens).
+TINY = {"prompts": 2, "samples": 2, "prompt_len": 256, "new_tokens": 8, "steps": 2}
+
+
+def _env(name: str, default: int) -> int:
+    return int(os.environ.get(name, str(default)))
+
+
+def workload(size: str) -> dict[str, int]:
+    base = dict(TINY) if size == "tiny" else {"prompts": 16, "samples": 8, "prompt_len": 512, "new_tokens": 512,
+                                               "steps": 3}  # fmt: skip
+    return {
+        "prompts": _env("DEVICE_STEP_PROMPTS", base["prompts"]),
+        "samples": _env("DEVICE_STEP_SAMPLES", base["samples"]),
+        "prompt_len": _env("DEVICE_STEP_PROMPT_LEN", base["prompt_len"]),
+        "new_tokens": _env("DEVICE_STEP_NEW_TOKENS", base["new_tokens"]),
+        "steps": _env("DEVICE_STEP_STEPS", base["steps"]),
+        "micro_batch": _env("DEVICE_STEP_MICRO", SIZES[size][2]),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- one size
+
+
+class Recorder:
+    """The size's result, rewritten to disk after every phase so a killed run still leaves its figures."""
+
+    def __init__(self, path: Path, size: str) -> None:
+        self.path, self.data = path, {"size": size, "status": "started"}
+
+    def put(self, **values: Any) -> None:
+        self.data.update(values)
+        self.path.write_text(json.dumps(self.data, indent=1, default=str))
+
+    def say(self, text: str) -> None:
+        print(f"device_step {self.data['size']}: {text}", flush=True)
+
+
+def run_one(size: str, result: Path, deadline: float) -> int:
+    rec = Recorder(result, size)
+    try:
+        measure(size, rec, deadline)
+    except Exception as e:  # the parent reports it; the traceback goes to stderr for the log
+        import traceback
+
+        traceback.print_exc()
+        rec.put(status="error", error=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+        return 1
+    return 0
+
+
+def model_shapes(size: str, dtype: str) -> Any:
+    from trainer.model.config import Qwen2Config, preset
+
+    hf = SIZES[size][1]
+    if hf is None:
+        return preset("tiny").replace(dtype=dtype)
+    return Qwen2Config.from_hf(json.loads((FIXTURES / "qwen2.5-configs" / hf).read_text()), dtype=dtype)
+
+
+def random_params(mconf: Any, mesh: Any, seed: int) -> Any:
+    """Random weights made on the device (normal(initializer_range), unit norms), laid out like the trainer's."""
+    import jax
+    import jax.numpy as jnp
+
+    from trainer.model.qwen2 import Qwen2
+    from trainer.sharding import param_shardings, path_str
+
+    ids = jnp.zeros((1, 2), jnp.int32)
+    shapes = jax.eval_shape(lambda: Qwen2(mconf).init(jax.random.key(0), ids, method=Qwen2.init_all))[
+        "params"
+    ]
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+
+    def init(key: Any) -> Any:
+        keys = jax.random.split(key, len(leaves))
+        values = [
+            jnp.ones(x.shape, x.dtype)
+            if path_str(kp).endswith("/scale")
+            else jax.random.normal(k, x.shape, x.dtype) * mconf.initializer_range
+            for k, (kp, x) in zip(keys, leaves, strict=True)
+        ]
+        return jax.tree_util.tree_unflatten(treedef, values)
+
+    return jax.jit(init, out_shardings=param_shardings(shapes, mesh))(jax.random.key(seed))
+
+
+def prompts(cfg: Any, n: int, length: int, vocab: int) -> tuple[Any, Any, tuple[int, ...], int, str]:
+    """(ids, mask, eos ids, pad id, source): GSM8K through the real tokenizer, else random full-length ids."""
+    import numpy as np
+
+    try:
+        from trainer import tasks
+        from trainer.tokenizer import encode_chat, eos_ids, load_tokenizer, pad_id
+
+        tok = load_tokenizer(FIXTURES / "qwen2.5-tokenizer")
+        task = tasks.get("gsm8k")
+        examples = task.examples(cfg)[:n]
+        ids, mask = encode_chat(tok, [task.messages(ex) for ex in examples], [length])
+        return ids, mask, eos_ids(tok), pad_id(tok), "gsm8k (tests/fixtures/data), real tokenizer"
+    except Exception as e:
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+        ids = np.random.default_rng(0).integers(0, min(vocab, 151643), size=(n, length)).astype(np.int32)
+        return ids, np.ones_like(ids), (151645, 151643), 151643, f"random full-length ids ({why})"
+
+
+def update_batch(ids_NP: Any, mask_NP: Any, comp_NC: Any, cmask_NC: Any, old_NC: Any, adv_N: Any) -> dict:
+    """The update's batch as trainer/loop/update.py builds it from a rollout."""
+    import numpy as np
+
+    full_ids = np.concatenate([ids_NP, comp_NC], axis=1)
+    full_mask = np.concatenate([mask_NP, cmask_NC], axis=1)
+    return {
+        "ids": full_ids, "mask": full_mask, "pos": np.maximum(np.cumsum(full_mask, axis=1) - 1, 0).astype(np.int32),
+        "comp": comp_NC, "comp_mask": cmask_NC, "old_logp": old_NC.astype(np.float32), "adv": adv_N.astype(np.float32),
+    }  # fmt: skip
+
+
+def xla_cost(compiled: Any) -> dict[str, float]:
+    """XLA's own cost analysis of a compiled program (a loop body, here the micro-batch scan's, counted once)."""
+    try:
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        return {
+            "flops": float(cost.get("flops", 0.0)),
+            "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
+        }
+    except Exception as e:  # informative only
+        return {"error": f"{type(e).__name__}"}
+
+
+def measure(size: str, rec: Recorder, deadline: float) -> None:
+    t_start = time.perf_counter()
+    import jax
+    import numpy as np
+    import step_roofline
+
+    from trainer import config
+    from trainer.distributed import global_array, to_host
+    from trainer.fit.programs import training_mesh
+    from trainer.kernels import resolve_impl
+    from trainer.layout import decode_layout, init_opt_state
+    from trainer.loop.programs import make_update, optimizer
+    from trainer.sampling import sampler
+
+    w = workload(size)
+    dev = jax.devices()[0]
+    gpu, note = step_roofline.gpu_for(dev.device_kind)
+    rec.put(workload=w, device=f"{jax.default_backend()} {dev.device_kind} x{len(jax.devices())}",
+            jax=jax.__version__, peaks={"name": gpu.name, "hbm_bw": gpu.hbm_bw, "bf16_flops": gpu.bf16_flops},
+            peaks_note=note)  # fmt: skip
+    N, P_len, C = w["prompts"] * w["samples"], w["prompt_len"], w["new_tokens"]
+    dtype = "float32" if size == "tiny" and jax.default_backend() == "cpu" else "bfloat16"
+    sets = [
+        "model.path=tiny", f"model.dtype={dtype}", "data.task=gsm8k", f"data.root={FIXTURES}",
+        f"data.prompt_buckets={P_len}", "data.fixed_bucket=true", f"rollout.samples_per_prompt={w['samples']}",
+        f"rollout.max_new_tokens={C}", f"train.prompts_per_step={w['prompts']}", "mesh.accelerator=",
+        "log.wandb=disabled", "eval.every=0",
+    ]  # fmt: skip
+    cfg = config.load(SIZES[size][0], sets)
+    mconf = model_shapes(size, dtype)
+    mesh = training_mesh(cfg, jax.devices())
+
+    t0 = time.perf_counter()
+    params = random_params(mconf, mesh, 0)
+    opt = optimizer(cfg)
+    opt_state = init_opt_state(opt, params, mesh)(params)
+    jax.block_until_ready((params, opt_state))
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
+    rec.say(f"{n_params / 1e9:.3f} B parameters and AdamW state made on {dev.device_kind} in "
+            f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
+
+    ids_PP, mask_PP, eos, pad, source = prompts(cfg, w["prompts"], P_len, mconf.vocab_size)
+    ids_NP, mask_NP = np.repeat(ids_PP, w["samples"], axis=0), np.repeat(mask_PP, w["samples"], axis=0)
+    prompt_lens = [int(x) for x in mask_NP.sum(axis=1)]
+    rec.put(n_params=n_params, prompts=source, mean_prompt_tokens=float(np.mean(prompt_lens)))
+    rec.say(f"prompts: {source}; {np.mean(prompt_lens):.0f} real tokens of {P_len} on average")
+
+    rmesh, to_decode = decode_layout(mesh, mconf, params, cfg.rollout.tp)
+    impl = resolve_impl(cfg.train.loss_impl, jax.default_backend())
+    sampling = sampler.SamplingConfig(C, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p)
+    rng = np.random.default_rng(1)
+
+    # The update, compiled ahead of time so its memory is known before it runs: halve the micro-batch until
+    # its temporaries fit beside the resident weights and optimizer state.
+    zeros_NC = np.zeros((N, C), np.int32)
+    like = update_batch(ids_NP, mask_NP, zeros_NC, zeros_NC, zeros_NC.astype(np.float32), np.zeros(N))
+    glike = {k: global_array(mesh, np.asarray(v)) for k, v in like.items()}
+    micro, t0 = w["micro_batch"], time.perf_counter()
+    while True:
+        ucfg = config.with_sets(cfg, [f"train.micro_batch={micro}"])
+        ucfg.check_batch(1, mesh.shape["dp"] * mesh.shape["fsdp"])
+        update = make_update(ucfg, mconf, opt, P_len, impl, (params, opt_state)).lower(
+            params, opt_state, glike
+        )
+        update = update.compile()
+        mem = update.memory_analysis()
+        need = int(mem.temp_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes)
+        stats = dev.memory_stats() or {}
+        free = stats.get("bytes_limit", 0) - stats.get("bytes_in_use", 0)
+        rec.say(f"update compiled at micro-batch {micro}: needs {need / 1e9:.1f} GB beyond the state, "
+                f"{free / 1e9:.1f} GB free" if free else f"update compiled at micro-batch {micro}")  # fmt: skip
+        if not free or need <= 0.92 * free or micro == 1:
+            break
+        micro //= 2
+    update_compile_s = time.perf_counter() - t0
+    w["micro_batch"] = micro
+    n_micro = N // micro
+    rec.put(workload=w, update_compile_s=update_compile_s, update_memory_gb=need / 1e9, free_gb=free / 1e9,
+            update_xla_cost=xla_cost(update))  # fmt: skip
+    del glike
+
+    # The standalone prefill, timed apart to split the rollout into prefill and decode (trainer.fit lowers
+    # the same function with the same static arguments).
+    # (Internal names: if the sampler changes them, the split is lost, not the run.)
+    split = {"error": None}
+
+    def prefill(rparams: Any, ids: Any, mask: Any) -> float:
+        if split["error"]:
+            return 0.0
+        t0 = time.perf_counter()
+        try:
+            static = sampler.static_args(mconf, sampling, eos, pad, rmesh)
+            with jax.set_mesh(rmesh):
+                jax.block_until_ready(
+                    sampler._prefill(rparams, ids, mask, jax.random.key(7), **static).tokens_BC
+                )
+        except Exception as e:
+            split["error"] = f"prefill not timed apart ({type(e).__name__}): decode_s is the whole generate"
+            rec.put(split_error=split["error"])
+            return 0.0
+        return time.perf_counter() - t0
+
+    state = {"params": params, "opt_state": opt_state}
+    del params, opt_state
+
+    def step(i: int) -> dict[str, float]:
+        t: dict[str, float] = {}
+        t0 = time.perf_counter()
+        rparams = jax.block_until_ready(to_decode(state["params"]))
+        t["cast_s"] = time.perf_counter() - t0
+        ids, mask = global_array(rmesh, ids_NP), global_array(rmesh, mask_NP)
+        t["prefill_s"] = prefill(rparams, ids, mask)  # not part of the step: it only splits the rollout
+        t0 = time.perf_counter()
+        key = jax.random.fold_in(jax.random.key(cfg.train.seed), i)
+        out = sampler.generate(rparams, mconf, ids, mask, key, sampling, eos, pad, mesh=rmesh)
+        comp, cmask, old = (
+            to_host(out.completion_ids_BC),
+            to_host(out.completion_mask_BC),
+            to_host(out.logprobs_BC),
+        )
+        t["generate_s"] = time.perf_counter() - t0
+        t["decode_iters"] = int(out.steps) - 1
+        t["tokens"] = int(cmask.sum())
+        del rparams, out
+        t0 = time.perf_counter()
+        adv = rng.standard_normal(N)  # GRPO advantages: some positive, some negative
+        batch = update_batch(ids_NP, mask_NP, comp, cmask, old, adv)
+        gbatch = {k: global_array(mesh, np.asarray(v)) for k, v in batch.items()}
+        t["host_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        state["params"], state["opt_state"], stats = update(state["params"], state["opt_state"], gbatch)
+        t["loss"] = float(stats["loss"])
+        t["update_s"] = time.perf_counter() - t0
+        t["decode_s"] = max(t["generate_s"] - t["prefill_s"], 0.0)
+        t["step_s"] = t["cast_s"] + t["generate_s"] + t["host_s"] + t["update_s"]
+        return t
+
+    t0 = time.perf_counter()
+    first = step(0)
+    compile_s = update_compile_s + time.perf_counter() - t0 - first["update_s"]
+    rec.put(status="warm", first_step=first, compile_s=compile_s)
+    rec.say(f"first step {time.perf_counter() - t0:.1f} s (compiles: cast, prefill, decode loop); "
+            f"update compiled in {update_compile_s:.1f} s before it")  # fmt: skip
+    steps: list[dict[str, float]] = []
+    while len(steps) < w["steps"]:
+        last = steps[-1]["step_s"] + steps[-1]["prefill_s"] if steps else first["step_s"] + first["prefill_s"]
+        if time.time() + 1.2 * last + 5 > deadline:
+            rec.say(f"stopping after {len(steps)} timed steps: the size's time cap is near")
+            break
+        steps.append(step(len(steps) + 1))
+        rec.say(" ".join(f"{k}={v:.3f}" for k, v in steps[-1].items() if k.endswith("_s")))
+        summarize(rec, mconf, n_params, prompt_lens, P_len, C, n_micro, gpu, steps, compile_s)
+    if not steps:
+        raise RuntimeError("no timed step fitted in the size's time cap (the warm-up step is in first_step)")
+    rec.put(status="ok", wall_s=time.perf_counter() - t_start)
+
+
+def summarize(
+    rec: Recorder, mconf: Any, n_params: int, prompt_lens: list[int], P_len: int, C: int, n_micro: int,
+    gpu: Any, steps: list[dict[str, float]], compile_s: float,
+) -> None:  # fmt: skip
+    """Medians of the timed steps, MBU and MFU against the needed work, and the roofline for the same work."""
+    import step_roofline
+
+    med = {k: statistics.median(s[k] for s in steps) for k in steps[0]}
+    iters = round(med["decode_iters"])
+    counts = step_roofline.phase_counts(mconf, n_params, prompt_lens, P_len, C, iters, n_micro)
+    bounds = {k: step_roofline.bound_s(v, gpu) for k, v in counts.items()}
+    model_flops = sum(v["flops"] for v in counts.values())
+    measured = {
+        **{k: v for k, v in med.items()},
+        "compile_s": compile_s,
+        # the decode loop's own tokens: the first of each row is sampled by the prefill
+        "decode_tokens_per_s": (med["tokens"] - len(prompt_lens)) / med["decode_s"]
+        if med["decode_s"]
+        else None,
+        "decode_ms_per_iter": 1e3 * med["decode_s"] / iters if iters else None,
+        "decode_mbu": counts["decode"]["bytes"] / med["decode_s"] / gpu.hbm_bw if med["decode_s"] else None,
+        "decode_hbm_tb_s": counts["decode"]["bytes"] / med["decode_s"] / 1e12 if med["decode_s"] else None,
+        "prefill_mfu": counts["prefill"]["flops"] / med["prefill_s"] / gpu.bf16_flops
+        if med["prefill_s"]
+        else None,
+        "update_mfu": counts["update"]["flops"] / med["update_s"] / gpu.bf16_flops,
+        "step_mfu": model_flops / med["step_s"] / gpu.bf16_flops,
+        "timed_steps": len(steps),
+    }
+    estimate = {
+        "method": "analytic (bench/step_roofline.py): needed FLOPs and bytes at 100% of the peaks",
+        "step_s": sum(bounds.values()),
+        "phases_s": bounds,
+        "counts": counts,
+    }
+    rec.put(measured=measured, estimate=estimate, steps=steps)
+
+
+# ------------------------------------------------------------------------------------------------ parent
+
+
+def commit() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10, check=False)  # fmt: skip
+        return out.stdout.strip() or "unknown (no git here)"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (no git here)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--one", help="(internal) run one size in this process")
+    ap.add_argument("--result", type=Path, help="(internal) where --one writes its JSON")
+    ap.add_argument("--deadline", type=float, default=0.0, help="(internal) epoch seconds")
+    args = ap.parse_args(argv)
+    if args.one:
+        return run_one(args.one, args.result, args.deadline or time.time() + 3600)
+
+    sizes = [s.strip() for s in os.environ.get("DEVICE_STEP_SIZES", "0.5b,1.5b,3b").split(",") if s.strip()]
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown:
+        print(f"device_step: unknown size {unknown[0]!r} in DEVICE_STEP_SIZES (known: {', '.join(SIZES)})",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    budget = float(os.environ.get("DEVICE_STEP_BUDGET_S", "450"))
+    out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")
+    start = time.time()
+    report: dict[str, Any] = {"commit": commit(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                              "budget_s": budget, "sizes": []}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="device-step-") as tmp:
+        for i, size in enumerate(sizes):
+            left = budget - (time.time() - start)
+            cap = left * SIZES[size][3] / sum(SIZES[s][3] for s in sizes[i:])
+            if cap < 30:
+                report["sizes"].append({"size": size, "status": "skipped", "error": f"{left:.0f} s left"})
+                continue
+            path = Path(tmp) / f"{size}.json"
+            print(f"device_step: {size} with a cap of {cap:.0f} s", flush=True)
+            cmd = [sys.executable, __file__, "--one", size, "--result", str(path), "--deadline",
+                   str(time.time() + cap - 10)]  # fmt: skip
+            proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+            try:
+                rc = proc.wait(timeout=cap)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                rc = None
+            r = json.loads(path.read_text()) if path.exists() else {"size": size, "status": "no result"}
+            if rc is None:
+                r.update(status="timeout" if r.get("status") != "ok" else "ok",
+                         error=r.get("error") or f"killed at its {cap:.0f} s cap")  # fmt: skip
+            elif rc != 0 and r.get("status") != "error":
+                r.update(status="error", error=r.get("error") or f"exit {rc}")
+            report["sizes"].append(r)
+            write(report, out_dir)
+    report["wall_s"] = time.time() - start
+    text = write(report, out_dir)
+    print(text, flush=True)
+    return 0 if all(r.get("status") == "ok" for r in report["sizes"]) else 1
+
+
+def write(report: dict[str, Any], out_dir: Path | None) -> str:
+    import step_roofline
+
+    sizes = report["sizes"]
+    dev = next((r["device"] for r in sizes if r.get("device")), "?")
+    peaks = next((r["peaks"] for r in sizes if r.get("peaks")), {})
+    text = (
+        f"device_step: {dev}, commit {report['commit']}, {report['started']}\n"
+        f"bound = analytic roofline of the needed work at {peaks.get('name', '?')} peaks "
+        f"(HBM {peaks.get('hbm_bw', 0) / 1e12:.2f} TB/s, {peaks.get('bf16_flops', 0) / 1e12:.0f} TFLOP/s bf16 dense); "
+        "medians of the timed steps; MBU = decode's needed bytes / decode time / peak HBM; "
+        "MFU = model FLOPs (3x forward) / time / peak\n" + step_roofline.render(sizes)
+    )
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "device_step.json").write_text(json.dumps(report, indent=1, default=str))
+        (out_dir / "device_step.txt").write_text(text + "\n")
+    return text
+
+
+if __name__ == "__main__":
+    sys.exit(main())
