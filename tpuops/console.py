@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -67,7 +66,9 @@ def json_mode(on: bool) -> None:
 
 def emit_json(data: Any, default: Callable[[Any], Any] = str) -> None:
     """The one machine-readable answer of a command, on stdout."""
-    out.print_json(json.dumps(data, default=default))
+    from tpuops.jsonout import dumps
+
+    out.print_json(dumps(data, default=default))
 
 
 def error(message: str, code: int, kind: str) -> None:

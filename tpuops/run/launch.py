@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import secrets as _secrets
 import threading
 import time
@@ -11,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tpuops import config as user_config
+from tpuops import jsonout
 from tpuops.config import TargetSpec, UserConfig, write_atomic
 from tpuops.errors import ExitCode, TpuopsError, UsageError
 from tpuops.run import prepare
@@ -317,4 +317,4 @@ def _record(
         "secret_files": secret_files,
         "runs_dir": runs_dir,
     }
-    write_atomic(d / "run.json", json.dumps(record, indent=1, default=str))  # never half a record
+    write_atomic(d / "run.json", jsonout.dumps(record, indent=1))  # never half a record

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import html as html_lib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
+from tpuops import jsonout
 from tpuops.console import err, escape, out
 from tpuops.errors import ExitCode, UsageError
 from tpuops.logs.events import LogReport
@@ -77,7 +79,7 @@ def render(
     report: LogReport, code: int, as_json: bool, deltas: list[Delta] | None, html: Path | None
 ) -> None:
     if as_json:
-        out.print_json(json.dumps(as_dict(report, code, deltas, html), default=str))
+        out.print_json(jsonout.dumps(as_dict(report, code, deltas, html)))
         return
     span = f" ({report.first_step}..{report.last_step})" if report.steps else ""
     err.print(
@@ -224,7 +226,14 @@ def compiles_logged(report: LogReport) -> bool:
 def svg_plot(
     plot_id: str, title: str, xs: list[int], series: list[tuple[str, list[float | None]]], marks: list[int]
 ) -> str:
-    """A line plot as inline SVG: a polyline per series (gaps where values are missing), marks in red."""
+    """A line plot as inline SVG: a polyline per series (gaps where values are missing), marks in red.
+    Non-finite values (nan, inf) are gaps too, and the title says how many were skipped."""
+    skipped = sum(y is not None and not math.isfinite(y) for _, ys in series for y in ys)
+    series = [
+        (label, [y if y is not None and math.isfinite(y) else None for y in ys]) for label, ys in series
+    ]
+    if skipped:
+        title += f" ({skipped} non-finite value{'s' if skipped > 1 else ''} (nan/inf) not drawn)"
     pts = [(x, y) for _, ys in series for x, y in zip(xs, ys, strict=True) if y is not None]
     head = f'<svg class="plot" id="{plot_id}" width="{W}" height="{H}" viewBox="0 0 {W} {H}" role="img">'
     head += f'<title>{_esc(title)}</title><text x="{PAD_L}" y="18" font-size="14">{_esc(title)}</text>'

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuops import config as user_config
-from tpuops import shell
+from tpuops import jsonout, shell
 from tpuops.config import TargetSpec, write_atomic
 from tpuops.errors import UsageError
 from tpuops.logs.events import Event, ExitEvent, LogReport
@@ -252,4 +252,4 @@ def record_end(run_id: str, exit_codes: dict[int, int | None], code: int) -> Non
 
 def save_result(run_id: str, data: dict[str, Any]) -> None:
     d = user_config.state_home() / "runs" / run_id
-    write_atomic(d / "result.json", json.dumps({**data, "finished": time.time()}, default=str))
+    write_atomic(d / "result.json", jsonout.dumps({**data, "finished": time.time()}))
