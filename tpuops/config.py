@@ -8,30 +8,43 @@ import os
 import re
 import tempfile
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tpuops.errors import UsageError
 
 
-@dataclass(frozen=True)
-class UserConfig:
-    """Defaults so short commands work. `params` are SOP parameter defaults (repo_url, branch, ...)."""
+class TargetSettings(BaseModel):
+    """The target settings tpuops.toml and the CLI's target options share, one name each. None means "not
+    given": a flag given either way (`--internal-ip` / `--no-internal-ip`) wins over the file, the file over
+    the default. Strict: a file's `internal_ip = "no"` is an error, not a true string."""
 
-    project: str | None = None
-    zone: str | None = None
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
     vm: str | None = None
+    zone: str | None = None
+    project: str | None = None
     user: str | None = None
     identity: str | None = None
-    parallel: int = 16
-    internal_ip: bool = False
-    tunnel_through_iap: bool = False
-    key_push: bool = True
-    key_ttl_s: float | None = None
-    unreachable_s: float = 300.0  # a VM none of whose workers answers on SSH this long is lost (exit 8)
     api_endpoint: str | None = None
-    params: dict[str, Any] = field(default_factory=dict)
+    internal_ip: bool | None = None  # connect to the workers' internal IPs
+    tunnel_through_iap: bool | None = None
+    key_push: bool | None = None  # False: never change a VM's ssh-keys metadata (default True)
+    key_ttl_s: float | None = Field(default=None, gt=0)  # OS Login: the imported key expires after this
+
+
+class UserConfig(TargetSettings):
+    """tpuops.toml (the project's over the user's): target defaults, and `params`, SOP parameter defaults
+    (repo_url, branch, ...), so short commands work."""
+
+    parallel: int = Field(default=16, ge=1)
+    unreachable_s: float = Field(
+        default=300.0, gt=0
+    )  # a VM none of whose workers answers on SSH this long is lost
+    params: dict[str, Any] = Field(default_factory=dict)
 
 
 def state_home() -> Path:
@@ -49,50 +62,101 @@ def config_paths(cwd: Path | None = None) -> list[Path]:
 
 
 def load(cwd: Path | None = None) -> UserConfig:
-    """Merge the project file over the user file; unknown keys are errors naming the closest valid key."""
+    """The project file over the user file, each checked against UserConfig where it is read: an unknown key
+    or a value of the wrong type is exit 2 naming the file, the line, the key and what it expects."""
     merged: dict[str, Any] = {"params": {}}
     for path in config_paths(cwd):
         if not path.is_file():
             continue
+        text = path.read_text()
         try:
-            data = tomllib.loads(path.read_text())
+            data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise UsageError(f"{path}: invalid TOML: {e}") from None
-        _check_keys(path, data)
-        _check_values(path, data)
+        _check(path, text, data)
         params = {**merged["params"], **data.get("params", {})}
         merged.update(data)
         merged["params"] = params
     return UserConfig(**merged)
 
 
-def _check_keys(path: Path, data: dict[str, Any]) -> None:
-    valid = [f.name for f in fields(UserConfig)]
+_TYPES = {
+    "bool": "true or false",
+    "int": "a whole number",
+    "float": "a number",
+    "str": "a quoted string",
+    "dict": "a table",
+}
+
+
+def _check(path: Path, text: str, data: dict[str, Any]) -> None:
+    valid = list(UserConfig.model_fields)
     for key in data:
         if key not in valid:
             close = difflib.get_close_matches(key, valid, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise UsageError(f"{path}: unknown key {key!r}{hint}", hint=f"valid keys: {', '.join(valid)}")
+            raise UsageError(
+                f"{path}:{_line(text, key)}: unknown key {key!r}{hint}",
+                hint=f"valid keys: {', '.join(valid)}",
+            )
+    _check_values(path, text, data)
+    try:
+        UserConfig(**data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        key = ".".join(str(p) for p in first["loc"][:1])
+        field = UserConfig.model_fields[key]
+        expected = " or ".join(
+            _TYPES.get(t, t) for t in re.findall(r"\b(bool|int|float|str|dict)\b", str(field.annotation))
+        )
+        raise UsageError(
+            f"{path}:{_line(text, key)}: {key} = {data[key]!r}: {first['msg'].lower()}",
+            hint=f"{key} takes {expected or first['type']}",
+        ) from None
 
 
-def _check_values(path: Path, data: dict[str, Any]) -> None:
+def _line(text: str, key: str) -> int:
+    """The line where a top-level key is set (1 when it cannot be told: a dotted or inline form)."""
+    head = re.compile(rf"^\s*(?:{re.escape(key)}|\"{re.escape(key)}\"|'{re.escape(key)}')\s*=")
+    table = re.compile(rf"^\s*\[\s*{re.escape(key)}\s*\]")
+    in_table = False
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("["):
+            if table.match(line):
+                return n
+            in_table = True
+        elif not in_table and head.match(line):
+            return n
+    return 1
+
+
+def _given(*values: bool | None, default: bool) -> bool:
+    """The first value that was given (not None), else the default."""
+    return next((v for v in values if v is not None), default)
+
+
+def _check_values(path: Path, text: str, data: dict[str, Any]) -> None:
     """Names by the API's rules, numbers by sign and finiteness (tpuops.validators), before anything runs."""
     from tpuops import validators
 
+    def where(key: str) -> str:
+        return f"{path}:{_line(text, key)}: {key}"
+
     for kind in ("vm", "zone", "project"):
         if kind in data:
-            validators.name(kind, data[kind], f"{path}: {kind}")
+            validators.name(kind, data[kind], where(kind))
     if "parallel" in data:
-        validators.number(data["parallel"], f"{path}: parallel", minimum=1, above=False, integer=True)
+        validators.number(data["parallel"], where("parallel"), minimum=1, above=False, integer=True)
     if "unreachable_s" in data:
-        validators.number(data["unreachable_s"], f"{path}: unreachable_s", minimum=1, above=False)
+        validators.number(data["unreachable_s"], where("unreachable_s"), minimum=1, above=False)
     if "key_ttl_s" in data:
-        validators.number(data["key_ttl_s"], f"{path}: key_ttl_s")
+        validators.number(data["key_ttl_s"], where("key_ttl_s"))
 
 
 @dataclass(frozen=True)
 class TargetSpec:
-    """Where to run. Exactly one of: local (default), hosts, vm."""
+    """Where to run. Exactly one of: local (default), hosts, vm. The shared settings (TargetSettings) are None
+    when not given; `with_defaults` fills them from the config and the defaults."""
 
     local: bool = False
     local_workers: int = 1
@@ -103,11 +167,13 @@ class TargetSpec:
     vm: str | None = None
     zone: str | None = None
     project: str | None = None
-    internal_ip: bool = False
+    internal_ip: bool | None = None
     api_endpoint: str | None = None
     connect_timeout: float = 10.0
-    tunnel_through_iap: bool = False
-    key_push: bool = True  # False: never change a VM's ssh-keys metadata (fail when the key is missing)
+    tunnel_through_iap: bool | None = None
+    key_push: bool | None = (
+        None  # False: never change a VM's ssh-keys metadata (fail when the key is missing)
+    )
     key_ttl_s: float | None = None  # OS Login: the imported key expires after this long
 
     @property
@@ -117,7 +183,8 @@ class TargetSpec:
         return "ssh" if self.hosts else "local"
 
     def with_defaults(self, cfg: UserConfig) -> TargetSpec:
-        """Fill what the user left out from the config file (an explicit --local or --host wins)."""
+        """Fill what the user left out from the config file (an explicit --local or --host wins; a flag given
+        either way wins over the file)."""
         vm = self.vm or (None if self.local or self.hosts else cfg.vm)
         return TargetSpec(
             local=self.local,
@@ -129,11 +196,11 @@ class TargetSpec:
             vm=vm,
             zone=self.zone or cfg.zone,
             project=self.project or cfg.project,
-            internal_ip=self.internal_ip or cfg.internal_ip,
+            internal_ip=_given(self.internal_ip, cfg.internal_ip, default=False),
             api_endpoint=self.api_endpoint or cfg.api_endpoint,
             connect_timeout=self.connect_timeout,
-            tunnel_through_iap=self.tunnel_through_iap or cfg.tunnel_through_iap,
-            key_push=self.key_push and cfg.key_push,
+            tunnel_through_iap=_given(self.tunnel_through_iap, cfg.tunnel_through_iap, default=False),
+            key_push=_given(self.key_push, cfg.key_push, default=True),
             key_ttl_s=self.key_ttl_s or cfg.key_ttl_s,
         )
 
@@ -167,10 +234,10 @@ def target_from_options(
     identity: str | None = None,
     local: bool = False,
     local_workers: int = 1,
-    internal_ip: bool = False,
+    internal_ip: bool | None = None,
     api_endpoint: str | None = None,
-    tunnel_through_iap: bool = False,
-    no_key_push: bool = False,
+    tunnel_through_iap: bool | None = None,
+    key_push: bool | None = None,
     key_ttl: str | None = None,
 ) -> TargetSpec:
     """The target options as typed (`--vm`, `--host`, `--key-ttl 12h`, ...) -> a checked TargetSpec."""
@@ -192,7 +259,7 @@ def target_from_options(
         internal_ip=internal_ip,
         api_endpoint=api_endpoint,
         tunnel_through_iap=tunnel_through_iap,
-        key_push=not no_key_push,
+        key_push=key_push,
         key_ttl_s=parse_duration("--key-ttl", key_ttl) if key_ttl else None,
     )
 

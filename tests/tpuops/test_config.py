@@ -1,13 +1,17 @@
-"""The user config: the project's tpuops.toml over ~/.config/tpuops/config.toml; unknown keys are errors."""
+"""The user config: the project's tpuops.toml over ~/.config/tpuops/config.toml, checked where it is read (unknown
+keys and wrong types are exit 2 naming file, line and key); flags given either way win over it."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tpuops import config
+from tpuops.cli.options import TargetOptions
 from tpuops.errors import UsageError
 from tpuops.run import launch
 from tpuops.sop.actions import render_plan
@@ -25,7 +29,7 @@ def test_project_file_overrides_user_file_and_feeds_sop_defaults(tmp_path: Path)
     cfg = config.load(project / "sub")  # found walking up
     assert (cfg.zone, cfg.user) == ("us-east1-d", "me")
     assert cfg.params == {"branch": "release", "repo_dir": "~/a", "repo_url": "https://x/y.git"}
-    result = launch.run(
+    result = launch.start(
         launch.RunRequest(sop="sync", target=launch.TargetSpec(hosts=("10.0.0.2",)), dry_run=True),
         cwd=project / "sub",
     )
@@ -40,5 +44,74 @@ def test_project_file_overrides_user_file_and_feeds_sop_defaults(tmp_path: Path)
 
 def test_unknown_key_names_the_closest(tmp_path: Path) -> None:
     (tmp_path / "tpuops.toml").write_text('zonee = "x"\n')
-    with pytest.raises(UsageError, match=r"tpuops.toml: unknown key 'zonee'; did you mean 'zone'\?"):
+    with pytest.raises(UsageError, match=r"tpuops.toml:1: unknown key 'zonee'; did you mean 'zone'\?"):
         config.load(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "expected"),
+    [
+        (
+            'parallel = "many"\n',
+            "tpuops.toml:1: parallel",
+            "must be a finite whole number >= 1, received 'many'",
+        ),
+        (
+            'zone = "us-east1-d"\n\ninternal_ip = "no"\n',
+            "tpuops.toml:3: internal_ip = 'no'",
+            "internal_ip takes true or false",
+        ),
+        ('key_ttl_s = "12h"\n', "tpuops.toml:1: key_ttl_s", "received '12h'"),
+        (
+            'vm = "x"\ntunnel_through_iap = 1\n',
+            "tpuops.toml:2: tunnel_through_iap = 1",
+            "takes true or false",
+        ),
+        ("identity = 7\n", "tpuops.toml:1: identity = 7", "identity takes a quoted string"),
+        ("params = 3\n", "tpuops.toml:1: params = 3", "params takes a table"),
+    ],
+)
+def test_a_value_of_the_wrong_type_names_file_line_key_and_type(
+    tmp_path: Path, text: str, line: str, expected: str
+) -> None:
+    (tmp_path / "tpuops.toml").write_text(text)
+    with pytest.raises(UsageError) as e:
+        config.load(tmp_path)
+    assert line in e.value.line() and expected in e.value.line() and e.value.exit_code == 2
+
+
+def test_a_bad_config_file_is_exit_2_with_one_line_on_the_command_line(tmp_path: Path) -> None:
+    (tmp_path / "tpuops.toml").write_text('zone = "us-east1-d"\nparallel = "many"\n')
+    r = subprocess.run(
+        [sys.executable, "-m", "tpuops", "sop", "run", "sync", "--host", "me@10.0.0.2", "--dry-run"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert f"{tmp_path / 'tpuops.toml'}:2: parallel must be" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_flag_given_either_way_wins_over_the_file_and_the_file_over_the_default(tmp_path: Path) -> None:
+    (tmp_path / "tpuops.toml").write_text("internal_ip = true\nkey_push = false\ntunnel_through_iap = true\n")
+    cfg = config.load(tmp_path)
+    untold = TargetOptions(vm="v").spec().with_defaults(cfg)
+    assert (untold.internal_ip, untold.key_push, untold.tunnel_through_iap) == (True, False, True)
+    told = TargetOptions(vm="v", internal_ip=False, key_push=True, tunnel_through_iap=False).spec()
+    told = told.with_defaults(cfg)
+    assert (told.internal_ip, told.key_push, told.tunnel_through_iap) == (False, True, False)
+    bare = TargetOptions(vm="v").spec().with_defaults(config.UserConfig())
+    assert (bare.internal_ip, bare.key_push, bare.tunnel_through_iap) == (False, True, False)
+
+
+def test_the_switches_take_both_forms_on_the_command_line() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "tpuops", "doctor", "--help"],
+        capture_output=True, text=True, timeout=60, check=False, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    for flag in (
+        "--internal-ip",
+        "--no-internal-ip",
+        "--key-push",
+        "--no-key-push",
+        "--no-tunnel-through-iap",
+    ):
+        assert flag in r.stdout, r.stdout

@@ -109,15 +109,15 @@ def test_32_workers_one_unreachable_fail_fast_names_it_keep_going_finishes(
     )
     req = RunRequest(sop="exec", sets={"cmd": "touch ~/done"}, target=spec)
     with pytest.raises(ConnectError, match=r"cannot connect to w17 "):
-        launch.run(req, cwd=tmp_path)
+        launch.start(req, cwd=tmp_path)
     assert not (workers[0].home / "done").exists()  # nothing ran anywhere
-    kept = launch.run(
+    kept = launch.start(
         RunRequest(sop="exec", sets={"cmd": "touch ~/done"}, target=spec, keep_going=True), cwd=tmp_path
     )
     assert kept.steps[0].title == "connect" and kept.steps[0].outcomes[17].status == "failed"
     assert sum((w.home / "done").exists() for w in workers) == 31
-    assert launch.exit_code(kept) == ExitCode.CONNECT
-    assert kept.to_dict(launch.exit_code(kept))["error_class"] == "connect"
+    assert kept.code == ExitCode.CONNECT
+    assert kept.to_dict()["error_class"] == "connect"
     workers[17].start()
 
 

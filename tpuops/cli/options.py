@@ -98,15 +98,30 @@ UnreachableOpt = Annotated[
         ),
     ),
 ]
-InternalIpOpt = Annotated[bool, typer.Option("--internal-ip", help="Connect to workers' internal IPs.")]
-TunnelOpt = Annotated[
-    bool,
+# The target's switches: None = not given, so either form overrides tpuops.toml (internal_ip, key_push, ...).
+InternalIpOpt = Annotated[
+    bool | None,
     typer.Option(
-        "--tunnel-through-iap", help="Reach workers through IAP TCP tunnels (automatic without external IPs)."
+        "--internal-ip/--no-internal-ip",
+        help="Connect to workers' internal IPs (default: internal_ip in tpuops.toml, else no).",
+        show_default=False,
     ),
 ]
-NoKeyPushOpt = Annotated[
-    bool, typer.Option("--no-key-push", help="Never add your key to a VM's ssh-keys metadata.")
+TunnelOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--tunnel-through-iap/--no-tunnel-through-iap",
+        help="Reach workers through IAP TCP tunnels (automatic without external IPs).",
+        show_default=False,
+    ),
+]
+KeyPushOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--key-push/--no-key-push",
+        help="May add your key to a VM's ssh-keys metadata (default: key_push in tpuops.toml, else yes).",
+        show_default=False,
+    ),
 ]
 KeyTtlOpt = Annotated[
     str | None,
@@ -153,10 +168,10 @@ class TargetOptions:
     identity: IdentityOpt = None
     local: LocalOpt = False
     local_workers: LocalWorkersOpt = 1
-    internal_ip: InternalIpOpt = False
+    internal_ip: InternalIpOpt = None
     api_endpoint: ApiEndpointOpt = None
-    tunnel_through_iap: TunnelOpt = False
-    no_key_push: NoKeyPushOpt = False
+    tunnel_through_iap: TunnelOpt = None
+    key_push: KeyPushOpt = None
     key_ttl: KeyTtlOpt = None
 
     def spec(self) -> TargetSpec:

@@ -238,8 +238,11 @@ def bench_rollout(
     if opts.dry_run:
         report.dry_runs(bench.plans(req, list(variant or [])), opts.json)
         return
+    from tpuops import console
+
     results = bench.run(
-        req, list(variant or []), on_line=None, on_step=None if opts.json else report.step_done
-    )
+        req, list(variant or []), on_line=None, on_step=None if opts.json else report.step_done,
+        on_notice=console.event, notify=console.note,
+    )  # fmt: skip
     report.rollout_bench(results, opts.json)
     raise typer.Exit(bench.exit_code(results))

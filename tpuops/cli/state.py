@@ -51,12 +51,11 @@ def run_sop(
         unreachable_s=unreachable_s,
         on_line=console.line,
         on_step=None if json else report.step_done,
-        on_event=console.event,
+        on_notice=console.event,
         notify=console.note,
     )
     if isinstance(result, launch.DryRun):
         report.dry_run(result, json)
         return
-    code = launch.exit_code(result)
-    report.sop_report(result, int(code), json)
-    raise typer.Exit(int(code))
+    report.sop_report(result, json)
+    raise typer.Exit(int(result.code))

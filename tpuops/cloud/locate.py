@@ -205,7 +205,7 @@ class Reach:
             self.vm,
             identity,
             user=self.spec.user,
-            key_push=self.spec.key_push,
+            key_push=self.spec.key_push is not False,  # None: not given, the default is to push
             key_ttl_s=self.spec.key_ttl_s,
             notify=self.notify,
         )

@@ -15,7 +15,7 @@ from tpuops.logs.actions import Fetch, Follow
 from tpuops.logs.events import Event, Failure, StepEvent
 from tpuops.logs.scanner import LogScanner
 from tpuops.shell import Redactor
-from tpuops.transport.base import CmdResult, LineSink, Transport
+from tpuops.transport.base import CmdResult, Kind, LineSink, Transport
 
 
 @dataclass
@@ -35,8 +35,9 @@ class Follower:
     def follow(self, w: int, action: Follow, cancel: threading.Event) -> CmdResult:
         """Poll the log from the last byte seen; reconnects keep the offset, so no line is lost or repeated.
 
-        Ends at the worker's exit file (exit_code 0, stdout `exit=N`), a hang (124, error `hung: ...`), a
-        timeout (124), a lost connection (255), a dead job (1), `cancel` or `abort` (130).
+        Ends (its result's `kind`) at the worker's exit file (OK, the job's code in `job_exit`), a hang
+        (HUNG, the py-spy dump in stdout), a timeout (TIMEOUT), a lost connection (CONNECT), a dead job
+        (DIED), `cancel` (CANCELLED) or `abort` (ABORTED).
         """
         log, exit_file = f"{action.run_dir}/worker-{w}.log", f"{action.run_dir}/worker-{w}.exit"
         offset, pending, t0, delay = self.offsets.get(w, 0), b"", time.monotonic(), action.poll_s
@@ -53,9 +54,9 @@ class Follower:
                 delay = action.poll_s
             except (OSError, EOFError, TpuopsError) as e:
                 if self.abort.is_set():
-                    return CmdResult(w, action.render(), 130, error="aborted: the VM is gone")
+                    return self._ended(w, action, Kind.ABORTED, "aborted: the VM is gone")
                 if time.monotonic() - t0 > action.timeout:
-                    return CmdResult(w, action.render(), 255, error=f"lost connection: {e}")
+                    return self._ended(w, action, Kind.CONNECT, f"lost connection: {e}")
                 time.sleep(delay)
                 delay = min(delay * 2, 10.0)
                 continue
@@ -82,7 +83,7 @@ class Follower:
                 if hung:
                     dump = self.redact(self._py_spy(w, action)) if action.py_spy else ""
                     if action.on_hang == "stop":
-                        return CmdResult(w, action.render(), 124, stdout=dump, error=f"hung: {hung}")
+                        return self._ended(w, action, Kind.HUNG, f"hung: {hung}", stdout=dump)
                     if self.on_line:
                         self.on_line(w, f"tpuops: worker looks hung: {hung} (still following)")
                         for text in dump.splitlines():
@@ -91,15 +92,15 @@ class Follower:
                 self.offsets[w] = offset
                 if show and self.on_line and pending:
                     self.on_line(w, self.redact(pending.decode(errors="replace")))
-                return CmdResult(w, action.render(), 0, stdout=f"exit={int(code)}\noffset={offset}\n")
+                return CmdResult(w, action.render(), 0, job_exit=int(code), offset=offset)
             if cancel.is_set():
-                return CmdResult(w, action.render(), 130, error="cancelled: another worker failed")
+                return self._ended(w, action, Kind.CANCELLED, "cancelled: another worker failed")
             if polls % 10 == 0 and code is None and self._job_died(w, action):
-                return CmdResult(w, action.render(), 1, error="the job died without an exit code (killed?)")
+                return self._ended(w, action, Kind.DIED, "the job died without an exit code (killed?)")
             if self.abort.is_set():
-                return CmdResult(w, action.render(), 130, error="aborted: the VM is gone")
+                return self._ended(w, action, Kind.ABORTED, "aborted: the VM is gone")
             if time.monotonic() - t0 > action.timeout:
-                return CmdResult(w, action.render(), 124, error=f"timed out after {action.timeout:g}s")
+                return self._ended(w, action, Kind.TIMEOUT, f"timed out after {action.timeout:g}s")
             time.sleep(action.poll_s)
 
     def follow_all(self, workers: list[int], action: Follow) -> dict[int, CmdResult]:
@@ -121,7 +122,7 @@ class Follower:
         """Copy a worker's log (redacted) and its exit file into `<local_runs>/<run id>/`; None: only check."""
         data = self.transport.read_from(w, f"{action.run_dir}/worker-{w}.log", 0)
         if data is None:
-            return CmdResult(w, action.render(), 1, stderr="no log on the worker")
+            return CmdResult(w, action.render(), 1, stderr="no log on the worker", kind=Kind.MISSING)
         dest = None
         if local_runs is not None:
             dest = local_runs / action.run_dir.rstrip("/").rsplit("/", 1)[-1] / f"worker-{w}.log"
@@ -131,6 +132,14 @@ class Follower:
             if code is not None:  # the report tells a finished job from a killed one by this file
                 dest.with_suffix(".exit").write_bytes(code)
         return CmdResult(w, action.render(), 0, stdout=f"tpuops: fetched bytes={len(data)} to={dest}\n")
+
+    def _ended(self, w: int, action: Follow, kind: Kind, why: str, stdout: str = "") -> CmdResult:
+        """A follow that ended before the job's exit file: how (typed), and why in words for people."""
+        codes = {Kind.HUNG: 124, Kind.TIMEOUT: 124, Kind.CANCELLED: 130, Kind.ABORTED: 130, Kind.CONNECT: 255}
+        return CmdResult(
+            w, action.render(), codes.get(kind, 1), stdout=stdout, error=why, kind=kind,
+            offset=self.offsets.get(w),
+        )  # fmt: skip
 
     def _hand_out(self, events: list[Event]) -> None:
         if not self.on_event:

@@ -7,7 +7,8 @@ from dataclasses import dataclass, replace
 
 from tpuops.errors import ExitCode, UsageError
 from tpuops.run import launch
-from tpuops.sop.executor import SopReport, StepReport
+from tpuops.run.result import RunResult
+from tpuops.sop.executor import StepReport
 from tpuops.transport.base import LineSink
 
 
@@ -42,7 +43,9 @@ def plans(req: launch.RunRequest, variants: list[str]) -> list[tuple[str, launch
     out = []
     target = None  # resolved by the first plan, after its values were checked; reused by the others
     for text in variants or [""]:
-        dry = launch.run(replace(req, sets={**req.sets, **parse_variant(text)}, dry_run=True), target=target)
+        dry = launch.start(
+            replace(req, sets={**req.sets, **parse_variant(text)}, dry_run=True), target=target
+        )
         assert isinstance(dry, launch.DryRun)
         out.append((text or "baseline", dry))
         target = dry.target
@@ -55,22 +58,27 @@ def run(
     *,
     on_line: LineSink | None = None,
     on_step: Callable[[StepReport], None] | None = None,
+    on_notice: Callable[[str], None] | None = None,
+    notify: Callable[[str], None] | None = None,
 ) -> list[VariantResult]:
     """Run every variant one after another on the same target; the first is the baseline of the ratios.
 
-    Every variant is validated before the first one starts: a typo in the last one costs no run."""
+    Every variant is validated before the first one starts: a typo in the last one costs no run. Each one
+    runs through `launch.start`, so on a VM it is watched like any SOP: a lost VM ends the bench (exit 8)."""
     variants = variants or [""]
     target = plans(req, variants)[0][1].target  # the target resolved once for every variant
     results = []
     for text in variants:
-        report = launch.run(
+        result = launch.start(
             replace(req, sets={**req.sets, **parse_variant(text)}),
             on_line=on_line,
             on_step=on_step,
+            on_notice=on_notice,
+            notify=notify,
             target=target,
         )
-        assert isinstance(report, SopReport)
-        results.append(_result(text or "baseline", report))
+        assert isinstance(result, RunResult)
+        results.append(_result(text or "baseline", result))
     return results
 
 
@@ -79,8 +87,8 @@ def exit_code(results: list[VariantResult]) -> int:
     return int(ExitCode.OK if all(r.ok for r in results) else ExitCode.FAILED)
 
 
-def _result(label: str, report: SopReport) -> VariantResult:
-    log = report.log
+def _result(label: str, result: RunResult) -> VariantResult:
+    report, log = result.report, result.log
     dt = log.dt if log is not None else None
     return VariantResult(
         label=label,

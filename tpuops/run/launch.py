@@ -13,7 +13,9 @@ from tpuops import config as user_config
 from tpuops import jsonout
 from tpuops.config import TargetSpec, UserConfig, write_atomic
 from tpuops.errors import ExitCode, TpuopsError, UsageError
+from tpuops.logs.events import Event, LogReport
 from tpuops.run import prepare
+from tpuops.run.result import RunResult, exit_code
 from tpuops.run.target import Target, connect_all, open_transport, resolve, select_workers
 from tpuops.shell import Redactor
 from tpuops.sop import loader
@@ -72,36 +74,42 @@ def start(
     ready_timeout: float = 1800.0,
     on_line: LineSink | None = None,
     on_step: Callable[[StepReport], None] | None = None,
-    on_event: Callable[[str], None] | None = None,
+    on_notice: Callable[[str], None] | None = None,
     notify: Callable[[str], None] | None = None,
     cwd: Path | None = None,
-) -> SopReport | DryRun:
-    """The library call behind every SOP command: the config loaded once, the SOP and its values checked,
-    the target resolved once, then the plan (--dry-run) or the run. On a VM the run is always watched through
-    the TPU API: a lost VM ends it at once (exit 8), or with `max_recoveries` (--recover) is recreated and the
-    SOP runs again (see `recover.watched`). `notify` hears the TPU API's retries; `on_event` tpuops' events."""
+    target: Target | None = None,
+) -> RunResult | DryRun:
+    """The one library entry of every SOP run (the CLI's commands and bench alike): the config loaded once,
+    the SOP and its values checked, the target resolved once (or `target`, resolved by an earlier call of
+    the same command: its config is the one used), then the plan (--dry-run) or the run. On a VM the run is
+    always watched through the TPU API: a lost VM ends it at once (exit 8), or with `max_recoveries`
+    (--recover) is recreated and the SOP runs again (see `recover.watched`). `notify` hears the TPU API's
+    retries; `on_notice` tpuops' own notices (a recovery, a checkpoint warning)."""
     from tpuops.run import recover
 
     cwd = cwd or Path.cwd()
-    cfg = user_config.load(cwd)
-    spec = req.target.with_defaults(cfg)  # the VM may come from tpuops.toml
+    cfg = target.config if target else user_config.load(cwd)
+    spec = target.spec if target else req.target.with_defaults(cfg)  # the VM may come from tpuops.toml
     watched = not req.dry_run and (max_recoveries is not None or spec.kind == "vm")
     if watched and spec.kind != "vm":
         raise UsageError("--recover needs --vm: only a VM can be watched and recreated")
     checked = _check(req, spec, cfg, cwd)
-    if watched and max_recoveries and checked.sop.overrides and on_event:  # a trainer SOP: can it resume?
+    if watched and max_recoveries and checked.sop.overrides and on_notice:  # a trainer SOP: can it resume?
         for warning in recover.checkpoint_warnings(req.sets):
-            on_event(warning)
-    target = resolve(spec, cfg, notify)
+            on_notice(warning)
+    target = target or resolve(spec, cfg, notify)
     if not watched:
         return _execute(req, checked, target, on_line=on_line, on_step=on_step, cwd=cwd)
 
-    def attempt(run_id: str, now: Target, abort: threading.Event, lines: LineSink) -> SopReport:
-        report = _execute(
-            replace(req, run_id=run_id), checked, now, on_line=lines, on_step=on_step, cwd=cwd, abort=abort
-        )
-        assert isinstance(report, SopReport)  # not a dry run
-        return report
+    def attempt(
+        run_id: str, now: Target, abort: threading.Event, on_event: Callable[[Event], None]
+    ) -> RunResult:
+        result = _execute(
+            replace(req, run_id=run_id), checked, now, on_line=on_line, on_step=on_step, cwd=cwd,
+            abort=abort, on_event=on_event,
+        )  # fmt: skip
+        assert isinstance(result, RunResult)  # not a dry run
+        return result
 
     return recover.watched(
         target,
@@ -112,29 +120,9 @@ def start(
         watch_s=watch_s,
         unreachable_s=cfg.unreachable_s if unreachable_s is None else unreachable_s,
         ready_timeout=ready_timeout,
-        on_line=on_line,
-        on_event=on_event,
+        on_notice=on_notice,
         notify=notify,
     )
-
-
-def run(
-    req: RunRequest,
-    *,
-    on_line: LineSink | None = None,
-    on_step: Callable[[StepReport], None] | None = None,
-    cwd: Path | None = None,
-    abort: threading.Event | None = None,
-    target: Target | None = None,
-) -> SopReport | DryRun:
-    """One run without the VM watch (`start` adds it): load and validate the SOP and every value first; only
-    then resolve the target (unless given: then its config is the one used) and touch a worker."""
-    cwd = cwd or Path.cwd()
-    cfg = target.config if target else user_config.load(cwd)
-    spec = target.spec if target else req.target.with_defaults(cfg)
-    checked = _check(req, spec, cfg, cwd)
-    target = target or resolve(spec, cfg)
-    return _execute(req, checked, target, on_line=on_line, on_step=on_step, cwd=cwd, abort=abort)
 
 
 def _check(req: RunRequest, spec: TargetSpec, cfg: UserConfig, cwd: Path) -> _Checked:
@@ -171,8 +159,9 @@ def _execute(
     on_step: Callable[[StepReport], None] | None,
     cwd: Path,
     abort: threading.Event | None = None,
-) -> SopReport | DryRun:
-    """One attempt on a resolved target: the fit preflight, then the plan or the run."""
+    on_event: Callable[[Event], None] | None = None,
+) -> RunResult | DryRun:
+    """One attempt on a resolved target: the fit preflight, then the plan or the run and its one result."""
     sop, values = checked.sop, checked.values
     redact = Redactor()
     transport = open_transport(target, redact)
@@ -188,6 +177,7 @@ def _execute(
         redact=redact,
         on_line=on_line,
         on_step=on_step,
+        on_event=on_event,
     )
     if abort is not None:
         executor.abort = abort
@@ -216,41 +206,18 @@ def _execute(
             report.steps.insert(0, _connect_step(workers, unreachable))
     finally:
         transport.close()
+    log = None
     if sop.scan is not None:
-        warmup = int(values.get("warmup", sop.scan.warmup))  # type: ignore[arg-type]
-        report.log = _scan(sop, report, user_config.state_home() / "runs" / run_id, warmup)
-    if exit_code(report) == ExitCode.OOM:
-        report.hint = oom_hint(str(values.get("config") or "CONFIG"), target.accelerator)
-    save_result(run_id, report.to_dict(int(exit_code(report))))
-    return report
-
-
-def exit_code(report: SopReport) -> ExitCode:
-    """The process exit code for a finished SOP (see README: Exit codes)."""
-    failure = report.first_failure()
-    log = report.log
-    cause = log.cause() if log is not None else None
-    if failure is None:
-        if cause is not None:
-            return _LOG_FAILURE_CODES.get(cause.kind, ExitCode.FAILED)
-        if log is not None and report.fail_on_recompile and log.recompiled:
-            return ExitCode.RECOMPILE
-        return ExitCode.OK
-    step, worker, outcome = failure
-    if step.kind == "preflight":  # the consistency check refused to start the run
-        return ExitCode.INCONSISTENT
-    kind = step.error_kind.get(worker)
-    if kind in {"connect", "host_key"}:
-        return ExitCode.CONNECT
-    if kind == "usage":  # bad input only the worker could see (a branch the remote does not have)
-        return ExitCode.USAGE
-    codes = {"busy": ExitCode.TPU_BUSY, "timeout": ExitCode.TIMEOUT, "hang": ExitCode.HANG}
-    if outcome.status == "failed" and cause is not None:
-        return _LOG_FAILURE_CODES.get(cause.kind, ExitCode.FAILED)
-    return codes.get(outcome.status, ExitCode.FAILED)
-
-
-_LOG_FAILURE_CODES = {"oom": ExitCode.OOM, "tpu_busy": ExitCode.TPU_BUSY}
+        raw = values.get("warmup", sop.scan.warmup)
+        warmup = int(raw) if isinstance(raw, int | float | str) else sop.scan.warmup
+        log = _scan(sop, report, user_config.state_home() / "runs" / run_id, warmup)
+    code = exit_code(report, log, fail_on_recompile=sop.scan is not None and sop.scan.fail_on_recompile)
+    hint = (
+        oom_hint(str(values.get("config") or "CONFIG"), target.accelerator) if code == ExitCode.OOM else None
+    )
+    result = RunResult(report, code, log, hint=hint)
+    save_result(run_id, result.to_dict())
+    return result
 
 
 def oom_hint(config: str, accelerator: str | None) -> str:
@@ -261,12 +228,11 @@ def oom_hint(config: str, accelerator: str | None) -> str:
     )
 
 
-def _scan(sop: loader.Sop, report: SopReport, local_run: Path, warmup: int):
+def _scan(sop: loader.Sop, report: SopReport, local_run: Path, warmup: int) -> LogReport | None:
     """Read what the run left (fetched logs, or each worker's stdout) with the log parser."""
     from tpuops.run import scan
 
     assert sop.scan is not None
-    report.fail_on_recompile = sop.scan.fail_on_recompile
     if sop.scan.source == "log":
         if not scan.run_logs(local_run):
             return None

@@ -6,20 +6,20 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
-from tpuops.errors import PreemptedError
+from tpuops.errors import PermissionDeniedError, PreemptedError, TpuopsError
 from tpuops.logs.events import Event, StepEvent, at_step
-from tpuops.logs.scanner import LogScanner
+from tpuops.run.result import Recovery, RunResult
 from tpuops.run.target import Target, resolve
-from tpuops.sop.executor import SopReport
-from tpuops.transport.base import LineSink
 
 # States in which the VM's workers are gone for good: recreate. (STOPPED is left alone: someone chose it.)
 LOST_STATES = ("PREEMPTED", "TERMINATED")
-# One attempt of the run on a target: (run id, the target, an event that aborts it, its line sink) -> report.
-# launch.start passes it in, so recovery needs nothing of launch (and launch may import this module).
-Attempt = Callable[[str, Target, threading.Event, LineSink], SopReport]
+# One attempt of the run on a target: (run id, the target, an event that aborts it, a sink for the follower's
+# typed log events) -> its result. launch.start passes it in, so recovery needs nothing of launch (and
+# launch may import this module).
+Attempt = Callable[[str, Target, threading.Event, Callable[[Event], None]], RunResult]
 
 
 def watched(
@@ -32,10 +32,9 @@ def watched(
     watch_s: float = 10.0,
     unreachable_s: float = 300.0,
     ready_timeout: float = 1800.0,
-    on_line: LineSink | None = None,
-    on_event: Callable[[str], None] | None = None,
+    on_notice: Callable[[str], None] | None = None,
     notify: Callable[[str], None] | None = None,
-) -> SopReport:
+) -> RunResult:
     """Run `attempt` on the VM while watching it; whenever the VM is lost, recreate it (same type, zone,
     runtime), resolve it again and run it again.
 
@@ -47,26 +46,20 @@ def watched(
     The watch polls with the target's own client, its calls marked `watch` (the emulator's request log
     tells them apart). `notify` hears the TPU API's retries of a re-resolve.
     The trainer resumes from its latest checkpoint, which must live off the VM (gs://..., or a shared
-    path in tests). Each recovery is recorded: when, how long, why, the last step seen, the step resumed at.
+    path in tests). Each recovery is recorded: when, how long, why, the last step seen, the step resumed at
+    (from the follower's step events of process 0: the log is not read a second time). A permission error
+    of the watch ends the run (exit 6, naming the role): it would never heal by polling again.
     """
     assert target.reach is not None and target.api is not None, "only a VM target is watched"
-    say = on_event or (lambda _: None)
+    say = on_notice or (lambda _: None)
     vm = target.reach.vm
-    recoveries: list[dict[str, object]] = []
+    recoveries: list[Recovery] = []
     seen: dict[str, int | None] = {"last": None, "first": None}
 
-    def stepped(event: Event) -> None:
-        if isinstance(event, StepEvent) and event.step is not None:
+    def stepped(event: Event) -> None:  # process 0's step events say where the run stands
+        if isinstance(event, StepEvent) and event.worker == 0 and event.step is not None:
             seen["first"] = event.step if seen["first"] is None else seen["first"]
             seen["last"] = event.step
-
-    steps = LogScanner(on_event=stepped)  # process 0's lines: its step events say where the run stands
-
-    def line(w: int, text: str) -> None:
-        if w == 0:
-            steps.feed(text)
-        if on_line:
-            on_line(w, text)
 
     for n in range(max_recoveries + 1):
         abort = threading.Event()
@@ -81,7 +74,7 @@ def watched(
         seen["first"] = None
         run_id = base_id if n == 0 else f"{base_id}-r{n}"
         try:
-            result = attempt(run_id, target, abort, line)
+            result = attempt(run_id, target, abort, stepped)
         finally:
             abort.set()  # also stops the watcher
             watcher.join(timeout=watch_s + 5)
@@ -90,9 +83,10 @@ def watched(
             rec["resumed_step"] = seen["first"]
             if seen["first"] is not None and rec["last_step"] is not None:
                 rec["steps_lost"] = int(rec["last_step"]) + 1 - int(seen["first"])
+        if lost.error is not None:
+            raise lost.error
         if not lost.event.is_set():
-            result.recoveries = recoveries
-            return result
+            return replace(result, recoveries=tuple(recoveries))
         if max_recoveries == 0:
             raise PreemptedError(
                 f"{vm.name} {lost.why} {at_step(seen['last'])}; the run is lost with it",
@@ -148,6 +142,7 @@ class Lost:
     def __init__(self) -> None:
         self.event = threading.Event()
         self.why = ""
+        self.error: TpuopsError | None = None  # the watch itself failed for good (a permission error)
 
     def set(self, why: str) -> None:
         self.why = why
@@ -181,8 +176,12 @@ def _watch(
     while not abort.wait(every):
         try:
             state = get_vm(api, zone, name).state
-        except Exception:
-            state = None  # the API may be flaky too; reachability still counts
+        except PermissionDeniedError as e:  # polling again will not grant the role: end the run
+            lost.error = PermissionDeniedError(f"watching {name}: {e.message}", hint=e.hint)
+            abort.set()
+            return
+        except Exception:  # a watcher must outlive a flaky API (the client has retried): reachability counts
+            state = None
         if state in LOST_STATES:
             lost.set(f"was {state}")
             abort.set()

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from tpuops.console import emit_json, err, escape, out, status_cell
 from tpuops.logs.events import at_step
+from tpuops.run.result import RunResult
 from tpuops.sop.actions import render_plan
 
 
@@ -20,9 +21,11 @@ def step_done(step: Any) -> None:
     err.print(f"{mark} {step.title} ({summary}, {step.duration_s:.2f}s)")
 
 
-def sop_report(report: Any, code: int, as_json: bool) -> None:
+def sop_report(report: RunResult, as_json: bool) -> None:
+    """A finished run as a table on stderr (or its --json on stdout): the steps, the cause, the log's report."""
+    code = int(report.code)
     if as_json:
-        emit_json(report.to_dict(code))
+        emit_json(report.to_dict())
         return
     table = Table(title=f"{report.sop}  run {report.run_id}  ({report.transport})", title_justify="left")
     table.add_column("step")
@@ -51,7 +54,7 @@ def sop_report(report: Any, code: int, as_json: bool) -> None:
                     f"[bold]py-spy dump of w{w}[/] (the job's Python stacks when it stopped making progress):"
                 )
                 err.print(escape(str(o.data["py_spy"]).rstrip()))
-    for rec in getattr(report, "recoveries", []):
+    for rec in report.recoveries:
         resumed = (
             "no step line after it"
             if rec["resumed_step"] is None

@@ -12,6 +12,7 @@ from typing import Any
 
 from tpuops import shell
 from tpuops.errors import TpuopsError, error_class
+from tpuops.logs.events import Event
 from tpuops.logs.follow import Follower
 from tpuops.shell import Redactor
 from tpuops.sop import secrets
@@ -48,17 +49,14 @@ class SopReport:
     workers: list[int]
     steps: list[StepReport] = field(default_factory=list)
     duration_s: float = 0.0
-    log: Any = None  # tpuops.logs.events.LogReport when the SOP scans its logs
-    fail_on_recompile: bool = False
-    recoveries: list[dict[str, Any]] = field(default_factory=list)  # --recover: one entry per VM recreation
-    hint: str | None = None  # what to try next, for failures with a known fix (an out-of-memory)
 
     @property
     def ok(self) -> bool:
         return all(not s.failed for s in self.steps)
 
     def to_dict(self, code: int) -> dict[str, Any]:
-        """The --json report (and the run's saved result); holds no secret: details are redacted."""
+        """The steps' part of the --json report (run/launch's RunResult adds the log, hint and recoveries);
+        holds no secret: details are redacted."""
         failure = self.first_failure()
         return {
             "sop": self.sop,
@@ -89,9 +87,6 @@ class SopReport:
                 for s in self.steps
             ],
             "error_class": error_class(code),
-            "hint": self.hint,
-            "recoveries": self.recoveries,
-            "log": None if self.log is None else self.log.to_dict(),
         }
 
     def first_failure(self) -> tuple[StepReport, int, Outcome] | None:
@@ -113,6 +108,7 @@ class Executor:
     redact: Redactor = field(default_factory=Redactor)
     on_line: LineSink | None = None  # live output of follow steps, already redacted
     on_step: Callable[[StepReport], None] | None = None
+    on_event: Callable[[Event], None] | None = None  # the follower's typed log events (every worker)
     # Bytes of each worker's log already shown; the follower starts there and keeps it current (for attach).
     offsets: dict[int, int] = field(default_factory=dict)
     on_offset: Callable[[dict[int, int]], None] | None = None
@@ -241,6 +237,7 @@ class Executor:
             self.transport,
             redact=self.redact,
             on_line=self.on_line,
+            on_event=self.on_event,
             offsets=self.offsets,
             on_offset=self.on_offset,
             abort=self.abort,

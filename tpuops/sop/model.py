@@ -15,7 +15,7 @@ from tpuops import shell
 from tpuops.errors import UsageError
 from tpuops.sop.actions import Action
 from tpuops.sop.status import Status
-from tpuops.transport.base import CmdResult
+from tpuops.transport.base import CmdResult, Kind
 
 # `{name}` with a lower-case name is a parameter; `${NAME}` and `{{` stay shell text.
 TEMPLATE = re.compile(r"(?<![$\{])\{([a-z_][a-z0-9_]*)\}(?!\})")
@@ -187,9 +187,15 @@ class Step(Frozen):
         last = results[-1] if results else None
         if last is None:
             return Outcome("ok")
-        if last.error:
-            status = "timeout" if last.timed_out else "cancelled" if "cancelled" in last.error else "failed"
-            return Outcome(status, last.error)
+        if last.interrupted:
+            status = (
+                "timeout"
+                if last.kind is Kind.TIMEOUT
+                else "cancelled"
+                if last.kind is Kind.CANCELLED
+                else "failed"
+            )
+            return Outcome(status, last.error or str(last.kind))
         if not last.ok:
             return Outcome("failed", _last_line(last.stderr or last.stdout) or f"exit {last.exit_code}")
         return Outcome("ok", _last_line(last.stdout))

@@ -8,7 +8,7 @@ from tpuops import shell
 from tpuops.sop.actions import Action, Command, Fetch, Follow
 from tpuops.sop.model import Outcome, PlanContext, Step, markers
 from tpuops.sop.steps import BUSY_EXIT
-from tpuops.transport.base import CmdResult
+from tpuops.transport.base import CmdResult, Kind
 
 
 def run_dir(runs_dir: str, run_id: str) -> str:
@@ -71,7 +71,7 @@ echo "tpuops: started pid=$!"
 
     def outcome(self, results: list[CmdResult]) -> Outcome:
         r = results[-1] if results else None
-        if r is not None and r.exit_code == BUSY_EXIT and not r.error:
+        if r is not None and r.kind is Kind.EXIT and r.exit_code == BUSY_EXIT:
             active = [m for m in markers(r.stdout) if m["_"].startswith("active")]
             who = ", ".join(f"run {m['run']} (pid {m['pid']})" for m in active)
             return Outcome(
@@ -110,11 +110,11 @@ class FollowStep(Step):
     def outcome(self, results: list[CmdResult]) -> Outcome:
         """From the follower's result: the job's exit code, or why following ended (hung, timed out...)."""
         r = results[-1]
-        if r.error and r.error.startswith("hung"):
-            return Outcome("hang", r.error, {"py_spy": r.stdout} if r.stdout else {})
-        if r.error:
-            return Outcome("timeout" if r.exit_code == 124 else "failed", r.error)
-        code = int(r.stdout.split("exit=")[1].split()[0])
+        if r.kind is Kind.HUNG:
+            return Outcome("hang", r.error or "hung", {"py_spy": r.stdout} if r.stdout else {})
+        if r.job_exit is None:  # following ended before the job did
+            return Outcome("timeout" if r.kind is Kind.TIMEOUT else "failed", r.error or f"{r.kind}")
+        code = r.job_exit
         return Outcome("ok" if code == 0 else "failed", f"job exited {code}", {"exit_code": code})
 
     def plan(self, ctx: PlanContext) -> list[Action]:

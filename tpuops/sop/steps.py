@@ -11,7 +11,7 @@ from tpuops import shell
 from tpuops.errors import UsageError
 from tpuops.sop.actions import Action, Command, Upload
 from tpuops.sop.model import Outcome, PlanContext, Step, markers
-from tpuops.transport.base import CmdResult
+from tpuops.transport.base import CmdResult, Kind
 
 # Exit code of a clear_lockfile script that found a holder and was not allowed to kill it.
 BUSY_EXIT = 75
@@ -62,7 +62,7 @@ echo "tpuops: sha=$(git rev-parse --short HEAD) changed=$changed"
         return [Command(script, timeout=self.timeout)]
 
     def outcome(self, results: list[CmdResult]) -> Outcome:
-        if results and results[-1].exit_code == UNKNOWN_REF_EXIT and not results[-1].error:
+        if results and results[-1].kind is Kind.EXIT and results[-1].exit_code == UNKNOWN_REF_EXIT:
             lines = results[-1].stderr.strip().splitlines()
             raise UsageError(
                 lines[-1] if lines else "unknown branch or commit", hint="pass --set branch=NAME"
@@ -138,7 +138,7 @@ rm -f "$lock" && echo "tpuops: removed lock"
         r = results[-1]
         found = markers(r.stdout)
         holders = [m["_"] for m in found if m["_"].startswith("holder")]
-        if r.exit_code == BUSY_EXIT and not r.error:
+        if r.kind is Kind.EXIT and r.exit_code == BUSY_EXIT:
             return Outcome("busy", "; ".join(holders) + " (use --force to stop them)", {"holders": holders})
         if not r.ok:
             return super().outcome(results)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
@@ -49,9 +50,27 @@ class Prepared:
     auth_grace_s: float = 0.0  # a key just added: retry refused logins this long while the VM applies it
 
 
+class Kind(StrEnum):
+    """How a command (or a follow) ended: the one typed answer, never re-read from its error text."""
+
+    OK = "ok"  # ran and exited 0 (a follow: the job's exit file was read, see `job_exit`)
+    EXIT = "exit"  # ran and exited non-zero (`exit_code`)
+    TIMEOUT = "timeout"  # ran past its timeout and was stopped (exit_code 124, as coreutils' timeout)
+    CANCELLED = "cancelled"  # stopped because another worker failed (fail-fast), exit_code 130
+    CONNECT = "connect"  # the connection was lost (exit_code 255)
+    HUNG = "hung"  # a follow saw no new step line within the hang limit (exit_code 124)
+    ABORTED = "aborted"  # a follow stopped from outside: the VM is gone (exit_code 130)
+    DIED = "died"  # a follow found the job's process gone without an exit file (exit_code 1)
+    MISSING = "missing"  # a fetch found no log on the worker (exit_code 1)
+
+
 @dataclass(frozen=True)
 class CmdResult:
-    """What one command did on one worker. `command` is already redacted."""
+    """What one command did on one worker. `command` is already redacted.
+
+    `kind` says how it ended; when not given it follows from the exit code (OK for 0, EXIT otherwise):
+    every other kind is given by the transport or the follower that saw it happen, with `error` in words
+    for people (never parsed)."""
 
     worker: int
     command: str
@@ -59,15 +78,28 @@ class CmdResult:
     stdout: str = ""
     stderr: str = ""
     duration_s: float = 0.0
-    error: str | None = None  # transport-level failure (connect, timeout, cancelled), if any
+    error: str | None = None  # why it did not run to its end (connect, timeout, cancelled...), in words
+    kind: Kind | None = None  # None: from exit_code (filled in at construction, never None afterwards)
+    job_exit: int | None = None  # a follow that ended at the job's exit file: the job's exit code
+    offset: int | None = None  # a follow: bytes of the log read when it ended
+
+    def __post_init__(self) -> None:
+        if self.kind is None:
+            kind = Kind.OK if self.exit_code == 0 and self.error is None else Kind.EXIT
+            object.__setattr__(self, "kind", kind)
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == 0 and self.error is None
+        return self.kind is Kind.OK
 
     @property
     def timed_out(self) -> bool:
-        return self.exit_code == TIMEOUT_EXIT and self.error is not None
+        return self.kind is Kind.TIMEOUT
+
+    @property
+    def interrupted(self) -> bool:
+        """It did not run to its own end (timeout, cancel, lost connection, hang, abort...)."""
+        return self.kind not in (Kind.OK, Kind.EXIT)
 
 
 class Transport(Protocol):

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from tpuops import shell
-from tpuops.transport.base import CANCELLED_EXIT, TIMEOUT_EXIT, CmdResult, LineSink, Worker
+from tpuops.transport.base import CANCELLED_EXIT, TIMEOUT_EXIT, CmdResult, Kind, LineSink, Worker
 
 
 class LocalTransport:
@@ -73,12 +73,12 @@ class LocalTransport:
             proc.stdin.close()
         except BrokenPipeError:
             pass
-        error = None
+        error, kind = None, None
         while proc.poll() is None:
             if timeout is not None and time.monotonic() - t0 > timeout:
-                error = f"timed out after {timeout:g}s"
+                error, kind = f"timed out after {timeout:g}s", Kind.TIMEOUT
             elif cancel is not None and cancel.is_set():
-                error = "cancelled: another worker failed"
+                error, kind = "cancelled: another worker failed", Kind.CANCELLED
             if error:
                 _kill_group(proc)
                 break
@@ -87,8 +87,8 @@ class LocalTransport:
         for t in readers:
             t.join(timeout=5)
         code = proc.returncode
-        if error:
-            code = TIMEOUT_EXIT if error.startswith("timed out") else CANCELLED_EXIT
+        if kind is not None:
+            code = TIMEOUT_EXIT if kind is Kind.TIMEOUT else CANCELLED_EXIT
         return CmdResult(
             worker=worker,
             command=self._redact(command),
@@ -97,6 +97,7 @@ class LocalTransport:
             stderr=self._redact("".join(err)),
             duration_s=time.monotonic() - t0,
             error=error,
+            kind=kind,
         )
 
     def put_bytes(self, worker: int, data: bytes, remote_path: str, *, mode: int = 0o600) -> None:

@@ -14,7 +14,7 @@ import paramiko
 
 from tpuops import shell
 from tpuops.errors import ConnectError, HostKeyError
-from tpuops.transport.base import CANCELLED_EXIT, TIMEOUT_EXIT, CmdResult, LineSink, Prepared, Worker
+from tpuops.transport.base import CANCELLED_EXIT, TIMEOUT_EXIT, CmdResult, Kind, LineSink, Prepared, Worker
 from tpuops.transport.hostkeys import PinnedKeyPolicy, RejectWithAdvice, fingerprint, known_hosts_name
 
 
@@ -172,9 +172,9 @@ class SshTransport:
             chan.shutdown_write()
         except (OSError, paramiko.SSHException, EOFError) as e:
             self._drop(worker)
-            return CmdResult(worker, redacted, 255, error=f"connection lost: {e}", duration_s=0.0)
+            return CmdResult(worker, redacted, 255, error=f"connection lost: {e}", kind=Kind.CONNECT)
         out, err = _Lines(worker, on_line), _Lines(worker, on_line)
-        error = None
+        error, kind = None, None
         while True:
             if chan.recv_ready():
                 out.feed(chan.recv(65536))
@@ -185,11 +185,11 @@ class SshTransport:
             if chan.exit_status_ready():
                 break
             if timeout is not None and time.monotonic() - t0 > timeout:
-                error = f"timed out after {timeout:g}s"
+                error, kind = f"timed out after {timeout:g}s", Kind.TIMEOUT
             elif cancel is not None and cancel.is_set():
-                error = "cancelled: another worker failed"
+                error, kind = "cancelled: another worker failed", Kind.CANCELLED
             elif chan.closed or not chan.get_transport().is_active():
-                error = "connection lost"
+                error, kind = "connection lost", Kind.CONNECT
             if error:
                 chan.close()
                 break
@@ -199,14 +199,8 @@ class SshTransport:
             out.feed(chan.recv(65536))
         while chan.recv_stderr_ready():
             err.feed(chan.recv_stderr(65536))
-        if error is None:
-            code = chan.recv_exit_status()
-        elif error.startswith("timed out"):
-            code = TIMEOUT_EXIT
-        elif error.startswith("cancelled"):
-            code = CANCELLED_EXIT
-        else:
-            code = 255
+        codes = {Kind.TIMEOUT: TIMEOUT_EXIT, Kind.CANCELLED: CANCELLED_EXIT, Kind.CONNECT: 255}
+        code = chan.recv_exit_status() if kind is None else codes[kind]
         chan.close()
         return CmdResult(
             worker=worker,
@@ -216,6 +210,7 @@ class SshTransport:
             stderr=self._redact(err.text()),
             duration_s=time.monotonic() - t0,
             error=error,
+            kind=kind,
         )
 
     def _drop(self, worker: int) -> None:

@@ -9,7 +9,7 @@ from tests.tpuops.cloud.conftest import Cloud
 from tpuops.cloud.emulator.records import ApiRequest
 from tpuops.config import TargetSpec
 from tpuops.run import launch
-from tpuops.sop.executor import SopReport
+from tpuops.run.result import RunResult
 
 ZONE = "us-east1-d"
 
@@ -58,7 +58,7 @@ def test_the_watch_polls_are_marked_and_the_run_still_asks_once(
     report = launch.start(
         launch.RunRequest(sop="exec", sets={"cmd": "sleep 1.5"}, target=spec), watch_s=0.2, cwd=tmp_path
     )
-    assert isinstance(report, SopReport) and report.ok, report.first_failure()
+    assert isinstance(report, RunResult) and report.ok, report.first_failure()
     calls = cloud.emu.model.requests[n:]
     watch = [c for c in calls if c.purpose == "watch"]
     assert len(watch) >= 3, calls  # 1.5 s of job, polled every 0.2 s

@@ -20,7 +20,7 @@ from tpuops.cloud.keys import default_user, ensure_identity
 from tpuops.cloud.tpu_api import get_vm, wait_vm
 from tpuops.config import TargetSpec
 from tpuops.errors import ConnectError, PermissionDeniedError
-from tpuops.sop.executor import SopReport
+from tpuops.run.result import RunResult
 from tpuops.transport.base import Worker
 from tpuops.transport.ssh import SshTransport
 
@@ -233,8 +233,8 @@ def test_two_worker_trainer_gets_worker_0_internal_ip_as_coordinator(
         "  - kind: shell\n    command: echo coordinator={coordinator_host}\n"
     )
     spec = TargetSpec(vm=vm_name, zone=ZONE, api_endpoint=cloud.url, identity=str(cloud.identity))
-    report = launch.run(launch.RunRequest(str(sop), target=spec), cwd=tmp_path)
-    assert isinstance(report, SopReport) and report.first_failure() is None
+    report = launch.start(launch.RunRequest(str(sop), target=spec), cwd=tmp_path)
+    assert isinstance(report, RunResult) and report.first_failure() is None
     said = {w: r[-1].stdout.strip() for w, r in report.steps[0].results.items()}
     assert said == {0: "coordinator=127.0.0.1", 1: "coordinator=127.0.0.1"}  # w0's internal IP ...
     workers = locate.locate_workers(spec, notify=cloud.notes.append)

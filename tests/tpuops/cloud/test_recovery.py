@@ -22,7 +22,7 @@ from tpuops.cloud.emulator.sshd import free_port
 from tpuops.config import TargetSpec
 from tpuops.errors import PreemptedError
 from tpuops.run import launch, recover
-from tpuops.sop.executor import SopReport
+from tpuops.run.result import RunResult
 
 ZONE = "us-central1-a"
 REPO = Path(__file__).resolve().parents[3]
@@ -75,13 +75,13 @@ def _preempt_after(cloud: Cloud, node: str, lines: list[str], n: int, within: fl
 
 def _recover_smoke(
     cloud: Cloud, vm_name: str, bare: Path, cwd: Path, lines: list[str], events: list[str], **kw: int
-) -> SopReport:
+) -> RunResult:
     """The smoke SOP under --recover, watched every 0.2 s; lines and tpuops' events collected."""
     report = launch.start(
         _request(cloud, vm_name, bare), watch_s=0.2, ready_timeout=60, on_line=_worker_line(lines),
-        on_event=events.append, cwd=cwd, **kw,
+        on_notice=events.append, cwd=cwd, **kw,
     )  # fmt: skip
-    assert isinstance(report, SopReport)
+    assert isinstance(report, RunResult)
     return report
 
 
@@ -110,7 +110,7 @@ def test_preempted_vm_is_recreated_and_the_run_finishes(
     if queued:
         assert cloud.emu.model.qrs[qr]["state"] == {"state": "ACTIVE"}
     assert "step=29 " in "\n".join(lines)
-    assert report.to_dict(0)["recoveries"] == report.recoveries
+    assert report.to_dict()["recoveries"] == list(report.recoveries)
 
 
 def test_a_vm_whose_workers_all_stop_answering_is_recreated(
@@ -290,7 +290,7 @@ def _resume_after_preemption(
     (rec,) = report.recoveries
     assert rec["resumed_step"] in (5, 10) and rec["last_step"] >= 7
     assert 0 < rec["steps_lost"] <= 5
-    log = report.to_dict(0)["log"]
+    log = report.to_dict()["log"]
     assert log["summary"]["start_step"] == rec["resumed_step"]
     assert "step=19 " in "\n".join(lines)
 
@@ -303,3 +303,40 @@ def test_a_recovery_that_could_not_resume_is_said_up_front() -> None:
     assert none.startswith("no --set checkpoint.dir: a recovered run starts again from step 0")
     (local,) = recover.checkpoint_warnings({"checkpoint.dir": "~/ckpt"})
     assert local.startswith("checkpoint.dir ~/ckpt is not gs://")
+
+
+@pytest.mark.slow
+def test_bench_rollout_on_a_preempted_vm_ends_with_exit_8(
+    cloud: Cloud, vm_name: str, committed_repo: Path, worker_python: str, tmp_path: Path
+) -> None:
+    """bench runs each variant through launch.start, so its VM is watched like any SOP's: preempted while the
+    first variant's trainer runs, the bench ends with exit 8 at once (not at the follow's 86,400 s timeout)."""
+    node = _vm(cloud, vm_name, "v4-8")
+    head = subprocess.run(
+        ["git", "-C", str(committed_repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    )
+    sets = {
+        "repo_url": str(committed_repo), "branch": head.stdout.strip(), "venv": "none", "python": worker_python,
+        "data_dir": str(DATA), "config": "toy", "steps": "100000", "lockfile": "~/libtpu_lockfile",
+        "coordinator_port": str(free_port()), "log.output_dir": "~/trainer-out",
+    }  # fmt: skip
+    argv = [sys.executable, "-m", "tpuops", "bench", "rollout", "--vm", vm_name, "--zone", ZONE,
+            "--identity", str(cloud.identity), "--skip-fit", "--variant", "", "--variant", "train.lr=1e-5"]  # fmt: skip
+    argv += [w for k, v in sets.items() for w in ("--set", f"{k}={v}")]
+    env = {**os.environ, "TPUOPS_TPU_API": cloud.url, "COLUMNS": "200"}
+    proc = subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + 240
+    while " start trainer (" not in (line := proc.stderr.readline()):  # the step line once the job started
+        seen.append(line)
+        assert line and time.monotonic() < deadline, "the trainer never started:\n" + "".join(seen[-40:])
+    cloud.emu.model.preempt(node)
+    t0 = time.monotonic()
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 8, err[-3000:]
+    assert time.monotonic() - t0 < 60  # the API is watched every 10 s; not the follow's timeout
+    assert f"{vm_name} was PREEMPTED" in err and "rerun with --recover" in err

@@ -11,6 +11,7 @@ from tpuops.logs.follow import Follower, HangWatch
 from tpuops.logs.scanner import LogScanner
 from tpuops.shell import Redactor
 from tpuops.sop.actions import Fetch, Follow
+from tpuops.transport.base import Kind
 from tpuops.transport.local import LocalTransport
 
 
@@ -139,7 +140,7 @@ def test_the_follower_shows_lines_resumes_at_its_offset_and_hands_out_the_exit(t
 
     threading.Thread(target=finish).start()
     r = follower.follow(1, action, threading.Event())
-    assert r.ok and "exit=3" in r.stdout
+    assert r.ok and r.job_exit == 3 and r.kind is Kind.OK
     assert [s for _, s in shown] == [
         "step=0 dt=0.10s",
         "wandb: ERROR api_key not configured (***)",

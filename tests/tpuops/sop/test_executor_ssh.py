@@ -25,11 +25,11 @@ def spec_for(pool: SshdPool, workers: list) -> TargetSpec:
     )
 
 
-def run(pool: SshdPool, workers: list, sop: str, cwd: Path, **kw: object) -> launch.SopReport:
+def run(pool: SshdPool, workers: list, sop: str, cwd: Path, **kw: object) -> launch.RunResult:
     sets = {k: str(v) for k, v in kw.pop("sets", {}).items()}  # type: ignore[union-attr]
     req = RunRequest(sop=sop, sets=sets, target=spec_for(pool, workers), **kw)  # type: ignore[arg-type]
-    result = launch.run(req, cwd=cwd)
-    assert isinstance(result, launch.SopReport)
+    result = launch.start(req, cwd=cwd)
+    assert isinstance(result, launch.RunResult)
     return result
 
 
@@ -44,8 +44,8 @@ def test_smoke_sop_fans_out_to_8_workers(
         sets={"repo_url": str(bare), "steps": "3", "step_seconds": "0.05", "lockfile": "~/libtpu_lockfile"},
         target=spec_for(sshd_pool, workers),
     )
-    report = launch.run(req, cwd=tmp_path, on_line=lambda w, line: lines.append((w, line)))
-    assert isinstance(report, launch.SopReport)
+    report = launch.start(req, cwd=tmp_path, on_line=lambda w, line: lines.append((w, line)))
+    assert isinstance(report, launch.RunResult)
     assert report.ok, report.first_failure()
     git = report.steps[0]
     assert {o.data["sha"] for o in git.outcomes.values()} == {sha[:7]}
@@ -57,7 +57,7 @@ def test_smoke_sop_fans_out_to_8_workers(
     local_logs = sorted((Path(launch.user_config.state_home()) / "runs" / report.run_id).glob("worker-*.log"))
     assert len(local_logs) == 8
     assert "step=2" in local_logs[7].read_text()
-    assert launch.exit_code(report) == ExitCode.OK
+    assert report.code == ExitCode.OK
 
 
 def test_git_sync_twice_is_idempotent_and_keeps_logs_and_env(
@@ -129,7 +129,7 @@ def test_clear_lockfile_refuses_while_a_holder_runs_then_force_kills_in_order(
         assert f"pid={device_holder} why=device" in outcome.detail
         assert f"pid={lock_holder} why=lockfile" in outcome.detail
         assert f"pid={lookalike} " not in outcome.detail
-        assert launch.exit_code(busy) == ExitCode.TPU_BUSY
+        assert busy.code == ExitCode.TPU_BUSY
         assert lock.exists()
         forced = run(sshd_pool, [w], "lockfile", tmp_path, sets=sets, force=True)
         assert forced.steps[0].outcomes[0].status == "changed"
@@ -159,7 +159,7 @@ def test_without_tpu_device_files_nothing_is_a_holder(sshd_pool: SshdPool, tmp_p
         report = run(sshd_pool, [w], "lockfile", tmp_path, sets=sets, force=True)
         outcome = report.steps[0].outcomes[0]
         assert (outcome.status, outcome.detail) == ("changed", "lockfile removed")
-        assert launch.exit_code(report) == ExitCode.OK
+        assert report.code == ExitCode.OK
         assert transport.run(0, f"kill -0 {pid} && echo alive").stdout.strip() == "alive"
     finally:
         transport.run(0, f"kill {pid} 2>/dev/null; true")
@@ -212,7 +212,7 @@ def test_hostile_set_value_is_inert(
     )
     assert report.steps[0].outcomes[0].status == "failed"
     assert "unknown branch or commit" in report.steps[0].outcomes[0].detail
-    assert launch.exit_code(report) == ExitCode.USAGE
+    assert report.code == ExitCode.USAGE
     echo = run(sshd_pool, [w], "exec", tmp_path, sets={"cmd": "echo", "repo_dir": f"~/d; touch {marker}"})
     assert echo.ok
     assert not marker.exists()
@@ -227,7 +227,7 @@ def test_host_key_mismatch_is_refused_before_any_step(sshd_pool: SshdPool, tmp_p
         hosts=(f"{a.user}@127.0.0.1:{a.port}",), hostkeys=(b.fingerprint,), identity=str(sshd_pool.key)
     )
     with pytest.raises(HostKeyError) as e:
-        launch.run(RunRequest(sop="exec", sets={"cmd": "touch ~/ran"}, target=spec), cwd=tmp_path)
+        launch.start(RunRequest(sop="exec", sets={"cmd": "touch ~/ran"}, target=spec), cwd=tmp_path)
     assert a.fingerprint in e.value.line() and b.fingerprint in e.value.line()
     assert not (a.home / "ran").exists()
 
@@ -246,7 +246,7 @@ def test_fail_fast_names_the_worker_and_keep_going_finishes_the_rest(
     kept = run(sshd_pool, workers, "exec", tmp_path, sets={"cmd": cmd}, keep_going=True)
     assert kept.steps[0].outcomes[1].status == "failed"
     assert (workers[0].home / "done").exists() and (workers[2].home / "done").exists()
-    assert launch.exit_code(kept) == ExitCode.FAILED
+    assert kept.code == ExitCode.FAILED
 
 
 def test_secret_env_values_never_reach_ps_or_outputs(sshd_pool: SshdPool, tmp_path: Path) -> None:

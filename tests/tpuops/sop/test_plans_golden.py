@@ -22,7 +22,7 @@ HOSTS = ("me@10.0.0.2:22", "me@10.0.0.3:22")
 def test_dry_run_plan_matches_golden(name: str, tmp_path: Path) -> None:
     sop = loader.load(loader.find(name))
     sets = {k: v for k, v in SETS.items() if k in sop.params}
-    result = launch.run(
+    result = launch.start(
         launch.RunRequest(sop=name, sets=sets, target=TargetSpec(hosts=HOSTS), dry_run=True), cwd=tmp_path
     )
     assert isinstance(result, launch.DryRun)
@@ -37,7 +37,7 @@ def test_dry_run_plan_matches_golden(name: str, tmp_path: Path) -> None:
 def test_dry_run_touches_nothing(tmp_path: Path) -> None:
     # Unreachable hosts: a dry run must not even try to connect.
     spec = TargetSpec(hosts=("me@192.0.2.1:22",))
-    result = launch.run(
+    result = launch.start(
         launch.RunRequest(sop="sync", sets={"repo_url": "x"}, target=spec, dry_run=True), cwd=tmp_path
     )
     assert isinstance(result, launch.DryRun)
@@ -46,7 +46,7 @@ def test_dry_run_touches_nothing(tmp_path: Path) -> None:
 
 def test_hostile_value_is_quoted_in_the_plan(tmp_path: Path) -> None:
     sets = {"repo_url": "r", "branch": "x; rm -rf /", "repo_dir": "~/$(reboot)"}
-    result = launch.run(
+    result = launch.start(
         launch.RunRequest(sop="sync", sets=sets, target=TargetSpec(hosts=HOSTS[:1]), dry_run=True),
         cwd=tmp_path,
     )

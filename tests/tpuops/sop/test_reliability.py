@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tests.tpuops.conftest import SshdPool, commit_to
 from tpuops.errors import ExitCode
-from tpuops.run import launch
+from tpuops.run.result import exit_code
 from tpuops.shell import ALIVE
 from tpuops.sop.actions import Command
 from tpuops.sop.executor import Executor, StepReport, consistency
@@ -42,7 +42,7 @@ def test_second_run_is_refused_naming_the_holder_then_force_stops_it(sshd_pool: 
     outcome = second.steps[0].outcomes[0]
     assert outcome.status == "busy"
     assert f"run run-one (pid {pid})" in outcome.detail
-    assert launch.exit_code(second) == ExitCode.TPU_BUSY
+    assert exit_code(second) == ExitCode.TPU_BUSY
     forced = Executor(t, force=True).execute(long, {}, "run-two", [0])
     assert forced.ok
     assert (w.home / "runs/run-one/worker-0.exit").read_text().strip() == "143"
@@ -114,7 +114,7 @@ def test_hung_worker_is_detected_within_the_window(sshd_pool: SshdPool) -> None:
     outcome = report.steps[1].outcomes[0]
     assert outcome.status == "hang"
     assert "no step line for" in outcome.detail
-    assert launch.exit_code(report) == ExitCode.HANG
+    assert exit_code(report) == ExitCode.HANG
     assert took < 10  # detected after ~1 s of silence, not at the 60 s timeout
     t.run(0, "kill -KILL -- -$(cat ~/runs/hang-run/worker-0.pid)")
     t.close()
@@ -165,6 +165,6 @@ def test_stall_after_three_steps_on_a_real_worker_is_exit_9_before_the_timeout(s
     report = Executor(t).execute(job_sop(cmd, hang_factor=3, hang_min_s=1.0, timeout=60), {}, "hang3", [0])
     took = time.monotonic() - t0
     assert report.steps[1].outcomes[0].status == "hang", report.steps[1].outcomes[0]
-    assert launch.exit_code(report) == ExitCode.HANG and took < 10
+    assert exit_code(report) == ExitCode.HANG and took < 10
     t.run(0, "kill -KILL -- -$(cat ~/runs/hang3/worker-0.pid)")
     t.close()

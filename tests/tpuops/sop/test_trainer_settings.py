@@ -19,7 +19,7 @@ PRESET = "qwen2.5-1.5b-v6e-8"  # its YAML says train.steps: 200, checkpoint and 
 
 
 def _dry(sop: str, sets: dict[str, str], cwd: Path) -> launch.DryRun:
-    result = launch.run(
+    result = launch.start(
         launch.RunRequest(sop=sop, sets={**CODE, **sets}, target=TargetSpec(hosts=HOSTS), dry_run=True),
         cwd=cwd,
     )

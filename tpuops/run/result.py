@@ -1,0 +1,97 @@
+"""What a run returns: one frozen RunResult, its exit code computed once from the steps and the log."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tpuops.errors import ExitCode
+from tpuops.logs.events import LogReport
+from tpuops.sop.executor import SopReport, StepReport
+from tpuops.sop.model import Outcome
+
+# One VM recreation of a --recover run: when, why, how long, the last step seen, the step resumed at.
+Recovery = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A finished run, built once at its end (run/launch) and never changed afterwards: the executor's step
+    report, the run's log report, the VM recoveries (--recover), what to try next, and the exit code. The
+    CLI renders it; the run's saved result.json is its `to_dict()`."""
+
+    report: SopReport
+    code: ExitCode
+    log: LogReport | None = None
+    recoveries: tuple[Recovery, ...] = ()
+    hint: str | None = None  # what to try next, for failures with a known fix (an out-of-memory)
+
+    @property
+    def sop(self) -> str:
+        return self.report.sop
+
+    @property
+    def run_id(self) -> str:
+        return self.report.run_id
+
+    @property
+    def transport(self) -> str:
+        return self.report.transport
+
+    @property
+    def workers(self) -> list[int]:
+        return self.report.workers
+
+    @property
+    def steps(self) -> list[StepReport]:
+        return self.report.steps
+
+    @property
+    def duration_s(self) -> float:
+        return self.report.duration_s
+
+    @property
+    def ok(self) -> bool:
+        return self.code == ExitCode.OK
+
+    def first_failure(self) -> tuple[StepReport, int, Outcome] | None:
+        return self.report.first_failure()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The --json report and the run's saved result; holds no secret (details are redacted)."""
+        return {
+            **self.report.to_dict(int(self.code)),
+            "hint": self.hint,
+            "recoveries": list(self.recoveries),
+            "log": None if self.log is None else self.log.to_dict(),
+        }
+
+
+_LOG_FAILURE_CODES = {"oom": ExitCode.OOM, "tpu_busy": ExitCode.TPU_BUSY}
+
+
+def exit_code(
+    report: SopReport, log: LogReport | None = None, *, fail_on_recompile: bool = False
+) -> ExitCode:
+    """The process exit code for a finished SOP (see README: Exit codes): the first failed step, the log's
+    cause, or a recompile the SOP fails on."""
+    failure = report.first_failure()
+    cause = log.cause() if log is not None else None
+    if failure is None:
+        if cause is not None:
+            return _LOG_FAILURE_CODES.get(cause.kind, ExitCode.FAILED)
+        if log is not None and fail_on_recompile and log.recompiled:
+            return ExitCode.RECOMPILE
+        return ExitCode.OK
+    step, worker, outcome = failure
+    if step.kind == "preflight":  # the consistency check refused to start the run
+        return ExitCode.INCONSISTENT
+    kind = step.error_kind.get(worker)
+    if kind in {"connect", "host_key"}:
+        return ExitCode.CONNECT
+    if kind == "usage":  # bad input only the worker could see (a branch the remote does not have)
+        return ExitCode.USAGE
+    codes = {"busy": ExitCode.TPU_BUSY, "timeout": ExitCode.TIMEOUT, "hang": ExitCode.HANG}
+    if outcome.status == "failed" and cause is not None:
+        return _LOG_FAILURE_CODES.get(cause.kind, ExitCode.FAILED)
+    return codes.get(str(outcome.status), ExitCode.FAILED)
