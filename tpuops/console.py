@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -15,11 +16,36 @@ err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
 _JSON = {"on": False}  # the running command's --json
 
 
+# Control characters a worker's output may hold: C0 but tab and newline, DEL, C1 (0x9b is a one-byte CSI), and the
+# bidirectional overrides that make text read differently from what it is. ESC starts every terminal sequence
+# (clear screen, window title, OSC 52 clipboard writes); shown escaped, none of them reaches the terminal.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_RAW = {"on": False}  # `--raw`: the user asked for workers' bytes as they are
+
+
+def raw_output(on: bool) -> None:
+    """`--raw` (tpuops logs, attach): workers' control sequences reach the terminal unescaped."""
+    _RAW["on"] = on
+
+
+def _visible(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def inert(text: str) -> str:
+    """`text` with every control character shown as an escape (`\\x1b[2J`), unless --raw was given."""
+    if _RAW["on"] or not _CONTROL.search(text):
+        return text
+    return _CONTROL.sub(_visible, text)
+
+
 def escape(text: str) -> str:
-    """Text shown as is: rich markup in it (a log line's `[w0]`, a path with brackets) is not interpreted."""
+    """Text shown as is: rich markup in it (a log line's `[w0]`, a path with brackets) is not interpreted, and
+    terminal control sequences in it are inert (`inert`)."""
     from rich.markup import escape as rich_escape
 
-    return rich_escape(text)
+    return rich_escape(inert(text))
 
 
 # One style per Status member (a test checks every member renders); anything else shows unstyled.

@@ -63,6 +63,13 @@ SetOpt = Annotated[
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Machine-readable report on stdout; people's output on stderr.")
 ]
+RawOpt = Annotated[
+    bool,
+    typer.Option(
+        "--raw",
+        help="Workers' lines as they are, terminal control sequences included (shown escaped otherwise).",
+    ),
+]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the exact per-worker plan; touch nothing.")]
 ForceOpt = Annotated[
     bool, typer.Option("--force", help="Stop processes holding the TPU before clearing its lock.")

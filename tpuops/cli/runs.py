@@ -130,6 +130,7 @@ def attach(
     all_workers: Annotated[
         bool, typer.Option("--all-workers", help="Show every worker's lines, not only w0.")
     ] = False,
+    raw: o.RawOpt = False,
 ) -> None:
     """Resume following a detached run from where the last follow stopped; then fetch logs and report."""
     from tpuops import console
@@ -137,6 +138,7 @@ def attach(
     from tpuops.run import store as library
 
     finish_json(json)
+    console.raw_output(raw)
     attached = library.attach(
         run_id, on_line=console.line, stream="all" if all_workers else "first", from_start=from_start
     )
@@ -153,11 +155,17 @@ def logs(
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new lines until the run ends.")
     ] = False,
+    raw: o.RawOpt = False,
 ) -> None:
-    """Print a run's worker logs (from the workers; from the local copy when it is complete)."""
+    """Print a run's worker logs (from the workers; from the local copy when it is complete).
+
+    Terminal control sequences in the logs (clear screen, window title, clipboard writes) are shown escaped
+    (`\\x1b[2J`); `--raw` passes them through.
+    """
     from tpuops import console
     from tpuops.run import store as library
 
+    console.raw_output(raw)
     library.logs(run_id, worker, follow=follow, on_line=console.line)
 
 
