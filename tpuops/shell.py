@@ -53,18 +53,110 @@ def with_stdin_env(command: str) -> str:
     return f'eval "$(cat)"; {command}'
 
 
+# Values shorter than this are never redacted: a 1-3 character value (`1`, `on`, `dev`) would replace ordinary
+# text in every line (and show where the value sits by the holes it leaves), and so short a value is no secret
+# against guessing anyway. The same bound applies to each line of a multi-line value and to each encoding.
+MIN_SECRET_CHARS = 4
+
+
+def secret_forms(value: str) -> set[str]:
+    """The texts a value may be printed as: itself, each line of a multi-line value (a PEM key), and each of
+    those JSON-escaped, shell-quoted and URL-encoded -- every form at least MIN_SECRET_CHARS long."""
+    import json
+    from urllib.parse import quote, quote_plus
+
+    parts = {value, *(ln.rstrip("\r") for ln in value.split("\n"))}
+    forms: set[str] = set()
+    for p in parts:
+        forms |= {
+            p,
+            json.dumps(p)[1:-1],  # `"` -> `\"`, `\` -> `\\`, newline -> `\n`, non-ASCII -> `\uXXXX`
+            json.dumps(p, ensure_ascii=False)[1:-1],
+            shlex.quote(p),
+            quote(p, safe=""),
+            quote(p),
+            quote_plus(p),
+        }
+    return {f for f in forms if len(f) >= MIN_SECRET_CHARS}
+
+
+def secret_digest(key: bytes, text: str) -> str:
+    """A keyed hash of one secret form: what a run record keeps instead of the value (see Redactor.add_hashed)."""
+    import hashlib
+
+    return hashlib.blake2b(text.encode(), key=key, digest_size=16).hexdigest()
+
+
 class Redactor:
-    """Replaces every known secret value with *** in any text that leaves tpuops."""
+    """Replaces every known secret value, in each of its printed forms (`secret_forms`), with *** in any text that
+    leaves tpuops. Values known only by their keyed hashes (a run's sent .env after the local one changed) are
+    found by hashing every window of their lengths: correct, but slower, so only those are searched that way."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self._secrets: set[str] = set()
+        self._sorted: list[str] | None = None
+        self._hash_key = b""
+        self._hashed: dict[int, set[str]] = {}  # length in characters -> keyed digests of that length
         self.add(secrets)
 
     def add(self, secrets: Iterable[str]) -> None:
-        # Very short values would redact ordinary text; a 1-3 character secret is not a secret worth the noise.
-        self._secrets.update(s for s in secrets if s and len(s) >= 4)
+        new = set().union(*(secret_forms(s) for s in secrets if s)) - self._secrets
+        if new:
+            self._secrets |= new
+            self._sorted = None  # rebuilt on next use
+            self._forget_known()
+
+    def add_hashed(self, key: bytes, digests: Iterable[tuple[int, str]]) -> None:
+        """Secret forms known by (length, keyed digest) only; those a known value has are dropped."""
+        self._hash_key = key
+        for length, digest in digests:
+            self._hashed.setdefault(int(length), set()).add(digest)
+        self._forget_known()
+
+    @property
+    def unknown_hashed(self) -> int:
+        """Secret forms known only by their hash (each costs a hash per window of its length per line)."""
+        return sum(len(d) for d in self._hashed.values())
+
+    def _forget_known(self) -> None:
+        if not self._hashed:
+            return
+        known = {secret_digest(self._hash_key, s) for s in self._secrets}
+        self._hashed = {n: d - known for n, d in self._hashed.items() if d - known}
 
     def __call__(self, text: str) -> str:
-        for s in sorted(self._secrets, key=len, reverse=True):
-            text = text.replace(s, REDACTED)
+        """`text` redacted. Call it on many lines at once where possible: each form is one C-speed search of
+        the whole text (about 1 ms per form per MiB), a call per line adds its overhead per line."""
+        forms = self._sorted
+        if forms is None:
+            forms = self._sorted = sorted(self._secrets, key=len, reverse=True)  # a longer form first
+        for form in forms:
+            if form in text:
+                text = text.replace(form, REDACTED)
+        if self._hashed:
+            text = self._redact_hashed(text)
         return text
+
+    def _redact_hashed(self, text: str) -> str:
+        spans: list[tuple[int, int]] = []
+        for length in sorted(self._hashed, reverse=True):
+            digests = self._hashed[length]
+            i = 0
+            while i + length <= len(text):
+                if secret_digest(self._hash_key, text[i : i + length]) in digests:
+                    spans.append((i, i + length))
+                    i += length
+                else:
+                    i += 1
+        if not spans:
+            return text
+        spans.sort()
+        out, at = [], 0
+        for a, b in spans:
+            if b <= at:
+                continue
+            out.append(text[at : max(a, at)])
+            out.append(REDACTED)
+            at = b
+        out.append(text[at:])
+        return "".join(out)
