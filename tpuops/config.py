@@ -205,6 +205,27 @@ class TargetSpec:
         )
 
 
+def private_dir(path: Path) -> Path:
+    """A folder only its owner can read (0700), made with its parents; an existing one is narrowed to 0700."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.chmod(0o700)
+    return path
+
+
+def run_folder(run_id: str) -> Path:
+    """`<state home>/runs/<run_id>`, both folders 0700: run records and log copies may quote a worker's output."""
+    private_dir(state_home() / "runs")
+    return private_dir(state_home() / "runs" / run_id)
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write a file that is 0600 from its first byte (no window in which another user could open it)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
 def write_atomic(path: str | Path, text: str) -> None:
     """Replace `path` with `text` whole or not at all: a unique temporary name in the same folder, fsync, then
     rename. A reader never sees half a run record or cache file, whatever kills the writer (a temporary file is

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tpuops import shell
-from tpuops.errors import TpuopsError
+from tpuops.config import private_dir, write_private
+from tpuops.errors import HostKeyError, TpuopsError
 from tpuops.logs.actions import Fetch, Follow
 from tpuops.logs.events import Event, Failure, StepEvent
 from tpuops.logs.scanner import LogScanner
@@ -52,6 +53,8 @@ class Follower:
                 code = self.transport.read_from(w, exit_file, 0)  # read before the log: no line left behind
                 chunk = self.transport.read_from(w, log, offset) or b""
                 delay = action.poll_s
+            except HostKeyError:
+                raise  # a changed host key is never retried: the worker may be another machine now (exit 3)
             except (OSError, EOFError, TpuopsError) as e:
                 if self.abort.is_set():
                     return self._ended(w, action, Kind.ABORTED, "aborted: the VM is gone")
@@ -106,16 +109,23 @@ class Follower:
     def follow_all(self, workers: list[int], action: Follow) -> dict[int, CmdResult]:
         """Follow several workers at once (one thread each) until each one's follow ends."""
         results: dict[int, CmdResult] = {}
+        refused: list[HostKeyError] = []
         cancel = threading.Event()  # never set: one worker's end does not stop the others
 
         def one(w: int) -> None:
-            results[w] = self.follow(w, action, cancel)
+            try:
+                results[w] = self.follow(w, action, cancel)
+            except HostKeyError as e:  # the others stop too, and the error is the attach's (exit 3)
+                refused.append(e)
+                self.abort.set()
 
         threads = [threading.Thread(target=one, args=(w,), daemon=True) for w in workers]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        if refused:
+            raise refused[0]
         return results
 
     def fetch(self, w: int, action: Fetch, local_runs: Path | None) -> CmdResult:
@@ -126,11 +136,11 @@ class Follower:
         dest = None
         if local_runs is not None:
             dest = local_runs / action.run_dir.rstrip("/").rsplit("/", 1)[-1] / f"worker-{w}.log"
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(self.redact(data.decode(errors="replace")).encode())
+            private_dir(dest.parent)
+            write_private(dest, self.redact(data.decode(errors="replace")).encode())
             code = self.transport.read_from(w, f"{action.run_dir}/worker-{w}.exit", 0)
             if code is not None:  # the report tells a finished job from a killed one by this file
-                dest.with_suffix(".exit").write_bytes(code)
+                write_private(dest.with_suffix(".exit"), code)
         return CmdResult(w, action.render(), 0, stdout=f"tpuops: fetched bytes={len(data)} to={dest}\n")
 
     def _ended(self, w: int, action: Follow, kind: Kind, why: str, stdout: str = "") -> CmdResult:

@@ -163,7 +163,9 @@ def _execute(
 ) -> RunResult | DryRun:
     """One attempt on a resolved target: the fit preflight, then the plan or the run and its one result."""
     sop, values = checked.sop, checked.values
-    redact = Redactor()
+    secret_files = prepare.secret_files(sop, values, cwd)
+    # Known before the first step: a worker that already has this .env gets nothing sent, yet its job prints it.
+    redact = Redactor(_env_values(secret_files))
     transport = open_transport(target, redact)
     fit_line = prepare.fit_preflight(sop, values, target.accelerator, skip=req.skip_fit, cwd=cwd)
     workers = select_workers(req.worker, len(transport.workers))
@@ -191,7 +193,7 @@ def _execute(
         target.spec,
         workers,
         values,
-        prepare.secret_files(sop, values, cwd),
+        secret_files,
         prepare.runs_dir(sop, values),
     )
     from tpuops.run.store import OffsetWriter, save_result
@@ -261,6 +263,27 @@ def _connect_step(workers: list[int], unreachable: dict[int, TpuopsError]) -> St
     return step
 
 
+def _env_values(secret_files: list[str]) -> list[str]:
+    """The values of the run's local .env files (read leniently: these are only for redaction)."""
+    from tpuops.sop import secrets
+
+    return [
+        v for f in map(Path, secret_files) if f.is_file() for v in secrets.parse(f.read_bytes())[0].values()
+    ]
+
+
+def _secret_digests(secret_files: list[str]) -> dict[str, object]:
+    """What the run's .env values were, kept as keyed hashes of each printed form (never a value): `attach` and
+    `logs` still redact them after the local .env changed (shell.Redactor.add_hashed)."""
+    from tpuops.shell import secret_digest, secret_forms
+
+    key = _secrets.token_bytes(16)
+    forms = sorted(
+        {(len(s), secret_digest(key, s)) for v in _env_values(secret_files) for s in secret_forms(v)}
+    )
+    return {"key": key.hex(), "forms": [list(f) for f in forms]}
+
+
 def _record(
     run_id: str,
     sop: str,
@@ -271,8 +294,7 @@ def _record(
     runs_dir: str,
 ) -> None:
     """Remember how to reach a run again (`tpuops runs`, attach, logs); holds no secret (only where they are)."""
-    d = user_config.state_home() / "runs" / run_id
-    d.mkdir(parents=True, exist_ok=True)
+    d = user_config.run_folder(run_id)
     record = {
         "run_id": run_id,
         "sop": sop,
@@ -281,6 +303,7 @@ def _record(
         "values": {k: v for k, v in values.items()},
         "started": time.time(),
         "secret_files": secret_files,
+        "secret_digests": _secret_digests(secret_files),
         "runs_dir": runs_dir,
     }
     write_atomic(d / "run.json", jsonout.dumps(record, indent=1))  # never half a record

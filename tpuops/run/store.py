@@ -34,14 +34,21 @@ class RunRecord:
     result: dict[str, Any] | None = None  # the JSON report once the SOP finished
     secret_files: tuple[str, ...] = ()  # the local .env files whose values the run's logs must not show
     runs_dir: str | None = None  # the run step's runs_dir on the workers (older records: the parameter)
+    secret_digests: dict[str, Any] | None = (
+        None  # keyed hashes of the .env values sent (launch._secret_digests)
+    )
 
     def redactor(self) -> Redactor:
-        """Redacts the values of the run's .env files (as they are now) from what the workers' logs say."""
+        """Redacts from what the workers' logs say the values of the run's .env files as they are now, and the
+        values that were sent with the run (kept as keyed hashes) even after the local files changed."""
         from tpuops.sop import secrets
 
         files = [Path(f) for f in self.secret_files if Path(f).is_file()]
         # Read leniently: redaction must work even if a file was since edited into one tpuops would not send.
-        return Redactor(v for f in files for v in secrets.parse(f.read_bytes())[0].values())
+        redact = Redactor(v for f in files for v in secrets.parse(f.read_bytes())[0].values())
+        if self.secret_digests:
+            redact.add_hashed(bytes.fromhex(self.secret_digests["key"]), self.secret_digests["forms"])
+        return redact
 
     @property
     def local_dir(self) -> Path:
@@ -73,6 +80,7 @@ def load(run_id: str) -> RunRecord:
         result=result,
         secret_files=tuple(data.get("secret_files", ())),
         runs_dir=data.get("runs_dir"),
+        secret_digests=data.get("secret_digests"),
     )
 
 

@@ -113,7 +113,9 @@ class FollowStep(Step):
         if r.kind is Kind.HUNG:
             return Outcome("hang", r.error or "hung", {"py_spy": r.stdout} if r.stdout else {})
         if r.job_exit is None:  # following ended before the job did
-            return Outcome("timeout" if r.kind is Kind.TIMEOUT else "failed", r.error or f"{r.kind}")
+            # cancelled: another worker's failure is the run's cause, not this worker's follow
+            status = {Kind.TIMEOUT: "timeout", Kind.CANCELLED: "cancelled"}.get(r.kind, "failed")
+            return Outcome(status, r.error or f"{r.kind}")
         code = r.job_exit
         return Outcome("ok" if code == 0 else "failed", f"job exited {code}", {"exit_code": code})
 

@@ -263,9 +263,11 @@ class SshTransport:
                 return buf.getvalue()
         except FileNotFoundError:
             return None
-        except (OSError, paramiko.SSHException, EOFError):
-            self._drop(worker)
-            raise
+        except (OSError, paramiko.SSHException, EOFError) as e:
+            self._drop(worker)  # a reader retries on ConnectError (a changed host key is HostKeyError: never)
+            raise ConnectError(
+                f"connection to {self.workers[worker].label} lost: {e or type(e).__name__}"
+            ) from e
 
 
 def _makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
