@@ -154,7 +154,7 @@ def main() -> None:
 
 def run_report_baseline() -> float:
     """Peak RSS of a process that only imports what the report imports: the floor under the figure above."""
-    code = "import resource; from tpuops import logscan, report_log; print(resource.getrusage(0).ru_maxrss)"
+    code = "import resource; from tpuops.run import logreport, scan; print(resource.getrusage(0).ru_maxrss)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     return int(out.stdout) * 1024 / 1e6
 

@@ -24,6 +24,24 @@ from tpuops.logs.events import (
 
 # ---- The regex table: every line shape we read (docs/contracts.md section 2, JAX's compile logging) ----
 STEP = re.compile(rb"^step=(?P<step>-?\d+) .*?\bdt=(?P<dt>[0-9.]+)s")
+# Step lines as people write them (docs/logs.md "Step lines"): an optional logging prefix (`INFO:root:`,
+# `2026-01-20 12:00:01,123 INFO ...`, absl's `I0120 12:00:01.123456 1234 train.py:12] `), then `step=N`,
+# `step: N`, `Step N/M` or `[step N]`. The bundled trainer's `step=` lines take the fast path (_lines).
+_LEVEL = r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)"
+_PREFIX = (
+    r"(?:(?P<absl>[IWEF](?P<amd>\d{4}) (?P<atime>\d\d:\d\d:\d\d(?:\.\d+)?) +\d+ [^\]\s]*\] ?)"
+    rf"|{_LEVEL}:[\w.<>-]*:"
+    r"|\[?(?P<date>\d{4}-\d\d-\d\d)[ T](?P<time>\d\d:\d\d:\d\d(?:[.,]\d+)?)\S*"
+    r"(?:[^=\n]{0,120}?[\s\[\]:|-])?)"
+)
+STEP_ANY = re.compile(
+    rf"^\s*{_PREFIX}?\[? *[Ss]tep(?: *[=:] *| +)(?P<step>\d+)(?: */ *\d+)?\]?(?=$|[\s,;|\]])"
+)
+# The step's duration, anywhere after the step number: `dt=1.2s`, `step_time: 1370ms`, `time=1.37`, ...
+DT_ANY = re.compile(
+    r"(?<![\w.])(?:dt|step_time|time|step_s|elapsed)(?:\s*[=:]\s*|\s+)"
+    r"(?P<dt>\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)\s*(?P<unit>ms|s)?(?![\w.:-])"
+)
 KV = re.compile(r"(?P<k>[A-Za-z_][\w.]*)=(?P<v>\S+)")
 RECORD = re.compile(r"^(?P<kind>start|batch|eval_begin|eval_end|eval|checkpoint|reward_errors)(?::|\s|$)")
 JSON_LINE = re.compile(r"^(?P<kind>summary|metrics|config): (?P<json>\{.*\})\s*$")
@@ -63,12 +81,74 @@ FAILURE_HINT = re.compile(
     r"RESOURCE_EXHAUSTED|ut of memory|OOM when|already in use|TPU is held|libtpu_lockfile|/dev/vfio"
     r"|/dev/accel|wandb|Run initialization|api_key|arrier timed out|RegisterTask|oordinat|heartbeats|has not"
 )
+# The step table's other columns, as `key=value` or `key: value` on any step line.
+LOOSE_KV = re.compile(
+    r"(?<![\w.])(rollout_generate|update|reward_mean|loss|tokens_per_s)(?:\s*[=:]\s*|\s+)([-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)"
+)
+ROW_FIELDS = ("rollout_generate", "update", "reward_mean", "loss", "tokens_per_s")
 WORKER_LOG = re.compile(r"^worker-(?P<k>\d+)\.log$")
 
 MAX_ROWS = 4096  # step rows kept for tables and plots: every 2^k-th step once a log has more
 MAX_DT_KEYS = 50_000  # distinct dt values before they are rounded to 4 significant digits
 MAX_LINE = 1 << 20  # longer lines are cut (a binary blob in a log must not blow the memory)
 EXPLAIN_LINES = 40
+
+
+def compile_step_pattern(text: str) -> re.Pattern[str]:
+    """A user's step-line regex (`scan: {step_pattern: ...}`, `--set step_pattern=...`): group `step` required,
+    `dt` optional; searched anywhere in each line. Bad input is exit 2 naming the pattern."""
+    from tpuops.errors import UsageError
+
+    try:
+        pattern = re.compile(text)
+    except re.error as e:
+        raise UsageError(
+            f"step_pattern {text!r} is not a valid regular expression: {e}",
+            hint=r"for example --set step_pattern='^iter (?P<step>\d+) .*took (?P<dt>[0-9.]+)s'",
+        ) from None
+    if "step" not in pattern.groupindex:
+        raise UsageError(
+            f"step_pattern {text!r} has no named group 'step'",
+            hint=r"name the step number (?P<step>\d+), and optionally its duration (?P<dt>[0-9.]+)",
+        )
+    return pattern
+
+
+def _seconds(value: str, unit: str | None) -> float | None:
+    try:
+        v = float(value)
+    except ValueError:
+        return None
+    return v / 1000 if unit == "ms" else v
+
+
+def _stamp(m: re.Match[str]) -> float | None:
+    """Seconds of a logging prefix's timestamp (ISO date and time, or absl's MMDD time), for step gaps."""
+    import datetime
+
+    groups = m.groupdict()
+    try:
+        if groups.get("date"):
+            day = datetime.date.fromisoformat(groups["date"]).toordinal()
+            clock = groups["time"].replace(",", ".")
+        elif groups.get("amd"):
+            amd = groups["amd"]
+            day = datetime.date(2000, int(amd[:2]), int(amd[2:])).toordinal()
+            clock = groups["atime"]
+        else:
+            return None
+        h, mi, sec = clock.split(":")
+        return day * 86400 + int(h) * 3600 + int(mi) * 60 + float(sec)
+    except (ValueError, KeyError):
+        return None
+
+
+def _duration(text: str) -> float | None:
+    """A `dt` group's text: seconds, with or without `s`, or milliseconds with `ms`."""
+    text = text.strip()
+    if text.endswith("ms"):
+        return _seconds(text[:-2], "ms")
+    return _seconds(text.removesuffix("s"), "s")
 
 
 def _kv(text: str) -> dict[str, str]:
@@ -95,7 +175,9 @@ def _dt_value(key: bytes | float) -> float | None:
         return None
 
 
-def _row(line: bytes) -> StepRow | None:
+def _row(line: bytes | StepRow) -> StepRow | None:
+    if isinstance(line, StepRow):
+        return line
     kv = _kv(line.decode(errors="replace"))
     try:
         row = StepRow(step=int(kv["step"]))
@@ -112,6 +194,10 @@ class LogScanner:
 
     `on_event` hears each step line, training compile and failure as it is read, and the exit (`exit()`):
     what a live consumer (hang detection, recovery, attach) acts on without waiting for the report.
+
+    Step lines: the bundled trainer's `step=N ... dt=Ts`, and the common forms people print (STEP_ANY), or only
+    `step_pattern` when given. A step line without a duration gets the gap since the previous step line: from
+    the timestamps of their logging prefixes, else from `clock` (a live follower's: when it saw each line).
     """
 
     def __init__(
@@ -120,16 +206,24 @@ class LogScanner:
         worker: int = 0,
         source: str = "",
         on_event: Callable[[Event], None] | None = None,
+        step_pattern: str | re.Pattern[str] | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.warmup = warmup
         self.on_event = on_event
+        if isinstance(step_pattern, str):
+            step_pattern = compile_step_pattern(step_pattern)
+        self.step_pattern = step_pattern
+        self.clock = clock
+        self._last_seen: float | None = None  # when (timestamp or clock) the previous step line was seen
         self.r = LogReport(source=source, workers=[worker], warmup=warmup)
         self.r.compiles = {"total": 0, "warmup": 0, "eval": 0, "after_warmup": 0, "open": 0}
         self.worker = worker
-        self._dt: Counter[bytes] = Counter()  # steady-state dt tokens (b"dt=1.23s") -> count
+        # steady-state dt tokens (b"dt=1.23s", or the seconds of other step lines) -> count
+        self._dt: Counter[bytes | float] = Counter()
         self._dt_coarse: Counter[float] = Counter()
-        self._rows: list[bytes] = []
-        self._last_row: bytes | None = None
+        self._rows: list[bytes | StepRow] = []
+        self._last_row: bytes | StepRow | None = None
         self._pending: list[Compile] = []  # compiles in the open window, assigned when the next step= arrives
         self._explain: dict[str, str] = {}  # function name -> latest cache-miss explanation not yet used
         self._miss: list[str] | None = None
@@ -166,7 +260,10 @@ class LogScanner:
 
     def _lines(self, lines: list[bytes]) -> None:
         # Fast path: runs of step= lines are counted in bulk; only the other lines go through the regex table.
-        others = [i for i, line in enumerate(lines) if line[:5] != b"step="]
+        if self.step_pattern is not None:
+            others = list(range(len(lines)))
+        else:
+            others = [i for i, line in enumerate(lines) if line[:5] != b"step="]
         start, base = 0, self.r.lines
         for end in [*others, len(lines)]:
             if end > start:
@@ -183,8 +280,17 @@ class LogScanner:
     def _step_events(self, seg: list[bytes], first_line: int) -> None:
         for i, line in enumerate(seg):
             m = STEP.match(line)
-            step, dt = (int(m["step"]), float(m["dt"])) if m else (None, None)
+            step, dt = (int(m["step"]), float(m["dt"])) if m else self._loose(line)
             self.on_event(StepEvent(self.worker, step, dt, first_line + i))  # type: ignore[misc]
+
+    def _loose(self, line: bytes) -> tuple[int | None, float | None]:
+        """A `step=` line that is not the trainer's (no `dt=`): its step and any duration key it has."""
+        text = line.decode(errors="replace")
+        m = STEP_ANY.match(text)
+        if m is None:
+            return None, None
+        d = DT_ANY.search(text, m.end())
+        return int(m["step"]), _seconds(d["dt"], d["unit"]) if d else None
 
     def _steps(self, seg: list[bytes]) -> None:
         if self._miss is not None or self._tb is not None:
@@ -198,6 +304,10 @@ class LogScanner:
             dts = [line.split(b" ", 5)[4] for line in seg]
             last = int(seg[-1][5 : seg[-1].index(b" ")])
             first = int(seg[0][5 : seg[0].index(b" ")])
+            # Every fifth field is `dt=...` (tokens hold no space, so each " dt=" starts one), else these are
+            # someone else's `step=` lines: the careful path reads them.
+            if b" ".join([b"", *dts]).count(b" dt=") != len(dts):
+                raise ValueError
         except (IndexError, ValueError):
             for line in seg:  # a malformed line somewhere: the careful path, line by line
                 self._one_step(line, steady=True)
@@ -216,7 +326,11 @@ class LogScanner:
     def _one_step(self, line: bytes, steady: bool) -> None:
         m = STEP.match(line)
         if m is None:
-            self.r.malformed_steps += 1
+            text = line[:MAX_LINE].rstrip(b"\r").decode(errors="replace")
+            if (loose := STEP_ANY.match(text)) is None:
+                self.r.malformed_steps += 1
+                return
+            self._step_line(loose, text, event=False)  # its event went out with the segment's
             return
         step = int(m["step"])
         self._close_window(step)
@@ -230,6 +344,42 @@ class LogScanner:
         self.r.last_step = step
         self._last_row = line
         self._trim()
+
+    def _step_line(self, m: re.Match[str], text: str, *, event: bool = True) -> None:
+        """A step line other than the trainer's (STEP_ANY or the user's step_pattern): the step from group
+        `step`; its duration from group `dt`, else a duration key after the step, else the gap since the
+        previous step line (logging timestamps, else the clock)."""
+        try:
+            step = int(m["step"])
+        except (TypeError, ValueError):
+            self.r.malformed_steps += 1
+            return
+        dt = _duration(m["dt"]) if "dt" in m.re.groupindex and m["dt"] else None
+        if dt is None and (d := DT_ANY.search(text, m.end())):
+            dt = _seconds(d["dt"], d["unit"])
+        seen = _stamp(m) if "date" in m.re.groupindex else None
+        if seen is None and self.clock is not None:
+            seen = self.clock()
+        if dt is None and seen is not None and self._last_seen is not None and seen >= self._last_seen:
+            dt = round(seen - self._last_seen, 4)
+        self._last_seen = seen
+        self._close_window(step)
+        if self.r.first_step is None:
+            self.r.first_step = step
+        if dt is not None and self.r.steps >= self.warmup:
+            self._dt[float(f"{dt:.6g}")] += 1
+        row = StepRow(step=step, dt=dt)
+        for k, v in LOOSE_KV.findall(text[m.end() :]):
+            if k in ROW_FIELDS:
+                setattr(row, k, float(v))
+        if self.r.steps % self.r.row_stride == 0:
+            self._rows.append(row)
+        self.r.steps += 1
+        self.r.last_step = step
+        self._last_row = row
+        self._trim()
+        if event and self.on_event:
+            self.on_event(StepEvent(self.worker, step, dt, self.r.lines))
 
     def _trim(self) -> None:
         while len(self._rows) > MAX_ROWS:  # keep every 2^k-th step: uniform, and the same in any chunking
@@ -267,6 +417,13 @@ class LogScanner:
                 return
             self._end_miss()
         if self._tb is not None and self._traceback_line(text):
+            return
+        if self.step_pattern is not None:
+            step = self.step_pattern.search(text)
+        else:
+            step = STEP_ANY.match(text) if "tep" in text else None
+        if step is not None:
+            self._step_line(step, text)
             return
         if m := COMPILE.search(text):
             self._compile(m["fn"])

@@ -335,8 +335,10 @@ def test_too_many_distinct_dt_values_are_rounded_to_four_digits(monkeypatch: pyt
 
 
 def test_malformed_step_lines_are_counted_not_fatal() -> None:
+    # `step=1 loss=nan` is a step without a duration (someone's own format), `step=x` no step at all.
     r = scan([step_line(0, 1.0), "step=1 loss=nan", "step=x", step_line(2, 2.0), step_line(3, 3.0)])
-    assert r.malformed_steps == 2 and r.steps == 3 and r.dt is not None and r.dt.n == 2
+    assert r.malformed_steps == 1 and r.steps == 4 and r.dt is not None and r.dt.n == 2
+    assert [row.step for row in r.rows] == [0, 1, 2, 3] and r.rows[1].dt is None
 
 
 def test_a_live_report_is_a_snapshot_and_the_open_window_closes_later() -> None:
