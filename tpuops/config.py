@@ -44,6 +44,7 @@ class UserConfig(TargetSettings):
     unreachable_s: float = Field(
         default=300.0, gt=0
     )  # a VM none of whose workers answers on SSH this long is lost
+    sops_dir: str | None = None  # the user's SOP folder, relative to the tpuops.toml that names it
     params: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -52,12 +53,17 @@ def state_home() -> Path:
     return Path(os.environ.get("TPUOPS_HOME") or Path.home() / ".tpuops")
 
 
+def project_file(cwd: Path | None = None) -> Path | None:
+    """The nearest tpuops.toml from `cwd` up, or None."""
+    cwd = cwd or Path.cwd()
+    return next((d / "tpuops.toml" for d in [cwd, *cwd.parents] if (d / "tpuops.toml").is_file()), None)
+
+
 def config_paths(cwd: Path | None = None) -> list[Path]:
     """The files read, lowest precedence first: the user file, then the nearest project tpuops.toml."""
-    cwd = cwd or Path.cwd()
     xdg = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
     paths = [xdg / "tpuops" / "config.toml"]
-    project = next((d / "tpuops.toml" for d in [cwd, *cwd.parents] if (d / "tpuops.toml").is_file()), None)
+    project = project_file(cwd)
     return [*paths, project] if project else paths
 
 

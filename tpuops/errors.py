@@ -21,6 +21,7 @@ class ExitCode(IntEnum):
     OOM = 10
     INCONSISTENT = 11
     NO_FIT = 12
+    UNVERIFIED = 13
     INTERRUPTED = 130  # 128 + SIGINT, as shells report it
     TERMINATED = 143  # 128 + SIGTERM
 
@@ -66,6 +67,11 @@ EXIT_CODES: dict[ExitCode, tuple[str, str]] = {
         "no_fit",
         "the config does not fit its TPU: `tpuops fit`, or the fit preflight of a run on a VM (nothing was "
         "started)",
+    ),
+    ExitCode.UNVERIFIED: (
+        "unverified",
+        "a recompile check could not judge the run: it saw no step line (`--set step_pattern=REGEX`) or no JAX "
+        "compile logging (is `JAX_LOG_COMPILES=1` reaching the program?); never ok",
     ),
     ExitCode.INTERRUPTED: (
         "interrupted",

@@ -60,6 +60,14 @@ WorkerOpt = Annotated[str, typer.Option("--worker", "-w", help="Workers to use: 
 SetOpt = Annotated[
     list[str] | None, typer.Option("--set", "-s", help="Parameter override key=value (repeatable).")
 ]
+CommandArg = Annotated[
+    list[str] | None,
+    typer.Argument(
+        metavar="[-- CMD [ARGS]...]",
+        help="Your own command, after `--`: it reaches every worker word for word (shell-quoted), never read here.",
+        show_default=False,
+    ),
+]
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Machine-readable report on stdout; people's output on stderr.")
 ]

@@ -22,13 +22,19 @@ ImplOpt = Annotated[
 
 
 def run_named(
-    name: str, fixed: dict[str, object], opts: o.RunOptions, target: o.TargetOptions, watch: o.WatchOptions
+    name: str,
+    fixed: dict[str, object],
+    opts: o.RunOptions,
+    target: o.TargetOptions,
+    watch: o.WatchOptions,
+    command: list[str] | None = None,
 ) -> None:
-    """Run SOP `name` with the command's own values (`fixed`) under the user's --set."""
+    """Run SOP `name` with the command's own values (`fixed`) under the user's --set (and the words after `--`)."""
     run_sop(
         name,
         {**fixed, **opts.sets()},  # type: ignore[dict-item]
         target.spec(),
+        command=tuple(command or ()),
         worker=opts.worker,
         dry_run=opts.dry_run,
         json=opts.json,
@@ -42,28 +48,41 @@ def run_named(
 
 
 @o.wired
-def run(name: SopNameArg, *, opts: o.RunOptions, target: o.TargetOptions, watch: o.WatchOptions) -> None:
+def run(
+    name: SopNameArg,
+    cmd: o.CommandArg = None,
+    *,
+    opts: o.RunOptions,
+    target: o.TargetOptions,
+    watch: o.WatchOptions,
+) -> None:
     """Run a SOP by name; `--set a.b=c` (with a dot) goes to the trainer, checked before anything runs.
+    `job` runs your own command (after `--`) in your repository on every worker.
 
     \b
     Examples:
       tpuops run grpo --vm mllm-jax-v6e-8 --zone us-east1-d --set steps=20
       tpuops run grpo --local --set steps=3 --set rollout.max_new_tokens=16
+      tpuops run job --vm mllm-jax-v6e-8 -- python -u scripts/train.py --config configs/small.yaml
       tpuops run grpo --dry-run --json
     """
-    run_named(name, {}, opts, target, watch)
+    run_named(name, {}, opts, target, watch, cmd)
 
 
 @o.wired
-def recompile_check(*, opts: o.RunOptions, target: o.TargetOptions, watch: o.WatchOptions) -> None:
-    """A few GRPO steps with JAX compile logging; exit 7 if anything compiles after the warm-up.
+def recompile_check(
+    cmd: o.CommandArg = None, *, opts: o.RunOptions, target: o.TargetOptions, watch: o.WatchOptions
+) -> None:
+    """A few GRPO steps (or your own JAX command, after `--`) with JAX compile logging; exit 7 if anything
+    compiles after the warm-up, 13 if no step line or no compile logging was seen.
 
     \b
     Examples:
       tpuops recompile-check                       # the VM from tpuops.toml
       tpuops recompile-check --local --set steps=4 --json
+      tpuops recompile-check --vm mllm-jax-v6e-8 -- python -u scripts/train.py --set steps=5
     """
-    run_named("recompile-check", {}, opts, target, watch)
+    run_named("recompile-check-job" if cmd else "recompile-check", {}, opts, target, watch, cmd)
 
 
 @o.wired

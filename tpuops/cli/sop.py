@@ -39,7 +39,14 @@ def show(name: str, json: o.JsonOpt = False) -> None:
 
 @app.command("run")
 @o.wired
-def run(name: runs.SopNameArg, *, opts: o.RunOptions, target: o.TargetOptions, watch: o.WatchOptions) -> None:
+def run(
+    name: runs.SopNameArg,
+    cmd: o.CommandArg = None,
+    *,
+    opts: o.RunOptions,
+    target: o.TargetOptions,
+    watch: o.WatchOptions,
+) -> None:
     """Run a SOP on every selected worker (in parallel), or print its plan with --dry-run.
 
     \b
@@ -48,4 +55,4 @@ def run(name: runs.SopNameArg, *, opts: o.RunOptions, target: o.TargetOptions, w
       tpuops sop run sync --host me@10.0.0.2 --hostkey SHA256:... --set branch=main
       tpuops sop run smoke --vm mllm-jax-v6e-8 --zone us-east1-d --set steps=5 --json
     """
-    runs.run_named(name, {}, opts, target, watch)
+    runs.run_named(name, {}, opts, target, watch, cmd)

@@ -28,6 +28,7 @@ def run_sop(
     recover: int | None = None,
     skip_fit: bool = False,
     unreachable_s: float | None = None,
+    command: tuple[str, ...] = (),
 ) -> None:
     from tpuops import console
     from tpuops.run import launch, report
@@ -43,6 +44,7 @@ def run_sop(
         keep_going=keep_going,
         parallel=parallel,
         skip_fit=skip_fit,
+        command=command,
     )
     # One library call: it loads the config, resolves the target once and decides the VM watch itself.
     result = launch.start(

@@ -45,7 +45,7 @@ class Follower:
         show = action.stream == "all" or w == 0
         hang = HangWatch(action) if action.hang_factor and w == 0 else None
         polled: list[Event] = []
-        scanner = LogScanner(worker=w, on_event=polled.append)
+        scanner = LogScanner(worker=w, on_event=polled.append, step_pattern=action.step_pattern)
         polls = 0
         while True:
             polls += 1

@@ -15,7 +15,7 @@ from tpuops.config import TargetSpec, UserConfig, write_atomic
 from tpuops.errors import ExitCode, TpuopsError, UsageError
 from tpuops.logs.events import Event, LogReport
 from tpuops.run import prepare
-from tpuops.run.result import RunResult, exit_code
+from tpuops.run.result import RunResult, exit_code, unverified
 from tpuops.run.target import Target, connect_all, open_transport, resolve, select_workers
 from tpuops.shell import Redactor
 from tpuops.sop import loader
@@ -37,6 +37,7 @@ class RunRequest:
     parallel: int | None = None
     run_id: str | None = None
     skip_fit: bool = False  # --skip-fit: start without the ahead-of-time fit check
+    command: tuple[str, ...] = ()  # the words after `--`: the SOP's `cmd` list, verbatim
 
 
 @dataclass
@@ -127,13 +128,52 @@ def start(
 
 def _check(req: RunRequest, spec: TargetSpec, cfg: UserConfig, cwd: Path) -> _Checked:
     """Everything that can be checked on this machine, before the TPU API or a worker is asked anything."""
-    sop = loader.load(loader.find(req.sop))
-    context = prepare.context_defaults(sop.params, spec, cwd, given={*req.sets, *cfg.params})
-    values = sop.resolve(req.sets, {**context, **cfg.params})
-    prepare.check_env_files(sop, values, {*req.sets, *cfg.params}, cwd)
+    sop = loader.load(loader.find(req.sop, loader.search_dirs(cwd)))
+    sets: dict[str, object] = dict(req.sets)
+    pattern = _step_pattern(sop, sets)
+    _take_command(sop, req.command, sets)
+    context = prepare.context_defaults(
+        sop.params, spec, cwd, given={*sets, *cfg.params}, given_values={**cfg.params, **sets}
+    )
+    values = sop.resolve(sets, {**context, **cfg.params})  # type: ignore[arg-type]
+    if pattern:
+        values["step_pattern"] = pattern  # the scan's, the live follower's and attach's step lines
+    prepare.check_env_files(sop, values, {*sets, *cfg.params}, cwd)
     prepare.check_trainer(sop, values)
     _check_plan(sop, values, cwd)
     return _Checked(sop, values)
+
+
+def _step_pattern(sop: loader.Sop, sets: dict[str, object]) -> str | None:
+    """`--set step_pattern=REGEX` (any SOP that reads a log: `scan:`), else the SOP's `scan.step_pattern`;
+    checked here (exit 2 naming it). Taken out of `sets`: it is the scanner's setting, not a parameter."""
+    from tpuops.logs.scanner import compile_step_pattern
+
+    given = sets.pop("step_pattern", None) if "step_pattern" not in sop.params else None
+    if given is not None and sop.scan is None:
+        raise UsageError(f"step_pattern: SOP {sop.name} reads no log (it has no `scan:`)")
+    pattern = str(given) if given else (sop.scan.step_pattern if sop.scan else None)
+    if pattern:
+        compile_step_pattern(pattern)
+    return pattern or None
+
+
+def _take_command(sop: loader.Sop, command: tuple[str, ...], sets: dict[str, object]) -> None:
+    """The words after `--` become the SOP's `cmd` list parameter, word for word (quoted on the worker)."""
+    param = sop.params.get("cmd")
+    takes = param is not None and param.type == "list"
+    if command and not takes:
+        raise UsageError(
+            f"SOP {sop.name} takes no command after `--`",
+            hint="your own command runs with `tpuops run job -- CMD ...` or `tpuops recompile-check -- CMD ...`",
+        )
+    if command:
+        sets["cmd"] = list(command)
+    elif takes and param.default is None and "cmd" not in sets:  # type: ignore[union-attr]
+        raise UsageError(
+            f"SOP {sop.name} needs your command after `--`",
+            hint=f"for example: tpuops run {sop.name} --local -- python -u scripts/train.py --config c.yaml",
+        )
 
 
 def _check_plan(sop: loader.Sop, values: dict[str, object], cwd: Path) -> None:
@@ -212,11 +252,16 @@ def _execute(
     if sop.scan is not None:
         raw = values.get("warmup", sop.scan.warmup)
         warmup = int(raw) if isinstance(raw, int | float | str) else sop.scan.warmup
-        log = _scan(sop, report, user_config.state_home() / "runs" / run_id, warmup)
-    code = exit_code(report, log, fail_on_recompile=sop.scan is not None and sop.scan.fail_on_recompile)
+        pattern = values.get("step_pattern")
+        local_run = user_config.state_home() / "runs" / run_id
+        log = _scan(sop, report, local_run, warmup, str(pattern) if pattern else None)
+    fail_on_recompile = sop.scan is not None and sop.scan.fail_on_recompile
+    code = exit_code(report, log, fail_on_recompile=fail_on_recompile)
     hint = (
         oom_hint(str(values.get("config") or "CONFIG"), target.accelerator) if code == ExitCode.OOM else None
     )
+    if code == ExitCode.UNVERIFIED:
+        hint = unverified(log, fail_on_recompile)
     result = RunResult(report, code, log, hint=hint)
     save_result(run_id, result.to_dict())
     return result
@@ -230,7 +275,9 @@ def oom_hint(config: str, accelerator: str | None) -> str:
     )
 
 
-def _scan(sop: loader.Sop, report: SopReport, local_run: Path, warmup: int) -> LogReport | None:
+def _scan(
+    sop: loader.Sop, report: SopReport, local_run: Path, warmup: int, step_pattern: str | None = None
+) -> LogReport | None:
     """Read what the run left (fetched logs, or each worker's stdout) with the log parser."""
     from tpuops.run import scan
 
@@ -238,11 +285,13 @@ def _scan(sop: loader.Sop, report: SopReport, local_run: Path, warmup: int) -> L
     if sop.scan.source == "log":
         if not scan.run_logs(local_run):
             return None
-        return scan.scan_run(local_run, warmup)
+        return scan.scan_run(local_run, warmup, step_pattern=step_pattern)
     scanners: dict[int, scan.LogScanner] = {}
     for step in report.steps:
         for w, results in sorted(step.results.items()):
-            scanner = scanners.setdefault(w, scan.LogScanner(warmup=warmup, worker=w))
+            scanner = scanners.setdefault(
+                w, scan.LogScanner(warmup=warmup, worker=w, step_pattern=step_pattern)
+            )
             for r in results:
                 for line in r.stdout.splitlines():
                     scanner.feed(line)

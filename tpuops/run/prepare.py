@@ -67,11 +67,27 @@ def fit_preflight(
     return line
 
 
-def context_defaults(params: dict, target: TargetSpec, cwd: Path, *, given: set[str]) -> dict[str, object]:
+def context_defaults(
+    params: dict,
+    target: TargetSpec,
+    cwd: Path,
+    *,
+    given: set[str],
+    given_values: dict[str, object] | None = None,
+) -> dict[str, object]:
     """Defaults taken from where tpuops runs: the repository to sync is this checkout (locally, its path)
     at its HEAD commit. Parameters the user gave (`given`: --set or the config file) are not looked up."""
     found: dict[str, object] = {}
-    if target.kind == "local" and "venv" in params:
+    env_given = given & {"venv", "python", "conda_env", "requirements", "install"}
+    python = str(given_values.get("python", "")) if given_values else ""
+    if "venv" in params and "venv" not in given and "/" in python:
+        found["venv"] = "none"  # `--set python=/path/bin/python` alone: that interpreter as it is
+    if "install" in params and "install" not in given:
+        if "requirements" in given:
+            found["install"] = "requirements"
+        elif "repo_url" not in given and (layout := _layout(cwd)) is not None:
+            found["install"] = layout  # what this checkout has (the workers check out the same commit)
+    if target.kind == "local" and "venv" in params and not env_given:
         # Locally the trainer runs in this very interpreter (installed with the trainer extra): no new venv.
         import sys
 
@@ -103,6 +119,21 @@ def context_defaults(params: dict, target: TargetSpec, cwd: Path, *, given: set[
             )
         found["branch"] = head
     return found
+
+
+def _layout(cwd: Path) -> str | None:
+    """How python_env would fill a venv for this checkout's HEAD (`auto`'s order); None outside a checkout."""
+    names = _git(cwd, "ls-tree", "--name-only", "HEAD", "--full-tree")
+    if names is None:
+        return None
+    files = set(names.splitlines())
+    if "uv.lock" in files:
+        return "uv"
+    if files & {"pyproject.toml", "setup.py"}:
+        return "pyproject"
+    if "requirements.txt" in files:
+        return "requirements"
+    return None
 
 
 def _git(cwd: Path, *args: str) -> str | None:

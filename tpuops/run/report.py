@@ -114,16 +114,21 @@ def dry_runs(labelled: list[tuple[str, Any]], as_json: bool) -> None:
         dry_run(dr, False)
 
 
-def sop_list(rows: list[tuple[str, str, str]], as_json: bool, broken: list[tuple[str, str]] = ()) -> None:
-    """The valid SOPs, then each file that does not load with its error (`error` in JSON)."""
+def sop_list(
+    rows: list[tuple[str, str, str, str]], as_json: bool, broken: list[tuple[str, str]] = ()
+) -> None:
+    """The valid SOPs (user or built-in), then each file that does not load with its error (`error` in JSON)."""
     if as_json:
-        ok = [{"name": n, "description": d, "path": p, "error": None} for n, d, p in rows]
-        bad = [{"name": Path(p).stem, "description": "", "path": p, "error": e} for p, e in broken]
+        ok = [{"name": n, "description": d, "path": p, "origin": o, "error": None} for n, d, p, o in rows]
+        bad = [
+            {"name": Path(p).stem, "description": "", "path": p, "origin": None, "error": e}
+            for p, e in broken
+        ]
         emit_json(ok + bad)
         return
-    table = Table("SOP", "description", "file")
-    for n, d, p in rows:
-        table.add_row(n, d, p)
+    table = Table("SOP", "from", "description", "file")
+    for n, d, p, o in rows:
+        table.add_row(n, o, d, p)
     out.print(table)
     for p, e in broken:  # the loader's message starts with the file (and line) already
         err.print(f"[bold red]broken SOP[/] {escape(e if e.startswith(p) else f'{p}: {e}')}")

@@ -80,6 +80,8 @@ def exit_code(
     if failure is None:
         if cause is not None:
             return _LOG_FAILURE_CODES.get(cause.kind, ExitCode.FAILED)
+        if unverified(log, fail_on_recompile):
+            return ExitCode.UNVERIFIED  # fail closed: a check that saw nothing never says ok
         if log is not None and fail_on_recompile and log.recompiled:
             return ExitCode.RECOMPILE
         return ExitCode.OK
@@ -95,3 +97,27 @@ def exit_code(
     if outcome.status == "failed" and cause is not None:
         return _LOG_FAILURE_CODES.get(cause.kind, ExitCode.FAILED)
     return codes.get(str(outcome.status), ExitCode.FAILED)
+
+
+NO_STEP_LINE = (
+    "no step line seen, so compiles after the warm-up cannot be told apart: tpuops reads `step=N`, `step: N`, "
+    "`Step N/M` and `[step N]` (docs/logs.md); for other lines pass --set step_pattern='REGEX' with a group "
+    "(?P<step>\\d+)"
+)
+NO_COMPILE_LOG = (
+    "JAX compile logging not seen: is `JAX_LOG_COMPILES=1` reaching the program? (tpuops sets it for the job; "
+    "a program or .env that turns jax_log_compiles off, or a logging setup that drops jax's WARNING lines, "
+    "hides it)"
+)
+
+
+def unverified(log: LogReport | None, fail_on_recompile: bool) -> str | None:
+    """Why a recompile check (`fail_on_recompile`) cannot judge its run, with the fix; None when it can (or
+    when the SOP checks no recompile)."""
+    if not fail_on_recompile:
+        return None
+    if log is None or not log.steps:
+        return NO_STEP_LINE
+    if not log.compiles.get("total"):
+        return NO_COMPILE_LOG
+    return None

@@ -14,13 +14,19 @@ __all__ = [
 
 
 def scan_file(
-    path: str | Path, warmup: int = 1, *, worker: int | None = None, check_exit: bool | None = None
+    path: str | Path,
+    warmup: int = 1,
+    *,
+    worker: int | None = None,
+    check_exit: bool | None = None,
+    step_pattern: str | None = None,
 ) -> LogReport:
-    """Scan one log in 4 MiB chunks. For `worker-<k>.log` the `worker-<k>.exit` beside it is the exit code."""
+    """Scan one log in 4 MiB chunks. For `worker-<k>.log` the `worker-<k>.exit` beside it is the exit code.
+    `step_pattern`: the user's step-line regex instead of the common forms (LogScanner)."""
     path = Path(path)
     named = WORKER_LOG.match(path.name)
     k = worker if worker is not None else int(named["k"]) if named else 0
-    scanner = LogScanner(warmup, k, str(path))
+    scanner = LogScanner(warmup, k, str(path), step_pattern=step_pattern)
     with path.open("rb") as f:
         while data := f.read(1 << 22):
             scanner.feed_bytes(data)
@@ -42,7 +48,9 @@ def run_logs(run_dir: Path) -> list[Path]:
     return sorted(logs, key=lambda p: int(WORKER_LOG.match(p.name)["k"]))  # type: ignore[index]
 
 
-def scan_run(run_dir: Path, warmup: int = 1, *, check_exit: bool = True) -> LogReport:
+def scan_run(
+    run_dir: Path, warmup: int = 1, *, check_exit: bool = True, step_pattern: str | None = None
+) -> LogReport:
     """Every `worker-<k>.log` of a run directory (with its `worker-<k>.exit` unless told not to), merged."""
     logs = run_logs(run_dir)
     if not logs:
@@ -51,24 +59,26 @@ def scan_run(run_dir: Path, warmup: int = 1, *, check_exit: bool = True) -> LogR
         raise UsageError(
             f"no worker-*.log in {run_dir}", hint="fetch the run's logs first, or pass a log file"
         )
-    report = merge([scan_file(p, warmup, check_exit=check_exit) for p in logs])
+    report = merge([scan_file(p, warmup, check_exit=check_exit, step_pattern=step_pattern) for p in logs])
     report.source = str(run_dir)
     return report
 
 
-def scan_target(target: str, warmup: int = 1, runs_home: Path | None = None) -> LogReport:
+def scan_target(
+    target: str, warmup: int = 1, runs_home: Path | None = None, *, step_pattern: str | None = None
+) -> LogReport:
     """LOGFILE, a run directory, or a RUN_ID under `<state home>/runs/`."""
     path = Path(target).expanduser()
     if path.is_file():
-        return scan_file(path, warmup)
+        return scan_file(path, warmup, step_pattern=step_pattern)
     if path.is_dir():
-        return scan_run(path, warmup)
+        return scan_run(path, warmup, step_pattern=step_pattern)
     if runs_home is None:
         from tpuops.config import state_home
 
         runs_home = state_home() / "runs"
     if (runs_home / target).is_dir():
-        return scan_run(runs_home / target, warmup)
+        return scan_run(runs_home / target, warmup, step_pattern=step_pattern)
     from tpuops.errors import UsageError
 
     raise UsageError(f"{target!r} is neither a log file nor a run in {runs_home}", hint="see `tpuops runs`")

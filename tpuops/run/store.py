@@ -159,7 +159,7 @@ def attach(
             follower.fetch(w, Fetch(rec.remote_dir), user_config.state_home() / "runs")
     finally:
         transport.close()
-    log = scan.scan_run(rec.local_dir)
+    log = scan.scan_run(rec.local_dir, step_pattern=rec.values.get("step_pattern"))
     lost = {
         w: r.error or r.stderr.strip() or f"exit {r.exit_code}"
         for w, r in sorted(results.items())

@@ -14,7 +14,10 @@ from tpuops.errors import UsageError
 from tpuops.sop.model import BUILTINS, TEMPLATE, TRAINER_KEY, Param, Step, suggest
 from tpuops.sop.procedure import STEP_KINDS, Fragment, Include, Sop, Validate
 
-__all__ = ["STEP_KINDS", "Sop", "Validate", "find", "list_sops", "load", "scan_sops", "sops_dir"]
+__all__ = [
+    "STEP_KINDS", "Sop", "Validate", "find", "list_sops", "load", "scan_sops", "search_dirs", "sops_dir",
+    "user_sops_dir",
+]  # fmt: skip
 
 FRAGMENTS = "fragments"  # sops/fragments/: files SOPs include, never listed or run as SOPs
 
@@ -24,12 +27,34 @@ def sops_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "sops"
 
 
+def user_sops_dir(cwd: Path | None = None) -> Path | None:
+    """The user's SOP folder: `sops_dir` in the nearest tpuops.toml (relative to that file), else `sops/` of
+    the nearest folder from `cwd` up that has one (as tpuops.toml is found); None when there is neither."""
+    from tpuops import config
+
+    cwd = (cwd or Path.cwd()).resolve()
+    project = config.project_file(cwd)
+    if project is not None:
+        named = config.load(cwd).sops_dir
+        if named:
+            return (project.parent / Path(named).expanduser()).resolve()
+    return next((d / "sops" for d in [cwd, *cwd.parents] if (d / "sops").is_dir()), None)
+
+
+def search_dirs(cwd: Path | None = None) -> list[Path]:
+    """Where SOP names are looked up, first match wins: the user's folder, then the bundled SOPs."""
+    user, bundled = user_sops_dir(cwd), sops_dir()
+    if user is None or user.resolve() == bundled.resolve():
+        return [bundled]
+    return [user, bundled]
+
+
 def find(name: str, search: list[Path] | None = None) -> Path:
-    """A SOP by name (in ./sops, then the bundled ones) or by path."""
+    """A SOP by name (in the user's sops/, then the bundled ones: search_dirs) or by path."""
     p = Path(name)
     if p.suffix in {".yaml", ".yml"} and p.exists():
         return p
-    dirs = search or [Path.cwd() / "sops", sops_dir()]
+    dirs = search or search_dirs()
     for d in dirs:
         for ext in (".yaml", ".yml"):
             if (d / f"{name}{ext}").exists():
@@ -70,7 +95,10 @@ def _read(path: Path, shape: str) -> tuple[str, dict]:
 
 def _extend(path: Path, data: dict) -> dict:
     """`extends: NAME`: start from that SOP's YAML; params merge by name, other keys replace."""
-    base_path = find(str(data["extends"]), [path.parent, sops_dir()])
+    name = str(data["extends"])
+    # A user SOP may extend the built-in it shadows (sops/recompile-check.yaml: `extends: recompile-check`).
+    own = path.stem == name and path.parent.resolve() != sops_dir().resolve()
+    base_path = find(name, [sops_dir()] if own else [path.parent, sops_dir()])
     base = yaml.safe_load(base_path.read_text())
     if "extends" in base:
         base = _extend(base_path, base)
@@ -339,19 +367,28 @@ def _line(text: str, loc: list) -> int:
     return node.start_mark.line + 1
 
 
-def list_sops() -> list[tuple[str, str, str]]:
-    """(name, description, path) of every valid SOP in ./sops and the bundled sops/ (the first of a name wins)."""
+def list_sops() -> list[tuple[str, str, str, str]]:
+    """(name, description, path, origin) of every valid SOP: the user's sops/, then the bundled ones (the first
+    of a name wins)."""
     return scan_sops()[0]
 
 
-def scan_sops() -> tuple[list[tuple[str, str, str]], list[tuple[str, str]], int]:
+def scan_sops(
+    cwd: Path | None = None,
+) -> tuple[list[tuple[str, str, str, str]], list[tuple[str, str]], int]:
     """The valid SOPs as list_sops() gives them, (path, error line) of each file that does not load, and the
-    exit code of `tpuops sop list` (2 when a file is broken: bad input)."""
-    rows: dict[str, tuple[str, str, str]] = {}
+    exit code of `tpuops sop list` (2 when a file is broken: bad input). `origin` is `user`, `user (shadows
+    the built-in)` or `built-in`."""
+    rows: dict[str, tuple[str, str, str, str]] = {}
     broken: list[tuple[str, str]] = []
-    for d in [Path.cwd() / "sops", sops_dir()]:
+    dirs = search_dirs(cwd)
+    for d in dirs:
+        builtin = d == dirs[-1]
         for f in sorted(d.glob("*.yaml")) if d.is_dir() else []:
             if f.stem in rows:
+                name, desc, path, _ = rows[f.stem]
+                if builtin:  # a user SOP of this name wins; say so
+                    rows[f.stem] = (name, desc, path, "user (shadows the built-in)")
                 continue
             try:
                 sop = load(f)
@@ -362,5 +399,6 @@ def scan_sops() -> tuple[list[tuple[str, str, str]], list[tuple[str, str]], int]
                 f.stem,
                 sop.description.strip().splitlines()[0] if sop.description else "",
                 str(f),
+                "built-in" if builtin else "user",
             )
     return sorted(rows.values()), broken, 2 if broken else 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -63,8 +64,14 @@ class Param(Frozen):
                 items = [str(item) for item in raw]
             elif self.choices is not None:  # names from a fixed set: `--set impl=chunked,pallas`
                 items = [item.strip() for item in str(raw).split(",") if item.strip()]
-            else:
-                items = [str(raw)]
+            else:  # words as a shell splits them: `--set cmd='python -u "my script.py"'` is three
+                try:
+                    items = shlex.split(str(raw))
+                except ValueError as e:
+                    raise UsageError(
+                        f"parameter {name} is a list of words, received {raw!r}: {e}",
+                        hint=f"quote each word once, for example --set {name}='a \"b c\"'",
+                    ) from None
             if self.choices is not None and (not items or any(i not in self.choices for i in items)):
                 bad = ", ".join(repr(i) for i in items if i not in self.choices) or "nothing"
                 choices = ", ".join(map(str, self.choices))

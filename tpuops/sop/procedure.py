@@ -33,6 +33,9 @@ class Scan(Frozen):
     source: Literal["log", "stdout"] = "log"
     warmup: int = 1
     fail_on_recompile: bool = False
+    # The user's step-line regex (group `step`, optional `dt`) instead of the forms the scanner knows
+    # (docs/logs.md "Step lines"); `--set step_pattern=...` overrides it.
+    step_pattern: str | None = None
 
 
 class Fit(Frozen):

@@ -139,6 +139,7 @@ class FollowStep(Step):
                 hang_min_s=num("hang_min_s"),
                 on_hang=on_hang,
                 py_spy=py_spy,
+                step_pattern=str(ctx.values["step_pattern"]) if ctx.values.get("step_pattern") else None,
             )
         ]
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tpuops.sop.executor import Executor
 from tpuops.sop.loader import Sop
 from tpuops.transport.local import LocalTransport
@@ -44,7 +46,7 @@ def test_venv_is_created_then_reused_until_the_requirements_change(tmp_path: Pat
     versions = first.data["versions"]
     assert versions["python"] == platform.python_version()
     assert versions["jax"] == versions["jaxlib"] == versions["libtpu"] == "-"  # the fresh venv has none
-    assert first.detail == f"python={versions['python']} jax=- jaxlib=- libtpu=-"
+    assert first.detail == f"python={versions['python']} jax=- jaxlib=- libtpu=- env=pyproject"
     venv_python = t.home(0) / "venv" / "bin" / "python"
     imported = subprocess.run(
         [venv_python, "-c", "import proj; print(proj.ANSWER)"], capture_output=True, text=True, check=False
@@ -71,7 +73,92 @@ def test_an_interpreter_older_than_the_project_needs_is_named_before_any_venv_is
     outcome = report.steps[0].outcomes[0]
     assert outcome.status == "failed"
     assert outcome.detail == (
-        f"{sys.executable} is Python {sys.version_info[0]}.{sys.version_info[1]}; the trainer needs 99.0 or newer: "
+        f"{sys.executable} is Python {sys.version_info[0]}.{sys.version_info[1]}; this project needs 99.0 or newer: "
         "install it (for example python99.0-venv) and pass --set python=python99.0"
     )
     assert not (t.home(0) / "venv").exists()
+
+
+def _env_step(t: LocalTransport, run_id: str, **fields: str):
+    sop = Sop.model_validate({"name": "env", "steps": [
+        {"kind": "python_env", "repo_dir": "~/proj", "venv": "~/venv", "python": sys.executable, **fields},
+    ]})  # fmt: skip
+    return Executor(t).execute(sop, {}, run_id, [0]).steps[0].outcomes[0]
+
+
+@pytest.mark.slow
+def test_a_repository_with_only_requirements_files_gets_a_venv_from_the_one_named(tmp_path: Path) -> None:
+    t = LocalTransport(tmp_path / "vm")
+    proj = t.home(0) / "proj"
+    (proj / "vendored" / "tinyreq" / "tinyreq").mkdir(parents=True)
+    (proj / "vendored" / "tinyreq" / "tinyreq" / "__init__.py").write_text("ANSWER = 7\n")
+    (proj / "vendored" / "tinyreq" / "pyproject.toml").write_text(
+        PYPROJECT.replace('name = "proj"', 'name = "tinyreq"').format(version="1.0")
+    )
+    (proj / "requirements.txt").write_text("# the CPU set: nothing\n")
+    (proj / "requirements-tpu.txt").write_text("./vendored/tinyreq\n")
+    auto = _env_step(t, "r1", min_python="")  # no pyproject at the top: requirements.txt, as found
+    assert auto.status == "changed" and auto.data["env"] == "requirements", auto.detail
+    named = _env_step(t, "r2", min_python="", install="requirements", requirements="requirements-tpu.txt")
+    assert named.status == "changed" and named.detail.endswith("env=requirements"), named.detail
+    venv_python = t.home(0) / "venv" / "bin" / "python"
+    got = subprocess.run(
+        [venv_python, "-c", "import tinyreq; print(tinyreq.ANSWER)"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert got.stdout.strip() == "7", got.stderr
+    missing = _env_step(t, "r3", min_python="", install="requirements", requirements="requirements-gpu.txt")
+    assert (
+        missing.status == "failed"
+        and missing.detail == "requirements file requirements-gpu.txt is not in the checkout"
+    )
+
+
+def test_a_conda_env_is_used_as_it_is_through_a_link_at_the_venv_path(tmp_path: Path) -> None:
+    t = LocalTransport(tmp_path / "vm")
+    home = t.home(0)
+    (home / "proj").mkdir(parents=True)
+    env_bin = home / "miniconda3" / "envs" / "sglang-jax" / "bin"
+    env_bin.mkdir(parents=True)
+    (env_bin / "python").symlink_to(sys.executable)
+    (home / "venv").mkdir()
+    (home / "venv" / ".tpuops-key").write_text("old\n")  # a venv an earlier run made: made again when needed
+    got = _env_step(t, "c1", conda_env="sglang-jax")
+    assert got.status == "nothing" and got.data["env"] == "conda", got.detail
+    assert (home / "venv").readlink() == (home / "miniconda3" / "envs" / "sglang-jax")
+    assert got.data["versions"]["python"] == platform.python_version()
+    # A venv tpuops makes next never installs into the conda env: the link goes, a real venv comes.
+    (home / "mine").mkdir()
+    refused = _env_step(t, "c2", conda_env="sglang-jax", venv="~/mine")
+    assert refused.status == "failed" and "~/mine exists and is not a venv tpuops made" in refused.detail
+    unknown = _env_step(t, "c3", conda_env="nope")
+    assert unknown.status == "failed" and unknown.detail.startswith("conda env nope not found on this worker")
+
+
+def test_uv_lock_without_uv_says_what_to_do_and_an_interpreter_path_is_used_as_it_is(tmp_path: Path) -> None:
+    t = LocalTransport(tmp_path / "vm")
+    proj = t.home(0) / "proj"
+    proj.mkdir(parents=True)
+    (proj / "pyproject.toml").write_text(PYPROJECT.format(version="0.1"))
+    (proj / "uv.lock").write_text("version = 1\n")
+    if subprocess.run(["sh", "-c", "command -v uv"], capture_output=True, check=False).returncode == 0:
+        pytest.skip("uv is installed here: the message for a worker without it cannot be seen")
+    got = _env_step(t, "u1", min_python="")
+    assert got.status == "failed"
+    assert got.detail.startswith("the repository has uv.lock but uv is not on the worker's PATH"), got.detail
+    as_is = _env_step(t, "u2", venv="none")
+    assert as_is.status == "nothing" and as_is.data["env"] == "python" and not (t.home(0) / "venv").exists()
+
+
+def test_empty_extras_install_the_project_itself() -> None:
+    from tpuops.sop.model import PlanContext
+    from tpuops.sop.pyenv import PythonEnv
+
+    (cmd,) = PythonEnv(extras="", install="pyproject").plan(PlanContext(0, 1, "r", {}))
+    assert 'if [ -n "$extras" ]; then spec=".[$extras]"; else spec=.; fi' in cmd.render()
+    assert (
+        "extras=''" in cmd.render()
+        and "# python environment: venv ~/tpuops/venv from python3: pip install -e" in cmd.render()
+    )
