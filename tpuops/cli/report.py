@@ -22,6 +22,15 @@ HtmlOpt = Annotated[
 BaselineOpt = Annotated[
     Path | None, typer.Option("--baseline", help="A saved `tpuops report --json` output to compare with.")
 ]
+StepPatternOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--step-pattern",
+        metavar="REGEX",
+        help="Your step lines' regex, with a group (?P<step>...) and optionally (?P<dt>...) "
+        "(default: step=N, step: N, Step N/M, [step N]).",
+    ),
+]
 ThresholdOpt = Annotated[
     float, typer.Option("--threshold", min=0.0, help="Relative change counted as a regression (0.1 = 10%).")
 ]
@@ -36,6 +45,7 @@ def report(
     html: HtmlOpt = None,
     baseline: BaselineOpt = None,
     threshold: ThresholdOpt = 0.1,
+    step_pattern: StepPatternOpt = None,
 ) -> None:
     """Report a training log (exit 0 ok, 1 failures or a baseline regression, 7 recompiles after warm-up).
 
@@ -47,6 +57,6 @@ def report(
     """
     from tpuops.run import logreport
 
-    r = logreport.review(target, warmup, baseline, threshold, html)
+    r = logreport.review(target, warmup, baseline, threshold, html, step_pattern)
     logreport.render(r.report, r.code, json, r.deltas, html)
     raise typer.Exit(r.code)

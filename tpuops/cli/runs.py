@@ -238,29 +238,39 @@ bench_app = typer.Typer(help="Benchmarks run through SOPs.", no_args_is_help=Tru
 @bench_app.command("rollout")
 @o.wired
 def bench_rollout(
+    cmd: o.CommandArg = None,
     variant: Annotated[
         list[str] | None,
         typer.Option(
-            "--variant", help="Trainer overrides of one variant, a.b=v[,c.d=w]; '' is the baseline."
+            "--variant",
+            help="One variant: trainer overrides a.b=v[,c.d=w]; with `-- CMD`, what a shell line adds to the "
+            "command: leading NAME=value words are environment, the rest extra arguments. '' is the baseline.",
         ),
     ] = None,
+    sop: Annotated[
+        str, typer.Option("--sop", metavar="NAME", help="The SOP each variant runs (with `-- CMD`: job).")
+    ] = "grpo",
     *,
     opts: o.RunOptions,
     target: o.TargetOptions,
     skip_fit: o.SkipFitOpt = False,
 ) -> None:
-    """N GRPO steps per variant (same target, one after another), then step time and rollout_generate side by side.
+    """N steps per variant (same target, one after another), then step time and rollout_generate side by side:
+    GRPO by default, any SOP with --sop, your own command after `--`.
 
     \b
     Examples:
       tpuops bench rollout --vm mllm-jax-v6e-8 --set steps=10 --variant '' --variant rollout.max_new_tokens=256
       tpuops bench rollout --local --set steps=4 --variant '' --variant 'rollout.temperature=0.7'
+      tpuops bench rollout --vm mllm-jax-v6e-8 --variant '' --variant 'XLA_FLAGS=--xla_tpu_foo=true --set bs=16' \\
+        -- python -u scripts/train.py --config configs/small.yaml
     """
     from tpuops.run import bench, launch, report
 
     req = launch.RunRequest(
-        sop="grpo", sets=opts.sets(), target=target.spec(), worker=opts.worker, force=opts.force,
-        keep_going=opts.keep_going, parallel=opts.parallel, skip_fit=skip_fit,
+        sop="job" if cmd and sop == "grpo" else sop, sets=opts.sets(), target=target.spec(), worker=opts.worker,
+        force=opts.force, keep_going=opts.keep_going, parallel=opts.parallel, skip_fit=skip_fit,
+        command=tuple(cmd or ()),
     )  # fmt: skip
     if opts.dry_run:
         report.dry_runs(bench.plans(req, list(variant or [])), opts.json)

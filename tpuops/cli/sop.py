@@ -37,6 +37,27 @@ def show(name: str, json: o.JsonOpt = False) -> None:
     report.sop_show(loader.load(path), str(path), json)
 
 
+@app.command("new")
+@o.wired
+def new(name: str, cmd: o.CommandArg = None) -> None:
+    """Write a commented starting SOP for your own command into sops/ (the nearest one, or sops_dir).
+
+    \b
+    Examples:
+      tpuops sop new train -- python -u scripts/train.py --config configs/small.yaml
+      tpuops run train --vm mllm-jax-v6e-8
+    """
+    from pathlib import Path
+
+    from tpuops import console
+    from tpuops.sop import new as library
+
+    path, note = library.write(name, list(cmd or []), Path.cwd())
+    console.event(f"wrote {path}: edit it, then `tpuops sop show {name}` and `tpuops run {name} --dry-run`")
+    if note:
+        console.event(note)
+
+
 @app.command("run")
 @o.wired
 def run(

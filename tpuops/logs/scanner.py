@@ -104,7 +104,7 @@ def compile_step_pattern(text: str) -> re.Pattern[str]:
     except re.error as e:
         raise UsageError(
             f"step_pattern {text!r} is not a valid regular expression: {e}",
-            hint=r"for example --set step_pattern='^iter (?P<step>\d+) .*took (?P<dt>[0-9.]+)s'",
+            hint=r"for example '^iter (?P<step>\d+) .*took (?P<dt>[0-9.]+)s'",
         ) from None
     if "step" not in pattern.groupindex:
         raise UsageError(

@@ -1,7 +1,10 @@
-"""`tpuops bench rollout`: the same GRPO run under several --set variants, step and rollout times side by side."""
+"""`tpuops bench rollout`: the same run (GRPO, or any SOP such as your own command) under several variants, step
+and rollout times side by side."""
 
 from __future__ import annotations
 
+import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -38,14 +41,41 @@ def parse_variant(text: str) -> dict[str, str]:
     return out
 
 
+ENV_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def command_variant(text: str) -> tuple[list[str], list[str]]:
+    """A variant of the user's command, as a shell reads a command line: leading `NAME=value` words are its
+    environment, the rest are arguments appended to the command. `XLA_FLAGS=--x --set batch=8` ->
+    (["XLA_FLAGS=--x"], ["--set", "batch=8"])."""
+    try:
+        words = shlex.split(text)
+    except ValueError as e:
+        raise UsageError(f"--variant {text!r}: {e}", hint="quote it as you would on a shell line") from None
+    env = []
+    while words and ENV_WORD.match(words[0]):
+        env.append(words.pop(0))
+    return env, words
+
+
+def variant_request(req: launch.RunRequest, text: str) -> launch.RunRequest:
+    """The request of one variant: with a command (`-- CMD`), environment and extra arguments; otherwise
+    `--set` values (trainer overrides `a.b=v`, or SOP parameters)."""
+    if not req.command:
+        return replace(req, sets={**req.sets, **parse_variant(text)})
+    env, args = command_variant(text)
+    sets = dict(req.sets)
+    if env:
+        sets["env"] = shlex.join([*shlex.split(sets.get("env", "")), *env])
+    return replace(req, sets=sets, command=(*req.command, *args))
+
+
 def plans(req: launch.RunRequest, variants: list[str]) -> list[tuple[str, launch.DryRun]]:
     """Every variant validated (SOP values, the trainer's own overrides) and planned; nothing runs remotely."""
     out = []
     target = None  # resolved by the first plan, after its values were checked; reused by the others
     for text in variants or [""]:
-        dry = launch.start(
-            replace(req, sets={**req.sets, **parse_variant(text)}, dry_run=True), target=target
-        )
+        dry = launch.start(replace(variant_request(req, text), dry_run=True), target=target)
         assert isinstance(dry, launch.DryRun)
         out.append((text or "baseline", dry))
         target = dry.target
@@ -70,7 +100,7 @@ def run(
     results = []
     for text in variants:
         result = launch.start(
-            replace(req, sets={**req.sets, **parse_variant(text)}),
+            variant_request(req, text),
             on_line=on_line,
             on_step=on_step,
             on_notice=on_notice,

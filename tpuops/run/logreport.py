@@ -29,11 +29,22 @@ class Reviewed:
     code: int
 
 
-def review(target: str, warmup: int, baseline: Path | None, threshold: float, html: Path | None) -> Reviewed:
-    """Scan a log file, run directory or run id; compare with a baseline; write the HTML page when asked."""
+def review(
+    target: str,
+    warmup: int,
+    baseline: Path | None,
+    threshold: float,
+    html: Path | None,
+    step_pattern: str | None = None,
+) -> Reviewed:
+    """Scan a log file, run directory or run id (with the user's step-line regex, when given); compare with a
+    baseline; write the HTML page when asked."""
+    from tpuops.logs.scanner import compile_step_pattern
     from tpuops.run import scan
 
-    report = scan.scan_target(target, warmup)
+    if step_pattern:
+        compile_step_pattern(step_pattern)  # exit 2 naming it, before any file is read
+    report = scan.scan_target(target, warmup, step_pattern=step_pattern)
     deltas = None if baseline is None else load_baseline(baseline, report, threshold)
     if html is not None:
         write_html(report, html, deltas)
