@@ -92,9 +92,6 @@ def context_defaults(
         import sys
 
         found.update({"venv": "none", "python": sys.executable})
-        shared = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-        if "data_dir" in params and shared.is_dir():
-            found["data_dir"] = str(shared)  # the scratch checkout has no ../shared beside it
     if "repo_url" not in params or "repo_url" in given:
         return found
     url = (

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,12 @@ FRAGMENTS = "fragments"  # sops/fragments/: files SOPs include, never listed or 
 
 
 def sops_dir() -> Path:
-    """The bundled SOPs (the repository's sops/ folder, next to the tpuops package)."""
-    return Path(__file__).resolve().parents[2] / "sops"
+    """The built-in SOPs: package data (tpuops/sops/, fragments in tpuops/sops/fragments/), found through
+    importlib.resources, so a wheel or a non-editable install has them as a checkout does."""
+    root = resources.files("tpuops") / "sops"
+    if not isinstance(root, Path):  # the package imported from a zip: no folder to list or include from
+        raise UsageError(f"the built-in SOPs are not on the file system ({root}): install tpuops unzipped")
+    return root
 
 
 def user_sops_dir(cwd: Path | None = None) -> Path | None:

@@ -1,0 +1,101 @@
+"""tpuops as a package: a wheel installed without -e has its built-in SOPs and runs; the base dependencies are
+enough for the CLI (a plain `pip install -e .`, no extras)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BUILTINS = {"exec", "gradcheck", "grpo", "microbench", "recompile-check", "smoke", "sync"}
+
+
+def _run(argv: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return subprocess.run(  # noqa: PLW1510 - the exit code is what these tests check
+        argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**env, "COLUMNS": "200"}
+    )
+
+
+def _source_copy(dest: Path) -> Path:
+    """What a wheel is built from, copied out of the checkout (the build leaves its build/ folder there)."""
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, dest / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for pkg in ("tpuops", "trainer"):
+        shutil.copytree(REPO / pkg, dest / pkg, ignore=ignore)
+    return dest
+
+
+@pytest.mark.slow
+def test_a_wheel_installed_without_e_lists_and_plans_the_built_in_sops(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    src = _source_copy(tmp_path / "src")
+    built = _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
+                  str(tmp_path / "wheel"), str(src)], tmp_path)  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = (tmp_path / "wheel").glob("tpuops-*.whl")
+    # A fresh venv; its dependencies come from this interpreter's site-packages, tpuops only from the wheel.
+    venv = tmp_path / "venv"
+    assert _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], tmp_path).returncode == 0
+    py, tpuops = venv / "bin" / "python", venv / "bin" / "tpuops"
+    put = _run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], tmp_path)
+    assert put.returncode == 0, put.stderr[-3000:]
+    away = tmp_path / "elsewhere"  # not a checkout: nothing beside it to guess from
+    away.mkdir()
+    where = _run([str(py), "-c", "import tpuops; print(tpuops.__file__)"], away)
+    assert where.stdout.startswith(str(venv)), where.stdout  # the installed copy, not this checkout
+
+    helped = _run([str(tpuops), "--help"], away)
+    assert helped.returncode == 0 and "sop" in helped.stdout, helped.stderr
+    listed = _run([str(tpuops), "sop", "list", "--json"], away)
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    assert {r["name"] for r in rows} >= BUILTINS
+    assert all(r["path"].startswith(str(venv)) and r["error"] is None for r in rows if r["name"] in BUILTINS)
+    # The repository to sync is named (outside a checkout there is no origin to default to).
+    planned = _run([str(tpuops), "run", "grpo", "--local", "--dry-run", "--set", f"repo_url={REPO}"], away)
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert "== follow" in planned.stdout and '"$py" -m trainer.main --config arith' in planned.stdout
+    unnamed = _run([str(tpuops), "run", "grpo", "--local", "--dry-run"], away)
+    assert unnamed.returncode == 2 and "--set repo_url=" in unnamed.stderr, unnamed.stderr
+
+
+def test_the_cli_s_imports_are_base_dependencies() -> None:
+    """Every third-party package tpuops/ imports is declared in [project] dependencies (the extras are the
+    trainer's): a plain `pip install .` runs every command."""
+    declared = {
+        d.split(">")[0].split("=")[0].split("[")[0].strip().lower()
+        for d in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    }
+    provides = {"yaml": "pyyaml", "dotenv": "python-dotenv", "google": "google-api-core"}
+    found: set[str] = set()
+    for path in (REPO / "tpuops").rglob("*.py"):
+        for line in path.read_text().splitlines():
+            words = line.split()
+            if len(words) >= 2 and words[0] in ("import", "from") and not line.startswith((" " * 8 + "#", "#")):
+                found.add(words[1].split(".")[0].rstrip(","))
+    third_party = {m for m in found if m not in sys.stdlib_module_names and m not in ("tpuops", "__future__")}
+    missing = sorted(m for m in third_party if provides.get(m, m).lower() not in declared)
+    assert not missing, f"imported by tpuops/ but not in [project] dependencies: {missing}"
+
+
+@pytest.mark.slow
+def test_pip_install_e_without_extras_runs_the_cli(tmp_path: Path) -> None:
+    """A venv of its own (no system packages): the base dependencies from the package index, tpuops editable."""
+    venv, src = tmp_path / "venv", tmp_path / "src"
+    src.mkdir()
+    assert _run([sys.executable, "-m", "venv", str(venv)], tmp_path).returncode == 0
+    put = _run([str(venv / "bin" / "pip"), "install", "-q", "-e", str(_source_copy(src))], tmp_path, 600)
+    if put.returncode != 0 and "No matching distribution" in put.stderr:
+        pytest.skip(f"the package index here lacks a base dependency: {put.stderr[-500:]}")
+    assert put.returncode == 0, put.stderr[-3000:]
+    helped = _run([str(venv / "bin" / "tpuops"), "--help"], tmp_path)
+    assert helped.returncode == 0 and "Usage" in helped.stdout, helped.stderr[-2000:]
