@@ -10,7 +10,7 @@ import tempfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -224,11 +224,15 @@ def run_folder(run_id: str) -> Path:
     return private_dir(state_home() / "runs" / run_id)
 
 
-def write_private(path: Path, data: bytes) -> None:
-    """Write a file that is 0600 from its first byte (no window in which another user could open it)."""
+def open_private(path: Path) -> BinaryIO:
+    """A file opened for writing that is 0600 from its first byte (no window in which another user could open it)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
-    with os.fdopen(fd, "wb") as f:
+    return os.fdopen(fd, "wb")
+
+
+def write_private(path: Path, data: bytes) -> None:
+    with open_private(path) as f:
         f.write(data)
 
 

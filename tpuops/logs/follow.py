@@ -10,13 +10,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tpuops import shell
-from tpuops.config import private_dir, write_private
+from tpuops.config import open_private, private_dir, write_private
 from tpuops.errors import HostKeyError, TpuopsError
 from tpuops.logs.actions import Fetch, Follow
 from tpuops.logs.events import Event, Failure, StepEvent
 from tpuops.logs.scanner import LogScanner
 from tpuops.shell import Redactor
 from tpuops.transport.base import CmdResult, Kind, LineSink, Transport
+
+READ_CHUNK = (
+    4 << 20
+)  # bytes per read from a worker: the client's memory stays bounded whatever the log's size
+MAX_PENDING = 1 << 20  # a partial line longer than this is shown cut (the scanner cuts lines at 1 MiB too)
 
 
 @dataclass
@@ -51,7 +56,7 @@ class Follower:
             polls += 1
             try:
                 code = self.transport.read_from(w, exit_file, 0)  # read before the log: no line left behind
-                chunk = self.transport.read_from(w, log, offset) or b""
+                chunk = self.transport.read_from(w, log, offset, READ_CHUNK) or b""
                 delay = action.poll_s
             except HostKeyError:
                 raise  # a changed host key is never retried: the worker may be another machine now (exit 3)
@@ -63,12 +68,14 @@ class Follower:
                 time.sleep(delay)
                 delay = min(delay * 2, 10.0)
                 continue
-            *lines, pending = (pending + chunk).split(b"\n")
+            more = len(chunk) == READ_CHUNK  # the log goes on past this read: read again at once
+            if more:
+                code = None  # the exit file counts once the whole log is read
+            block, pending = _whole_lines(pending + chunk)
             offset += len(chunk)
             if show and self.on_line:
-                for line in lines:
-                    self.on_line(w, self.redact(line.decode(errors="replace")))
-            if lines:
+                self._show(w, block)
+            if block:
                 # Saved after the lines were shown (never lose one), and only whole lines count:
                 # a reattach resumes at the start of a partial line.
                 self.offsets[w] = offset - len(pending)
@@ -104,7 +111,29 @@ class Follower:
                 return self._ended(w, action, Kind.ABORTED, "aborted: the VM is gone")
             if time.monotonic() - t0 > action.timeout:
                 return self._ended(w, action, Kind.TIMEOUT, f"timed out after {action.timeout:g}s")
-            time.sleep(action.poll_s)
+            if not more:
+                time.sleep(action.poll_s)
+
+    def _show(self, w: int, block: bytes) -> None:
+        """Whole lines, redacted as one text (one search per secret form, not one per line), then shown."""
+        if not block or self.on_line is None:
+            return
+        text = self.redact(block.decode(errors="replace"))
+        lines = text.split("\n")
+        if text.endswith("\n"):
+            lines.pop()
+        for line in lines:
+            self.on_line(w, line)
+
+    def show_log(self, w: int, path: str) -> None:
+        """A whole worker log shown once, read and redacted READ_CHUNK at a time (`tpuops logs`)."""
+        offset, pending = 0, b""
+        while chunk := self.transport.read_from(w, path, offset, READ_CHUNK):
+            offset += len(chunk)
+            block, pending = _whole_lines(pending + chunk)
+            self._show(w, block)
+        if pending:
+            self._show(w, pending)
 
     def follow_all(self, workers: list[int], action: Follow) -> dict[int, CmdResult]:
         """Follow several workers at once (one thread each) until each one's follow ends."""
@@ -129,19 +158,31 @@ class Follower:
         return results
 
     def fetch(self, w: int, action: Fetch, local_runs: Path | None) -> CmdResult:
-        """Copy a worker's log (redacted) and its exit file into `<local_runs>/<run id>/`; None: only check."""
-        data = self.transport.read_from(w, f"{action.run_dir}/worker-{w}.log", 0)
+        """Copy a worker's log (redacted) and its exit file into `<local_runs>/<run id>/`; None: only check.
+
+        Streamed: READ_CHUNK bytes at a time into a temporary 0600 file renamed into place when complete."""
+        log = f"{action.run_dir}/worker-{w}.log"
+        data = self.transport.read_from(w, log, 0, READ_CHUNK)
         if data is None:
             return CmdResult(w, action.render(), 1, stderr="no log on the worker", kind=Kind.MISSING)
-        dest = None
+        dest, size = None, len(data)
         if local_runs is not None:
             dest = local_runs / action.run_dir.rstrip("/").rsplit("/", 1)[-1] / f"worker-{w}.log"
             private_dir(dest.parent)
-            write_private(dest, self.redact(data.decode(errors="replace")).encode())
+            tmp = dest.with_name(f".{dest.name}.tmp")
+            with open_private(tmp) as out:
+                pending = b""
+                while data:
+                    block, pending = _whole_lines(pending + data)
+                    out.write(self.redact(block.decode(errors="replace")).encode())
+                    data = self.transport.read_from(w, log, size, READ_CHUNK) or b""
+                    size += len(data)
+                out.write(self.redact(pending.decode(errors="replace")).encode())
+            tmp.replace(dest)
             code = self.transport.read_from(w, f"{action.run_dir}/worker-{w}.exit", 0)
             if code is not None:  # the report tells a finished job from a killed one by this file
                 write_private(dest.with_suffix(".exit"), code)
-        return CmdResult(w, action.render(), 0, stdout=f"tpuops: fetched bytes={len(data)} to={dest}\n")
+        return CmdResult(w, action.render(), 0, stdout=f"tpuops: fetched bytes={size} to={dest}\n")
 
     def _ended(self, w: int, action: Follow, kind: Kind, why: str, stdout: str = "") -> CmdResult:
         """A follow that ended before the job's exit file: how (typed), and why in words for people."""
@@ -191,6 +232,15 @@ done
 """
         r = self.transport.run(w, script, timeout=60)
         return r.stdout
+
+
+def _whole_lines(data: bytes) -> tuple[bytes, bytes]:
+    """(the whole lines of `data`, the partial line after them). A partial line longer than MAX_PENDING counts
+    as whole (cut), so a log with no newline cannot fill the memory."""
+    cut = data.rfind(b"\n") + 1
+    if len(data) - cut > MAX_PENDING:
+        return data, b""
+    return data[:cut], data[cut:]
 
 
 class HangWatch:

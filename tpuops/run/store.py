@@ -177,21 +177,19 @@ def logs(run_id: str, worker: str, *, follow: bool, on_line: LineSink) -> None:
     local = [rec.local_dir / f"worker-{w}.log" for w in chosen]
     if not follow and all(p.exists() for p in local):
         for w, p in zip(chosen, local, strict=True):
-            for line in p.read_text(errors="replace").splitlines():
-                on_line(w, line)  # fetched copies were redacted when they were written
+            with p.open(errors="replace") as f:  # a line at a time: memory does not grow with the log
+                for line in f:
+                    on_line(w, line.rstrip("\n"))  # fetched copies were redacted when they were written
         return
     redact = rec.redactor()
     transport = open_transport(resolve(rec.spec()), redact)
     try:
+        follower = Follower(transport, redact=redact, on_line=on_line)
         if not follow:
             for w in chosen:
-                data = transport.read_from(w, f"{rec.remote_dir}/worker-{w}.log", 0) or b""
-                for line in data.decode(errors="replace").splitlines():
-                    on_line(w, redact(line))
+                follower.show_log(w, f"{rec.remote_dir}/worker-{w}.log")
             return
-        Follower(transport, redact=redact, on_line=on_line).follow_all(
-            chosen, Follow(rec.remote_dir, "all", 86400.0)
-        )
+        follower.follow_all(chosen, Follow(rec.remote_dir, "all", 86400.0))
     finally:
         transport.close()
 

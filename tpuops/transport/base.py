@@ -126,8 +126,8 @@ class Transport(Protocol):
     def put_bytes(self, worker: int, data: bytes, remote_path: str, *, mode: int = 0o600) -> None:
         """Write a file atomically with `mode` set before any content is written."""
 
-    def read_from(self, worker: int, remote_path: str, offset: int) -> bytes | None:
-        """Bytes of a file from `offset` on (None if it does not exist)."""
+    def read_from(self, worker: int, remote_path: str, offset: int, limit: int | None = None) -> bytes | None:
+        """Bytes of a file from `offset` on, at most `limit` of them (None if it does not exist)."""
 
     def close(self) -> None:
         """Close every connection."""

@@ -112,12 +112,12 @@ class LocalTransport:
             os.close(fd)
         tmp.replace(target)
 
-    def read_from(self, worker: int, remote_path: str, offset: int) -> bytes | None:
+    def read_from(self, worker: int, remote_path: str, offset: int, limit: int | None = None) -> bytes | None:
         p = self.resolve(worker, remote_path)
         try:
             with p.open("rb") as f:
                 f.seek(offset)
-                return f.read()
+                return f.read(-1 if limit is None else limit)
         except FileNotFoundError:
             return None
 

@@ -252,13 +252,15 @@ class SshTransport:
             f.write(data)
         sftp.posix_rename(tmp, path)
 
-    def read_from(self, worker: int, remote_path: str, offset: int) -> bytes | None:
+    def read_from(self, worker: int, remote_path: str, offset: int, limit: int | None = None) -> bytes | None:
         path = self._path(worker, remote_path)
         try:
             with self._sftp(worker).open(path, "rb") as f:
                 f.seek(offset)
                 buf = io.BytesIO()
-                while chunk := f.read(1 << 20):
+                while (left := (1 << 20) if limit is None else min(1 << 20, limit - buf.tell())) > 0:
+                    if not (chunk := f.read(left)):
+                        break
                     buf.write(chunk)
                 return buf.getvalue()
         except FileNotFoundError:
