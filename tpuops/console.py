@@ -70,6 +70,11 @@ def status_cell(status: str, detail: str) -> str:
     return f"[{style}]{escape(str(status))}[/] {escape(detail)}".rstrip() if style else text
 
 
+def id_column(table: Any, header: str, ids: list[str]) -> None:
+    """Add a column of IDs people copy (run ids, VM names): never cut or wrapped; the other columns give way."""
+    table.add_column(header, no_wrap=True, min_width=max([len(header), *map(len, ids)]))
+
+
 def line(worker: int, text: str) -> None:
     """One live log line, prefixed with its worker (cyan on a colour terminal), control characters inert.
 
@@ -91,6 +96,18 @@ def _prefix(worker: int) -> str:
     colour = err.color_system is not None and not err.no_color
     _PREFIX[worker] = f"\x1b[36m[w{worker}]\x1b[0m " if colour else f"[w{worker}] "
     return _PREFIX[worker]
+
+
+def log_sink(*, prefix: bool) -> Callable[[int, str], None]:
+    """Where `tpuops logs` writes: the log's own lines on stdout (pipeable: `| grep ^step=`), each started
+    with `[wK] ` only when `prefix` (several workers, or --prefix)."""
+
+    def write(worker: int, text: str) -> None:
+        shown = inert(text)
+        sys.stdout.write(f"[w{worker}] {shown}\n" if prefix else f"{shown}\n")
+        sys.stdout.flush()
+
+    return write
 
 
 def event(text: str) -> None:

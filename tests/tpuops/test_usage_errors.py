@@ -58,7 +58,7 @@ def test_a_mistyped_option_is_one_line_and_exit_2(command: list[str], tmp_path: 
     "argv, says",
     [
         (["vm", "describe"], "Missing argument"),  # a required argument
-        (["vm", "create", "x"], "Missing option '--type'"),  # a required option
+        (["vm", "create", "x"], "Missing option '--accelerator'"),  # a required option
         (["vm", "list", "--zone"], "requires an argument"),
         (["sop", "run", "exec", "--local", "--parallel", "zero"], "Invalid value for '--parallel'"),
     ],

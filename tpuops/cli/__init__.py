@@ -8,24 +8,46 @@ import sys
 import typer
 
 from tpuops.cli import emulator, runs, sop, vm
+from tpuops.cli.command import App
 from tpuops.cli.fit import fit
 from tpuops.cli.report import report
 
-app = typer.Typer(
+app = App(
     name="tpuops",
     help="Run TPU-VM procedures (SOPs) on every worker: git-sync, clear the TPU lock, sync .env, run, follow.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # plain click help: typer.rich_utils alone costs ~0.2 s of start-up
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
+    # -h as --help; help text as wide as the terminal (to 120 columns) so descriptions are not cut at 80.
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
 )
-app.add_typer(sop.app, name="sop")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"tpuops {version('tpuops')}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", "-V", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Run TPU-VM procedures (SOPs) on every worker: git-sync, clear the TPU lock, sync .env, run, follow."""
+
+
+app.add_typer(sop.app, name="sop", short_help="List, show and run SOP files.")
 runs.register(app)
-app.add_typer(runs.bench_app, name="bench")
-app.add_typer(vm.app, name="vm")
-app.add_typer(emulator.app, name="emulator")
-app.command("report")(report)
-app.command("fit")(fit)
+app.add_typer(runs.bench_app, name="bench", short_help="Benchmarks run through SOPs.")
+app.add_typer(vm.app, name="vm", short_help="Find, describe, create, delete and wait for TPU VMs.")
+app.add_typer(emulator.app, name="emulator", short_help="A local TPU API emulator to rehearse against.")
+app.command("report", short_help="Steps, step times, compiles and failures of a log.")(report)
+app.command("fit", short_help="Will a trainer config fit its TPU? (compiles it here)")(fit)
 
 
 def _click_exceptions() -> tuple[tuple[type[BaseException], ...], ...]:

@@ -7,15 +7,14 @@ from typing import Annotated
 import typer
 
 from tpuops.cli import options as o
+from tpuops.cli.command import App
 
-app = typer.Typer(
+app = App(
     help="A local TPU API emulator: rehearse SOPs against VMs backed by real sshd servers.",
     no_args_is_help=True,
     rich_markup_mode=None,
 )
-fault = typer.Typer(
-    help="Inject a fault into a running emulator.", no_args_is_help=True, rich_markup_mode=None
-)
+fault = App(help="Inject a fault into a running emulator.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(fault, name="fault")
 
 NodeArg = Annotated[str, typer.Argument(help="VM name, ZONE/NAME, or projects/.../nodes/NAME.")]

@@ -17,7 +17,12 @@ def fit(
     set_: o.SetOpt = None,
     accelerator: Annotated[
         str | None,
-        typer.Option("--accelerator", help="TPU type, e.g. v6e-8 (default: the config's mesh.accelerator)."),
+        typer.Option(
+            "--accelerator",
+            "--accelerator-type",
+            metavar="TYPE",
+            help="TPU type, e.g. v6e-8 (default: the config's mesh.accelerator); as in `vm create`.",
+        ),
     ] = None,
     topology: Annotated[
         str | None, typer.Option("--topology", help="JAX topology instead, e.g. v6e:2x4.")

@@ -26,39 +26,68 @@ def _checked(kind: str, option: str) -> Callable[[str | None], str | None]:
 
 VmOpt = Annotated[
     str | None,
-    typer.Option("--vm", help="TPU VM name (found through the TPU API).", callback=_checked("vm", "--vm")),
+    typer.Option(
+        "--vm",
+        metavar="NAME",
+        help="TPU VM name (found through the TPU API).",
+        callback=_checked("vm", "--vm"),
+    ),
 ]
 ZoneOpt = Annotated[
     str | None,
     typer.Option(
-        "--zone", help="Zone of the VM; searched when omitted.", callback=_checked("zone", "--zone")
+        "--zone",
+        metavar="ZONE",
+        help="Zone of the VM; searched when omitted.",
+        callback=_checked("zone", "--zone"),
     ),
 ]
 ProjectOpt = Annotated[
     str | None,
-    typer.Option("--project", help="Google Cloud project.", callback=_checked("project", "--project")),
+    typer.Option(
+        "--project",
+        metavar="PROJECT",
+        help="Google Cloud project.",
+        callback=_checked("project", "--project"),
+    ),
 ]
 HostOpt = Annotated[
     list[str] | None,
-    typer.Option("--host", help="Direct SSH target user@ip[:port], one per worker (repeatable)."),
+    typer.Option(
+        "--host",
+        metavar="USER@IP[:PORT]",
+        help="Direct SSH target user@ip[:port], one per worker (repeatable).",
+    ),
 ]
 HostKeyOpt = Annotated[
     list[str] | None,
     typer.Option(
-        "--hostkey", help="Pinned host key SHA256:... per worker, in order (overrides a VM's own keys)."
+        "--hostkey",
+        metavar="SHA256:KEY",
+        help="Pinned host key SHA256:... per worker, in order (overrides a VM's own keys).",
     ),
 ]
-UserOpt = Annotated[str | None, typer.Option("--user", help="SSH user (default: from --host or config).")]
-IdentityOpt = Annotated[str | None, typer.Option("--identity", "-i", help="SSH private key file.")]
+UserOpt = Annotated[
+    str | None, typer.Option("--user", metavar="USER", help="SSH user (default: from --host or config).")
+]
+IdentityOpt = Annotated[
+    str | None, typer.Option("--identity", "-i", metavar="KEY_FILE", help="SSH private key file.")
+]
 LocalOpt = Annotated[
     bool, typer.Option("--local", help="Run on this machine (the default without --vm/--host).")
 ]
 LocalWorkersOpt = Annotated[
-    int, typer.Option("--local-workers", min=1, help="Simulated workers for --local (scratch roots).")
+    int,
+    typer.Option(
+        "--local-workers", metavar="N", min=1, help="Simulated workers for --local (scratch roots)."
+    ),
 ]
-WorkerOpt = Annotated[str, typer.Option("--worker", "-w", help="Workers to use: all, 0, or 0,2.")]
+WorkerOpt = Annotated[
+    str, typer.Option("--worker", "-w", metavar="WORKERS", help="Workers to use: all, 0, or 0,2.")
+]
 SetOpt = Annotated[
-    list[str] | None, typer.Option("--set", "-s", help="Parameter override key=value (repeatable).")
+    list[str] | None,
+    typer.Option("--set", "-s", metavar="KEY=VALUE", help="Parameter override key=value (repeatable)."),
 ]
 CommandArg = Annotated[
     list[str] | None,
@@ -86,14 +115,14 @@ KeepGoingOpt = Annotated[
     bool, typer.Option("--keep-going", help="Continue on the other workers after a failure.")
 ]
 ParallelOpt = Annotated[
-    int | None, typer.Option("--parallel", min=1, help="Workers handled at once (default 16).")
+    int | None, typer.Option("--parallel", metavar="N", min=1, help="Workers handled at once (default 16).")
 ]
 RecoverOpt = Annotated[
     bool,
     typer.Option("--recover", help="Watch the VM; on preemption recreate it and resume from the checkpoint."),
 ]
 MaxRecoveriesOpt = Annotated[
-    int, typer.Option("--max-recoveries", min=0, help="Recoveries before giving up.")
+    int, typer.Option("--max-recoveries", metavar="N", min=0, help="Recoveries before giving up.")
 ]
 SkipFitOpt = Annotated[
     bool,
@@ -105,6 +134,7 @@ UnreachableOpt = Annotated[
     float | None,
     typer.Option(
         "--unreachable-s",
+        metavar="SECONDS",
         min=1.0,
         help="Seconds no worker of the VM answers on SSH before it counts as lost (default 300, or "
         "unreachable_s in tpuops.toml).",
@@ -140,12 +170,17 @@ KeyPushOpt = Annotated[
 ]
 KeyTtlOpt = Annotated[
     str | None,
-    typer.Option("--key-ttl", help="OS Login: the imported key expires after this (30m, 12h, 7d)."),
+    typer.Option(
+        "--key-ttl", metavar="DURATION", help="OS Login: the imported key expires after this (30m, 12h, 7d)."
+    ),
 ]
 ApiEndpointOpt = Annotated[
     str | None,
     typer.Option(
-        "--api-endpoint", envvar="TPUOPS_TPU_API", help="TPU API endpoint (e.g. the local emulator)."
+        "--api-endpoint",
+        metavar="URL",
+        envvar="TPUOPS_TPU_API",
+        help="TPU API endpoint (e.g. the local emulator).",
     ),
 ]
 

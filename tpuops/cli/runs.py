@@ -7,9 +7,13 @@ from typing import Annotated
 import typer
 
 from tpuops.cli import options as o
+from tpuops.cli.command import App, SopCommand, sop_command
 from tpuops.cli.state import finish_json, run_sop
 
-SopNameArg = Annotated[str, typer.Argument(help="SOP name (tpuops sop list), e.g. grpo.")]
+SopNameArg = Annotated[
+    str,
+    typer.Argument(help="SOP name (tpuops sop list), e.g. grpo; `tpuops run grpo -h` lists its parameters."),
+]
 LossArg = Annotated[str, typer.Argument(help="Which loss: grpo or ce.")]
 ImplOpt = Annotated[
     list[str] | None,
@@ -115,15 +119,27 @@ def microbench(
 
 def register(app: typer.Typer) -> None:
     """Add the everyday commands to the top-level app."""
-    app.command("run")(run)
-    app.command("recompile-check")(recompile_check)
-    app.command("gradcheck")(gradcheck)
-    app.command("microbench")(microbench)
-    app.command("runs")(runs)
-    app.command("attach")(attach)
-    app.command("logs")(logs)
-    app.command("stop")(stop)
-    app.command("doctor")(doctor)
+
+    # short_help: one whole sentence in `tpuops --help` (click would cut the docstring's first line at 80 columns).
+    def add(name: str, fn: object, short: str, cls: type | None = None) -> None:
+        app.command(name, cls=cls, short_help=short)(fn)  # type: ignore[arg-type]
+
+    add("run", run, "Run a SOP on the workers (`run grpo -h` lists its parameters).", SopCommand)
+    add("recompile-check", recompile_check, "GRPO steps; exit 7 if anything compiles after the warm-up.",
+        sop_command("recompile-check"))  # fmt: skip
+    add(
+        "gradcheck",
+        gradcheck,
+        "Loss implementations against the float32 reference.",
+        sop_command("gradcheck"),
+    )
+    add("microbench", microbench, "Time and memory of loss implementations, side by side.",
+        sop_command("microbench"))  # fmt: skip
+    add("runs", runs, "The runs started from this machine, newest first.")
+    add("attach", attach, "Follow a detached run again, then report it.")
+    add("logs", logs, "Print a run's worker logs on stdout (-f: follow).")
+    add("stop", stop, "Stop a run on every worker and clear the TPU lock.")
+    add("doctor", doctor, "Check every worker: connection, .env keys, TPU lock.")
 
 
 RunIdArg = Annotated[str, typer.Argument(help="A run id (tpuops runs).")]
@@ -175,17 +191,30 @@ def logs(
         bool, typer.Option("--follow", "-f", help="Keep printing new lines until the run ends.")
     ] = False,
     raw: o.RawOpt = False,
+    prefix: Annotated[
+        bool,
+        typer.Option("--prefix", help="Start each line with its worker ([w0]); the default for several."),
+    ] = False,
 ) -> None:
-    """Print a run's worker logs (from the workers; from the local copy when it is complete).
+    """Print a run's worker logs on stdout (from the workers; from the local copy when it is complete).
 
-    Terminal control sequences in the logs (clear screen, window title, clipboard writes) are shown escaped
-    (`\\x1b[2J`); `--raw` passes them through.
+    One worker's log comes as it is, so `tpuops logs RUN | grep ^step=` works; several workers' lines start
+    with `[wK] ` (or one worker's too, with --prefix). Errors and notes go to stderr. Terminal control
+    sequences in the logs (clear screen, window title, clipboard writes) are shown escaped (`\\x1b[2J`);
+    `--raw` passes them through.
+
+    \b
+    Examples:
+      tpuops logs 20260101-120000-grpo-ab12 | grep -c '^step='
+      tpuops logs 20260101-120000-grpo-ab12 --worker all -f
     """
     from tpuops import console
     from tpuops.run import store as library
 
     console.raw_output(raw)
-    library.logs(run_id, worker, follow=follow, on_line=console.line)
+    chosen = library.chosen_workers(run_id, worker)
+    sink = console.log_sink(prefix=prefix or len(chosen) > 1)
+    library.logs(run_id, worker, follow=follow, on_line=sink)
 
 
 @o.wired
@@ -232,7 +261,7 @@ def doctor(
     raise typer.Exit(library.exit_code(health))
 
 
-bench_app = typer.Typer(help="Benchmarks run through SOPs.", no_args_is_help=True, rich_markup_mode=None)
+bench_app = App(help="Benchmarks run through SOPs.", no_args_is_help=True, rich_markup_mode=None)
 
 
 @bench_app.command("rollout")

@@ -6,8 +6,9 @@ import typer
 
 from tpuops.cli import options as o
 from tpuops.cli import runs
+from tpuops.cli.command import App, SopCommand
 
-app = typer.Typer(
+app = App(
     help="List, show and run SOPs (procedures as YAML files in sops/).",
     no_args_is_help=True,
     rich_markup_mode=None,
@@ -58,7 +59,7 @@ def new(name: str, cmd: o.CommandArg = None) -> None:
         console.event(note)
 
 
-@app.command("run")
+@app.command("run", cls=SopCommand)
 @o.wired
 def run(
     name: runs.SopNameArg,

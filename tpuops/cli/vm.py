@@ -8,8 +8,9 @@ from typing import Annotated
 import typer
 
 from tpuops.cli import options as o
+from tpuops.cli.command import App
 
-app = typer.Typer(
+app = App(
     help="Find, describe, create, delete and wait for TPU VMs.", no_args_is_help=True, rich_markup_mode=None
 )
 
@@ -63,7 +64,16 @@ def describe(
 def create(
     name: str,
     *,
-    type_: Annotated[str, typer.Option("--type", help="Accelerator type: v4-8, v5litepod-16, v6e-8, ...")],
+    type_: Annotated[
+        str,
+        typer.Option(
+            "--accelerator",
+            "--accelerator-type",
+            "--type",
+            metavar="TYPE",
+            help="Accelerator type: v4-8, v5litepod-16, v6e-8, ... (--type: the older name).",
+        ),
+    ],
     runtime_version: Annotated[str, typer.Option("--runtime-version", help="e.g. v2-alpha-tpuv6e")],
     zone: ZonesOpt = None,
     spot: Annotated[bool, typer.Option("--spot", help="Spot capacity (cheaper, preemptible).")] = False,
@@ -86,7 +96,7 @@ def create(
     """Create a TPU VM. Several --zone are tried in turn when a zone has no capacity.
 
     Example:
-      tpuops vm create mllm-jax-v6e-8 --type v6e-8 --zone us-east1-d --runtime-version v2-alpha-tpuv6e --wait
+      tpuops vm create mllm-jax-v6e-8 --accelerator v6e-8 --zone us-east1-d --runtime-version v2-alpha-tpuv6e --wait
     """
     from tpuops import console
     from tpuops.cloud import tables, vms

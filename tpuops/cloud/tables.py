@@ -6,7 +6,7 @@ from typing import Any
 
 from rich.table import Table
 
-from tpuops.console import emit_json, err, escape, out
+from tpuops.console import emit_json, err, escape, id_column, out
 
 
 def vm_list(vms: list[Any], zones: list[str], as_json: bool) -> None:
@@ -14,7 +14,8 @@ def vm_list(vms: list[Any], zones: list[str], as_json: bool) -> None:
         emit_json({"ok": True, "zones_searched": zones, "vms": [v.to_dict() for v in vms]})
         return
     table = Table(title=f"{len(vms)} TPU VMs in {len(zones)} zones", title_justify="left")
-    for col in ("name", "zone", "type", "state", "health", "spot", "workers"):
+    id_column(table, "name", [v.name for v in vms])
+    for col in ("zone", "type", "state", "health", "spot", "workers"):
         table.add_column(col)
     for v in vms:
         spot = "spot" if v.spot else "preemptible" if v.preemptible else ""
@@ -67,7 +68,7 @@ def emulator_started(url: str, identity: str, zones: list[str], state_dir: str) 
     out.print(f"export TPUOPS_TPU_API={url}", highlight=False)
     err.print(f"TPU API emulator on {url} (state in {state_dir}); zones: {', '.join(zones)}")
     err.print(f"SSH identity for its VMs: --identity {identity}")
-    err.print("create a VM: tpuops vm create demo --type v4-16 --zone us-east1-d --runtime-version base")
+    err.print("create a VM: tpuops vm create demo --accelerator v4-16 --zone us-east1-d --runtime-version base")
     err.print("Ctrl-C stops it and every emulated worker.")
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
-from tpuops.console import emit_json, err, escape, out, status_cell
+from tpuops.console import emit_json, err, escape, id_column, out, status_cell
 from tpuops.logs.events import at_step
 from tpuops.run.result import RunResult
 from tpuops.sop.actions import render_plan
@@ -174,7 +174,10 @@ def runs_table(records: list[Any], as_json: bool) -> None:
     if as_json:
         emit_json(rows)
         return
-    table = Table("run", "SOP", "target", "workers", "started", "status")
+    table = Table()
+    id_column(table, "run", [row["run_id"] for row in rows])
+    for col in ("SOP", "target", "workers", "started", "status"):
+        table.add_column(col)
     for row in rows:
         table.add_row(
             row["run_id"], row["sop"], row["target"], str(row["workers"]), row["started"], row["status"]
@@ -256,10 +259,10 @@ def rollout_bench(results: list[Any], as_json: bool) -> None:
         "rollout_generate s",
         "ratio",
         "update s",
-        "run",
         title="rollout comparison (steady state, after warm-up)",
         title_justify="left",
     )
+    id_column(table, "run", [r.run_id for r in results])
     for r in results:
         f = lambda v: "" if v is None else f"{v:.3f}"  # noqa: E731
         table.add_row(

@@ -170,10 +170,15 @@ def attach(
     return Attached(run_id, log, code, lost)
 
 
+def chosen_workers(run_id: str, worker: str) -> list[int]:
+    """The workers of a run that `--worker` names (all, 0, 0,2)."""
+    return select_workers(worker, max(load(run_id).workers) + 1)
+
+
 def logs(run_id: str, worker: str, *, follow: bool, on_line: LineSink) -> None:
     """Print worker logs (the remote file; the local copy when the VM is gone)."""
     rec = load(run_id)
-    chosen = select_workers(worker, max(rec.workers) + 1)
+    chosen = chosen_workers(run_id, worker)
     local = [rec.local_dir / f"worker-{w}.log" for w in chosen]
     if not follow and all(p.exists() for p in local):
         for w, p in zip(chosen, local, strict=True):
