@@ -108,3 +108,51 @@ def test_the_trainer_summary_and_the_tpuops_report_agree_on_the_steady_step_time
         assert trainer_p50 == tpuops_p50, (n, dts)
     # One step: no steady step, so neither has a p50 (the trainer used to report the compile step's time).
     assert _steady_p50_both_ways([12.0])[:2] == (None, None)
+
+
+def test_the_config_line_is_a_short_summary_and_the_full_config_is_a_file(tmp_path: Any) -> None:
+    """`config: key=value ...` (one short line, what the live view and the scanner read) and the full JSON in
+    the run directory; older logs' `config: {json}` still parse."""
+    import json
+
+    from trainer import config, startup
+
+    cfg = config.load("arith")
+    buf = io.StringIO()
+    metrics.Emitter(out=buf).config(startup.summary(cfg), config.dumps(cfg), run_dir=str(tmp_path))
+    line = buf.getvalue().rstrip("\n")
+    assert "\n" not in line and len(line) < 300, line
+    assert json.loads((tmp_path / "config.json").read_text()) == json.loads(config.dumps(cfg))
+    s = LogScanner()
+    s.feed(line)
+    summary = s.close().config_summary
+    assert summary["steps"] == str(cfg.train.steps) and summary["task"] == "arith"
+    assert summary["learning_rate"] == "0.02" and summary["file"] == str(tmp_path / "config.json")
+    other = io.StringIO()  # a process other than 0, or no run directory: no file, no `file=`
+    metrics.Emitter(process_index=0, out=other).config(startup.summary(cfg), config.dumps(cfg))
+    assert "file=" not in other.getvalue()
+    old = LogScanner()
+    old.feed('config: {"train": {"steps": 3}}')
+    assert old.close().config == {"train": {"steps": 3}}
+
+
+def test_the_trainer_starts_jax_on_the_cpu_where_there_is_no_accelerator(tmp_path: Any) -> None:
+    """No TPU or GPU device: jax_platforms=cpu, so libtpu (the `tpu` extra) never prints its start-up errors;
+    a TPU device, the config's mesh.platforms or the user's JAX_PLATFORMS: as given."""
+    from trainer import config, startup
+
+    cfg = config.load("arith")
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    assert startup.platforms(cfg, env={}, dev=dev) == "cpu"
+    assert startup.platforms(cfg, env={"JAX_PLATFORMS": "tpu"}, dev=dev) is None  # JAX read it already
+    (dev / "vfio").mkdir()
+    (dev / "vfio" / "vfio").touch()  # the control file alone is no TPU
+    assert startup.platforms(cfg, env={}, dev=dev) == "cpu"
+    (dev / "vfio" / "0").touch()
+    assert startup.platforms(cfg, env={}, dev=dev) is None
+    (dev / "vfio" / "0").unlink()
+    (dev / "accel0").touch()
+    assert startup.platforms(cfg, env={}, dev=dev) is None
+    pinned = config.load("arith", ["mesh.platforms=cpu"])
+    assert startup.platforms(pinned, env={}, dev=dev) == "cpu"

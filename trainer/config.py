@@ -130,6 +130,10 @@ class MeshConfig:
     tp: int = 1
     devices: int = 0  # use the first N devices (0: all); tests compare 1 device with 8
     accelerator: str = ""  # the TPU this config is made for (e.g. v6e-8): trainer.fit's default target
+    # JAX platforms the run starts (jax_platforms, e.g. "cpu"); "" = this machine's: JAX's own choice where a
+    # TPU or GPU device is present, else "cpu" (no libtpu start-up errors where there is no TPU).
+    # JAX_PLATFORMS in the environment wins.
+    platforms: str = ""
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 # The fixed head of a step line: three fields, then `dt` (tpuops/logs/scanner.py reads dt as the fifth field),
@@ -23,6 +25,7 @@ TIMES = ("rollout_generate", "update")
 EXTRA_TIMES = ("reward_score",)  # further phases, seconds
 TAIL_HEAD = (("loss", ".6f"),)
 WARMUP_STEPS = 1  # the first step line(s) of a log, which compile: tpuops' default --warmup
+CONFIG_FILE = "config.json"  # the resolved config in full, in the run directory (TPUOPS_RUN_DIR) tpuops gives
 
 
 def printed_dt(dt: float) -> float:
@@ -90,8 +93,18 @@ class Emitter:
     def start(self, **fields: Any) -> None:
         self.line(format_fields("start:", fields), all_processes=True)
 
-    def config(self, cfg_json: str) -> None:
-        self.line(f"config: {cfg_json}")
+    def config(self, summary: Mapping[str, Any], cfg_json: str, run_dir: str | None = None) -> None:
+        """`config: key=value ...`: the few settings that say what runs (one short line); the full JSON goes
+        to `<run_dir>/config.json` (written atomically by process 0; `file=` names it) when a run directory is
+        given (tpuops sets TPUOPS_RUN_DIR), and `python -m trainer.main --print-config` prints it anyway."""
+        fields = dict(summary)
+        if run_dir and self.is_main:
+            path = Path(run_dir).expanduser() / CONFIG_FILE
+            tmp = path.with_name(f".{CONFIG_FILE}.{os.getpid()}")
+            tmp.write_text(cfg_json + "\n")
+            tmp.replace(path)
+            fields["file"] = str(path)
+        self.line(format_fields("config:", fields))
 
     def batch(self, fields: Mapping[str, Any]) -> None:
         self.line(format_fields("batch:", fields))

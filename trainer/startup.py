@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,29 @@ from trainer.sharding import make_mesh
 from trainer.tokenizer import load_tokenizer
 
 
+def accelerator_present(dev: Path = Path("/dev")) -> bool:
+    """A TPU (/dev/accel*, /dev/vfio/N) or an NVIDIA GPU (/dev/nvidia0) is on this machine."""
+    vfio = dev / "vfio"
+    numbered = vfio.is_dir() and any(p.name.isdigit() for p in vfio.iterdir())
+    return numbered or any(dev.glob("accel*")) or (dev / "nvidia0").exists()
+
+
+def platforms(cfg: Config, env: Mapping[str, str] = os.environ, dev: Path = Path("/dev")) -> str | None:
+    """The JAX platforms this run starts with, or None to leave JAX's own choice (JAX_PLATFORMS, set by the
+    user, is already JAX's). Without an accelerator, "cpu": JAX would otherwise try libtpu (installed with
+    the `tpu` extra) and print its start-up errors; a real TPU's messages are left as they are."""
+    if env.get("JAX_PLATFORMS"):
+        return None
+    if cfg.mesh.platforms:
+        return cfg.mesh.platforms
+    return None if accelerator_present(dev) else "cpu"
+
+
 def setup_jax(cfg: Config) -> None:
+    chosen = platforms(cfg)
+    if chosen:
+        jax.config.update("jax_platforms", chosen)
+        os.environ["JAX_PLATFORMS"] = chosen  # what distributed.init and child processes read
     if cfg.log.log_compiles:  # the config owns it: no JAX_LOG_COMPILES side door
         jax.config.update("jax_log_compiles", True)
         jax.config.update("jax_explain_cache_misses", True)
@@ -37,8 +61,19 @@ def start_up(cfg: Config, emit: metrics.Emitter | None) -> tuple[metrics.Emitter
         backend=jax.default_backend(), process_count=process_count, process_index=process_index,
         device_count=len(devices), mesh=f"dp:{cfg.mesh.dp},fsdp:{fsdp},tp:{cfg.mesh.tp}",
     )  # fmt: skip
-    emit.config(dumps(cfg))
+    emit.config(summary(cfg), dumps(cfg), run_dir=os.environ.get("TPUOPS_RUN_DIR"))
     return emit, mesh, process_index, process_count
+
+
+def summary(cfg: Config) -> dict[str, Any]:
+    """What the `config:` line shows: the task, the model, how many steps of what size, the objective."""
+    return {
+        "task": cfg.data.task, "model": cfg.model.path, "preset": cfg.model.preset, "dtype": cfg.model.dtype,
+        "steps": cfg.train.steps, "prompts_per_step": cfg.train.prompts_per_step,
+        "samples_per_prompt": cfg.rollout.samples_per_prompt, "max_new_tokens": cfg.rollout.max_new_tokens,
+        "learning_rate": f"{cfg.train.learning_rate:g}", "loss": cfg.loss.loss_type, "loss_impl": cfg.train.loss_impl,
+        "platforms": os.environ.get("JAX_PLATFORMS") or "default",
+    }  # fmt: skip
 
 
 def tiny_folder(cfg: Config, process_index: int) -> Path:

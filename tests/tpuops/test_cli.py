@@ -285,8 +285,8 @@ def test_a_job_that_prints_its_secret_is_redacted_in_every_later_view(tmp_path: 
     views = {
         "live": ran.stderr,
         "attach": tpuops("attach", run_id, "--from-start", cwd=elsewhere).stderr,
-        "logs -f": tpuops("logs", run_id, "-f", cwd=elsewhere).stderr,
-        "logs": tpuops("logs", run_id, cwd=elsewhere).stderr,
+        "logs -f": tpuops("logs", run_id, "-f", "--prefix", cwd=elsewhere).stdout,
+        "logs": tpuops("logs", run_id, "--prefix", cwd=elsewhere).stdout,
         "report": tpuops("report", run_id, "--json", cwd=elsewhere).stdout,
     }
     for name, text in views.items():

@@ -135,15 +135,15 @@ def test_logs_then_stop_a_detached_run(tmp_path: Path) -> None:
     follower.wait()
     (record,) = json.loads(tpuops("runs", "--json", cwd=tmp_path).stdout)
     run_id = record["run_id"]
-    logs = tpuops("logs", run_id, cwd=tmp_path)
-    assert logs.returncode == 0 and "[w0] step=3 " in logs.stderr
+    logs = tpuops("logs", run_id, cwd=tmp_path)  # the log itself on stdout: pipeable, no [w0] prefix
+    assert logs.returncode == 0 and "\nstep=3 " in logs.stdout and "[w0]" not in logs.stdout
     stop = tpuops("stop", run_id, "--json", cwd=tmp_path)
     assert stop.returncode == 0, stop.stderr
     assert "terminated" in json.loads(stop.stdout)["workers"]["0"]["detail"]
     exit_file = Path(os.environ["TPUOPS_HOME"]) / "local/w0/tpuops/runs" / run_id / "worker-0.exit"
     assert exit_file.read_text().strip() == "143"
     done = tpuops("logs", run_id, cwd=tmp_path)
-    last = [ln for ln in done.stderr.splitlines() if "step=" in ln][-1]
+    last = [ln for ln in done.stdout.splitlines() if ln.startswith("step=")][-1]
     assert int(last.split("step=")[1].split()[0]) < 499  # it really stopped early
 
 

@@ -112,7 +112,8 @@ class LogReport:
     wandb: str | None = None
     start: dict[str, str] = field(default_factory=dict)
     batch: dict[str, str] = field(default_factory=dict)
-    config: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None  # the full config: `config: {json}` (older logs) or config.json
+    config_summary: dict[str, str] = field(default_factory=dict)  # the `config: key=value ...` line
     summary: dict[str, Any] | None = None
     metrics: list[dict[str, Any]] = field(default_factory=list)
     reward_errors: dict[str, int] = field(default_factory=dict)

@@ -182,6 +182,11 @@ class Follower:
             code = self.transport.read_from(w, f"{action.run_dir}/worker-{w}.exit", 0)
             if code is not None:  # the report tells a finished job from a killed one by this file
                 write_private(dest.with_suffix(".exit"), code)
+            config = self.transport.read_from(w, f"{action.run_dir}/config.json", 0) if w == 0 else None
+            if config is not None:  # the trainer's full config (its log has a one-line summary)
+                write_private(
+                    dest.with_name("config.json"), self.redact(config.decode(errors="replace")).encode()
+                )
         return CmdResult(w, action.render(), 0, stdout=f"tpuops: fetched bytes={size} to={dest}\n")
 
     def _ended(self, w: int, action: Follow, kind: Kind, why: str, stdout: str = "") -> CmdResult:

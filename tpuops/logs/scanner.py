@@ -44,6 +44,8 @@ DT_ANY = re.compile(
 )
 KV = re.compile(r"(?P<k>[A-Za-z_][\w.]*)=(?P<v>\S+)")
 RECORD = re.compile(r"^(?P<kind>start|batch|eval_begin|eval_end|eval|checkpoint|reward_errors)(?::|\s|$)")
+# `config: task=arith steps=20 ... file=PATH` (the summary; the JSON is in the file); older logs: `config: {json}`
+CONFIG_SUMMARY = re.compile(r"^config: (?P<kv>[A-Za-z_]\w*=\S*(?: [A-Za-z_]\w*=\S*)*)\s*$")
 JSON_LINE = re.compile(r"^(?P<kind>summary|metrics|config): (?P<json>\{.*\})\s*$")
 WANDB_URL = re.compile(r"^wandb: (?:url=|.*?View run .*?at:? )(?P<url>https?://\S+)")
 WANDB_STATE = re.compile(r"^wandb: (?P<state>mode=\S+.*|disabled)\s*$")
@@ -435,6 +437,8 @@ class LogScanner:
             self._record(m["kind"], text)
         elif m := JSON_LINE.match(text):
             self._json(m["kind"], m["json"])
+        elif m := CONFIG_SUMMARY.match(text):
+            self.r.config_summary = _kv(m["kv"])
         elif m := WANDB_URL.match(text):
             self.r.wandb_url = m["url"]
         elif m := WANDB_STATE.match(text):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 # The reader and what it hands out, under the names report and launch code reach for.
@@ -61,6 +62,12 @@ def scan_run(
         )
     report = merge([scan_file(p, warmup, check_exit=check_exit, step_pattern=step_pattern) for p in logs])
     report.source = str(run_dir)
+    full = run_dir / "config.json"  # the trainer's resolved config, fetched beside the logs
+    if report.config is None and full.is_file():
+        try:
+            report.config = json.loads(full.read_text())
+        except (OSError, ValueError):
+            pass  # a config that cannot be read is no reason to lose the report
     return report
 
 

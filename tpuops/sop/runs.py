@@ -61,7 +61,7 @@ for f in {runs}/*/worker-*.pid; do
   x="${{f%.pid}}.exit"; [ -e "$x" ] || echo 143 > "$x"
   echo "tpuops: stopped run=$other pid=$pid"
 done
-export rd
+export rd TPUOPS_RUN_DIR="$rd"  # the job may keep files beside its log (the trainer's config.json)
 setsid nohup sh -c {shell.quote(job)} > "$rd"/worker-{k}.log 2>&1 < /dev/null &
 echo $! > "$rd"/worker-{k}.pid
 echo "tpuops: started pid=$!"
