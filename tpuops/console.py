@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console
 
@@ -108,6 +109,68 @@ def log_sink(*, prefix: bool) -> Callable[[int, str], None]:
         sys.stdout.flush()
 
     return write
+
+
+class Watched(Protocol):
+    """What the live view shows (tpuops.logs.progress.Progress): the status line and the lines above it."""
+
+    def status(self) -> str: ...
+
+    def line(self, worker: int, text: str) -> str: ...
+
+    def phase(self, worker: int, title: str, kind: str, state: str) -> None: ...
+
+
+def live_wanted(as_json: bool) -> bool:
+    """The status line is for people at a terminal: off with --json, in CI (CI=true) and when stderr is not a
+    terminal. TPUOPS_LIVE=1 turns it on anyway (compact step rows through a pipe, e.g. for a test), 0 off."""
+    forced = os.environ.get("TPUOPS_LIVE", "")
+    if as_json or forced == "0":
+        return False
+    if forced == "1":
+        return True
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        return False
+    return err.is_terminal
+
+
+class Live:
+    """A followed run on stderr: log lines (a step line as a compact row) scroll above one status line with a
+    spinner that rich redraws 4 times a second; the status line is gone when the run ends. Without a watched
+    run (`watched` None) it is the plain line printer."""
+
+    def __init__(self, watched: Watched | None) -> None:
+        self.watched = watched
+        self.phase = watched.phase if watched is not None else None
+        self._live: Any = None
+
+    def line(self, worker: int, text: str) -> None:
+        shown = self.watched.line(worker, text) if self.watched is not None else text
+        for piece in shown.split("\n"):
+            line(worker, piece)
+
+    def _status(self) -> Any:
+        from rich.spinner import Spinner
+        from rich.text import Text
+
+        assert self.watched is not None
+        return Spinner("dots", Text(self.watched.status(), style="bold cyan"), style="cyan")
+
+    def __enter__(self) -> Live:
+        if self.watched is not None and err.is_terminal:
+            from rich.live import Live as RichLive
+
+            self._live = RichLive(
+                get_renderable=self._status, console=err, transient=True, refresh_per_second=4,
+                redirect_stdout=False, redirect_stderr=False,
+            )  # fmt: skip
+            self._live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
 
 
 def event(text: str) -> None:

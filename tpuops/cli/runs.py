@@ -169,14 +169,16 @@ def attach(
 ) -> None:
     """Resume following a detached run from where the last follow stopped; then fetch logs and report."""
     from tpuops import console
+    from tpuops.logs.progress import Progress
     from tpuops.run import logreport
     from tpuops.run import store as library
 
     finish_json(json)
     console.raw_output(raw)
-    attached = library.attach(
-        run_id, on_line=console.line, stream="all" if all_workers else "first", from_start=from_start
-    )
+    with console.Live(Progress.following() if console.live_wanted(json) else None) as live:
+        attached = library.attach(
+            run_id, on_line=live.line, stream="all" if all_workers else "first", from_start=from_start
+        )
     for w, why in attached.lost.items():
         console.event(f"w{w}: could not follow the run: {why}")
     logreport.render(attached.log, attached.code, json, None, None)

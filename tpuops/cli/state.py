@@ -46,16 +46,21 @@ def run_sop(
         skip_fit=skip_fit,
         command=command,
     )
+    from tpuops.logs.progress import Progress
+
     # One library call: it loads the config, resolves the target once and decides the VM watch itself.
-    result = launch.start(
-        req,
-        max_recoveries=recover,
-        unreachable_s=unreachable_s,
-        on_line=console.line,
-        on_step=None if json else report.step_done,
-        on_notice=console.event,
-        notify=console.note,
-    )
+    # At a terminal the run is followed under a status line (phase, step N/total, elapsed, ETA, reward).
+    with console.Live(Progress() if console.live_wanted(json) else None) as live:
+        result = launch.start(
+            req,
+            max_recoveries=recover,
+            unreachable_s=unreachable_s,
+            on_line=live.line,
+            on_step=None if json else report.step_done,
+            on_phase=live.phase,
+            on_notice=console.event,
+            notify=console.note,
+        )
     if isinstance(result, launch.DryRun):
         report.dry_run(result, json)
         return

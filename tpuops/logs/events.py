@@ -40,6 +40,12 @@ class StepRow:
     reward_mean: float | None = None
     loss: float | None = None
     tokens_per_s: float | None = None
+    # The learning signals of the step line (docs/trainer.md "The step line"); None where a line lacks them.
+    reward_delta: float | None = None
+    entropy: float | None = None
+    grad_norm: float | None = None
+    kl_old: float | None = None
+    clip_frac: float | None = None
 
 
 @dataclass

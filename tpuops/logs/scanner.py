@@ -177,6 +177,10 @@ def _dt_value(key: bytes | float) -> float | None:
         return None
 
 
+# Every field of the trainer's step line the step table keeps (StepRow).
+STEP_FIELDS = tuple(f for f in StepRow.__dataclass_fields__ if f != "step")
+
+
 def _row(line: bytes | StepRow) -> StepRow | None:
     if isinstance(line, StepRow):
         return line
@@ -185,10 +189,21 @@ def _row(line: bytes | StepRow) -> StepRow | None:
         row = StepRow(step=int(kv["step"]))
     except (KeyError, ValueError):
         return None
-    for name in ("dt", "rollout_generate", "update", "reward_mean", "loss", "tokens_per_s"):
+    for name in STEP_FIELDS:
         v = _num(kv[name]) if name in kv else None
         setattr(row, name, float(v) if isinstance(v, int | float) else None)
     return row
+
+
+def step_row(line: str) -> StepRow | None:
+    """A `step=` line's fields (the live view's compact row); None for any other line."""
+    return _row(line.encode()) if line.startswith("step=") else None
+
+
+def config_summary(line: str) -> dict[str, str] | None:
+    """The `config: key=value ...` line's fields (`steps` is the run's total); None for any other line."""
+    m = CONFIG_SUMMARY.match(line)
+    return _kv(m["kv"]) if m else None
 
 
 class LogScanner:

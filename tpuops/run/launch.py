@@ -75,6 +75,7 @@ def start(
     ready_timeout: float = 1800.0,
     on_line: LineSink | None = None,
     on_step: Callable[[StepReport], None] | None = None,
+    on_phase: Callable[[int, str, str, str], None] | None = None,
     on_notice: Callable[[str], None] | None = None,
     notify: Callable[[str], None] | None = None,
     cwd: Path | None = None,
@@ -100,13 +101,13 @@ def start(
             on_notice(warning)
     target = target or resolve(spec, cfg, notify)
     if not watched:
-        return _execute(req, checked, target, on_line=on_line, on_step=on_step, cwd=cwd)
+        return _execute(req, checked, target, on_line=on_line, on_step=on_step, on_phase=on_phase, cwd=cwd)
 
     def attempt(
         run_id: str, now: Target, abort: threading.Event, on_event: Callable[[Event], None]
     ) -> RunResult:
         result = _execute(
-            replace(req, run_id=run_id), checked, now, on_line=on_line, on_step=on_step, cwd=cwd,
+            replace(req, run_id=run_id), checked, now, on_line=on_line, on_step=on_step, on_phase=on_phase, cwd=cwd,
             abort=abort, on_event=on_event,
         )  # fmt: skip
         assert isinstance(result, RunResult)  # not a dry run
@@ -198,6 +199,7 @@ def _execute(
     on_line: LineSink | None,
     on_step: Callable[[StepReport], None] | None,
     cwd: Path,
+    on_phase: Callable[[int, str, str, str], None] | None = None,
     abort: threading.Event | None = None,
     on_event: Callable[[Event], None] | None = None,
 ) -> RunResult | DryRun:
@@ -220,6 +222,7 @@ def _execute(
         on_line=on_line,
         on_step=on_step,
         on_event=on_event,
+        on_phase=on_phase,
     )
     if abort is not None:
         executor.abort = abort

@@ -109,6 +109,9 @@ class Executor:
     on_line: LineSink | None = None  # live output of follow steps, already redacted
     on_step: Callable[[StepReport], None] | None = None
     on_event: Callable[[Event], None] | None = None  # the follower's typed log events (every worker)
+    # Each worker's progress through the steps (the live view): (worker, step title, step kind, state), state
+    # "begin" when the worker starts the step, then its outcome's status. Called from the workers' threads.
+    on_phase: Callable[[int, str, str, str], None] | None = None
     # Bytes of each worker's log already shown; the follower starts there and keeps it current (for attach).
     offsets: dict[int, int] = field(default_factory=dict)
     on_offset: Callable[[dict[int, int]], None] | None = None
@@ -189,6 +192,8 @@ class Executor:
         n = len(self.transport.workers)
 
         def one(w: int) -> None:
+            if self.on_phase:
+                self.on_phase(w, step.title, step.kind, "begin")
             try:
                 actions = step.plan(self._ctx(sop, w, n, run_id, values))
                 results = self._run_actions(w, actions, cancel)
@@ -200,6 +205,8 @@ class Executor:
             except Exception as e:
                 outcome = Outcome("failed", self.redact(f"{type(e).__name__}: {e}"))
             sr.outcomes[w] = outcome
+            if self.on_phase:
+                self.on_phase(w, step.title, step.kind, str(outcome.status))
             if outcome.status in FAILED and not self.keep_going:
                 cancel.set()
 

@@ -1,0 +1,156 @@
+"""A run as the live view shows it: each worker's phase, step N/total, elapsed, steady s/step, ETA, reward trend."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+
+from tpuops.logs.events import StepRow
+from tpuops.logs.scanner import config_summary, step_row
+
+# What a SOP step kind is doing, in the words of the status line (anything else: the step's title).
+PHASES = {
+    "git_sync": "syncing code",
+    "python_env": "preparing venv",
+    "clear_lockfile": "clearing TPU lock",
+    "sync_env": "sending .env",
+    "run": "starting",
+    "follow": "running",
+    "fetch_log": "fetching logs",
+}
+DONE = "done"
+# The compact step row: the fields that say whether the run learns first, then time and the rest.
+COLUMNS = (
+    ("reward", "reward_mean", "{:.4f}", 6),
+    ("Δ", "reward_delta", "{:+.3f}", 6),
+    ("entropy", "entropy", "{:.3f}", 7),
+    ("dt", "dt", "{:.2f}s", 7),
+    ("kl_old", "kl_old", "{:.1e}", 7),
+    ("clip", "clip_frac", "{:.3f}", 5),
+    ("grad", "grad_norm", "{:.3f}", 6),
+    ("tok/s", "tokens_per_s", "{:.0f}", 6),
+)
+
+
+def _clock(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60:02d}:{s % 60:02d}"
+
+
+@dataclass
+class Progress:
+    """Fed the executor's phases (`phase`) and the followed log lines (`line`); `status()` is the one line the
+    live view shows at the bottom, `line()` what it prints above it (a step line as a compact row). Thread-safe:
+    workers report from their own threads."""
+
+    started: float = field(default_factory=time.monotonic)
+    total: int | None = None  # steps of the run (the trainer's `config:` line says)
+    step: int | None = None  # the last step line's step
+    phases: dict[int, str] = field(default_factory=dict)  # worker -> what it is doing now
+    dts: list[float] = field(default_factory=list)  # dt of every step line, in order
+    rewards: list[float] = field(default_factory=list)
+    waiting_since: float | None = None  # when the job started and no step line had come yet
+    header_shown: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def following(cls) -> Progress:
+        """A run already started (attach): process 0's log is being followed."""
+        p = cls()
+        p.phase(0, "follow", "follow", "begin")
+        return p
+
+    def phase(self, worker: int, title: str, kind: str, state: str) -> None:
+        """The executor's hook: a worker began a step ("begin") or ended it (its status)."""
+        with self.lock:
+            if state == "begin":
+                self.phases[worker] = PHASES.get(kind, title)
+                if kind == "follow" and self.step is None and self.waiting_since is None:
+                    self.waiting_since = time.monotonic()
+            elif state in ("ok", "changed", "nothing", "skipped"):
+                self.phases[worker] = f"{PHASES.get(kind, title)}: {DONE}"
+            else:
+                self.phases[worker] = f"{PHASES.get(kind, title)}: {state}"
+
+    def line(self, worker: int, text: str) -> str:
+        """A followed log line as the live view prints it: a step line becomes a compact row (the header
+        before the first one); the trainer's `config:` line gives the total; other lines unchanged."""
+        row = step_row(text)
+        with self.lock:
+            if row is None:
+                summary = config_summary(text)
+                if summary and summary.get("steps", "").isdigit():
+                    self.total = int(summary["steps"])
+                return text
+            self.step = row.step
+            if row.dt is not None:
+                self.dts.append(row.dt)
+            if row.reward_mean is not None:
+                self.rewards.append(row.reward_mean)
+            first = not self.header_shown
+            self.header_shown = True
+        compact = self.row(row)
+        return f"{self.header()}\n{compact}" if first else compact
+
+    def header(self) -> str:
+        width = len(self._step_cell(0))
+        return "step".rjust(width) + "".join(f"  {name:>{w}}" for name, _, _, w in COLUMNS)
+
+    def _step_cell(self, step: int) -> str:
+        total = self.total if self.total is not None else 0
+        digits = max(len(str(total)), len(str(step)))
+        return f"{step:>{digits}}/{total}" if self.total else f"{step:>{digits}}"
+
+    def row(self, row: StepRow) -> str:
+        cells = []
+        for _, attr, fmt, w in COLUMNS:
+            value = getattr(row, attr)
+            cells.append(f"  {'' if value is None else fmt.format(value):>{w}}")
+        return self._step_cell(row.step) + "".join(cells)
+
+    def steady_s_per_step(self) -> float | None:
+        """The median dt of the steps after the first (the first one compiles); None before two steps."""
+        return statistics.median(self.dts[1:]) if len(self.dts) > 1 else None
+
+    def status(self, now: float | None = None) -> str:
+        """The status line: what is going on, how far, how long, how long still, and where the reward goes."""
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            parts = [self._doing(now), f"elapsed {_clock(now - self.started)}"]
+            if self.step is not None:
+                done = self.step + 1
+                parts.insert(1, f"step {done}/{self.total}" if self.total else f"step {self.step}")
+                rate = self.steady_s_per_step()
+                if rate is not None:
+                    parts.append(f"{rate:.2f} s/step")
+                    if self.total:
+                        parts.append(f"ETA {_clock(max(self.total - done, 0) * rate)}")
+            if self.rewards:
+                parts.append(self._trend())
+        return " · ".join(parts)
+
+    def _doing(self, now: float) -> str:
+        workers = sorted(self.phases)
+        if not workers:
+            return "preparing"
+        here = self.phases[workers[0]]
+        if here == PHASES["follow"]:
+            if self.step is not None:
+                here = "stepping"
+            elif self.total is not None:  # a trainer (its config line came) that has not finished step 0
+                here = f"compiling (first step) {now - (self.waiting_since or now):.0f}s"
+        if len(workers) == 1:
+            return here
+        others = {w: p for w, p in self.phases.items() if w != workers[0]}
+        if all(p == self.phases[workers[0]] for p in others.values()):
+            return f"{here} (w0-w{workers[-1]})"
+        return f"w{workers[0]} {here}; " + ", ".join(f"w{w} {p}" for w, p in sorted(others.items()))
+
+    def _trend(self) -> str:
+        first, last = self.rewards[0], self.rewards[-1]
+        recent = self.rewards[-5:]
+        slope = recent[-1] - recent[0]
+        arrow = "↑" if slope > 1e-9 else "↓" if slope < -1e-9 else "→"
+        return f"reward {first:.2f} → {last:.2f} {arrow}"
