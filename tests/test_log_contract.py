@@ -128,6 +128,7 @@ def test_the_config_line_is_a_short_summary_and_the_full_config_is_a_file(tmp_pa
     summary = s.close().config_summary
     assert summary["steps"] == str(cfg.train.steps) and summary["task"] == "arith"
     assert summary["learning_rate"] == "0.02" and summary["file"] == str(tmp_path / "config.json")
+    assert summary["max_reward"] == "1"  # arith: 0.9 for a bare number + 0.1 for the right sum
     other = io.StringIO()  # a process other than 0, or no run directory: no file, no `file=`
     metrics.Emitter(process_index=0, out=other).config(startup.summary(cfg), config.dumps(cfg))
     assert "file=" not in other.getvalue()

@@ -66,12 +66,16 @@ def start_up(cfg: Config, emit: metrics.Emitter | None) -> tuple[metrics.Emitter
 
 
 def summary(cfg: Config) -> dict[str, Any]:
-    """What the `config:` line shows: the task, the model, how many steps of what size, the objective."""
+    """What the `config:` line shows: the task, the model, how many steps of what size, the objective, and the
+    highest mean reward the task's weighted rewards can reach (`max_reward`: the report's reward axis)."""
+    from trainer import tasks
+
+    weights = tasks.get(cfg.data.task).weights(cfg)
     return {
-        "task": cfg.data.task, "model": cfg.model.path, "preset": cfg.model.preset, "dtype": cfg.model.dtype,
-        "steps": cfg.train.steps, "prompts_per_step": cfg.train.prompts_per_step,
+        "task": cfg.data.task, "model": cfg.model.path, "steps": cfg.train.steps, "prompts_per_step": cfg.train.prompts_per_step,
         "samples_per_prompt": cfg.rollout.samples_per_prompt, "max_new_tokens": cfg.rollout.max_new_tokens,
         "learning_rate": f"{cfg.train.learning_rate:g}", "loss": cfg.loss.loss_type, "loss_impl": cfg.train.loss_impl,
+        "max_reward": f"{sum(max(w, 0.0) for w in weights.values()):g}",
         "platforms": os.environ.get("JAX_PLATFORMS") or "default",
     }  # fmt: skip
 

@@ -27,7 +27,7 @@ COLUMNS = (
     ("Δ", "reward_delta", "{:+.3f}", 6),
     ("entropy", "entropy", "{:.3f}", 7),
     ("dt", "dt", "{:.2f}s", 7),
-    ("kl_old", "kl_old", "{:.1e}", 7),
+    ("kl_old", "kl_old", "{:.2g}", 7),
     ("clip", "clip_frac", "{:.3f}", 5),
     ("grad", "grad_norm", "{:.3f}", 6),
     ("tok/s", "tokens_per_s", "{:.0f}", 6),
@@ -81,9 +81,12 @@ class Progress:
         with self.lock:
             if row is None:
                 summary = config_summary(text)
-                if summary and summary.get("steps", "").isdigit():
+                if summary is None:
+                    return text
+                if summary.get("steps", "").isdigit():
                     self.total = int(summary["steps"])
-                return text
+                # The file's path is long and in the run directory anyway (`tpuops logs` shows the line whole).
+                return "config: " + " ".join(f"{k}={v}" for k, v in summary.items() if k != "file")
             self.step = row.step
             if row.dt is not None:
                 self.dts.append(row.dt)

@@ -47,7 +47,7 @@ def review(
     report = scan.scan_target(target, warmup, step_pattern=step_pattern)
     deltas = None if baseline is None else load_baseline(baseline, report, threshold)
     if html is not None:
-        write_html(report, html, deltas)
+        write_html(report, html, deltas, run_meta(target))
     return Reviewed(report, deltas, exit_code(report, deltas))
 
 
@@ -82,8 +82,10 @@ def as_dict(report: LogReport, code: int, deltas: list[Delta] | None, html: Path
     }
 
 
-def write_html(report: LogReport, path: Path, deltas: list[Delta] | None = None) -> None:
-    Path(path).write_text(page(report, deltas))
+def write_html(
+    report: LogReport, path: Path, deltas: list[Delta] | None = None, meta: dict[str, str] | None = None
+) -> None:
+    Path(path).write_text(page(report, deltas, meta))
 
 
 def render(
@@ -206,27 +208,22 @@ def baseline_table(deltas: list[Delta]) -> Table:
     return table
 
 
-# ---- the HTML page: one file, inline CSS and SVG, no script and nothing fetched ----
-W, H, PAD_L, PAD_R, PAD_T, PAD_B = 760, 250, 64, 16, 40, 36
-COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e")
-CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#222;background:#fff}
-h1{font-size:20px}h2{font-size:16px;margin-top:28px}table{border-collapse:collapse;font-size:13px}
-td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}.bad{color:#b00020;font-weight:bold}
-.ok{color:#1b7f3b;font-weight:bold}.warn{color:#b36b00;font-weight:bold}pre{background:#f6f6f6;padding:6px;
-white-space:pre-wrap;font-size:12px}svg.plot{border:1px solid #ddd;background:#fcfcfc;margin:6px 0}"""
-
-
-def _esc(v: object) -> str:
-    return html_lib.escape(str(v))
-
-
-def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-    return [lo + (hi - lo) * i / (n - 1) for i in range(n)]
-
+# ---- the HTML page: one file, inline CSS and matplotlib's SVG, no script and nothing fetched ----
+CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#222;background:#fff;max-width:1100px}
+h1{font-size:20px;margin-bottom:4px}h2{font-size:16px;margin-top:28px}table{border-collapse:collapse;font-size:13px}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.bad{color:#b00020;font-weight:bold}.ok{color:#1b7f3b;font-weight:bold}.warn{color:#b36b00;font-weight:bold}
+pre{background:#f6f6f6;padding:6px;white-space:pre-wrap;font-size:12px}figure.chart{margin:6px 0}
+figure.chart svg{max-width:100%;height:auto}.grid{display:grid;grid-template-columns:1fr 1fr;gap:4px 16px}
+.note{color:#555;font-size:13px}table.meta th{background:#f3f3f3;width:9em}"""
 
 NOT_LOGGED = (
     "not logged (JAX compile logging was off; `tpuops recompile-check` or --set compile_log=true turns it on)"
 )
+
+
+def _esc(v: object) -> str:
+    return html_lib.escape(str(v))
 
 
 def compiles_logged(report: LogReport) -> bool:
@@ -234,135 +231,171 @@ def compiles_logged(report: LogReport) -> bool:
     return report.compiles.get("total", 0) > 0 or not report.steps
 
 
-def svg_plot(
-    plot_id: str, title: str, xs: list[int], series: list[tuple[str, list[float | None]]], marks: list[int]
-) -> str:
-    """A line plot as inline SVG: a polyline per series (gaps where values are missing), marks in red.
-    Non-finite values (nan, inf) are gaps too, and the title says how many were skipped."""
-    skipped = sum(y is not None and not math.isfinite(y) for _, ys in series for y in ys)
-    series = [
-        (label, [y if y is not None and math.isfinite(y) else None for y in ys]) for label, ys in series
-    ]
-    if skipped:
-        title += f" ({skipped} non-finite value{'s' if skipped > 1 else ''} (nan/inf) not drawn)"
-    pts = [(x, y) for _, ys in series for x, y in zip(xs, ys, strict=True) if y is not None]
-    head = f'<svg class="plot" id="{plot_id}" width="{W}" height="{H}" viewBox="0 0 {W} {H}" role="img">'
-    head += f'<title>{_esc(title)}</title><text x="{PAD_L}" y="18" font-size="14">{_esc(title)}</text>'
-    if not pts:
-        return head + f'<text x="{W // 2}" y="{H // 2}" text-anchor="middle">no data</text></svg>'
-    x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
-    y0, y1 = min(p[1] for p in pts), max(p[1] for p in pts)
-    x1 = x1 if x1 > x0 else x0 + 1
-    if y1 <= y0:  # a flat series: an axis around its value, never a 1e-09-wide one that reads as noise
-        y0, y1 = (y0 - abs(y0) * 0.1, y1 + abs(y0) * 0.1) if y0 else (0.0, 1.0)
-    pw, ph = W - PAD_L - PAD_R, H - PAD_T - PAD_B
+def _num(v: object, digits: int = 4) -> str:
+    """A number as people read it: 4 significant digits, integers whole, no 16-digit floats."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return str(v)
+    if isinstance(v, int) or (float(v).is_integer() and abs(v) < 1e15):
+        return str(int(v))
+    return f"{v:.{digits}g}"
 
-    def sx(x: float) -> float:
-        return PAD_L + (x - x0) / (x1 - x0) * pw
 
-    def sy(y: float) -> float:
-        return PAD_T + (1 - (y - y0) / (y1 - y0)) * ph
-
-    parts = [head, f'<rect x="{PAD_L}" y="{PAD_T}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>']
-    for t in _ticks(y0, y1):
-        parts.append(
-            f'<line x1="{PAD_L - 4}" x2="{PAD_L + pw}" y1="{sy(t):.1f}" y2="{sy(t):.1f}" stroke="#eee"/>'
+def _table(header: list[str], rows: list[list[object]], cls: str = "") -> str:
+    th = "".join(f"<th>{_esc(h)}</th>" for h in header) if header else ""
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f"<td class='num'>{_esc(_num(c))}</td>" if isinstance(c, int | float) and not isinstance(c, bool)
+            else f"<td>{_esc(c)}</td>"
+            for c in r
         )
-        parts.append(
-            f'<text x="{PAD_L - 6}" y="{sy(t) + 4:.1f}" font-size="11" text-anchor="end">{t:.3g}</text>'
-        )
-    for t in sorted({round(t) for t in _ticks(x0, x1)}):  # steps are integers
-        parts.append(f'<text x="{sx(t):.1f}" y="{H - 18}" font-size="11" text-anchor="middle">{t:.0f}</text>')
-    parts.append(f'<text x="{PAD_L + pw / 2}" y="{H - 4}" font-size="11" text-anchor="middle">step</text>')
-    for x in marks:
-        if x0 <= x <= x1:
-            at = f'x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{PAD_T}" y2="{PAD_T + ph}"'
-            parts.append(f'<line class="mark" {at} stroke="#d62728" stroke-dasharray="4 3"/>')
-    for i, (label, ys) in enumerate(series):
-        colour = COLOURS[i % len(COLOURS)]
-        runs: list[list[str]] = [[]]
-        for x, y in zip(xs, ys, strict=True):
-            if y is None:
-                runs.append([])
-            else:
-                runs[-1].append(f"{sx(x):.1f},{sy(y):.1f}")
-        for run in runs:
-            if len(run) == 1:
-                cx, cy = run[0].split(",")
-                parts.append(f'<circle cx="{cx}" cy="{cy}" r="3" fill="{colour}"/>')
-            elif run:
-                parts.append(
-                    f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{" ".join(run)}"/>'
-                )
-        lx = PAD_L + pw - 140 * (len(series) - i)
-        parts.append(f'<text x="{lx}" y="32" font-size="12" fill="{colour}">■ {_esc(label)}</text>')
-    return "".join(parts) + "</svg>"
+        + "</tr>"
+        for r in rows
+    )  # fmt: skip
+    head = f"<tr>{th}</tr>" if th else ""
+    return f"<table{f' class={cls!r}' if cls else ''}>{head}{body}</table>"
 
 
-def _table(header: list[str], rows: list[list[object]]) -> str:
-    th = "".join(f"<th>{_esc(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><tr>{th}</tr>{body}</table>"
+def run_meta(target: str, runs_home: Path | None = None) -> dict[str, str] | None:
+    """What run.json (and result.json) say of the run a report is about, when the target is a run id or a
+    run directory: SOP, config, commit, target, start, duration, command line. None for a bare log file."""
+    path = Path(target).expanduser()
+    if not path.is_dir():
+        if runs_home is None:
+            from tpuops.config import state_home
+
+            runs_home = state_home() / "runs"
+        path = runs_home / target
+    try:
+        rec = json.loads((path / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    try:
+        res = json.loads((path / "result.json").read_text())
+    except (OSError, ValueError):
+        res = {}
+    import time
+
+    values = rec.get("values") or {}
+    t = rec.get("target") or {}
+    where = t.get("vm") or ", ".join(t.get("hosts") or []) or "local"
+    started = rec.get("started")
+    meta = {
+        "run": str(rec.get("run_id", path.name)),
+        "SOP": str(rec.get("sop", "")),
+        "config": " ".join(
+            [str(values.get("config", "")), *map(str, values.get("trainer_sets") or [])]
+        ).strip(),
+        "commit": str(values.get("branch", "")),
+        "target": f"{where} (workers {rec.get('workers')})",
+        "start": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started)) if started else "",
+        "duration": f"{res['finished'] - started:.0f} s" if started and res.get("finished") else "",
+        "command": " ".join(rec.get("argv") or []),
+        "outcome": ""
+        if not res
+        else ("ok" if res.get("ok") else f"failed (exit code {res.get('exit_code')})"),
+    }
+    return {k: v for k, v in meta.items() if v}
 
 
-def page(report: LogReport, deltas: list[Delta] | None = None) -> str:
+def charts(report: LogReport) -> list[str]:
+    """The page's charts, each an inline SVG from matplotlib (tpuops.run.charts)."""
+    from tpuops.run.charts import Chart, Series, nice_ceiling, svg, values
+
+    rows = report.rows
+    xs = [r.step for r in rows]
+    marks = sorted({c.step for c in report.recompiles if c.step is not None})
+    warm = min(report.warmup, len(rows))
+    rewards = [v for v in values(rows, "reward_mean") if v is not None and math.isfinite(v)]
+    given = report.config_summary.get("max_reward", "")
+    try:
+        top = float(given)
+    except ValueError:  # an older log: the data's own round ceiling (1 for rewards within 0..1)
+        top = nice_ceiling(max([*rewards, 1e-9]))
+    low = min([0.0, *rewards])
+    out = [
+        svg(Chart("dt", "step time (s, log scale; warm-up shaded, not scaled)", xs,
+                  [Series(n, values(rows, n)) for n in ("dt", "rollout_generate", "update")],
+                  log=True, warmup=warm, marks=marks)),
+        svg(Chart("reward", f"reward_mean (axis: 0 to the task's max reward {top:g})", xs,
+                  [Series("reward_mean", values(rows, "reward_mean"))], ylim=(low, top))),
+    ]  # fmt: skip
+    small = [
+        Chart("entropy", "entropy (nats)", xs, [Series("entropy", values(rows, "entropy"))], ylim=(0.0, None)),
+        Chart("grad_norm", "grad_norm", xs, [Series("grad_norm", values(rows, "grad_norm"))], ylim=(0.0, None)),
+        Chart("kl_old", "kl_old", xs, [Series("kl_old", values(rows, "kl_old"))], ylim=(0.0, None)),
+        Chart("clip_frac", "clip_frac (0..1)", xs, [Series("clip_frac", values(rows, "clip_frac"))], ylim=(0.0, 1.0)),
+        Chart("tokens_per_s", "tokens/s (warm-up shaded)", xs, [Series("tokens/s", values(rows, "tokens_per_s"))],
+              ylim=(0.0, None), warmup=warm),
+    ]  # fmt: skip
+    if compiles_logged(report) and report.steps:
+        by_step = [float(report.compiles_by_step.get(x, 0)) for x in xs]
+        small.append(Chart("compiles", "compiles per step", xs, [Series("compiles", by_step)], ylim=(0.0, None),
+                           bars=True))  # fmt: skip
+    out.append('<div class="grid">' + "".join(svg(c, size=(3.8, 2.3)) for c in small) + "</div>")
+    return out
+
+
+def page(report: LogReport, deltas: list[Delta] | None = None, meta: dict[str, str] | None = None) -> str:
     """The whole report as one self-contained HTML page (people would rather look than read)."""
     code = exit_code(report, deltas)
     verdict = {0: ("ok", "ok"), 7: ("warn", "recompiles after warm-up")}.get(code, ("bad", "failed"))
     rows = report.rows
-    xs = [r.step for r in rows]
-    marks = sorted({c.step for c in report.recompiles if c.step is not None})
+    title = (meta or {}).get("run") or report.source
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
-        f"<title>tpuops report {_esc(report.source)}</title>",
-        f"<style>{CSS}</style></head><body><h1>tpuops report: {_esc(report.source)}</h1>",
-        f'<p class="{verdict[0]}">{verdict[1]} (exit code {code})</p>',
-        _table(
-            ["workers", "lines", "steps", "first..last", "warm-up", "W&B"],
-            [
-                [
-                    report.workers,
-                    report.lines,
-                    report.steps,
-                    f"{report.first_step}..{report.last_step}",
-                    report.warmup,
-                    report.wandb_url or report.wandb or "-",
-                ]
-            ],
-        ),
+        f"<title>tpuops report {_esc(title)}</title>",
+        f"<style>{CSS}</style></head><body><h1>tpuops report: {_esc(title)}</h1>",
+        f'<p class="{verdict[0]}" id="verdict">{verdict[1]} (exit code {code})</p>',
     ]
+    if meta:
+        parts.append(_table([], [[k, v] for k, v in meta.items()], cls="meta"))
+    first = next((r for r in rows if r.reward_mean is not None), None)
+    last = next((r for r in reversed(rows) if r.reward_mean is not None), None)
+    glance = [
+        ["log", report.source],
+        [
+            "steps",
+            f"{report.steps}" + (f" ({report.first_step}..{report.last_step})" if report.steps else ""),
+        ],
+        ["workers", ", ".join(f"w{w}" for w in report.workers)],
+        ["warm-up", f"{report.warmup} step(s): compiles expected, left out of the steady state"],
+    ]
+    if first is not None and last is not None and last is not first:
+        change = last.reward_mean - first.reward_mean  # type: ignore[operator]
+        glance.append(["reward_mean", f"{first.reward_mean:.4f} at step {first.step} -> {last.reward_mean:.4f} at "
+                                      f"step {last.step} ({change:+.4f})"])  # fmt: skip
+    if report.dt:
+        d = report.dt
+        glance.append(
+            [
+                "steady step time",
+                f"p50 {d.p50:.3f} s, mean {d.mean:.3f} s, p90 {d.p90:.3f} s over {d.n} steps",
+            ]
+        )
+    if report.wandb_url or report.wandb:
+        glance.append(["W&B", report.wandb_url or report.wandb or ""])
+    parts.append("<h2>At a glance</h2>" + _table([], glance, cls="meta"))
+    parts.append("<h2>Per step</h2>")
+    if report.row_stride > 1:
+        parts.append(f"<p class='note'>every {report.row_stride}th step of {report.steps} is plotted</p>")
+    parts += charts(report)
+    parts.append(
+        "<p class='note'>loss is not plotted: in GRPO it is about 0 by construction (the advantages of a group sum to"
+        " 0), so it says nothing about progress; its values are in the table below.</p>"
+    )
     if report.dt:
         d = report.dt
         parts.append("<h2>Steady state (from the warm-up on)</h2>")
         parts.append(
             _table(
-                ["steps", "dt mean", "dt p50", "dt p90", "rollout_generate", "update", "tokens/s"],
-                [
-                    [
-                        d.n,
-                        f"{d.mean:.3f}s",
-                        f"{d.p50:.3f}s",
-                        f"{d.p90:.3f}s",
-                        _f(report.rollout_generate_mean),
-                        _f(report.update_mean),
-                        _f(report.tokens_per_s_mean, ".1f"),
-                    ]
-                ],
+                ["steps", "dt mean s", "dt p50 s", "dt p90 s", "dt min s", "dt max s", "rollout_generate s", "update s",
+                 "tokens/s"],
+                [[d.n, round(d.mean, 4), round(d.p50, 4), round(d.p90, 4), round(d.min, 4), round(d.max, 4),
+                  *(round(v, 4) if v is not None else "" for v in
+                    (report.rollout_generate_mean, report.update_mean, report.tokens_per_s_mean))]],
             )
-        )
-    parts.append("<h2>Per step</h2>")
-    if report.row_stride > 1:
-        parts.append(f"<p>every {report.row_stride}th step of {report.steps} is plotted</p>")
-    timing = [
-        ("dt", [r.dt for r in rows]),
-        ("rollout_generate", [r.rollout_generate for r in rows]),
-        ("update", [r.update for r in rows]),
-    ]
-    parts.append(svg_plot("plot-dt", "step time (s); dashed: recompiles", xs, timing, marks))
-    parts.append(
-        svg_plot("plot-reward", "reward_mean", xs, [("reward_mean", [r.reward_mean for r in rows])], [])
-    )
-    parts.append(svg_plot("plot-loss", "loss", xs, [("loss", [r.loss for r in rows])], []))
+        )  # fmt: skip
     c = report.compiles
     parts.append("<h2>Compiles</h2>")
     keys = ["total", "warmup", "eval", "after_warmup", "open"]
@@ -390,25 +423,32 @@ def page(report: LogReport, deltas: list[Delta] | None = None) -> str:
             )
         )
     if report.evals:
-        keys = sorted({k for e in report.evals for k in e})
-        parts.append("<h2>Eval</h2>" + _table(keys, [[e.get(k, "") for k in keys] for e in report.evals]))
+        ekeys = sorted({k for e in report.evals for k in e})
+        parts.append("<h2>Eval</h2>" + _table(ekeys, [[e.get(k, "") for k in ekeys] for e in report.evals]))
     if deltas:
         parts.append("<h2>Against the baseline (+ is worse)</h2>")
         parts.append(
             _table(
                 ["metric", "baseline", "now", "change", ""],
-                [
-                    [
-                        d.metric,
-                        f"{d.baseline:.4g}",
-                        f"{d.current:.4g}",
-                        f"{d.change:+.1%}",
-                        "regressed" if d.regressed else "",
-                    ]
-                    for d in deltas
-                ],
+                [[d.metric, f"{d.baseline:.4g}", f"{d.current:.4g}", f"{d.change:+.1%}",
+                  "regressed" if d.regressed else ""] for d in deltas],
             )
-        )
+        )  # fmt: skip
     if report.summary:
-        parts.append(f"<h2>Summary</h2><pre>{_esc(json.dumps(report.summary, indent=1))}</pre>")
+        parts.append("<h2>Summary (the trainer's summary line)</h2>")
+        parts.append(_table(["figure", "value"], [[k, v] for k, v in report.summary.items()]))
+    if report.config_summary:
+        parts.append(
+            "<h2>Config</h2>"
+            + _table(["setting", "value"], [[k, v] for k, v in report.config_summary.items()])
+        )
+    if rows:
+        fields = ["step", "dt", "reward_mean", "reward_delta", "entropy", "kl_old", "clip_frac", "grad_norm",
+                  "tokens_per_s", "rollout_generate", "update", "loss"]  # fmt: skip
+        parts.append(f"<details><summary>every plotted step ({len(rows)} rows)</summary>")
+        parts.append(_table(fields, [[_cell(getattr(r, f)) for f in fields] for r in rows]) + "</details>")
     return "".join(parts) + "</body></html>\n"
+
+
+def _cell(v: float | int | None) -> object:
+    return "" if v is None else v
