@@ -11,7 +11,16 @@ from pathlib import Path
 from tests.tpuops.conftest import SshdPool
 from tpuops.errors import ExitCode
 
-HEAVY = ("jax", "google.cloud", "google.api_core", "fabric", "paramiko", "torch", "transformers")
+HEAVY = (
+    "jax",
+    "google.cloud",
+    "google.api_core",
+    "fabric",
+    "paramiko",
+    "torch",
+    "transformers",
+    "matplotlib",
+)
 
 
 def tpuops(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

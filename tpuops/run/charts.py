@@ -13,6 +13,7 @@ import html
 import io
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -132,24 +133,47 @@ def svg(chart: Chart, size: tuple[float, float] = (7.6, 2.5)) -> str:
     lo, hi = _range(scaled, chart.log)
     pin_lo, pin_hi = chart.ylim
     ax.set_ylim(lo if pin_lo is None else pin_lo, hi if pin_hi is None else pin_hi)
-    ax.xaxis.set_major_locator(MaxNLocator(nbins=10, integer=True, steps=[1, 2, 5, 10]))
+    x0 = chart.xs[0]
+    warm = [
+        y
+        for s in drawn
+        for x, y in zip(chart.xs, s.ys, strict=True)
+        if y is not None and x < x0 + chart.warmup
+    ]
+    top = ax.get_ylim()[1]
+    if warm and max(warm) > top:  # the warm-up's compile time is off the scale: say how far
+        ax.text(x0 + (chart.warmup - 1) / 2, top, f"{max(warm):.3g} ↑", ha="center", va="top", fontsize=8,
+                gid="warmup-off-scale")  # fmt: skip
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=max(4, int(size[0] * 1.3)), integer=True, steps=[1, 2, 5, 10]))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:.0f}"))
-    x0, x1 = chart.xs[0], chart.xs[-1]
+    x1 = chart.xs[-1]
     ax.set_xlim(x0 - 0.5, x1 + 0.5 if x1 > x0 else x0 + 0.5)
     if chart.warmup:
         ax.axvspan(x0 - 0.5, x0 + chart.warmup - 0.5, color=WARMUP_SHADE, alpha=0.3, lw=0, gid="warmup",
-                   label=f"warm-up ({chart.warmup} step{'s' if chart.warmup > 1 else ''}, compiles)")  # fmt: skip
+                   label=f"warm-up ({chart.warmup} step{'s' if chart.warmup > 1 else ''})")  # fmt: skip
     for j, m in enumerate(m for m in chart.marks if x0 <= m <= x1):
         ax.axvline(m, color="#d62728", linestyle="--", linewidth=1, gid=f"recompile-{m}",
                    label="recompile" if j == 0 else None)  # fmt: skip
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
-    fig.subplots_adjust(left=0.09 * 7.6 / size[0], right=1 - 1.9 / size[0], top=0.86, bottom=0.2)
+    # A legend names only what is drawn, and only when there is more than the title already names.
+    _handles, labels = ax.get_legend_handles_labels()
+    legend = labels if len(labels) > 1 else []
+    right = 0.97
+    if legend and size[0] >= 6:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
+        right = 1 - 1.9 / size[0]
+    elif legend:
+        ax.legend(loc="best", fontsize=7, framealpha=0.8)
+    fig.subplots_adjust(left=0.09 * 7.6 / size[0], right=right, top=0.86, bottom=0.2)
     buf = io.StringIO()
     fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
     body = buf.getvalue()
     body = body[body.index("<svg") :]  # the XML prolog and doctype are for files, not for inline SVG
+    body = re.sub(r"<metadata>.*?</metadata>", "", body, flags=re.S)  # RDF naming matplotlib: no use here
+    # Several SVGs share one page: matplotlib's own ids (clip paths, markers, axes) get the chart's prefix so
+    # that no chart clips to another's rectangle; the series and mark ids (gid) stay as named.
+    own = re.compile(r'(id="|url\(#|href="#)(?!series-|recompile-|warmup)([^"\)]+)')
+    body = own.sub(lambda m: f"{m[1]}{chart.id}-{m[2]}", body)
     ylim = [float(f"{v:.6g}") for v in ax.get_ylim()]
-    legend = [t.get_text() for t in ax.get_legend().get_texts()]
     attrs = {
         "data-ylim": json.dumps(ylim),
         "data-yscale": ax.get_yscale(),

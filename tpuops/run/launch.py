@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets as _secrets
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -354,6 +355,8 @@ def _record(
         "workers": workers,
         "values": {k: v for k, v in values.items()},
         "started": time.time(),
+        # The command that started it (the report page shows it); secrets are never on it (.env only).
+        "argv": ["tpuops", *sys.argv[1:]],
         "secret_files": secret_files,
         "secret_digests": _secret_digests(secret_files),
         "runs_dir": runs_dir,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -131,7 +132,53 @@ def test_tokens_per_second_is_a_higher_is_better_metric(clean_log: Path) -> None
     assert d.change == pytest.approx(-1.0) and not d.regressed
 
 
-def test_html_page_is_self_contained_escaped_and_has_three_plots(tmp_path: Path) -> None:
+def full_step_line(i: int, dt: float, reward: float) -> str:
+    """A step line with every learning signal, in the trainer's order (docs/contracts.md)."""
+    return (
+        f"step={i} reward_mean={reward:.4f} reward_delta=+0.0100 entropy={2.0 - i / 40:.4f} dt={dt:.2f}s "
+        f"kl_old={0.001 * (i % 4):.6f} clip_frac={0.02 * (i % 3):.4f} grad_norm={1 + (i % 5) / 10:.4f} "
+        f"tokens_per_s={1500 + 10 * i:.1f} rollout_generate={dt * 0.6:.2f}s update={dt * 0.3:.2f}s loss=0.000000"
+    )
+
+
+def _value(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:  # data-yscale="log"
+        return text
+
+
+def figures(page: str) -> dict[str, dict[str, object]]:
+    """Each chart of a page as drawn: its data attributes, y and x tick labels, and the points of each line."""
+    found: dict[str, dict[str, object]] = {}
+    for m in re.finditer(r'<figure class="chart" id="chart-([^"]+)"([^>]*)>(.*?)</figure>', page, re.S):
+        attrs = {k: _value(html.unescape(v)) for k, v in re.findall(r"data-(\w+)='([^']*)'", m[2])}
+        attrs.update({k: _value(html.unescape(v)) for k, v in re.findall(r'data-(\w+)="([^"]*)"', m[2])})
+        body = m[3]
+
+        def ticks(axis: str, body: str = body) -> list[str]:
+            return re.findall(rf'id="[\w-]*{axis}tick_\d+">.*?<text[^>]*>([^<]*)</text>', body, re.S)
+
+        lines = {
+            name: len(re.findall(r"[ML] -?[\d.]+ -?[\d.]+", path))
+            for name, path in re.findall(r'<g id="series-([^"]+)">\s*<path d="([^"]*)"', body)
+        }
+        found[m[1]] = {**attrs, "yticks": ticks("y"), "xticks": ticks("x"), "lines": lines, "body": body}
+    return found
+
+
+def realistic_report(recompile_at: int | None = None, steps: int = 40):
+    s = LogScanner()
+    s.feed("config: task=arith model=tiny steps=40 max_reward=1 file=/runs/r/config.json")
+    s.feed(compiling("train_step"))
+    for i in range(steps):
+        if recompile_at == i:
+            s.feed(compiling("train_step"))
+        s.feed(full_step_line(i, 11.0 if i == 0 else 0.13 + (i % 3) * 0.01, reward=min(0.9, 0.05 * i)))
+    return s.close()
+
+
+def test_html_page_is_self_contained_and_escaped() -> None:
     s = LogScanner()
     for i in range(30):
         s.feed(step_line(i, 1.0 + (i % 5) / 10, reward=i / 30))
@@ -139,23 +186,62 @@ def test_html_page_is_self_contained_escaped_and_has_three_plots(tmp_path: Path)
     s.feed('  File "x.py", line 1, in <module>')
     s.feed("ValueError: <script>alert(1)</script>")
     page = logreport.page(s.close())
-    assert re.findall(r'<svg class="plot" id="([^"]+)"', page) == ["plot-dt", "plot-reward", "plot-loss"]
-    assert page.count("<polyline") == 5  # dt, rollout_generate, update, reward, loss
+    assert list(figures(page)) == [
+        "dt",
+        "reward",
+        "entropy",
+        "grad_norm",
+        "kl_old",
+        "clip_frac",
+        "tokens_per_s",
+    ]
     assert "<script" not in page and "&lt;script&gt;" in page
-    assert not re.search(r"(?:src|href)\s*=|@import|url\(", page)  # nothing is fetched
+    assert not re.search(r"""(?:src|href)\s*=\s*["'](?!#)|@import|url\((?!#)""", page)  # nothing is fetched
+    assert "<metadata>" not in page
 
 
-def test_html_says_what_was_not_measured_and_draws_a_flat_series_on_a_readable_axis() -> None:
-    """Compile logging off: the Compiles table says "not logged", not 0s; an all-zero loss is drawn on 0..1."""
+def test_charts_show_bounded_quantities_on_their_range_and_step_time_on_a_log_axis() -> None:
+    charts = figures(logreport.page(realistic_report()))
+    dt = charts["dt"]
+    assert dt["yscale"] == "log" and dt["series"] == ["dt", "rollout_generate", "update"]
+    lo, hi = dt["ylim"]
+    assert 0.14 < hi < 1.0 and lo < 0.13 * 0.3  # step 0's 11 s (the compile) is out of the scale...
+    assert "11 ↑" in dt["body"]  # ...and said
+    assert dt["legend"] == ["dt", "rollout_generate", "update", "warm-up (1 step)"]  # no recompile
+    assert dt["lines"] == {"dt": 40, "rollout_generate": 40, "update": 40}
+    assert all(re.fullmatch(r"0\.\d|[1-9]|0\.0\d", t) for t in dt["yticks"]), dt["yticks"]  # 0.05, 0.1, 0.2
+    reward = charts["reward"]
+    assert reward["ylim"] == [0.0, 1.0] and reward["lines"] == {"reward_mean": 40}  # 0.9 is not the top edge
+    assert reward["yticks"] == ["0", "0.2", "0.4", "0.6", "0.8", "1"]
+    assert charts["clip_frac"]["ylim"] == [0.0, 1.0] and charts["entropy"]["ylim"][0] == 0.0
+    assert charts["kl_old"]["lines"] == {"kl_old": 40} and charts["grad_norm"]["lines"] == {"grad_norm": 40}
+    assert charts["tokens_per_s"]["series"] == ["tokens/s"] and charts["compiles"]["series"] == ["compiles"]
+    xt = [int(t) for t in reward["xticks"]]
+    assert xt == list(range(xt[0], xt[-1] + 1, xt[1] - xt[0])) and xt[1] - xt[0] in (
+        1,
+        2,
+        5,
+        10,
+    )  # even steps
+    marked = figures(logreport.page(realistic_report(recompile_at=20)))["dt"]
+    assert marked["legend"][-1] == "recompile" and 'id="recompile-20"' in marked["body"]
+
+
+def test_html_says_what_was_not_measured_and_draws_no_empty_series() -> None:
+    """Compile logging off: the Compiles table says "not logged", not 0s, and no compiles chart is drawn; a
+    log without grad_norm gets a "no data" chart, not an empty axis."""
     s = LogScanner()
     for i in range(6):
         s.feed(step_line(i, 1.0, reward=i / 6, loss=0.0))
     page = logreport.page(s.close())
     compiles = page.split("<h2>Compiles</h2>", 1)[1].split("</table>", 1)[0]
-    assert compiles.count("not logged") == 5 and "<td>0</td>" not in compiles
-    loss = re.search(r'<svg class="plot" id="plot-loss".*?</svg>', page).group(0)
-    ticks = re.findall(r'text-anchor="end">([^<]+)</text>', loss)
-    assert ticks == ["0", "0.25", "0.5", "0.75", "1"], ticks  # not 0 .. 1e-09
+    assert compiles.count("not logged") == 5 and ">0<" not in compiles
+    charts = figures(page)
+    assert (
+        "compiles" not in charts
+        and charts["grad_norm"]["series"] == []
+        and "no data" in charts["grad_norm"]["body"]
+    )
     logged = LogScanner()
     logged.feed(compiling("step"))
     for i in range(3):
@@ -163,10 +249,28 @@ def test_html_says_what_was_not_measured_and_draws_a_flat_series_on_a_readable_a
     assert "not logged" not in logreport.page(logged.close())
 
 
-def test_svg_plot_breaks_lines_at_missing_values() -> None:
-    svg = logreport.svg_plot("p", "t", [0, 1, 2, 3, 4], [("a", [1.0, 2.0, None, 3.0, None])], [2])
-    assert svg.count("<polyline") == 1 and svg.count("<circle") == 1 and svg.count('class="mark"') == 1
-    assert "no data" in logreport.svg_plot("p", "t", [0], [("a", [None])], [])
+def test_the_page_starts_with_the_runs_metadata_and_shows_numbers_readably(tpuops_home: Path) -> None:
+    run = tpuops_home / "runs" / "20261126-1200-grpo-ab12"
+    run.mkdir(parents=True)
+    record = {"run_id": run.name, "sop": "grpo", "target": {"vm": "mllm-jax-v6e-8"}, "workers": [0, 1],
+              "values": {"config": "arith", "branch": "430589e4", "trainer_sets": ["--set=train.steps=40"]},
+              "started": 1_795_000_000.0, "argv": ["tpuops", "run", "grpo", "--vm", "mllm-jax-v6e-8"]}  # fmt: skip
+    (run / "run.json").write_text(json.dumps(record))
+    (run / "result.json").write_text(json.dumps({"ok": True, "exit_code": 0, "finished": 1_795_000_071.4}))
+    meta = logreport.run_meta(run.name)
+    assert meta is not None and meta["SOP"] == "grpo" and meta["commit"] == "430589e4"
+    assert meta["duration"] == "71 s" and meta["command"] == "tpuops run grpo --vm mllm-jax-v6e-8"
+    assert meta["config"] == "arith --set=train.steps=40" and meta["target"].startswith("mllm-jax-v6e-8")
+    report = realistic_report()
+    report.summary = {"steps": 40, "dt_p50": 0.13999999999999999, "rollout_generate_mean": 0.6851234567}
+    page = logreport.page(report, None, meta)
+    head = page.split("<h2>", 1)[0]
+    assert all(
+        f"<td>{k}</td>" in head for k in ("SOP", "config", "commit", "target", "start", "duration", "command")
+    )
+    summary = page.split("<h2>Summary", 1)[1].split("</table>", 1)[0]
+    assert ">0.14<" in summary and ">0.6851<" in summary and "0.13999" not in summary
+    assert logreport.run_meta(str(run / "worker-0.log")) is None  # a bare log file has no record
 
 
 # ---- the page in a real browser ----
@@ -228,30 +332,32 @@ def png_pixels(data: bytes) -> tuple[int, int, set[tuple[int, int, int]]]:
 
 @pytest.mark.slow
 def test_html_page_renders_in_headless_chromium(tmp_path: Path) -> None:
+    """The page as Chromium draws it (a screenshot: the series' colours are there) and as Chromium reads it
+    (its DOM: the axes' ranges, the tick labels and the points of every plotted series)."""
     exe = chromium()
-    log = write_log(
-        tmp_path / "run.log",
-        [6.0 - min(i, 5) + (i % 3) * 0.3 for i in range(40)],
-        {7: [compiling("train_step")]},
-    )
+    log = tmp_path / "run.log"
+    lines = ["config: task=arith model=tiny steps=40 max_reward=1", compiling("train_step")]
+    for i in range(40):
+        lines += [compiling("train_step")] if i == 7 else []
+        lines.append(full_step_line(i, 6.0 if i == 0 else 0.4 + (i % 3) * 0.05, reward=min(0.9, 0.03 * i)))
+    log.write_text("\n".join(lines) + "\n")
     page = tmp_path / "report.html"
     r = tpuops("report", str(log), "--html", str(page), cwd=tmp_path)
-    assert r.returncode == 7 and page.is_file()
+    assert r.returncode == 7 and page.is_file(), r.stderr
     shot = tmp_path / "shot.png"
     args = [
         exe,
         *CHROMIUM_FLAGS,
         f"--user-data-dir={tmp_path / 'profile'}",
         f"--screenshot={shot}",
-        "--window-size=800,1100",
+        "--window-size=1000,1400",
         page.as_uri(),
     ]
     subprocess.run(args, capture_output=True, timeout=90, check=True, cwd=tmp_path)
     data = shot.read_bytes()
-    assert len(data) > 20_000
     w, h, colours = png_pixels(data)
-    assert (w, h) == (800, 1100) and len(colours) > 20
-    # The series colours are drawn (legend squares are solid): the plots rendered, not just text.
+    assert (w, h) == (1000, 1400) and len(colours) > 20
+    # The series colours are drawn: the charts rendered, not just text.
     assert {(31, 119, 180), (214, 39, 40), (44, 160, 44)} <= colours
     dom = subprocess.run(
         [exe, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile2'}", "--dump-dom", page.as_uri()],
@@ -260,4 +366,22 @@ def test_html_page_renders_in_headless_chromium(tmp_path: Path) -> None:
         timeout=90,
         check=True,
     ).stdout
-    assert dom.count("<svg") == 3 and "recompile at step 7 (w0): train_step" in dom
+    charts = figures(dom)
+    assert set(charts) >= {
+        "dt",
+        "reward",
+        "entropy",
+        "grad_norm",
+        "kl_old",
+        "clip_frac",
+        "tokens_per_s",
+        "compiles",
+    }
+    assert charts["reward"]["ylim"] == [0.0, 1.0] and charts["reward"]["yticks"][-1] == "1"
+    assert (
+        charts["dt"]["yscale"] == "log" and charts["dt"]["ylim"][1] < 6.0
+    )  # the warm-up is out of the scale
+    assert charts["dt"]["legend"][-1] == "recompile"
+    for name in ("dt", "reward", "entropy", "grad_norm", "kl_old", "clip_frac", "tokens_per_s"):
+        assert all(n == 40 for n in charts[name]["lines"].values()) and charts[name]["lines"], name
+    assert "recompile at step 7 (w0): train_step" in dom and "<script" not in dom
