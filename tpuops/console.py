@@ -37,8 +37,8 @@ def _visible(m: re.Match[str]) -> str:
 
 def inert(text: str) -> str:
     """`text` with every control character shown as an escape (`\\x1b[2J`), unless --raw was given."""
-    if _RAW["on"] or not _CONTROL.search(text):
-        return text
+    if _RAW["on"] or (text.isascii() and text.isprintable()) or not _CONTROL.search(text):
+        return text  # the first test is C-fast and true for most log lines
     return _CONTROL.sub(_visible, text)
 
 
