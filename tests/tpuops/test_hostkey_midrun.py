@@ -47,6 +47,12 @@ def test_a_host_key_changed_mid_run_ends_the_follow_with_exit_3_naming_both_keys
         )  # the same buffered file readline() used (communicate would skip its read-ahead)
         proc.wait(timeout=120)
         took = time.monotonic() - t0
+        # `attach` (the jobs still run) meets the same key: the same line, exit 3, at once.
+        run_id = next(ln.split("run ")[1].split()[0] for ln in rest.splitlines() if "longjob  run " in ln)
+        attached = subprocess.run(
+            [*ENTRY, "attach", run_id], cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            timeout=60, check=False,
+        )  # fmt: skip
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -57,3 +63,6 @@ def test_a_host_key_changed_mid_run_ends_the_follow_with_exit_3_naming_both_keys
     assert took < 30, took  # prompt: not the follow's 600 s timeout
     named = [ln for ln in rest.splitlines() if ln.startswith("failed: step follow on w1: host key of w1")]
     assert named and old in named[0] and new in named[0] and old != new, rest[-3000:]
+    assert attached.returncode == 3 and "host key of w1" in attached.stderr and new in attached.stderr, (
+        attached.stderr[-2000:]
+    )
