@@ -76,3 +76,21 @@ def test_valid_names_pass(kind: str, good: list[str]) -> None:
     for bad in ["", "-a", "a-", "A", "a_b", "a/b", "x" * 64 if kind == "vm" else "a" * 31]:
         with pytest.raises(UsageError):
             validators.name(kind, bad, f"--{kind}")
+
+
+@pytest.mark.parametrize(
+    "command", [["describe"], ["wait"], ["delete", "--yes"], ["create", "--accelerator", "v6e-8"]]
+)
+def test_a_bad_vm_name_in_vm_commands_is_one_line_not_a_traceback(command: list[str], tmp_path: Path) -> None:
+    """No TPU API is reachable at this endpoint: the name is refused before anything is asked."""
+    argv = [
+        "vm",
+        command[0],
+        "a/b",
+        *command[1:],
+        "--zone",
+        "us-east1-d",
+        "--api-endpoint",
+        "http://127.0.0.1:9",
+    ]
+    assert "NAME 'a/b' is not a valid vm name" in _one_line(tpuops(*argv, cwd=tmp_path))

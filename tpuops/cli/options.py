@@ -42,6 +42,7 @@ ZoneOpt = Annotated[
         callback=_checked("zone", "--zone"),
     ),
 ]
+VmNameArg = Annotated[str, typer.Argument(help="TPU VM name.", callback=_checked("vm", "NAME"))]
 ProjectOpt = Annotated[
     str | None,
     typer.Option(

@@ -45,7 +45,7 @@ def list_(
 @app.command("describe")
 @o.wired
 def describe(
-    name: str,
+    name: o.VmNameArg,
     *,
     zone: o.ZoneOpt = None,
     project: o.ProjectOpt = None,
@@ -62,7 +62,7 @@ def describe(
 @app.command("create")
 @o.wired
 def create(
-    name: str,
+    name: o.VmNameArg,
     *,
     type_: Annotated[
         str,
@@ -122,7 +122,7 @@ def create(
 @app.command("delete")
 @o.wired
 def delete(
-    name: str,
+    name: o.VmNameArg,
     *,
     zone: o.ZoneOpt = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
@@ -147,7 +147,7 @@ def delete(
 @app.command("wait")
 @o.wired
 def wait(
-    name: str,
+    name: o.VmNameArg,
     *,
     state: Annotated[str, typer.Option("--state", help="READY, STOPPED, ... or DELETED (gone).")] = "READY",
     timeout: TimeoutOpt = 1800.0,
