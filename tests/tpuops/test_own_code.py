@@ -1,0 +1,126 @@
+"""A user's own repository and command, end to end: `tpuops recompile-check -- CMD` and `tpuops run job -- CMD`
+on a checkout shaped like a real user's (no pyproject: requirements.txt, scripts/train.py with its own
+--config/--set, configs/*.yaml), locally and on two workers over real sshd; exit 7 on a real jax.jit recompile,
+0 when clean, 13 (never 0 or 7) when no step line or no compile logging was seen. Every step-line style is
+covered by the scanner's unit tests (tests/tpuops/logs/test_step_lines.py); here a few styles run for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.tpuops.conftest import SshdPool
+from tpuops.run.result import NO_COMPILE_LOG, NO_STEP_LINE
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "user_repo"
+TRAIN = ["python", "-u", "scripts/train.py", "--config", "configs/small.yaml"]
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
+
+
+def tpuops(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(  # noqa: PLW1510 - the exit code is what these tests check
+        [sys.executable, "-m", "tpuops", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "COLUMNS": "200"},
+    )  # fmt: skip
+
+
+def result(r: subprocess.CompletedProcess[str], code: int) -> dict:
+    assert r.returncode == code, f"exit {r.returncode}, wanted {code}:\n{r.stderr[-4000:]}"
+    return json.loads(r.stdout)
+
+
+@pytest.fixture
+def user_repo(tmp_path: Path) -> Iterator[Path]:
+    """The user's checkout, its `origin` a bare repository under /tmp every worker user can read, HEAD pushed."""
+    work, bare = tmp_path / "my-project", Path("/tmp") / f"tpuops-user-{os.getpid()}-{tmp_path.name}.git"
+    shutil.copytree(FIXTURE, work)
+    subprocess.run([*GIT, "init", "-q", str(work)], check=True)
+    subprocess.run([*GIT, "-C", str(work), "add", "-A"], check=True)
+    subprocess.run([*GIT, "-C", str(work), "commit", "-qm", "my project"], check=True)
+    subprocess.run([*GIT, "init", "-q", "--bare", str(bare)], check=True)
+    subprocess.run([*GIT, "-C", str(work), "remote", "add", "origin", str(bare)], check=True)
+    subprocess.run([*GIT, "-C", str(work), "push", "-q", "origin", "HEAD:main"], check=True)
+    subprocess.run(
+        [*GIT, "-C", str(work), "fetch", "-q", "origin"], check=True
+    )  # origin/main: HEAD is pushed
+    subprocess.run(["chmod", "-R", "a+rX", str(bare)], check=True)
+    yield work
+    subprocess.run(["rm", "-rf", str(bare)], check=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("style", "recompile_at", "extra", "code"),
+    [
+        ("root", 2, [], 7),  # INFO:root:step=N through Python's logging: the recompile at step 2 is caught
+        ("slash", -1, [], 0),  # `Step N/M`, clean: ok
+        ("none", 3, ["--set", r"step_pattern=^iteration (?P<step>\d+) done"], 7),  # the user's own pattern
+    ],
+)
+def test_recompile_check_of_the_users_command_locally(
+    user_repo: Path, style: str, recompile_at: int, extra: list[str], code: int
+) -> None:
+    cmd = [*TRAIN, "--set", f"style={style}", "--set", f"recompile_at={recompile_at}"]
+    data = result(tpuops("recompile-check", "--local", "--json", *extra, "--", *cmd, cwd=user_repo), code)
+    log = data["log"]
+    assert data["sop"] == "recompile-check-job" and log["steps"] == 5 and log["compiles"]["warmup"] >= 1
+    assert [c["step"] for c in log["recompiles"]] == ([recompile_at] * 2 if code == 7 else [])
+    assert {c["function"] for c in log["recompiles"]} <= {"<lambda>", "broadcast_in_dim"}
+    env = next(s for s in data["steps"] if s["kind"] == "python_env")
+    assert env["workers"]["0"]["status"] in ("ok", "nothing", "changed")
+
+
+@pytest.mark.slow
+def test_a_recompile_check_that_saw_nothing_fails_closed(user_repo: Path) -> None:
+    """No JAX here (the script can run without it): the check never sees a compile, nor, in one run, a step."""
+    no_jax = [*TRAIN, "--set", "use_jax=false"]
+    unseen = tpuops(
+        "recompile-check", "--local", "--json", "--", *no_jax, "--set", "style=none", cwd=user_repo
+    )
+    data = result(unseen, 13)
+    assert data["error_class"] == "unverified" and data["hint"] == NO_STEP_LINE
+    quiet = tpuops("recompile-check", "--local", "--", *no_jax, "--set", "style=eq", cwd=user_repo)
+    assert quiet.returncode == 13, quiet.stderr[-3000:]
+    said = " ".join(quiet.stderr.split())  # people's output: the report, then the one line with the fix
+    assert f"fix: {NO_COMPILE_LOG}" in said and "5 steps (0..4)" in said and "exit code 13" in said
+    # The same command as a plain job judges no recompile: ok.
+    plain = result(tpuops("run", "job", "--local", "--json", "--", *no_jax, cwd=user_repo), 0)
+    assert plain["log"]["steps"] == 5 and plain["log"]["dt"]["n"] == 4
+
+
+@pytest.mark.slow
+def test_recompile_check_of_the_users_command_on_two_workers(
+    user_repo: Path, sshd_pool: SshdPool, worker_python: str
+) -> None:
+    """Two workers over real sshd; the repository and commit are this checkout's origin and pushed HEAD;
+    `--set python=/path` alone is that interpreter as it is, its bin/ first on PATH (the command names it)."""
+    workers = sshd_pool.take(2)
+    py = Path(worker_python)
+    cmd = [py.name, "-u", *TRAIN[2:], "--set", "style=asctime", "--set", "recompile_at=2"]
+    r = tpuops(
+        "recompile-check", *sshd_pool.host_args(workers), "--json", "--set", f"python={py}",
+        "--set", "lockfile=~/libtpu_lockfile", "--set", "env=JAX_PLATFORMS=cpu", "--", *cmd, cwd=user_repo,
+    )  # fmt: skip
+    data = result(r, 7)
+    assert data["workers"] == [0, 1] and data["log"]["steps"] == 5
+    assert [c["step"] for c in data["log"]["recompiles"]] == [2, 2]
+    env = next(s for s in data["steps"] if s["kind"] == "python_env")
+    assert {w["detail"].rsplit(" ", 1)[-1] for w in env["workers"].values()} == {"env=python"}
+    sha = subprocess.run(
+        ["git", "-C", str(user_repo), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    sync = next(s for s in data["steps"] if s["kind"] == "git_sync")
+    assert all(sha.stdout.strip() in w["detail"] for w in sync["workers"].values()), sync
+    local = Path(os.environ["TPUOPS_HOME"]) / "runs" / data["run_id"]
+    assert "Step 4/5" in (local / "worker-1.log").read_text()  # both workers ran the user's command
