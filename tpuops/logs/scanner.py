@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 from collections import Counter
@@ -87,7 +88,6 @@ FAILURE_HINT = re.compile(
 LOOSE_KV = re.compile(
     r"(?<![\w.])(rollout_generate|update|reward_mean|loss|tokens_per_s)(?:\s*[=:]\s*|\s+)([-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)"
 )
-ROW_FIELDS = ("rollout_generate", "update", "reward_mean", "loss", "tokens_per_s")
 WORKER_LOG = re.compile(r"^worker-(?P<k>\d+)\.log$")
 
 MAX_ROWS = 4096  # step rows kept for tables and plots: every 2^k-th step once a log has more
@@ -124,24 +124,27 @@ def _seconds(value: str, unit: str | None) -> float | None:
     return v / 1000 if unit == "ms" else v
 
 
-def _stamp(m: re.Match[str]) -> float | None:
-    """Seconds of a logging prefix's timestamp (ISO date and time, or absl's MMDD time), for step gaps."""
+@functools.lru_cache(maxsize=64)
+def _day(date: str) -> int:
+    """Days of an ISO date (`2026-01-20`) or absl's MMDD (`0120`, any year: gaps never span one)."""
     import datetime
 
-    groups = m.groupdict()
-    try:
-        if groups.get("date"):
-            day = datetime.date.fromisoformat(groups["date"]).toordinal()
-            clock = groups["time"].replace(",", ".")
-        elif groups.get("amd"):
-            amd = groups["amd"]
-            day = datetime.date(2000, int(amd[:2]), int(amd[2:])).toordinal()
-            clock = groups["atime"]
-        else:
+    if len(date) == 4:
+        return datetime.date(2000, int(date[:2]), int(date[2:])).toordinal()
+    return datetime.date.fromisoformat(date).toordinal()
+
+
+def _stamp(m: re.Match[str]) -> float | None:
+    """Seconds of a logging prefix's timestamp (ISO date and time, or absl's MMDD time), for step gaps."""
+    date, clock = m.group("date", "time")
+    if date is None:
+        date, clock = m.group("amd", "atime")
+        if date is None:
             return None
-        h, mi, sec = clock.split(":")
-        return day * 86400 + int(h) * 3600 + int(mi) * 60 + float(sec)
-    except (ValueError, KeyError):
+    try:
+        h, mi, sec = clock.replace(",", ".").split(":")
+        return _day(date) * 86400 + int(h) * 3600 + int(mi) * 60 + float(sec)
+    except ValueError:
         return None
 
 
@@ -181,9 +184,13 @@ def _dt_value(key: bytes | float) -> float | None:
 STEP_FIELDS = tuple(f for f in StepRow.__dataclass_fields__ if f != "step")
 
 
-def _row(line: bytes | StepRow) -> StepRow | None:
-    if isinstance(line, StepRow):
-        return line
+def _row(line: bytes | tuple[int, float | None, str]) -> StepRow | None:
+    if isinstance(line, tuple):  # another format's step line: (step, dt, the text after the step number)
+        step, dt, rest = line
+        row = StepRow(step=step, dt=dt)
+        for k, v in LOOSE_KV.findall(rest):
+            setattr(row, k, float(v))
+        return row
     kv = _kv(line.decode(errors="replace"))
     try:
         row = StepRow(step=int(kv["step"]))
@@ -231,16 +238,20 @@ class LogScanner:
         if isinstance(step_pattern, str):
             step_pattern = compile_step_pattern(step_pattern)
         self.step_pattern = step_pattern
+        # What the step-line regex in use has (Pattern.groupindex is a new dict on every access).
+        groups = (step_pattern or STEP_ANY).groupindex
+        self._dt_group, self._stamped = "dt" in groups, "date" in groups and "amd" in groups
         self.clock = clock
-        self._last_seen: float | None = None  # when (timestamp or clock) the previous step line was seen
+        self._last_seen: float | None = None  # the clock when the previous step line was seen
+        self._last_match: re.Match[str] | None = None  # the previous step line (its timestamp, if needed)
         self.r = LogReport(source=source, workers=[worker], warmup=warmup)
         self.r.compiles = {"total": 0, "warmup": 0, "eval": 0, "after_warmup": 0, "open": 0}
         self.worker = worker
         # steady-state dt tokens (b"dt=1.23s", or the seconds of other step lines) -> count
         self._dt: Counter[bytes | float] = Counter()
         self._dt_coarse: Counter[float] = Counter()
-        self._rows: list[bytes | StepRow] = []
-        self._last_row: bytes | StepRow | None = None
+        self._rows: list[bytes | tuple[int, float | None, str]] = []  # lines, parsed when a report is made
+        self._last_row: bytes | tuple[int, float | None, str] | None = None
         self._pending: list[Compile] = []  # compiles in the open window, assigned when the next step= arrives
         self._explain: dict[str, str] = {}  # function name -> latest cache-miss explanation not yet used
         self._miss: list[str] | None = None
@@ -371,24 +382,25 @@ class LogScanner:
         except (TypeError, ValueError):
             self.r.malformed_steps += 1
             return
-        dt = _duration(m["dt"]) if "dt" in m.re.groupindex and m["dt"] else None
+        dt = _duration(m["dt"]) if self._dt_group and m["dt"] else None
         if dt is None and (d := DT_ANY.search(text, m.end())):
             dt = _seconds(d["dt"], d["unit"])
-        seen = _stamp(m) if "date" in m.re.groupindex else None
-        if seen is None and self.clock is not None:
+        if dt is None and self._stamped and self._last_match is not None:  # timestamps read only when needed
+            before, now = _stamp(self._last_match), _stamp(m)
+            if before is not None and now is not None and now >= before:
+                dt = round(now - before, 4)
+        self._last_match = m
+        if self.clock is not None:
             seen = self.clock()
-        if dt is None and seen is not None and self._last_seen is not None and seen >= self._last_seen:
-            dt = round(seen - self._last_seen, 4)
-        self._last_seen = seen
+            if dt is None and self._last_seen is not None and seen >= self._last_seen:
+                dt = round(seen - self._last_seen, 4)
+            self._last_seen = seen
         self._close_window(step)
         if self.r.first_step is None:
             self.r.first_step = step
         if dt is not None and self.r.steps >= self.warmup:
-            self._dt[float(f"{dt:.6g}")] += 1
-        row = StepRow(step=step, dt=dt)
-        for k, v in LOOSE_KV.findall(text[m.end() :]):
-            if k in ROW_FIELDS:
-                setattr(row, k, float(v))
+            self._dt[round(dt, 6)] += 1
+        row = (step, dt, text[m.end() :])
         if self.r.steps % self.r.row_stride == 0:
             self._rows.append(row)
         self.r.steps += 1
