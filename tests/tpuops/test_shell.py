@@ -64,3 +64,24 @@ def test_local_put_sets_mode_before_content(tmp_path: Path) -> None:
     assert f.read_bytes() == b"A=1\n" and f.stat().st_mode & 0o777 == 0o600
     assert t.read_from(0, "~/x/.env", 2) == b"1\n"
     assert t.read_from(0, "~/x/missing", 0) is None
+
+
+def test_a_value_known_only_by_its_keyed_hashes_is_still_redacted_in_every_form() -> None:
+    import json
+    import os
+    from urllib.parse import quote
+
+    from tpuops.shell import Redactor, secret_digest, secret_forms
+
+    key, old = os.urandom(16), 'old "secret"\nsecond-line'
+    digests = [(len(f), secret_digest(key, f)) for f in secret_forms(old)]
+    redact = Redactor(["a-new-value"])
+    redact.add_hashed(key, digests)
+    assert redact.unknown_hashed == len(digests)
+    text = f"a {old} b {json.dumps(old)} c {quote(old, safe='')} d a-new-value e second-line f"
+    assert redact(text) == 'a *** b "***" c *** d *** e *** f'
+    known = Redactor([old])
+    known.add_hashed(
+        key, digests
+    )  # every hashed form is one of a known value's: nothing left to search by hash
+    assert known.unknown_hashed == 0

@@ -239,6 +239,7 @@ def _execute(
         values,
         secret_files,
         prepare.runs_dir(sop, values),
+        _worker_env_files(sop, values, cwd),
     )
     from tpuops.run.store import OffsetWriter, save_result
 
@@ -325,6 +326,14 @@ def _env_values(secret_files: list[str]) -> list[str]:
     ]
 
 
+def _worker_env_files(sop: loader.Sop, values: dict[str, object], cwd: Path) -> list[str]:
+    """Where sync_env puts the .env on the workers (`attach` reads it back: store.learn_sent_env)."""
+    from tpuops.sop.steps import SyncEnv
+
+    ctx = prepare.plan_context(values, cwd)
+    return [ctx.raw(s.dest) for s in sop.steps if isinstance(s, SyncEnv)]
+
+
 def _secret_digests(secret_files: list[str]) -> dict[str, object]:
     """What the run's .env values were, kept as keyed hashes of each printed form (never a value): `attach` and
     `logs` still redact them after the local .env changed (shell.Redactor.add_hashed)."""
@@ -345,6 +354,7 @@ def _record(
     values: dict,
     secret_files: list[str],
     runs_dir: str,
+    worker_env_files: list[str],
 ) -> None:
     """Remember how to reach a run again (`tpuops runs`, attach, logs); holds no secret (only where they are)."""
     d = user_config.run_folder(run_id)
@@ -358,7 +368,7 @@ def _record(
         # The command that started it (the report page shows it); secrets are never on it (.env only).
         "argv": ["tpuops", *sys.argv[1:]],
         "secret_files": secret_files,
-        "secret_digests": _secret_digests(secret_files),
+        "secret_digests": {**_secret_digests(secret_files), "worker_files": worker_env_files},
         "runs_dir": runs_dir,
     }
     write_atomic(d / "run.json", jsonout.dumps(record, indent=1))  # never half a record

@@ -12,7 +12,7 @@ from typing import Any
 from tpuops import config as user_config
 from tpuops import jsonout, shell
 from tpuops.config import TargetSpec, write_atomic
-from tpuops.errors import UsageError
+from tpuops.errors import TpuopsError, UsageError
 from tpuops.logs.events import Event, ExitEvent, LogReport
 from tpuops.logs.follow import Follower
 from tpuops.run import logreport, scan
@@ -20,7 +20,7 @@ from tpuops.run.target import open_transport, resolve, select_workers
 from tpuops.shell import Redactor
 from tpuops.sop.actions import Fetch, Follow
 from tpuops.sop.runs import run_dir
-from tpuops.transport.base import CmdResult, LineSink
+from tpuops.transport.base import CmdResult, LineSink, Transport
 
 
 @dataclass(frozen=True)
@@ -145,6 +145,7 @@ def attach(
             exits[event.worker] = event.code
 
     transport = open_transport(resolve(rec.spec()), redact)
+    learn_sent_env(rec, transport, redact)
     follower = Follower(
         transport,
         redact=redact,
@@ -170,6 +171,21 @@ def attach(
     return Attached(run_id, log, code, lost)
 
 
+def learn_sent_env(rec: RunRecord, transport: Transport, redact: Redactor) -> None:
+    """When values the run was sent are known only by their hashes (the local .env changed since), read the
+    .env the workers have (worker 0's, where sync_env put it): its values are redacted in clear, the fast way."""
+    from tpuops.sop import secrets
+
+    paths = (rec.secret_digests or {}).get("worker_files", [])
+    for path in paths if redact.unknown_hashed else []:
+        try:
+            data = transport.read_from(rec.workers[0], path, 0, 1 << 20)
+        except (OSError, EOFError, TpuopsError):
+            continue  # the hashes still redact them, more slowly
+        if data:
+            redact.add(secrets.parse(data)[0].values())
+
+
 def chosen_workers(run_id: str, worker: str) -> list[int]:
     """The workers of a run that `--worker` names (all, 0, 0,2)."""
     return select_workers(worker, max(load(run_id).workers) + 1)
@@ -189,6 +205,7 @@ def logs(run_id: str, worker: str, *, follow: bool, on_line: LineSink) -> None:
     redact = rec.redactor()
     transport = open_transport(resolve(rec.spec()), redact)
     try:
+        learn_sent_env(rec, transport, redact)
         follower = Follower(transport, redact=redact, on_line=on_line)
         if not follow:
             for w in chosen:
