@@ -14,6 +14,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,9 +77,10 @@ def check(
     topology: str | None = None,
     cwd: Path | None = None,
     use_cache: bool = True,
+    on_progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The fit result (JSON of trainer.fit, plus `cached`); FitUnavailableError without libtpu, UsageError for a
-    bad config or target."""
+    bad config or target. `on_progress` hears trainer.fit's `fit: ...` lines as they come (compiling X)."""
     if accelerator and topology:
         raise UsageError("--accelerator and --topology name the same thing: pass one")
     cwd = cwd or Path.cwd()
@@ -92,7 +95,7 @@ def check(
     argv = [sys.executable, "-m", "trainer.fit", "--config", config, "--json"]
     argv += [f"--set={s}" for s in sets]
     argv += ["--topology", topology] if topology else (["--accelerator", accelerator] if accelerator else [])
-    r = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
+    r = _run(argv, cwd, on_progress)
     if r.returncode == EXIT_NO_LIBTPU:
         raise FitUnavailableError(json.loads(r.stdout.strip().splitlines()[-1])["message"])
     if r.returncode < 0:  # libtpu's compiler can crash on a pathological program (seen: a stack overflow)
@@ -115,6 +118,69 @@ def check(
     tmp.write_text(json.dumps(result))
     tmp.replace(entry)
     return {**result, "cached": False}
+
+
+def _run(
+    argv: list[str], cwd: Path, on_progress: Callable[[str], None] | None
+) -> subprocess.CompletedProcess[str]:
+    """trainer.fit with its stderr read line by line as it comes (its `fit: ...` progress lines handed on)."""
+    proc = subprocess.Popen(
+        argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    err: list[str] = []
+
+    def read_stderr() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            err.append(line)
+            if on_progress is not None and line.startswith("fit: "):
+                on_progress(line.rstrip("\n"))
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    code = proc.wait()
+    reader.join()
+    return subprocess.CompletedProcess(argv, code, out, "".join(err))
+
+
+class FitProgress:
+    """`tpuops fit` at a terminal: which program compiles now and for how long, and what already compiled
+    (fed trainer.fit's `fit: compiling X` / `fit: compiled X in N s` lines; the console's live view draws it)."""
+
+    def __init__(self, config: str) -> None:
+        import time
+
+        self.config, self.clock = config, time.monotonic
+        self.started = self.since = self.clock()
+        self.now: str | None = None
+        self.done: list[str] = []
+
+    def feed(self, line: str) -> None:
+        text = line.removeprefix("fit: ")
+        if text.startswith("compiling "):
+            self.now, self.since = text.removeprefix("compiling "), self.clock()
+        elif text.startswith("compiled "):
+            name, _, took = text.removeprefix("compiled ").partition(" in ")
+            self.done.append(f"{name} {took.replace(' ', '')}")
+            self.now = None
+
+    def status(self) -> str:
+        t = self.clock()
+        doing = (
+            f"compiling {self.now} for the TPU {t - self.since:.0f}s"
+            if self.now
+            else "tracing the step's programs"
+        )
+        done = f" · compiled: {', '.join(self.done)}" if self.done else ""
+        return f"fit {self.config}: {doing} · elapsed {t - self.started:.0f}s{done}"
+
+    def line(self, worker: int, text: str) -> str:
+        return text
+
+    def phase(self, worker: int, title: str, kind: str, state: str) -> None:
+        return None
 
 
 def summary(result: dict[str, Any]) -> str:

@@ -43,11 +43,18 @@ def fit(
       tpuops fit qwen2.5-3b-v6e-8
       tpuops fit qwen2.5-3b-v6e-8 --accelerator v5e-8 --set train.micro_batch=16 --json
     """
+    from tpuops import console
     from tpuops.checks import fit as fitlib
     from tpuops.config import parse_sets
     from tpuops.run import report
 
     sets = [f"{k}={v}" for k, v in parse_sets(set_).items()]
-    result = fitlib.check(config, sets, accelerator=accelerator, topology=topology, use_cache=not no_cache)
+    # At a terminal a status line says which program compiles and for how long (minutes for a big model).
+    watch = fitlib.FitProgress(config) if console.live_wanted(json) else None
+    with console.Live(watch):
+        result = fitlib.check(
+            config, sets, accelerator=accelerator, topology=topology, use_cache=not no_cache,
+            on_progress=watch.feed if watch is not None else None,
+        )  # fmt: skip
     report.fit_report(result, json)
     raise typer.Exit(fitlib.exit_code(result))

@@ -41,6 +41,8 @@ def measure(program: Program, devices: int, breakdown: int = 0) -> dict[str, Any
     with `breakdown`, its HBM bytes by the `breakdown` largest sources (trainer.fit.traffic.by_source)."""
     t0 = time.perf_counter()
     raw: dict[str, Any] = {"resident_bytes": program.resident_bytes}
+    if program.compiled is None and program.error is None:  # tpuops fit's status line shows what compiles
+        print(f"fit: compiling {program.name}", file=sys.stderr, flush=True)
     try:
         if program.error is not None:
             raise RuntimeError(program.error)

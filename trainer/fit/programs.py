@@ -15,6 +15,7 @@ parameters and optimizer state during the rollout.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,6 +144,7 @@ def _rollout(
     rng = jax.eval_shape(lambda: jax.random.key(0))
     ids = _batch(rmesh, (N, P_len), jnp.int32)
     prefill = OnMesh(sampler._prefill, rmesh).lower(rparams, ids, ids, rng, **static)
+    print("fit: compiling prefill", file=sys.stderr, flush=True)  # tpuops fit's status line shows it
     t0 = time.perf_counter()
     try:
         prefill_out = prefill.compile()
