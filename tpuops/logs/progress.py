@@ -136,11 +136,13 @@ class Progress:
 
     def _doing(self, now: float) -> str:
         workers = sorted(self.phases)
-        if not workers:
-            return "preparing"
+        if not workers:  # launch checks the SOP, its values and the trainer's config before any step
+            return "checking config"
         here = self.phases[workers[0]]
         if here == PHASES["follow"]:
-            if self.step is not None:
+            if self.step is not None and self.total and self.step + 1 >= self.total:
+                here = "finishing (last step done)"
+            elif self.step is not None:
                 here = "stepping"
             elif self.total is not None:  # a trainer (its config line came) that has not finished step 0
                 here = f"compiling (first step) {now - (self.waiting_since or now):.0f}s"
