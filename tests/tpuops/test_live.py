@@ -132,3 +132,12 @@ def test_through_a_pipe_or_with_json_the_lines_stay_whole(tmp_path: Path) -> Non
     assert "[w0] 5/6  0.5000" in forced.stderr and "elapsed" not in forced.stderr
     as_json = run("--json", TPUOPS_LIVE="1")
     assert "[w0] step=5 reward_mean=0.5" in as_json.stderr and as_json.stdout.lstrip().startswith("{")
+
+
+def test_the_documented_capture_shows_what_the_readme_promises() -> None:
+    """docs/examples/run-grpo-local.txt (README links it): the phase, step N/20, elapsed, ETA; no libtpu noise."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "examples" / "run-grpo-local.txt").read_text()
+    status = [ln for ln in text.splitlines() if "stepping · step " in ln]
+    assert status and re.search(r"step \d+/20 · elapsed \d\d:\d\d · [\d.]+ s/step · ETA \d\d:\d\d", status[0])
+    assert "compiling (first step)" in text and "[w0]  step  reward" in text
+    assert not re.search(r"Failed to find host bounds|E0000|INVALID_ARGUMENT|Source Location Trace", text)
