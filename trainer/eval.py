@@ -54,6 +54,7 @@ def prompt_rows(cfg: Config, tokenizer: Any) -> tuple[list[list[int]], list[str 
     from trainer.tokenizer import chat_text
 
     task = eval_task(cfg)
+    assert task.eval_examples is not None  # eval_task refuses a task without an eval split
     examples = task.eval_examples(cfg)
     if cfg.eval.max_examples:
         examples = examples[: cfg.eval.max_examples]

@@ -178,6 +178,7 @@ def _run(loss: str, config: str, dtype: str, impls: tuple[str, ...], seed: int) 
         want_h = _value_and_grad(loss, "reference", x, name, "hidden")(x["hidden"], x["w"])
         by_objective[name] = {"reference_loss": float(want_z[0])}
         for impl in impls:
+            rec: dict[str, Any]  # each gradient's differences, then whether all are within tolerance
             if impl == "fused_lm_head":
                 v, (dh, dw) = _value_and_grad(loss, impl, x, name, "hidden")(x["hidden"], x["w"])
                 rec = {

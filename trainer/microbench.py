@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -124,8 +124,14 @@ def log_wandb(rec: dict[str, Any]) -> None:
     """One W&B run holding the record (offline unless WANDB_MODE says otherwise)."""
     import wandb
 
+    modes: dict[str, Literal["online", "offline", "disabled", "shared"]] = {
+        "online": "online", "offline": "offline", "disabled": "disabled", "shared": "shared",
+    }  # fmt: skip
+    mode = modes.get(os.environ.get("WANDB_MODE", "offline"))
+    if mode is None:
+        raise SystemExit(f"WANDB_MODE={os.environ['WANDB_MODE']!r}: expected one of {', '.join(modes)}")
     run = wandb.init(project=os.environ.get("WANDB_PROJECT", "tpuops-microbench"), job_type="microbench",
-                     mode=os.environ.get("WANDB_MODE", "offline"), config=rec)  # fmt: skip
+                     mode=mode, config=rec)  # fmt: skip
     run.summary.update({k: v for k, v in rec.items() if isinstance(v, int | float)})
     run.finish()
 

@@ -106,13 +106,13 @@ def main() -> None:
 
         console.error(e.line(), int(e.exit_code), e.kind)
         sys.exit(int(e.exit_code))
-    except exits as e:
-        sys.exit(e.exit_code)
+    except exits as e:  # click's or typer's Exit: both carry exit_code
+        sys.exit(getattr(e, "exit_code", 0))
     except click_errors as e:
         if os.environ.get("TPUOPS_DEBUG") == "1":
             raise
         if type(e).__name__ == "NoArgsIsHelpError":  # `tpuops vm` alone: the help is the answer
-            e.show()
+            getattr(e, "show")()  # noqa: B009 - one of several classes named alike, all with show()
             sys.exit(int(ExitCode.USAGE))
         usage = int(getattr(e, "exit_code", 2)) == 2
         code = int(ExitCode.USAGE) if usage else int(getattr(e, "exit_code", 1))

@@ -239,7 +239,9 @@ def reach(spec: TargetSpec, notify: Notify | None = None, api: Api | None = None
     keys, instance names) and pick the route; nothing on the VM or its metadata changes here. One get_node
     (with --zone or a cached zone) and one guest-attributes call; `api` None: a client is made for `spec`."""
     if notify is None:
-        from tpuops.console import note as notify
+        from tpuops.console import note
+
+        notify = note
     if not spec.vm:
         raise UsageError("locate_workers needs --vm NAME")
     api = api or connect(spec.project, spec.api_endpoint, notify)

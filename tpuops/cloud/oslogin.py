@@ -57,12 +57,12 @@ def client(endpoint: str | None) -> tuple[Any, Any]:
     if endpoint:
         from google.auth.credentials import AnonymousCredentials
 
-        creds = AnonymousCredentials()
+        anonymous = AnonymousCredentials()
         return (
             oslogin_v1.OsLoginServiceClient(
-                transport="rest", credentials=creds, client_options=ClientOptions(api_endpoint=endpoint)
+                transport="rest", credentials=anonymous, client_options=ClientOptions(api_endpoint=endpoint)
             ),
-            creds,
+            anonymous,
         )
     import google.auth
 
@@ -102,7 +102,7 @@ def import_key(
             hint=ROLE_HINT.format(project=project),
         )
     names = [a.username for a in accounts]
-    if requested_user in names:
+    if requested_user is not None and requested_user in names:
         return requested_user, who
     primary = next((a.username for a in accounts if a.primary), names[0])
     return primary, who

@@ -55,9 +55,10 @@ def fit_preflight(
     from tpuops.console import note
 
     config = TEMPLATE.sub(lambda m: str(values[m.group(1)]), sop.fit.config)
-    sets = values.get(sop.fit.sets.strip("{}"), []) if sop.fit.sets else []
+    given = values.get(sop.fit.sets.strip("{}"), []) if sop.fit.sets else []
+    sets = [str(s) for s in given] if isinstance(given, list | tuple) else []
     try:
-        result = fit.check(config, list(sets), accelerator=accelerator, cwd=cwd)  # type: ignore[arg-type]
+        result = fit.check(config, sets, accelerator=accelerator, cwd=cwd)
     except fit.FitUnavailableError as e:
         note(f"fit: not checked ({e.message}); the run goes on (--skip-fit silences this)")
         return f"not checked: {e.message}"

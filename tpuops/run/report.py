@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +116,7 @@ def dry_runs(labelled: list[tuple[str, Any]], as_json: bool) -> None:
 
 
 def sop_list(
-    rows: list[tuple[str, str, str, str]], as_json: bool, broken: list[tuple[str, str]] = ()
+    rows: list[tuple[str, str, str, str]], as_json: bool, broken: Sequence[tuple[str, str]] = ()
 ) -> None:
     """The valid SOPs (user or built-in), then each file that does not load with its error (`error` in JSON)."""
     if as_json:

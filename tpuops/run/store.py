@@ -59,7 +59,7 @@ class RunRecord:
         return run_dir(self.runs_dir or str(self.values.get("runs_dir", "~/tpuops/runs")), self.run_id)
 
     def spec(self) -> TargetSpec:
-        t = {k: tuple(v) if isinstance(v, list) else v for k, v in self.target.items()}
+        t: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in self.target.items()}
         return TargetSpec(**t)
 
 

@@ -227,10 +227,10 @@ class Executor:
                 if not r.ok or SKIP_REST in r.stdout.splitlines():
                     break
             elif isinstance(action, Upload):
-                env = secrets.load(action.local)
-                self.redact.add(env.values.values())
-                self.transport.put_bytes(w, secrets.serialize(env.values), action.remote, mode=action.mode)
-                note = f"tpuops: fixed {' and '.join(env.fixes)}\n" if env.fixes else ""
+                loaded = secrets.load(action.local)
+                self.redact.add(loaded.values.values())
+                self.transport.put_bytes(w, secrets.serialize(loaded.values), action.remote, mode=action.mode)
+                note = f"tpuops: fixed {' and '.join(loaded.fixes)}\n" if loaded.fixes else ""
                 results.append(CmdResult(w, action.render(), 0, stdout=note))
             elif isinstance(action, Follow):
                 results.append(self._follower().follow(w, action, cancel))

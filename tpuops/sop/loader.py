@@ -271,7 +271,7 @@ def _explain(path: Path, text: str, data: dict, err: ValidationError, index: lis
     return f"{path}:{line}: {where}: {e['msg']} (received {e.get('input')!r})"
 
 
-def _model_at(data: dict, loc: list, model: type) -> list[str]:
+def _model_at(data: dict, loc: list, model: type[BaseModel]) -> list[str]:
     if loc[:1] == ["steps"] and len(loc) == 2:
         kind = data["steps"][loc[1]].get("kind")
         return list(STEP_KINDS[kind].model_fields)
@@ -369,7 +369,7 @@ def _line(text: str, loc: list) -> int:
             node = node.value[part]
         else:
             break
-    return node.start_mark.line + 1
+    return node.start_mark.line + 1 if node is not None else 1
 
 
 def list_sops() -> list[tuple[str, str, str, str]]:

@@ -114,7 +114,9 @@ class FollowStep(Step):
             return Outcome("hang", r.error or "hung", {"py_spy": r.stdout} if r.stdout else {})
         if r.job_exit is None:  # following ended before the job did
             # cancelled: another worker's failure is the run's cause, not this worker's follow
-            status = {Kind.TIMEOUT: "timeout", Kind.CANCELLED: "cancelled"}.get(r.kind, "failed")
+            status = (
+                "timeout" if r.kind is Kind.TIMEOUT else "cancelled" if r.kind is Kind.CANCELLED else "failed"
+            )
             return Outcome(status, r.error or f"{r.kind}")
         code = r.job_exit
         return Outcome("ok" if code == 0 else "failed", f"job exited {code}", {"exit_code": code})

@@ -187,7 +187,7 @@ class SyncEnv(Step):
 
     def outcome(self, results: list[CmdResult]) -> Outcome:
         found = markers(results[0].stdout) if results else []
-        data = {k: m[k] for m in found for k in ("env_sha",) if k in m}
+        data: dict[str, object] = {k: m[k] for m in found for k in ("env_sha",) if k in m}
         if any(m["_"].startswith("removed") for m in found):
             return Outcome("changed", "no local .env: removed the worker's old .env", data)
         if any(m["_"].startswith("nothing") for m in found):

@@ -77,7 +77,8 @@ class SshTransport:
         self._prepared()
         with self._locks[worker]:
             client = self._clients.get(worker)
-            if client is not None and client.get_transport() and client.get_transport().is_active():
+            live = client.get_transport() if client is not None else None
+            if client is not None and live is not None and live.is_active():
                 return client
             client = self._open(self.workers[worker])
             self._clients[worker] = client
@@ -166,7 +167,10 @@ class SshTransport:
         t0 = time.monotonic()
         redacted = self._redact(command)
         try:
-            chan = self._client(worker).get_transport().open_session(timeout=self.connect_timeout)
+            connection = self._client(worker).get_transport()
+            if connection is None:
+                raise paramiko.SSHException("the connection has no transport")
+            chan = connection.open_session(timeout=self.connect_timeout)
             chan.exec_command(shell.with_stdin_env(command))
             chan.sendall(shell.env_script(env or {}))
             chan.shutdown_write()

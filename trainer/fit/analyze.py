@@ -86,7 +86,7 @@ def verdict(raw: dict[str, Any], per_device: dict[str, float]) -> dict[str, Any]
     fits = "error" not in raw and peak <= (1 - HEADROOM) * per_device["hbm_bytes"]
     return {**raw, "peak_bytes": peak, "fits": fits, "headroom": 1 - peak / per_device["hbm_bytes"],
             "seconds": once, "terms_s": terms,
-            "largest_term": max(terms, key=terms.get)}  # fmt: skip
+            "largest_term": max(terms, key=lambda k: terms[k])}  # fmt: skip
 
 
 def judge(phases_raw: dict[str, dict[str, Any]], per_device: dict[str, float]) -> dict[str, Any]:

@@ -56,9 +56,9 @@ def _convolution(line: str, lhs: list[int], rhs: list[int], out: list[int]) -> i
         len(labels[k]) for k in ("lhs", "rhs", "out")
     ):
         return 0
-    fields = (
-        dict(f.split("=", 1) for f in _WINDOW.search(line)["window"].split()) if _WINDOW.search(line) else {}
-    )
+    window = _WINDOW.search(line)
+    pairs = (f.split("=", 1) for f in window["window"].split()) if window else ()
+    fields = {k: v for k, v in pairs}
 
     def per_dim(key: str, default: int, n: int) -> list[int]:
         return [int(v) for v in fields[key].split("x")] if key in fields else [default] * n

@@ -134,8 +134,11 @@ def _tuple_index(defs: dict[str, Instruction], name: str) -> int | None:
     ins = _through_views(defs, name)
     if ins is None or ins.op != "get-tuple-element":
         return None
-    source = _through_views(defs, _OPERAND.search(ins.args)["name"])
-    return int(_INDEX.search(ins.line)["i"]) if source is not None and source.op == "parameter" else None
+    operand, index = _OPERAND.search(ins.args), _INDEX.search(ins.line)
+    if operand is None or index is None:  # not the shape get-tuple-element always has
+        return None
+    source = _through_views(defs, operand["name"])
+    return int(index["i"]) if source is not None and source.op == "parameter" else None
 
 
 def operands(ins: Instruction) -> list[str]:

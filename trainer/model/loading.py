@@ -95,13 +95,15 @@ def load_pretrained(
             stacked = name_map.is_stacked(path)
             if stacked:
                 shape = (len(tensors), *shape)
+            placement: jax.sharding.Sharding
             if mesh is None:
                 placement = SingleDeviceSharding(jax.local_devices()[0])
             else:
                 placement = jax.sharding.NamedSharding(mesh, sharding.param_spec(path, shape, mesh))
 
-            def read(index: tuple[slice, ...], tensors: list[Any] = tensors, stacked: bool = stacked,
-                     transpose: bool = transpose) -> np.ndarray:  # fmt: skip
+            def read(index: tuple[slice, ...] | None, tensors: list[Any] = tensors, stacked: bool = stacked,
+                     transpose: bool = transpose, rank: int = len(shape)) -> np.ndarray:  # fmt: skip
+                index = index or (slice(None),) * rank  # None: the whole array (jax's callback contract)
                 if not stacked:
                     return _block(tensors[0], index, transpose, target)
                 rows = range(len(tensors))[index[0]]  # this shard's layers, each sliced like the 2-D tensor

@@ -22,7 +22,7 @@ no-op without a mesh in context); `config.remat` rematerialises each decoder lay
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, cast
 
 import flax.linen as nn
 import jax
@@ -142,7 +142,7 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x_BTD: Array) -> Array:
         c = self.config
-        kw = {
+        kw: dict[str, Any] = {
             "use_bias": False,
             "dtype": _dt(c.dtype),
             "param_dtype": _dt(c.param_dtype),
@@ -172,7 +172,11 @@ class DecoderLayer(nn.Module):
         else:
             x_BTD, keys_LBSKH, values_LBSKH = carry
             kv = (keys_LBSKH, values_LBSKH, layer, slot)
-        norm = {"eps": c.rms_norm_eps, "dtype": _dt(c.dtype), "param_dtype": _dt(c.param_dtype)}
+        norm: dict[str, Any] = {
+            "eps": c.rms_norm_eps,
+            "dtype": _dt(c.dtype),
+            "param_dtype": _dt(c.param_dtype),
+        }
         h = RMSNorm(name="input_layernorm", **norm)(x_BTD)
         attn_out, new_kv = Attention(c, name="self_attn")(h, cos_BTH, sin_BTH, mask_BTS, kv)
         x_BTD = x_BTD + attn_out
@@ -253,9 +257,13 @@ def init_params(config: Qwen2Config, rng: Array) -> Params:
     gen = np.random.default_rng(np.asarray(jax.random.key_data(rng)).ravel().tolist())
     # Drawn per tensor in the order of the per-layer names ("layers_0/...", "layers_1/...", sorted as
     # strings): the same seed gives the same model as before the layers were stacked.
-    per_layer = [(f"layers_{i}/{path[len('layers/'):]}", path, i) for path in host if path.startswith("layers/")
-                 for i in range(config.num_hidden_layers)]  # fmt: skip
-    draws = sorted([(path, path, None) for path in host if not path.startswith("layers/")] + per_layer)
+    per_layer: list[tuple[str, str, int | None]] = [
+        (f"layers_{i}/{path[len('layers/'):]}", path, i) for path in host if path.startswith("layers/")
+        for i in range(config.num_hidden_layers)]  # fmt: skip
+    whole: list[tuple[str, str, int | None]] = [
+        (path, path, None) for path in host if not path.startswith("layers/")
+    ]
+    draws = sorted(whole + per_layer, key=lambda d: d[0])
     for _, path, i in draws:
         target = host[path] if i is None else host[path][i]
         if path.endswith("/scale"):
@@ -291,9 +299,10 @@ def forward_with_kv(
     params: Params, config: Qwen2Config, input_ids_BT: Array, positions_BT: Array, attention_mask_BT: Array
 ) -> tuple[Array, tuple[Array, Array]]:
     """Like forward_hidden, plus every layer's keys and values after RoPE (k_LBTKH, v_LBTKH): the prefill."""
-    return Qwen2(config, collect_kv=True).apply(
+    out = Qwen2(config, collect_kv=True).apply(
         {"params": params}, input_ids_BT, positions_BT, causal_mask(attention_mask_BT)
     )
+    return cast(tuple[Array, tuple[Array, Array]], out)  # apply() is typed loosely: (hidden, (k, v))
 
 
 def lm_head_weight(params: Params, config: Qwen2Config) -> Array:
@@ -335,7 +344,8 @@ def decode_step(
     """Write the new tokens' keys/values at cache `slot` of every layer and attend over the cache.
 
     Returns (logits_BTV float32, keys, values) with the cache updated."""
-    hidden, (keys, values) = Qwen2(config).apply(
+    out = Qwen2(config).apply(
         {"params": params}, input_ids_BT, positions_BT, slot_mask_BTS, (keys_LBSKH, values_LBSKH, slot)
     )
+    hidden, (keys, values) = cast(tuple[Array, tuple[Array, Array]], out)  # apply() is typed loosely
     return logits_from_hidden(params, config, hidden), keys, values

@@ -14,6 +14,8 @@ prompt tokens and the tokens generated so far: causality comes from the unwritte
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -26,6 +28,10 @@ class KVCache:
     values: Array  # [L, B, S, K, H]
     mask_BS: Array
     index: Array
+
+    if TYPE_CHECKING:  # flax.struct.dataclass adds replace(); declared for the type checker only
+
+        def replace(self, **updates: Any) -> KVCache: ...
 
     @property
     def length(self) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import flax.struct
 import jax
@@ -61,6 +61,10 @@ class SampleOutput:
 
 @flax.struct.dataclass
 class DecodeState:
+    if TYPE_CHECKING:  # flax.struct.dataclass adds replace(); declared for the type checker only
+
+        def replace(self, **updates: Any) -> DecodeState: ...
+
     cache: KVCache
     tokens_BC: Array
     mask_BC: Array

@@ -101,7 +101,7 @@ class Model:
             },
             "done": False,
         }
-        self.ops[op["name"]] = op
+        self.ops[str(op["name"])] = op
         return op
 
     def _finish(

@@ -38,10 +38,11 @@ def forward_stats(z_NV: Array, ids_N: Array, temperature: float, rows: int) -> t
         s_cV = st.scaled(lax.dynamic_slice_in_dim(z_NV, start, c), temperature)
         m, s1, b, chosen = st.row_stats(s_cV, lax.dynamic_slice_in_dim(ids_N, start, c))
         lse, ent = st.finish(m, s1, b)
-        return tuple(
+        lse_N, ent_N, chosen_N = (
             lax.dynamic_update_slice_in_dim(a, v, start, 0)
             for a, v in zip(carry, (lse, ent, chosen), strict=True)
         )
+        return lse_N, ent_N, chosen_N
 
     zeros = jnp.zeros((n,), jnp.float32)
     return row_loop(n, rows, body, (zeros, zeros, zeros))

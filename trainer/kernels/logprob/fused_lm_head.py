@@ -32,10 +32,11 @@ def forward_stats(
         s_cV = _tile_logits(lax.dynamic_slice_in_dim(h_ND, start, c), w_DV, temperature)
         m, s1, b, chosen = st.row_stats(s_cV, lax.dynamic_slice_in_dim(ids_N, start, c))
         lse, ent = st.finish(m, s1, b)
-        return tuple(
+        lse_N, ent_N, chosen_N = (
             lax.dynamic_update_slice_in_dim(a, v, start, 0)
             for a, v in zip(carry, (lse, ent, chosen), strict=True)
         )
+        return lse_N, ent_N, chosen_N
 
     zeros = jnp.zeros((h_ND.shape[0],), jnp.float32)
     return row_loop(h_ND.shape[0], blocks.rows, body, (zeros, zeros, zeros))

@@ -37,9 +37,10 @@ def forward_stats(
         h_RD = lax.dynamic_slice_in_dim(h_ND, i * r, r)
         ids_R = lax.dynamic_slice_in_dim(ids_N, i * r, r)
         stats = pallas_tpu.forward_stats(_logits(h_RD, w_DV), ids_R, temperature, blocks)
-        return tuple(
+        lse_N, ent_N, chosen_N = (
             lax.dynamic_update_slice_in_dim(a, s, i * r, 0) for a, s in zip(carry, stats, strict=True)
         )
+        return lse_N, ent_N, chosen_N
 
     zeros = jnp.zeros((n,), jnp.float32)
     return lax.fori_loop(0, n // r, body, (zeros, zeros, zeros))

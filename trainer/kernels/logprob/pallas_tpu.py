@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -155,7 +156,7 @@ def token_logprob_entropy(
 
 
 def sharded(
-    mesh: jax.sharding.Mesh, batch_axes: str | tuple[str, ...], **kwargs: object
+    mesh: jax.sharding.Mesh, batch_axes: str | tuple[str, ...], **kwargs: Any
 ) -> Callable[[Array, Array], tuple[Array, Array]]:
     """`token_logprob_entropy` over a batch sharded on `batch_axes` of `mesh`: per-device kernels via shard_map."""
     spec = jax.sharding.PartitionSpec(batch_axes)

@@ -61,7 +61,9 @@ def dscaled(
     col0: Array | int = 0,
 ) -> Array:
     """Cotangent of the scaled logits of one tile from the saved row statistics and output cotangents."""
-    return dscaled_cols(s_NV, *(a[:, None] for a in (ids_N, lse_N, ent_N, glogp_N, gent_N)), col0=col0)
+    return dscaled_cols(
+        s_NV, ids_N[:, None], lse_N[:, None], ent_N[:, None], glogp_N[:, None], gent_N[:, None], col0=col0
+    )
 
 
 def dscaled_cols(
