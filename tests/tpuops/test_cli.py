@@ -231,6 +231,27 @@ def test_doctor_compares_env_keys_by_hash_and_shows_no_value(
         assert secret not in text and other not in text and "hf-abcdef" not in text
 
 
+def test_doctor_looks_where_the_run_keeps_things_repo_dir_and_lockfile_from_tpuops_toml(
+    sshd_pool: SshdPool, git_remote: tuple[Path, str], tmp_path: Path
+) -> None:
+    (w,) = sshd_pool.take(1)
+    (tmp_path / ".env").write_text("WANDB_API_KEY=sentinel-doctor-params\n")
+    (tmp_path / "tpuops.toml").write_text('[params]\nrepo_dir = "~/elsewhere"\nlockfile = "~/mylock"\n')
+    sync = tpuops(
+        "sop", "run", "sync", *sshd_pool.host_args([w]), "--set", f"repo_url={git_remote[0]}", cwd=tmp_path
+    )
+    assert sync.returncode == 0, sync.stderr
+    assert (w.home / "elsewhere/.env").exists() and not (w.home / "tpuops/repo").exists()
+    (w.home / "mylock").write_text("")
+    r = tpuops("doctor", *sshd_pool.host_args([w]), "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (health,) = json.loads(r.stdout)
+    assert health["env_keys"] == {"WANDB_API_KEY": "match"} and health["lock"] == "present"
+    # --set wins over the file, as it does for a run
+    r = tpuops("doctor", *sshd_pool.host_args([w]), "--json", "--set", "lockfile=~/nolock", cwd=tmp_path)
+    assert json.loads(r.stdout)[0]["lock"] == "absent"
+
+
 def test_default_code_is_this_checkouts_pushed_head(git_remote: tuple[Path, str], tmp_path: Path) -> None:
     """Remote workers sync this checkout's origin at its HEAD commit, which must be on a remote branch."""
     bare, first = git_remote

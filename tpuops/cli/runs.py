@@ -236,15 +236,24 @@ def doctor(
     *,
     json: o.JsonOpt = False,
     target: o.TargetOptions,
-    env_file: Annotated[str, typer.Option("--env-file", help="The local .env to compare with.")] = ".env",
+    env_file: Annotated[
+        str | None,
+        typer.Option("--env-file", help="The local .env to compare with (default: the SOP's env_file, .env)."),
+    ] = None,
     remote_env: Annotated[
-        str, typer.Option("--remote-env", help="The .env path on the workers.")
-    ] = "~/tpuops/repo/.env",
+        str | None,
+        typer.Option("--remote-env", help="The .env path on the workers (default: REPO_DIR/.env)."),
+    ] = None,
     lockfile: Annotated[
-        str, typer.Option("--lockfile", help="libtpu's lock file on the workers.")
-    ] = "/tmp/libtpu_lockfile",
+        str | None,
+        typer.Option("--lockfile", help="libtpu's lock file on the workers (default: the SOP's lockfile)."),
+    ] = None,
+    set_: o.SetOpt = None,
 ) -> None:
     """Check every worker: connection and host key, which .env keys it has (by hash) against yours, the TPU lock.
+
+    Where to look comes from the same SOP parameters a run uses (`repo_dir`, `lockfile`, `env_file`: --set,
+    then `params` in tpuops.toml, then the grpo SOP's defaults); --remote-env and --lockfile override them.
 
     \b
     Examples:
@@ -253,12 +262,14 @@ def doctor(
     """
     from pathlib import Path
 
+    from tpuops.config import parse_sets
     from tpuops.run import health as library
     from tpuops.run import report
 
     health = library.examine(
-        target.spec(), env_file=Path(env_file), remote_env=remote_env, lockfile=lockfile, cwd=Path.cwd()
-    )
+        target.spec(), sets=parse_sets(set_), env_file=env_file, remote_env=remote_env, lockfile=lockfile,
+        cwd=Path.cwd(),
+    )  # fmt: skip
     report.doctor(health, json)
     raise typer.Exit(library.exit_code(health))
 

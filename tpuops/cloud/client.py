@@ -6,9 +6,7 @@ import configparser
 import functools
 import itertools
 import os
-import random
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -17,6 +15,7 @@ from typing import Any, TypeVar
 from tpuops.errors import CloudError, PermissionDeniedError, UsageError
 
 T = TypeVar("T")
+MAX_BACKOFF_S = 8.0  # the longest wait between two retries of a TPU API call
 EMULATOR_PROJECT = "tpuops-emulator"  # used with --api-endpoint when no project is configured anywhere
 Notify = Callable[[str], None]
 
@@ -61,7 +60,7 @@ class ApiNotFoundError(CloudError):
     """The API answered 404 for this resource (callers turn it into "not found, did you mean ...")."""
 
 
-def _transient() -> tuple[type[BaseException], ...]:
+def _transient() -> tuple[type[Exception], ...]:
     import requests
     from google.api_core import exceptions as gexc
 
@@ -97,28 +96,42 @@ class Api:
         marks = [("x-tpuops-client", self.client_id)]
         return [*marks, ("x-tpuops-purpose", self.purpose)] if self.purpose else marks
 
-    def call(self, what: str, fn: Callable[..., T], /, **kw: Any) -> T:
-        """`fn(**kw, retry=None, timeout=..., metadata=...)`, retried with exponential backoff and jitter on
-        429/503/504 and refused connections; every retry is reported through `notify`; other API errors become
-        CloudError."""
-        transient = _transient()
-        for attempt in range(self.retries + 1):
-            try:
-                return fn(**kw, retry=None, timeout=self.timeout_s, metadata=self.metadata())
-            except transient as e:
-                if attempt == self.retries:
-                    raise CloudError(
-                        f"TPU API {what}: still failing after {self.retries} retries: {short_error(e)}",
-                        hint=f"{self.endpoint or 'tpu.googleapis.com'} is unavailable; try again later",
-                    ) from None
-                delay = min(8.0, self.backoff_s * 2**attempt) * (0.5 + random.random() / 2)
-                self.notify(
-                    f"TPU API {what}: {short_error(e)}; retry {attempt + 1}/{self.retries} in {delay:.1f}s"
+    def retry(self, what: str) -> Any:
+        """google.api_core's Retry for one call: exponential backoff with jitter on 429/503/504 and refused
+        connections, at most `retries` retries, each said through `notify` (its `on_error`); the one after the
+        last is a CloudError."""
+        from google.api_core import retry as gretry
+
+        tries = itertools.count(1)
+
+        def on_error(e: Exception) -> None:
+            k = next(tries)
+            if k > self.retries:
+                raise CloudError(
+                    f"TPU API {what}: still failing after {self.retries} retries: {short_error(e)}",
+                    hint=f"{self.endpoint or 'tpu.googleapis.com'} is unavailable; try again later",
                 )
-                time.sleep(delay)
-            except Exception as e:
-                raise api_error(what, e) from None
-        raise AssertionError("unreachable")
+            cap = min(MAX_BACKOFF_S, self.backoff_s * 2 ** (k - 1))  # the library draws the delay below it
+            self.notify(f"TPU API {what}: {short_error(e)}; retry {k}/{self.retries} in up to {cap:.1f}s")
+
+        return gretry.Retry(
+            predicate=gretry.if_exception_type(*_transient()),
+            initial=self.backoff_s,
+            multiplier=2.0,
+            maximum=MAX_BACKOFF_S,
+            timeout=600.0,
+            on_error=on_error,
+        )
+
+    def call(self, what: str, fn: Callable[..., T], /, **kw: Any) -> T:
+        """`fn(**kw, retry=..., timeout=..., metadata=...)` with `retry(what)`; other API errors become
+        CloudError (a permission error names the role it needs)."""
+        try:
+            return fn(**kw, retry=self.retry(what), timeout=self.timeout_s, metadata=self.metadata())
+        except CloudError:
+            raise
+        except Exception as e:
+            raise api_error(what, e) from None
 
     def zones(self) -> list[str]:
         """Every location of the TPU API for this project (one call; the zone search fans out over these)."""
@@ -210,16 +223,4 @@ def _client(endpoint: str | None) -> tuple[Any, str]:
                 f"no Google credentials: {str(e).splitlines()[0]}",
                 hint="run `gcloud auth application-default login`, or use the emulator with --api-endpoint",
             ) from None
-    _widen_pool(client)
     return client, f"{os.getpid()}-{next(_built)}"
-
-
-def _widen_pool(client: Any) -> None:
-    """The zone search sends ~one request per zone at once; requests' default pool keeps only 10 sockets."""
-    import requests.adapters
-
-    session = getattr(client.transport, "_session", None)
-    if session is not None:
-        adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=64)
-        session.mount("https://", adapter)
-        session.mount("http://", adapter)

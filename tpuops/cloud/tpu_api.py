@@ -7,8 +7,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tpuops.cloud.client import Api, ApiNotFoundError
+from tpuops.cloud.client import Api, ApiNotFoundError, api_error
 from tpuops.errors import CloudError, CommandTimeoutError, PreemptedError
+
+ZONE_SEARCH_WIDTH = (
+    10  # zones listed at once: requests' connection pool size (no socket opened to be dropped)
+)
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,9 @@ def list_vms(api: Api, zones: list[str] | None = None) -> tuple[list[VmInfo], li
         return list_zone(api, zones[0]), zones
     vms: list[VmInfo] = []
     errors: list[str] = []
-    with ThreadPoolExecutor(max_workers=min(32, len(zones))) as pool:
+    # At most as many at once as the REST session keeps connections (requests' pool of 10): none is
+    # opened only to be thrown away (urllib3 would warn "connection pool is full").
+    with ThreadPoolExecutor(max_workers=min(ZONE_SEARCH_WIDTH, len(zones))) as pool:
         futures = {z: pool.submit(list_zone, api, z) for z in zones}
         for zone, fut in futures.items():
             try:
@@ -123,18 +129,29 @@ def host_keys(api: Api, zone: str, name: str) -> list[dict[str, dict[str, str]]]
 
 
 def wait_op(api: Api, op: Any, what: str, timeout: float) -> Any:
-    """Poll a long-running operation until done or `timeout`; returns the raw operations_pb2.Operation."""
-    deadline, interval = time.monotonic() + timeout, 0.05
-    # The operations client takes no metadata: a poll is logged unmarked.
-    while not api.call(f"poll {what}", lambda retry, timeout, metadata: op.done(retry=retry)):
-        if time.monotonic() > deadline:
-            raise CommandTimeoutError(
-                f"{what}: operation {op.operation.name} not done after {timeout:.0f}s",
-                hint="it may still finish: check with `tpuops vm describe`",
-            )
-        time.sleep(interval)
-        interval = min(5.0, interval * 1.5)
-    return op.operation
+    """Wait for a long-running operation with the library's own helper (`Operation.result`: it polls with
+    backoff, each poll retried as every call is); returns the raw operations_pb2.Operation, whose `error`
+    the caller reads (a stockout is not an exception there: create tries the next zone)."""
+    import concurrent.futures
+
+    from google.api_core import exceptions as gexc
+    from google.api_core.future import polling
+
+    # The first polls come fast (the emulator and small operations finish in well under a second).
+    poll = polling.DEFAULT_POLLING.with_delay(initial=0.05, maximum=5.0, multiplier=1.5).with_timeout(timeout)
+    try:
+        op.result(retry=api.retry(f"poll {what}"), polling=poll)
+    except (concurrent.futures.TimeoutError, gexc.RetryError):
+        raise CommandTimeoutError(
+            f"{what}: operation {op.operation.name} not done after {timeout:.0f}s",
+            hint="it may still finish: check with `tpuops vm describe`",
+        ) from None
+    except CloudError:
+        raise
+    except gexc.GoogleAPICallError as e:
+        if not op.operation.done:  # the poll itself failed (a 403...), not the operation
+            raise api_error(f"poll {what}", e) from None
+    return op.operation  # done; an operation that failed carries its `error` (the caller reads it)
 
 
 def wait_vm(api: Api, zone: str, name: str, state: str, timeout: float) -> VmInfo | None:

@@ -17,6 +17,7 @@ from tpuops.logs.events import Event, Failure, StepEvent
 from tpuops.logs.scanner import LogScanner
 from tpuops.shell import Redactor
 from tpuops.transport.base import CmdResult, Kind, LineSink, Transport
+from tpuops.transport.retry import Backoff
 
 READ_CHUNK = (
     4 << 20
@@ -46,7 +47,9 @@ class Follower:
         (DIED), `cancel` (CANCELLED) or `abort` (ABORTED).
         """
         log, exit_file = f"{action.run_dir}/worker-{w}.log", f"{action.run_dir}/worker-{w}.exit"
-        offset, pending, t0, delay = self.offsets.get(w, 0), b"", time.monotonic(), action.poll_s
+        offset, pending, t0 = self.offsets.get(w, 0), b"", time.monotonic()
+        backoff = Backoff(action.poll_s, 2.0, 10.0)  # between reads that failed (a reconnect each)
+        delays = backoff.delays()
         show = action.stream == "all" or w == 0
         hang = HangWatch(action) if action.hang_factor and w == 0 else None
         polled: list[Event] = []
@@ -57,7 +60,7 @@ class Follower:
             try:
                 code = self.transport.read_from(w, exit_file, 0)  # read before the log: no line left behind
                 chunk = self.transport.read_from(w, log, offset, READ_CHUNK) or b""
-                delay = action.poll_s
+                delays = backoff.delays()
             except HostKeyError:
                 raise  # a changed host key is never retried: the worker may be another machine now (exit 3)
             except (OSError, EOFError, TpuopsError) as e:
@@ -65,8 +68,7 @@ class Follower:
                     return self._ended(w, action, Kind.ABORTED, "aborted: the VM is gone")
                 if time.monotonic() - t0 > action.timeout:
                     return self._ended(w, action, Kind.CONNECT, f"lost connection: {e}")
-                time.sleep(delay)
-                delay = min(delay * 2, 10.0)
+                time.sleep(next(delays))
                 continue
             more = len(chunk) == READ_CHUNK  # the log goes on past this read: read again at once
             if more:

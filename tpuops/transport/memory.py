@@ -131,10 +131,12 @@ class MemoryTransport:
         with self.lock:
             self.files.setdefault(worker, {})[remote_path] = data
 
-    def read_from(self, worker: int, remote_path: str, offset: int) -> bytes | None:
+    def read_from(self, worker: int, remote_path: str, offset: int, limit: int | None = None) -> bytes | None:
         with self.lock:
             data = self.files.get(worker, {}).get(remote_path)
-        return None if data is None else data[offset:]
+        if data is None:
+            return None
+        return data[offset:] if limit is None else data[offset : offset + limit]
 
     def close(self) -> None:
         pass

@@ -16,6 +16,7 @@ from tpuops import shell
 from tpuops.errors import ConnectError, HostKeyError
 from tpuops.transport.base import CANCELLED_EXIT, TIMEOUT_EXIT, CmdResult, Kind, LineSink, Prepared, Worker
 from tpuops.transport.hostkeys import PinnedKeyPolicy, RejectWithAdvice, fingerprint, known_hosts_name
+from tpuops.transport.retry import Backoff, retry
 
 
 class SshTransport:
@@ -85,64 +86,75 @@ class SshTransport:
             return client
 
     def _open(self, w: Worker) -> paramiko.SSHClient:
-        delay = 0.5
-        last: Exception | None = None
-        for attempt in range(self.connect_retries):
-            client = paramiko.SSHClient()
-            if w.hostkey:
-                # A pinned fingerprint overrides the known_hosts file for this worker.
-                client.set_missing_host_key_policy(PinnedKeyPolicy(w.label, {w.hostkey}))
-            else:
-                if self.known_hosts.exists():
-                    client.load_host_keys(str(self.known_hosts))
-                client.set_missing_host_key_policy(RejectWithAdvice(w.label, self.known_hosts))
-            try:
-                # Without TCP_NODELAY, Nagle + delayed ACKs add ~40 ms to every other channel open.
-                sock = socket.create_connection((w.host, w.port), timeout=self.connect_timeout)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                client.connect(
-                    w.host,
-                    sock=sock,
-                    port=w.port,
-                    username=w.user,
-                    key_filename=str(self.identity) if self.identity else None,
-                    timeout=self.connect_timeout,
-                    banner_timeout=self.connect_timeout,
-                    auth_timeout=self.connect_timeout,
-                    allow_agent=self.identity is None,
-                    look_for_keys=self.identity is None,
-                )
-                return client
-            except HostKeyError:
-                client.close()
-                raise
-            except paramiko.BadHostKeyException as e:
-                client.close()
-                raise HostKeyError(
-                    f"host key of {w.label} ({w.address}) changed: got {fingerprint(e.key)}, "
-                    f"known_hosts has {fingerprint(e.expected_key)}",
-                    hint=f"if the VM was recreated, remove {known_hosts_name(w.host, w.port)} from "
-                    f"{self.known_hosts} after checking the new key",
-                ) from None
-            except paramiko.AuthenticationException as e:
-                client.close()
-                if time.monotonic() < self._auth_deadline:  # the VM's guest agent is still adding the key
-                    time.sleep(2.0)
-                    return self._open(w)
-                raise ConnectError(
-                    f"{w.label} ({w.address}) refused authentication: {e}",
-                    hint="check --user and --identity (or your ssh-agent)",
-                ) from None
-            except (OSError, paramiko.SSHException, EOFError) as e:
-                client.close()
-                last = e
-                if attempt + 1 < self.connect_retries:
-                    time.sleep(delay)
-                    delay *= 2
-        raise ConnectError(
-            f"cannot connect to {w.label} ({w.address}) after {self.connect_retries} tries: {last}",
-            hint="is the VM READY and the address reachable from here? (--internal-ip on the same network)",
-        )
+        """A connection to `w`: network failures tried `connect_retries` times with backoff; a refused login
+        tried again every 2 s while a key just added is still being applied (`auth_grace_s`)."""
+
+        def connect() -> paramiko.SSHClient:
+            return retry(
+                lambda: self._connect_once(w),
+                on=(OSError, paramiko.SSHException, EOFError),
+                backoff=Backoff(0.5, 2.0, 8.0),
+                tries=self.connect_retries,
+            )
+
+        try:
+            return retry(
+                connect, on=(_LoginRefusedError,), backoff=Backoff(2.0, 1.0, 2.0), until=self._auth_deadline
+            )
+        except _LoginRefusedError as e:
+            raise ConnectError(
+                f"{w.label} ({w.address}) refused authentication: {e}",
+                hint="check --user and --identity (or your ssh-agent)",
+            ) from None
+        except (OSError, paramiko.SSHException, EOFError) as e:
+            raise ConnectError(
+                f"cannot connect to {w.label} ({w.address}) after {self.connect_retries} tries: {e}",
+                hint="is the VM READY and the address reachable from here? (--internal-ip on the same network)",
+            ) from None
+
+    def _connect_once(self, w: Worker) -> paramiko.SSHClient:
+        client = paramiko.SSHClient()
+        if w.hostkey:
+            # A pinned fingerprint overrides the known_hosts file for this worker.
+            client.set_missing_host_key_policy(PinnedKeyPolicy(w.label, {w.hostkey}))
+        else:
+            if self.known_hosts.exists():
+                client.load_host_keys(str(self.known_hosts))
+            client.set_missing_host_key_policy(RejectWithAdvice(w.label, self.known_hosts))
+        try:
+            # Without TCP_NODELAY, Nagle + delayed ACKs add ~40 ms to every other channel open.
+            sock = socket.create_connection((w.host, w.port), timeout=self.connect_timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            client.connect(
+                w.host,
+                sock=sock,
+                port=w.port,
+                username=w.user,
+                key_filename=str(self.identity) if self.identity else None,
+                timeout=self.connect_timeout,
+                banner_timeout=self.connect_timeout,
+                auth_timeout=self.connect_timeout,
+                allow_agent=self.identity is None,
+                look_for_keys=self.identity is None,
+            )
+            return client
+        except HostKeyError:
+            client.close()
+            raise
+        except paramiko.BadHostKeyException as e:
+            client.close()
+            raise HostKeyError(
+                f"host key of {w.label} ({w.address}) changed: got {fingerprint(e.key)}, "
+                f"known_hosts has {fingerprint(e.expected_key)}",
+                hint=f"if the VM was recreated, remove {known_hosts_name(w.host, w.port)} from "
+                f"{self.known_hosts} after checking the new key",
+            ) from None
+        except paramiko.AuthenticationException as e:
+            client.close()
+            raise _LoginRefusedError(str(e)) from None
+        except BaseException:
+            client.close()
+            raise
 
     def close(self) -> None:
         for client in self._clients.values():
@@ -312,3 +324,7 @@ class _Lines:
             self.sink(self.worker, self.pending.decode(errors="replace"))
             self.pending = b""
         return b"".join(self.parts).decode(errors="replace")
+
+
+class _LoginRefusedError(Exception):
+    """The server refused our key: retried only within a just-added key's grace period, never as a network error."""
