@@ -20,6 +20,7 @@ HEAVY = (
     "torch",
     "transformers",
     "matplotlib",
+    "pydantic",  # tpuops.config's settings model: imported when a command runs, not for --help
 )
 
 

@@ -12,7 +12,9 @@ from typing import Annotated, Any
 import typer
 
 from tpuops import validators
-from tpuops.config import TargetSpec, parse_sets, target_from_options
+
+if typing.TYPE_CHECKING:
+    from tpuops.config import TargetSpec
 
 
 def _checked(kind: str, option: str) -> Callable[[str | None], str | None]:
@@ -203,6 +205,8 @@ class RunOptions:
     parallel: ParallelOpt = None
 
     def sets(self) -> dict[str, str]:
+        from tpuops.config import parse_sets  # tpuops.config imports pydantic: not at CLI start-up
+
         return parse_sets(self.set_)
 
 
@@ -226,6 +230,8 @@ class TargetOptions:
     key_ttl: KeyTtlOpt = None
 
     def spec(self) -> TargetSpec:
+        from tpuops.config import target_from_options
+
         return target_from_options(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
-from tpuops.config import TargetSpec
+if TYPE_CHECKING:
+    from tpuops.config import TargetSpec
 
 
 def finish_json(on: bool) -> None:
