@@ -92,8 +92,15 @@ def test_a_recompile_check_that_saw_nothing_fails_closed(user_repo: Path) -> Non
     said = " ".join(quiet.stderr.split())  # people's output: the report, then the one line with the fix
     assert f"fix: {NO_COMPILE_LOG}" in said and "5 steps (0..4)" in said and "exit code 13" in said
     # The same command as a plain job judges no recompile: ok.
-    plain = result(tpuops("run", "job", "--local", "--json", "--", *no_jax, cwd=user_repo), 0)
-    assert plain["log"]["steps"] == 5 and plain["log"]["dt"]["n"] == 4
+    # The same command as a plain job judges no recompile: ok. Its `step=N loss=L` lines print no duration:
+    # the step time is the gap between step lines as the follower saw them (steps of ~0.8 s, polls of 0.5 s).
+    slow = ["--set", "style=plain", "--set", "step_sleep=0.8"]
+    plain = result(tpuops("run", "job", "--local", "--json", "--", *no_jax, *slow, cwd=user_repo), 0)
+    log = plain["log"]
+    assert log["steps"] == 5 and log["dt"] is not None and log["dt"]["n"] >= 2, log["rows"]
+    assert 0.3 <= log["dt"]["p50"] <= 5.0 and all(r["dt"] is None or r["dt"] > 0 for r in log["rows"])
+    seen = Path(os.environ["TPUOPS_HOME"]) / "runs" / plain["run_id"] / "worker-0.seen.json"
+    assert sorted(json.loads(seen.read_text())) == ["0", "1", "2", "3", "4"]
 
 
 @pytest.mark.slow

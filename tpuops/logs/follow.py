@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 import threading
 import time
@@ -25,6 +26,9 @@ READ_CHUNK = (
 MAX_PENDING = 1 << 20  # a partial line longer than this is shown cut (the scanner cuts lines at 1 MiB too)
 
 
+MAX_SEEN = 100_000  # step lines whose arrival time is kept per worker
+
+
 @dataclass
 class Follower:
     """Follows a run's logs over one transport. Consumers hear the scanner's typed events (`on_event`, every
@@ -38,6 +42,10 @@ class Follower:
     offsets: dict[int, int] = field(default_factory=dict)
     on_offset: Callable[[dict[int, int]], None] | None = None
     abort: threading.Event = field(default_factory=threading.Event)  # set from outside: stop following now
+    # When this follower saw each step line that prints no duration (worker -> step -> unix time): the fetch
+    # writes it beside the log (`worker-<k>.seen.json`), and the report's step time for those lines is the
+    # gap between them (None for lines one poll brought together).
+    seen: dict[int, dict[int, float]] = field(default_factory=dict)
 
     def follow(self, w: int, action: Follow, cancel: threading.Event) -> CmdResult:
         """Poll the log from the last byte seen; reconnects keep the offset, so no line is lost or repeated.
@@ -89,6 +97,7 @@ class Follower:
                     scanner.feed_bytes(b"\n")  # the job ended: its last line is whole
                 scanner.exit(int(code))
             events, polled[:] = list(polled), []
+            self._saw(w, events)
             self._hand_out(events)
             if hang is not None:
                 hung = hang.check([e for e in events if isinstance(e, StepEvent)])
@@ -184,6 +193,8 @@ class Follower:
             code = self.transport.read_from(w, f"{action.run_dir}/worker-{w}.exit", 0)
             if code is not None:  # the report tells a finished job from a killed one by this file
                 write_private(dest.with_suffix(".exit"), code)
+            if self.seen.get(w):
+                write_private(dest.with_suffix(".seen.json"), json.dumps(self.seen[w]).encode())
             config = self.transport.read_from(w, f"{action.run_dir}/config.json", 0) if w == 0 else None
             if config is not None:  # the trainer's full config (its log has a one-line summary)
                 write_private(
@@ -198,6 +209,12 @@ class Follower:
             w, action.render(), codes.get(kind, 1), stdout=stdout, error=why, kind=kind,
             offset=self.offsets.get(w),
         )  # fmt: skip
+
+    def _saw(self, w: int, events: list[Event]) -> None:
+        now, seen = time.time(), self.seen.setdefault(w, {})
+        for e in events:
+            if isinstance(e, StepEvent) and e.dt is None and e.step is not None and len(seen) < MAX_SEEN:
+                seen.setdefault(e.step, now)
 
     def _hand_out(self, events: list[Event]) -> None:
         if not self.on_event:

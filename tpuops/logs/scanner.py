@@ -221,7 +221,8 @@ class LogScanner:
 
     Step lines: the bundled trainer's `step=N ... dt=Ts`, and the common forms people print (STEP_ANY), or only
     `step_pattern` when given. A step line without a duration gets the gap since the previous step line: from
-    the timestamps of their logging prefixes, else from `clock` (a live follower's: when it saw each line).
+    the timestamps of their logging prefixes, else from `seen` (when a follower saw each step's line), else from
+    `clock` (a live reader's own clock).
     """
 
     def __init__(
@@ -232,6 +233,7 @@ class LogScanner:
         on_event: Callable[[Event], None] | None = None,
         step_pattern: str | re.Pattern[str] | None = None,
         clock: Callable[[], float] | None = None,
+        seen: dict[int, float] | None = None,
     ) -> None:
         self.warmup = warmup
         self.on_event = on_event
@@ -242,6 +244,9 @@ class LogScanner:
         groups = (step_pattern or STEP_ANY).groupindex
         self._dt_group, self._stamped = "dt" in groups, "date" in groups and "amd" in groups
         self.clock = clock
+        self.seen = (
+            seen or {}
+        )  # step -> when a follower saw its line (Follower.seen), for lines with no duration
         self._last_seen: float | None = None  # the clock when the previous step line was seen
         self._last_match: re.Match[str] | None = None  # the previous step line (its timestamp, if needed)
         self.r = LogReport(source=source, workers=[worker], warmup=warmup)
@@ -390,6 +395,10 @@ class LogScanner:
             if before is not None and now is not None and now >= before:
                 dt = round(now - before, 4)
         self._last_match = m
+        if dt is None and self.seen and self.r.last_step is not None:
+            before, now = self.seen.get(self.r.last_step), self.seen.get(step)
+            if before is not None and now is not None and now > before:
+                dt = round(now - before, 4)
         if self.clock is not None:
             seen = self.clock()
             if dt is None and self._last_seen is not None and seen >= self._last_seen:

@@ -27,7 +27,7 @@ def scan_file(
     path = Path(path)
     named = WORKER_LOG.match(path.name)
     k = worker if worker is not None else int(named["k"]) if named else 0
-    scanner = LogScanner(warmup, k, str(path), step_pattern=step_pattern)
+    scanner = LogScanner(warmup, k, str(path), step_pattern=step_pattern, seen=_seen(path))
     with path.open("rb") as f:
         while data := f.read(1 << 22):
             scanner.feed_bytes(data)
@@ -35,6 +35,16 @@ def scan_file(
     if check_exit if check_exit is not None else bool(named):
         apply_exit(report, k, read_exit(path.with_suffix(".exit")))
     return report
+
+
+def _seen(log: Path) -> dict[int, float] | None:
+    """When the follower saw each step line that printed no duration (`worker-<k>.seen.json`), if it kept it."""
+    import json
+
+    try:
+        return {int(k): float(v) for k, v in json.loads(log.with_suffix(".seen.json").read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def read_exit(path: Path) -> int | None:

@@ -114,6 +114,7 @@ class Executor:
     on_phase: Callable[[int, str, str, str], None] | None = None
     # Bytes of each worker's log already shown; the follower starts there and keeps it current (for attach).
     offsets: dict[int, int] = field(default_factory=dict)
+    seen: dict[int, dict[int, float]] = field(default_factory=dict)  # Follower.seen, shared as offsets is
     on_offset: Callable[[dict[int, int]], None] | None = None
     abort: threading.Event = field(default_factory=threading.Event)  # set from outside: stop following now
 
@@ -248,6 +249,7 @@ class Executor:
             offsets=self.offsets,
             on_offset=self.on_offset,
             abort=self.abort,
+            seen=self.seen,
         )
 
     def _show(self, w: int, text: str) -> None:

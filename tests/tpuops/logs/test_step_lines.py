@@ -85,7 +85,11 @@ def test_without_a_duration_the_gap_between_step_lines_is_the_step_time() -> Non
     assert stamped.dt is not None and stamped.dt.p50 == 3.0
     absl = scan([f"I0131 23:59:5{i}.000000 1 t.py:1] step={i}" for i in range(3)])  # across midnight too
     assert [r.dt for r in absl.rows] == [None, 1.0, 1.0]
-    ticks = iter([10.0, 10.5, 12.0])  # a live follower's clock: when it saw each line
+    followed = scan(
+        ["step: 0", "step: 1", "step: 2", "step: 3"], seen={0: 100.0, 1: 101.5, 2: 101.5, 3: 104.0}
+    )
+    assert [r.dt for r in followed.rows] == [None, 1.5, None, 2.5]  # 2 came in the same poll as 1: unknown
+    ticks = iter([10.0, 10.5, 12.0])  # a live reader's clock: when it saw each line
     seen = scan(["step: 0", "step: 1", "step: 2"], clock=lambda: next(ticks))
     assert [r.dt for r in seen.rows] == [None, 0.5, 1.5]
 
