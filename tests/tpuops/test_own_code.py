@@ -87,6 +87,8 @@ def test_a_recompile_check_that_saw_nothing_fails_closed(user_repo: Path) -> Non
     )
     data = result(unseen, 13)
     assert data["error_class"] == "unverified" and data["hint"] == NO_STEP_LINE
+    again = tpuops("attach", data["run_id"], cwd=user_repo)  # a later look judges the run the same way
+    assert again.returncode == 13 and "fix: no step line seen" in " ".join(again.stderr.split()), again.stderr
     quiet = tpuops("recompile-check", "--local", "--", *no_jax, "--set", "style=eq", cwd=user_repo)
     assert quiet.returncode == 13, quiet.stderr[-3000:]
     said = " ".join(quiet.stderr.split())  # people's output: the report, then the one line with the fix

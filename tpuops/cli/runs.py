@@ -182,6 +182,8 @@ def attach(
     for w, why in attached.lost.items():
         console.event(f"w{w}: could not follow the run: {why}")
     logreport.render(attached.log, attached.code, json, None, None)
+    if attached.hint:
+        console.event(f"fix: {attached.hint}")
     raise typer.Exit(attached.code)
 
 

@@ -68,7 +68,9 @@ def emulator_started(url: str, identity: str, zones: list[str], state_dir: str) 
     out.print(f"export TPUOPS_TPU_API={url}", highlight=False)
     err.print(f"TPU API emulator on {url} (state in {state_dir}); zones: {', '.join(zones)}")
     err.print(f"SSH identity for its VMs: --identity {identity}")
-    err.print("create a VM: tpuops vm create demo --accelerator v4-16 --zone us-east1-d --runtime-version base")
+    err.print(
+        "create a VM: tpuops vm create demo --accelerator v4-16 --zone us-east1-d --runtime-version base"
+    )
     err.print("Ctrl-C stops it and every emulated worker.")
 
 

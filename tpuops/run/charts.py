@@ -144,7 +144,9 @@ def svg(chart: Chart, size: tuple[float, float] = (7.6, 2.5)) -> str:
     if warm and max(warm) > top:  # the warm-up's compile time is off the scale: say how far
         ax.text(x0 + (chart.warmup - 1) / 2, top, f"{max(warm):.3g} ↑", ha="center", va="top", fontsize=8,
                 gid="warmup-off-scale")  # fmt: skip
-    ax.xaxis.set_major_locator(MaxNLocator(nbins=max(4, int(size[0] * 1.3)), integer=True, steps=[1, 2, 5, 10]))
+    ax.xaxis.set_major_locator(
+        MaxNLocator(nbins=max(4, int(size[0] * 1.3)), integer=True, steps=[1, 2, 5, 10])
+    )
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:.0f}"))
     x1 = chart.xs[-1]
     ax.set_xlim(x0 - 0.5, x1 + 0.5 if x1 > x0 else x0 + 0.5)

@@ -12,10 +12,11 @@ from typing import Any
 from tpuops import config as user_config
 from tpuops import jsonout, shell
 from tpuops.config import TargetSpec, write_atomic
-from tpuops.errors import TpuopsError, UsageError
+from tpuops.errors import ExitCode, TpuopsError, UsageError
 from tpuops.logs.events import Event, ExitEvent, LogReport
 from tpuops.logs.follow import Follower
 from tpuops.run import logreport, scan
+from tpuops.run.result import unverified
 from tpuops.run.target import open_transport, resolve, select_workers
 from tpuops.shell import Redactor
 from tpuops.sop.actions import Fetch, Follow
@@ -37,6 +38,7 @@ class RunRecord:
     secret_digests: dict[str, Any] | None = (
         None  # keyed hashes of the .env values sent (launch._secret_digests)
     )
+    scan: dict[str, Any] | None = None  # the SOP's scan settings (warmup, fail_on_recompile, step_pattern)
 
     def redactor(self) -> Redactor:
         """Redacts from what the workers' logs say the values of the run's .env files as they are now, and the
@@ -81,6 +83,7 @@ def load(run_id: str) -> RunRecord:
         secret_files=tuple(data.get("secret_files", ())),
         runs_dir=data.get("runs_dir"),
         secret_digests=data.get("secret_digests"),
+        scan=data.get("scan"),
     )
 
 
@@ -125,6 +128,7 @@ class Attached:
     log: LogReport
     code: int
     lost: dict[int, str]
+    hint: str | None = None  # what to do about it (a recompile check that saw nothing: exit 13)
 
 
 def attach(
@@ -160,15 +164,20 @@ def attach(
             follower.fetch(w, Fetch(rec.remote_dir), user_config.state_home() / "runs")
     finally:
         transport.close()
-    log = scan.scan_run(rec.local_dir, step_pattern=rec.values.get("step_pattern"))
+    judged = rec.scan or {}
+    pattern = judged.get("step_pattern") or rec.values.get("step_pattern")
+    log = scan.scan_run(rec.local_dir, int(judged.get("warmup", 1)), step_pattern=pattern)
     lost = {
         w: r.error or r.stderr.strip() or f"exit {r.exit_code}"
         for w, r in sorted(results.items())
         if not r.ok
     }
     code = max(logreport.exit_code(log), 1 if lost else 0)
+    hint = unverified(log, bool(judged.get("fail_on_recompile"))) if code == 0 else None
+    if hint:  # a recompile check that saw no step line or no compile logging: never ok (as when it ran)
+        code = int(ExitCode.UNVERIFIED)
     record_end(run_id, exits, code)
-    return Attached(run_id, log, code, lost)
+    return Attached(run_id, log, code, lost, hint)
 
 
 def learn_sent_env(rec: RunRecord, transport: Transport, redact: Redactor) -> None:
