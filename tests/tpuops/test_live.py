@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tpuops.logs.progress import Progress
 
 STEP = (
@@ -29,7 +31,7 @@ steps:
     name: start job
     runs_dir: "{runs_dir}"
     command: >-
-      echo "config: task=arith steps=6 max_reward=1"; sleep 1.5;
+      echo "config: task=arith steps=6 max_reward=1"; sleep 3;
       i=0; while [ $i -lt 6 ]; do
       echo "step=$i reward_mean=0.$i reward_delta=+0.1000 entropy=1.2000 dt=0.40s kl_old=0.000100
       clip_frac=0.0100 grad_norm=0.5000 tokens_per_s=1500.0 rollout_generate=0.05s update=0.05s loss=0.000000";
@@ -103,12 +105,14 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, "TERM": "xterm-256color", "COLUMNS": "120", "LINES": "40", **extra}
 
 
+@pytest.mark.slow
 def test_a_run_at_a_terminal_shows_the_status_line_and_compact_rows(tmp_path: Path) -> None:
     (tmp_path / "livejob.yaml").write_text(JOB_SOP)
     argv = [sys.executable, "-m", "tpuops", "sop", "run", str(tmp_path / "livejob.yaml"), "--local"]
     seen = _run_in_a_terminal(argv, tmp_path, _env())
     assert "compiling (first step)" in seen and "step 0/6" not in seen.split("compiling (first step)")[0]
-    assert "stepping · step 3/6 · elapsed 00:0" in seen and "s/step · ETA 00:0" in seen
+    # Polled every 0.5 s and redrawn 4 times a second: some step's status is seen, whichever a busy machine shows.
+    assert re.search(r"stepping · step [2-5]/6 · elapsed 00:\d\d · [\d.]+ s/step · ETA 00:0\d", seen), seen
     assert "reward 0.00 → " in seen
     assert "[w0] step  reward" in seen and "[w0] 5/6  0.5000  +0.100" in seen  # compact rows
     assert "step=3 reward_mean" not in seen  # the full line stays in the log
@@ -116,6 +120,7 @@ def test_a_run_at_a_terminal_shows_the_status_line_and_compact_rows(tmp_path: Pa
     assert "elapsed" not in ci and "[w0] step=3 reward_mean=0.3" in ci
 
 
+@pytest.mark.slow
 def test_through_a_pipe_or_with_json_the_lines_stay_whole(tmp_path: Path) -> None:
     (tmp_path / "livejob.yaml").write_text(JOB_SOP)
     argv = [sys.executable, "-m", "tpuops", "sop", "run", str(tmp_path / "livejob.yaml"), "--local"]

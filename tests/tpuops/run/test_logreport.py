@@ -385,3 +385,13 @@ def test_html_page_renders_in_headless_chromium(tmp_path: Path) -> None:
     for name in ("dt", "reward", "entropy", "grad_norm", "kl_old", "clip_frac", "tokens_per_s"):
         assert all(n == 40 for n in charts[name]["lines"].values()) and charts[name]["lines"], name
     assert "recompile at step 7 (w0): train_step" in dom and "<script" not in dom
+
+
+def test_json_rows_carry_the_learning_signals(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    log.write_text("\n".join(full_step_line(i, 1.0, reward=0.1 * i) for i in range(3)) + "\n")
+    r = tpuops("report", str(log), "--json", cwd=tmp_path)
+    rows = json.loads(r.stdout)["report"]["rows"]
+    assert r.returncode == 0 and [row["step"] for row in rows] == [0, 1, 2]
+    assert rows[2]["entropy"] == 1.95 and rows[2]["grad_norm"] == 1.2 and rows[2]["kl_old"] == 0.002
+    assert rows[2]["clip_frac"] == 0.04 and rows[2]["reward_delta"] == 0.01 and rows[2]["tokens_per_s"] == 1520.0
