@@ -70,7 +70,9 @@ class Progress:
                 if kind == "follow" and self.step is None and self.waiting_since is None:
                     self.waiting_since = time.monotonic()
             elif state in ("ok", "changed", "nothing", "skipped"):
-                self.phases[worker] = f"{PHASES.get(kind, title)}: {DONE}"
+                self.phases[worker] = (
+                    "job ended" if kind == "follow" else f"{PHASES.get(kind, title)}: {DONE}"
+                )
             else:
                 self.phases[worker] = f"{PHASES.get(kind, title)}: {state}"
 
