@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,15 @@ def group_members(pgid: int) -> list[int]:
     return found
 
 
+def _until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Wait for a real condition, checked every 10 ms, failing the test (naming it) at the deadline."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout:g}s: {what}")
+        time.sleep(0.01)
+
+
 def test_sshd_killed_mid_run_loses_and_repeats_no_line(sshd_pool: SshdPool) -> None:
     (w,) = sshd_pool.take(1)
     cmd = "i=0; while [ $i -lt 30 ]; do echo step=$i dt=0.05s; i=$((i+1)); sleep 0.05; done"
@@ -52,12 +62,15 @@ def test_sshd_killed_mid_run_loses_and_repeats_no_line(sshd_pool: SshdPool) -> N
         )
     )
     thread.start()
-    while len(seen) < 5:
-        time.sleep(0.01)
+    _until(lambda: len(seen) >= 5, "5 lines followed")
     w.kill_sessions()  # every SSH session of the worker dies (the detached job does not)
-    time.sleep(0.3)
+    cut_at = len(seen)
+    log = w.home / "runs" / "cut" / "worker-0.log"
+    # The job goes on writing while the follower is cut off: lines it must later show, once and in order.
+    _until(lambda: log.read_text().count("\n") >= cut_at + 3, "3 more lines written during the cut")
     w.start()
     thread.join(timeout=60)
+    assert not thread.is_alive(), "the follow did not end within 60 s of the job's end"
     report = result["r"]
     assert report.ok, report.first_failure()
     assert seen == [f"step={i} dt=0.05s" for i in range(30)]

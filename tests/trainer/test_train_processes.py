@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,23 @@ STEP = re.compile(r"^step=(\d+) (.*)$")
 # forward quantity, which two gloo processes reproduce exactly; see the two-process test for why the update is not.
 SAME = ("train.steps=1", "train.micro_batch=8", "rollout.samples_per_prompt=4", "train.ppo_epochs=1",
         "loss.beta=0.04", "loss.entropy_coef=0.01", "loss.loss_type=grpo", "train.learning_rate=1e-3")  # fmt: skip
+
+
+def _read_until(p: subprocess.Popen[str], prefix: str, timeout: float = 300) -> list[str]:
+    """`p`'s stdout lines up to the first that starts with `prefix`. At the deadline the process is killed
+    (which ends the read) and the test fails naming the line it waited for."""
+    watchdog = threading.Timer(timeout, p.kill)
+    watchdog.start()
+    seen: list[str] = []
+    assert p.stdout is not None
+    try:
+        for line in p.stdout:
+            seen.append(line.rstrip("\n"))
+            if line.startswith(prefix):
+                return seen
+    finally:
+        watchdog.cancel()
+    pytest.fail(f"no {prefix!r} line within {timeout:g}s (exit {p.poll()}); last lines: {seen[-5:]}")
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -122,13 +140,8 @@ def test_killed_at_step_7_resumes_from_the_checkpoint_with_the_same_losses(tmp_p
         argv, env=_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         start_new_session=True,
     )  # fmt: skip
-    seen = []
-    assert p.stdout is not None
-    for line in p.stdout:
-        seen.append(line)
-        if line.startswith("step=7 "):
-            os.killpg(p.pid, signal.SIGKILL)  # no chance to save: the last checkpoint is step 5's
-            break
+    seen = _read_until(p, "step=7 ")
+    os.killpg(p.pid, signal.SIGKILL)  # no chance to save: the last checkpoint is step 5's
     p.wait(timeout=60)
     assert p.returncode == -signal.SIGKILL and any(s.startswith("checkpoint step=5 ") for s in seen)
 
@@ -170,13 +183,10 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint_to_resume_from(tmp_p
     p = subprocess.Popen(
         argv, env=_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     )
-    seen = []
-    assert p.stdout is not None
-    for line in p.stdout:
-        seen.append(line.rstrip("\n"))
-        if line.startswith("step=2 "):
-            p.send_signal(signal.SIGTERM)
-    p.wait(timeout=60)
+    seen = _read_until(p, "step=2 ")
+    p.send_signal(signal.SIGTERM)
+    rest, _ = p.communicate(timeout=60)  # the rest of its output, up to its end (a deadline, not a hang)
+    seen += rest.splitlines()
     assert p.returncode == 143, seen[-5:]
     last = max(int(m.group(1)) for ln in seen if (m := STEP.match(ln)))
     assert 2 <= last < 199

@@ -94,6 +94,28 @@ def ok_json(r: subprocess.CompletedProcess[str]) -> dict:
     return json.loads(r.stdout)
 
 
+def saved_past(vm: Vm, line: str, timeout: float = 60) -> None:
+    """Wait until the follower's saved offset (runs/<id>/follow.json) is past the first line of worker 0's log
+    that starts with `line`: killed from then on, it cannot show that line again on attach."""
+    runs = Path(os.environ["TPUOPS_HOME"]) / "runs"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for saved in runs.glob("*/follow.json"):
+            log = vm.homes[0] / "tpuops" / "runs" / saved.parent.name / "worker-0.log"
+            data = log.read_bytes() if log.exists() else b""
+            at = (
+                data.find(line.encode())
+                if data.startswith(line.encode())
+                else data.find(b"\n" + line.encode())
+            )
+            end = data.find(b"\n", at + 1) if at >= 0 else -1
+            offsets = json.loads(saved.read_text() or "{}")
+            if end >= 0 and offsets.get("0", 0) > end:
+                return
+        time.sleep(0.02)
+    pytest.fail(f"the follower saved no offset past {line!r} within {timeout:g}s")
+
+
 class Follower:
     """A command run in the background whose stderr lines are read by one thread (nothing read twice)."""
 
@@ -265,7 +287,7 @@ def test_detached_run_on_one_worker_runs_logs_stop_attach(vm1: Vm, tmp_path: Pat
             "steps": "2000", "step_seconds": "0.05"}  # fmt: skip
     first = Follower(vm1.cloud, vm1.args("sop", "run", "smoke", sets=sets), tmp_path)
     first.wait_for("[w0] step=5 ")
-    time.sleep(0.3)  # a line is shown, then its offset saved: a kill -9 between the two shows it again
+    saved_past(vm1, "step=5 ")  # a line is shown, then its offset saved: a kill -9 between shows it again
     shown = first.kill()
     (record,) = ok_json(tpuops(vm1.cloud, ["runs", "--json"], tmp_path))
     assert (record["sop"], record["target"], record["workers"]) == ("smoke", vm1.name, [0])
@@ -366,7 +388,7 @@ def test_detached_multihost_recompile_check_runs_logs_attach_report(vm2: Vm, tmp
     # Started and followed, then the follower is killed (the laptop goes away); the job goes on.
     first = Follower(vm2.cloud, vm2.args("recompile-check", sets=vm2.trainer_sets(3)), tmp_path)
     first.wait_for("[w0] step=0 ")
-    time.sleep(0.3)  # a line is shown, then its offset saved: a kill -9 between the two shows it again
+    saved_past(vm2, "step=0 ")  # a line is shown, then its offset saved: a kill -9 between shows it again
     shown = first.kill()
     (record,) = ok_json(tpuops(vm2.cloud, ["runs", "--json"], tmp_path))
     assert record["status"] == "running or interrupted"
