@@ -11,7 +11,7 @@ from typer.core import TyperCommand
 try:  # newer typer bundles its own copy of click, and its commands raise that copy's errors
     from typer._click.exceptions import UsageError
 except ImportError:  # pragma: no cover - older typer uses click itself
-    from click import UsageError
+    from click import UsageError  # type: ignore[assignment]
 
 HELP = ("-h", "--help")
 SET_OPTS = ("--set", "-s")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
+from typer.core import TyperCommand
 
 from tpuops.cli import options as o
 from tpuops.cli.command import App, SopCommand, sop_command
@@ -121,8 +123,8 @@ def register(app: typer.Typer) -> None:
     """Add the everyday commands to the top-level app."""
 
     # short_help: one whole sentence in `tpuops --help` (click would cut the docstring's first line at 80 columns).
-    def add(name: str, fn: object, short: str, cls: type | None = None) -> None:
-        app.command(name, cls=cls, short_help=short)(fn)  # type: ignore[arg-type]
+    def add(name: str, fn: Callable[..., None], short: str, cls: type[TyperCommand] | None = None) -> None:
+        app.command(name, cls=cls, short_help=short)(fn)
 
     add("run", run, "Run a SOP on the workers (`run grpo -h` lists its parameters).", SopCommand)
     add("recompile-check", recompile_check, "GRPO steps; exit 7 if anything compiles after the warm-up.",
@@ -240,7 +242,9 @@ def doctor(
     target: o.TargetOptions,
     env_file: Annotated[
         str | None,
-        typer.Option("--env-file", help="The local .env to compare with (default: the SOP's env_file, .env)."),
+        typer.Option(
+            "--env-file", help="The local .env to compare with (default: the SOP's env_file, .env)."
+        ),
     ] = None,
     remote_env: Annotated[
         str | None,

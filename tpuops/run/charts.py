@@ -16,6 +16,11 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported at use (a second of start-up): named here for the type checker
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator
 
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd")
 WARMUP_SHADE = "#bbbbbb"
@@ -44,7 +49,7 @@ class Chart:
     ylabel: str = ""
 
 
-def _matplotlib() -> tuple[object, object]:
+def _matplotlib() -> tuple[type[Figure], tuple[type[FuncFormatter], type[LogLocator], type[MaxNLocator]]]:
     import matplotlib as mpl
 
     mpl.rcParams.update(

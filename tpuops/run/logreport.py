@@ -329,7 +329,7 @@ def charts(report: LogReport) -> list[str]:
               ylim=(0.0, None), warmup=warm),
     ]  # fmt: skip
     if compiles_logged(report) and report.steps:
-        by_step = [float(report.compiles_by_step.get(x, 0)) for x in xs]
+        by_step: list[float | None] = [float(report.compiles_by_step.get(x, 0)) for x in xs]
         small.append(Chart("compiles", "compiles per step", xs, [Series("compiles", by_step)], ylim=(0.0, None),
                            bars=True))  # fmt: skip
     out.append('<div class="grid">' + "".join(svg(c, size=(3.8, 2.3)) for c in small) + "</div>")
@@ -352,7 +352,7 @@ def page(report: LogReport, deltas: list[Delta] | None = None, meta: dict[str, s
         parts.append(_table([], [[k, v] for k, v in meta.items()], cls="meta"))
     first = next((r for r in rows if r.reward_mean is not None), None)
     last = next((r for r in reversed(rows) if r.reward_mean is not None), None)
-    glance = [
+    glance: list[list[object]] = [
         ["log", report.source],
         [
             "steps",
