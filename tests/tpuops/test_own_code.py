@@ -1,8 +1,9 @@
 """A user's own repository and command, end to end: `tpuops recompile-check -- CMD` and `tpuops run job -- CMD`
 on a checkout shaped like a real user's (no pyproject: requirements.txt, scripts/train.py with its own
---config/--set, configs/*.yaml), locally and on two workers over real sshd; exit 7 on a real jax.jit recompile,
-0 when clean, 13 (never 0 or 7) when no step line or no compile logging was seen. Every step-line style is
-covered by the scanner's unit tests (tests/tpuops/logs/test_step_lines.py); here a few styles run for real."""
+--config/--set, configs/*.yaml), locally here and on an emulated two-worker VM in
+tests/tpuops/cloud/test_own_code_vm.py: exit 7 on a real jax.jit recompile, 0 when clean, 13 (never 0 or 7)
+when no step line or no compile logging was seen. Every step-line style is covered by the scanner's unit
+tests (tests/tpuops/logs/test_step_lines.py); here a few styles run for real."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.tpuops.conftest import SshdPool
 from tpuops.run.result import NO_COMPILE_LOG, NO_STEP_LINE
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "user_repo"
@@ -103,33 +103,3 @@ def test_a_recompile_check_that_saw_nothing_fails_closed(user_repo: Path) -> Non
     assert 0.3 <= log["dt"]["p50"] <= 5.0 and all(r["dt"] is None or r["dt"] > 0 for r in log["rows"])
     seen = Path(os.environ["TPUOPS_HOME"]) / "runs" / plain["run_id"] / "worker-0.seen.json"
     assert sorted(json.loads(seen.read_text())) == ["0", "1", "2", "3", "4"]
-
-
-@pytest.mark.slow
-def test_recompile_check_of_the_users_command_on_two_workers(
-    user_repo: Path, sshd_pool: SshdPool, worker_python: str
-) -> None:
-    """Two workers over real sshd; the repository and commit are this checkout's origin and pushed HEAD;
-    `--set python=/path` alone is that interpreter as it is, its bin/ first on PATH (the command names it)."""
-    workers = sshd_pool.take(2)
-    py = Path(worker_python)
-    cmd = [py.name, "-u", *TRAIN[2:], "--set", "style=asctime", "--set", "recompile_at=2"]
-    r = tpuops(
-        "recompile-check", *sshd_pool.host_args(workers), "--json", "--set", f"python={py}",
-        "--set", "lockfile=~/libtpu_lockfile", "--set", "env=JAX_PLATFORMS=cpu", "--", *cmd, cwd=user_repo,
-    )  # fmt: skip
-    data = result(r, 7)
-    assert data["workers"] == [0, 1] and data["log"]["steps"] == 5
-    assert [c["step"] for c in data["log"]["recompiles"]] == [2, 2]
-    env = next(s for s in data["steps"] if s["kind"] == "python_env")
-    assert {w["detail"].rsplit(" ", 1)[-1] for w in env["workers"].values()} == {"env=python"}
-    sha = subprocess.run(
-        ["git", "-C", str(user_repo), "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    sync = next(s for s in data["steps"] if s["kind"] == "git_sync")
-    assert all(sha.stdout.strip() in w["detail"] for w in sync["workers"].values()), sync
-    local = Path(os.environ["TPUOPS_HOME"]) / "runs" / data["run_id"]
-    assert "Step 4/5" in (local / "worker-1.log").read_text()  # both workers ran the user's command
