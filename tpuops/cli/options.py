@@ -95,7 +95,7 @@ SetOpt = Annotated[
 CommandArg = Annotated[
     list[str] | None,
     typer.Argument(
-        metavar="[-- CMD [ARGS]...]",
+        metavar="-- CMD ARGS",
         help="Your own command, after `--`: it reaches every worker word for word (shell-quoted), never read here.",
         show_default=False,
     ),
