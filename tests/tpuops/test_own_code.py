@@ -103,3 +103,20 @@ def test_a_recompile_check_that_saw_nothing_fails_closed(user_repo: Path) -> Non
     assert 0.3 <= log["dt"]["p50"] <= 5.0 and all(r["dt"] is None or r["dt"] > 0 for r in log["rows"])
     seen = Path(os.environ["TPUOPS_HOME"]) / "runs" / plain["run_id"] / "worker-0.seen.json"
     assert sorted(json.loads(seen.read_text())) == ["0", "1", "2", "3", "4"]
+
+
+@pytest.mark.slow
+def test_bench_of_two_variants_of_the_users_command(user_repo: Path) -> None:
+    """`bench rollout -- CMD`: each variant is the rest of a shell line (environment, extra arguments)."""
+    cmd = [*TRAIN, "--set", "use_jax=false"]  # `step=N ... step_time=Ts` lines; no JAX needed to time them
+    r = tpuops(
+        "bench", "rollout", "--local", "--json", "--variant", "", "--variant", "DEMO=1 --set step_sleep=0.3",
+        "--", *cmd, cwd=user_repo,
+    )  # fmt: skip
+    base, slow = result(r, 0)
+    assert (base["label"], slow["label"]) == ("baseline", "DEMO=1 --set step_sleep=0.3")
+    assert base["steps"] == slow["steps"] == 5 and base["dt_p50"] < 0.2 and 0.3 <= slow["dt_p50"] < 2.0
+    runs = Path(os.environ["TPUOPS_HOME"]) / "runs"
+    recorded = json.loads((runs / slow["run_id"] / "run.json").read_text())
+    assert recorded["sop"] == "job" and recorded["values"]["env"] == ["DEMO=1"]
+    assert recorded["values"]["cmd"] == [*cmd, "--set", "step_sleep=0.3"]
