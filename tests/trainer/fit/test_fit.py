@@ -72,3 +72,5 @@ def test_every_shipped_tpu_config_fits_its_tpu(
             assert phase["headroom"] >= 0.10, (preset, name, phase["peak_bytes"])
         assert set(result["phases"]) >= {"decode_cast", "prefill", "decode", "update"}
         assert result["estimate"]["step_s"] > 0
+        for name in result["phases"]:  # what `tpuops fit`'s status line shows while it waits
+            assert f"fit: compiling {name}\n" in r.stderr and f"fit: compiled {name} in " in r.stderr, name
