@@ -219,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     from trainer import kernels, metrics
+    from trainer.startup import start_platforms
+
+    start_platforms()  # no TPU here: the CPU, without libtpu's start-up errors
 
     try:
         impls = kernels.IMPLS[1:] if args.impl == "all" else (kernels.resolve_impl(args.impl),)

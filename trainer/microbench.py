@@ -149,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wandb", action="store_true", help="also log the record to W&B")
     args = ap.parse_args(argv)
     from trainer import kernels, metrics
+    from trainer.startup import start_platforms
+
+    start_platforms()  # no TPU here: the CPU, without libtpu's start-up errors
 
     try:
         kernels.resolve_impl(args.impl)

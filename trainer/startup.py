@@ -24,22 +24,30 @@ def accelerator_present(dev: Path = Path("/dev")) -> bool:
     return numbered or any(dev.glob("accel*")) or (dev / "nvidia0").exists()
 
 
-def platforms(cfg: Config, env: Mapping[str, str] = os.environ, dev: Path = Path("/dev")) -> str | None:
+def platforms(
+    cfg: Config | None, env: Mapping[str, str] = os.environ, dev: Path = Path("/dev")
+) -> str | None:
     """The JAX platforms this run starts with, or None to leave JAX's own choice (JAX_PLATFORMS, set by the
     user, is already JAX's). Without an accelerator, "cpu": JAX would otherwise try libtpu (installed with
     the `tpu` extra) and print its start-up errors; a real TPU's messages are left as they are."""
     if env.get("JAX_PLATFORMS"):
         return None
-    if cfg.mesh.platforms:
+    if cfg is not None and cfg.mesh.platforms:
         return cfg.mesh.platforms
     return None if accelerator_present(dev) else "cpu"
 
 
-def setup_jax(cfg: Config) -> None:
+def start_platforms(cfg: Config | None = None) -> None:
+    """Start JAX on `platforms(cfg)`: before anything asks JAX for a backend (gradcheck and microbench call it
+    first thing, training and eval through setup_jax)."""
     chosen = platforms(cfg)
     if chosen:
         jax.config.update("jax_platforms", chosen)
         os.environ["JAX_PLATFORMS"] = chosen  # what distributed.init and child processes read
+
+
+def setup_jax(cfg: Config) -> None:
+    start_platforms(cfg)
     if cfg.log.log_compiles:  # the config owns it: no JAX_LOG_COMPILES side door
         jax.config.update("jax_log_compiles", True)
         jax.config.update("jax_explain_cache_misses", True)
