@@ -134,3 +134,16 @@ def test_terminal_escapes_from_workers_are_inert_unless_raw(job_run: tuple[str, 
         assert "\\x1b]0;owned\\x07title \\x1b[2J clear \\x1b]52;c;aGVsbG8=\\x07 clipboard \\x9b31m c1" in text
     raw = tpuops("logs", run_id, "--raw", cwd=cwd)
     assert "\x1b]52;c;aGVsbG8=" in raw.stdout and "\x1b[2J" in raw.stdout
+
+
+def test_values_too_short_to_redact_are_named_when_sent(tmp_path: Path) -> None:
+    """Under MIN_SECRET_CHARS a value is not redacted (docs/reliability.md says why); the run says which keys."""
+    (tmp_path / "job.yaml").write_text(SOP)
+    (tmp_path / "job.py").write_text("print('ok')\n")
+    (tmp_path / ".env").write_text("PIN=123\nX=1\nTOKEN=long-enough-value\n")
+    argv = ["sop", "run", "./job.yaml", "--local", "--set", f"python={sys.executable}"]
+    r = tpuops(*argv, "--set", f"script={tmp_path / 'job.py'}", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (sync,) = [s for s in json.loads(r.stdout)["steps"] if s["kind"] == "sync_env"]
+    assert "not redacted (under 4 characters): PIN, X" in json.dumps(sync)
+    assert "long-enough-value" not in r.stdout + r.stderr

@@ -14,7 +14,7 @@ from tpuops import shell
 from tpuops.errors import TpuopsError, error_class
 from tpuops.logs.events import Event
 from tpuops.logs.follow import Follower
-from tpuops.shell import Redactor
+from tpuops.shell import MIN_SECRET_CHARS, Redactor
 from tpuops.sop import secrets
 from tpuops.sop.actions import Action, Command, Fetch, Follow, Upload
 from tpuops.sop.loader import Sop
@@ -232,6 +232,11 @@ class Executor:
                 self.redact.add(loaded.values.values())
                 self.transport.put_bytes(w, secrets.serialize(loaded.values), action.remote, mode=action.mode)
                 note = f"tpuops: fixed {' and '.join(loaded.fixes)}\n" if loaded.fixes else ""
+                short = sorted(k for k, v in loaded.values.items() if 0 < len(v) < MIN_SECRET_CHARS)
+                if short:  # said, never silently unredacted (the key names only)
+                    note += (
+                        f"tpuops: not redacted (under {MIN_SECRET_CHARS} characters): {', '.join(short)}\n"
+                    )
                 results.append(CmdResult(w, action.render(), 0, stdout=note))
             elif isinstance(action, Follow):
                 results.append(self._follower().follow(w, action, cancel))

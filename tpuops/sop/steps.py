@@ -197,7 +197,9 @@ class SyncEnv(Step):
         if not results or not results[-1].ok:
             return super().outcome(results)
         # The upload's result carries what reading the local file fixed ("tpuops: fixed CRLF line endings").
-        fixed = [m["_"] for m in markers(results[-1].stdout) if m["_"].startswith("fixed ")]
+        fixed = [
+            m["_"] for m in markers(results[-1].stdout) if m["_"].startswith(("fixed ", "not redacted "))
+        ]
         return Outcome("changed", "; ".join(["sent (mode 0600)", *fixed]), data)
 
 
