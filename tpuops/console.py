@@ -61,6 +61,7 @@ _STYLE: dict[str, str] = {
     Status.HANG: "bold red",
     Status.CANCELLED: "yellow",
     Status.SKIPPED: "dim",
+    Status.DETACHED: "yellow",
 }
 
 

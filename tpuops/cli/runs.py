@@ -148,13 +148,20 @@ RunIdArg = Annotated[str, typer.Argument(help="A run id (tpuops runs).")]
 
 
 @o.wired
-def runs(json: o.JsonOpt = False) -> None:
-    """List the runs started from this machine (newest first) with their outcome."""
+def runs(
+    json: o.JsonOpt = False,
+    offline: Annotated[
+        bool, typer.Option("--offline", help="Do not ask the workers: unfinished runs show as unknown.")
+    ] = False,
+) -> None:
+    """List the runs started from this machine (newest first) with their state: a finished run from its
+    saved result; any other from its workers' pid and exit files (running, exited N, stopped, lost), or
+    `unknown` with the reason when they cannot be reached."""
     from tpuops.run import report
     from tpuops.run import store as library
 
     finish_json(json)
-    report.runs_table(library.list_runs(), json)
+    report.runs_table(library.states(library.list_runs(), ask=not offline), json)
 
 
 @o.wired

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import typer
@@ -53,7 +57,8 @@ def run_sop(
 
     # One library call: it loads the config, resolves the target once and decides the VM watch itself.
     # At a terminal the run is followed under a status line (phase, step N/total, elapsed, ETA, reward).
-    with console.Live(Progress() if console.live_wanted(json) else None) as live:
+    detach = threading.Event()  # the first Ctrl-C: stop following, the job goes on
+    with detach_on_sigint(detach), console.Live(Progress() if console.live_wanted(json) else None) as live:
         result = launch.start(
             req,
             max_recoveries=recover,
@@ -63,9 +68,43 @@ def run_sop(
             on_phase=live.phase,
             on_notice=console.event,
             notify=console.note,
+            detach=detach,
         )
     if isinstance(result, launch.DryRun):
         report.dry_run(result, json)
         return
-    report.sop_report(result, json)
+    if result.report.interrupted:
+        console.event(interrupted_line(result.run_id, result.report.interrupted))
+    if json or not result.report.interrupted:
+        report.sop_report(result, json)
     raise typer.Exit(int(result.code))
+
+
+def interrupted_line(run_id: str, how: str) -> str:
+    """The one line after Ctrl-C: where the job is and the two commands that reach it again."""
+    if how == "detached":
+        return (
+            f"detached: run {run_id} is still running on the workers; "
+            f"follow it again with `tpuops attach {run_id}`, stop it with `tpuops stop {run_id}`"
+        )
+    return f"interrupted before the job started: nothing of run {run_id} was left running on the workers"
+
+
+@contextlib.contextmanager
+def detach_on_sigint(detach: threading.Event) -> Iterator[None]:
+    """The first Ctrl-C sets `detach` (following stops within a poll, the job goes on); a second one
+    interrupts tpuops at once (KeyboardInterrupt, exit 130)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def first(signum: int, frame: object) -> None:
+        if detach.is_set():
+            raise KeyboardInterrupt
+        detach.set()
+
+    before = signal.signal(signal.SIGINT, first)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)

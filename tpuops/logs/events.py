@@ -172,6 +172,22 @@ def quantile(sorted_counts: list[tuple[float, int]], n: int, q: float) -> float:
     return lo_v + (hi_v - lo_v) * (h - lo)
 
 
+NOSPACE = "nospace"  # exit-file note: the disk was full when the job ended (its log may be cut short)
+STOPPED = "stopped"  # exit-file note: `tpuops stop` (or `--force`) ended the job
+
+
+def exit_status(text: str | bytes | None) -> tuple[int | None, tuple[str, ...]]:
+    """A `worker-<k>.exit` file's code and notes (`143 stopped`, `0 nospace`); (None, ()) when absent or
+    unreadable. The file is one line, padded with spaces (written over reserved bytes: sop/claim.py)."""
+    if text is None:
+        return None, ()
+    words = (text.decode(errors="replace") if isinstance(text, bytes) else text).split()
+    try:
+        return int(words[0]), tuple(words[1:])
+    except (IndexError, ValueError):
+        return None, ()
+
+
 def apply_exit(report: LogReport, worker: int, code: int | None) -> None:
     """Record a worker's exit code; a missing exit file means the job was killed (or the VM preempted)."""
     report.exit_codes[worker] = code

@@ -14,7 +14,7 @@ from tpuops import shell
 from tpuops.config import open_private, private_dir, write_private
 from tpuops.errors import HostKeyError, TpuopsError
 from tpuops.logs.actions import Fetch, Follow
-from tpuops.logs.events import Event, Failure, StepEvent
+from tpuops.logs.events import Event, Failure, StepEvent, exit_status
 from tpuops.logs.scanner import LogScanner
 from tpuops.shell import Redactor
 from tpuops.transport.base import CmdResult, Kind, LineSink, Transport
@@ -46,13 +46,16 @@ class Follower:
     # writes it beside the log (`worker-<k>.seen.json`), and the report's step time for those lines is the
     # gap between them (None for lines one poll brought together).
     seen: dict[int, dict[int, float]] = field(default_factory=dict)
+    # Set from outside (Ctrl-C): stop following at once; the job goes on (`tpuops attach` resumes).
+    detach: threading.Event = field(default_factory=threading.Event)
 
     def follow(self, w: int, action: Follow, cancel: threading.Event) -> CmdResult:
         """Poll the log from the last byte seen; reconnects keep the offset, so no line is lost or repeated.
 
         Ends (its result's `kind`) at the worker's exit file (OK, the job's code in `job_exit`), a hang
         (HUNG, the py-spy dump in stdout), a timeout (TIMEOUT), a lost connection (CONNECT), a dead job
-        (DIED), `cancel` (CANCELLED) or `abort` (ABORTED).
+        (DIED), `detach` (DETACHED: Ctrl-C, the job goes on), `cancel` (CANCELLED) or `abort` (ABORTED).
+        The exit file's notes (`stopped`, `nospace`) come in `job_notes`.
         """
         log, exit_file = f"{action.run_dir}/worker-{w}.log", f"{action.run_dir}/worker-{w}.exit"
         offset, pending, t0 = self.offsets.get(w, 0), b"", time.monotonic()
@@ -72,11 +75,13 @@ class Follower:
             except HostKeyError:
                 raise  # a changed host key is never retried: the worker may be another machine now (exit 3)
             except (OSError, EOFError, TpuopsError) as e:
+                if self.detach.is_set():
+                    return self._ended(w, action, Kind.DETACHED, "detached: the job goes on")
                 if self.abort.is_set():
                     return self._ended(w, action, Kind.ABORTED, "aborted: the VM is gone")
                 if time.monotonic() - t0 > action.timeout:
                     return self._ended(w, action, Kind.CONNECT, f"lost connection: {e}")
-                time.sleep(next(delays))
+                self.detach.wait(next(delays))
                 continue
             more = len(chunk) == READ_CHUNK  # the log goes on past this read: read again at once
             if more:
@@ -92,10 +97,11 @@ class Follower:
                 if self.on_offset:
                     self.on_offset(self.offsets)
             scanner.feed_bytes(chunk)  # whole lines are read now; a partial one waits for the next chunk
-            if code is not None and code.strip():
+            status, notes = exit_status(code)
+            if status is not None:
                 if pending:
                     scanner.feed_bytes(b"\n")  # the job ended: its last line is whole
-                scanner.exit(int(code))
+                scanner.exit(status)
             events, polled[:] = list(polled), []
             self._saw(w, events)
             self._hand_out(events)
@@ -109,11 +115,13 @@ class Follower:
                         self.on_line(w, f"tpuops: worker looks hung: {hung} (still following)")
                         for text in dump.splitlines():
                             self.on_line(w, f"tpuops: py-spy: {text}")
-            if code is not None and code.strip():
+            if status is not None:
                 self.offsets[w] = offset
                 if show and self.on_line and pending:
                     self.on_line(w, self.redact(pending.decode(errors="replace")))
-                return CmdResult(w, action.render(), 0, job_exit=int(code), offset=offset)
+                return CmdResult(w, action.render(), 0, job_exit=status, offset=offset, job_notes=notes)
+            if self.detach.is_set():
+                return self._ended(w, action, Kind.DETACHED, "detached: the job goes on")
             if cancel.is_set():
                 return self._ended(w, action, Kind.CANCELLED, "cancelled: another worker failed")
             if polls % 10 == 0 and code is None and self._job_died(w, action):
@@ -123,7 +131,7 @@ class Follower:
             if time.monotonic() - t0 > action.timeout:
                 return self._ended(w, action, Kind.TIMEOUT, f"timed out after {action.timeout:g}s")
             if not more:
-                time.sleep(action.poll_s)
+                self.detach.wait(action.poll_s)
 
     def _show(self, w: int, block: bytes) -> None:
         """Whole lines, redacted as one text (one search per secret form, not one per line), then shown."""
@@ -204,7 +212,8 @@ class Follower:
 
     def _ended(self, w: int, action: Follow, kind: Kind, why: str, stdout: str = "") -> CmdResult:
         """A follow that ended before the job's exit file: how (typed), and why in words for people."""
-        codes = {Kind.HUNG: 124, Kind.TIMEOUT: 124, Kind.CANCELLED: 130, Kind.ABORTED: 130, Kind.CONNECT: 255}
+        codes = {Kind.HUNG: 124, Kind.TIMEOUT: 124, Kind.CANCELLED: 130, Kind.ABORTED: 130, Kind.CONNECT: 255,
+                 Kind.DETACHED: 130}
         return CmdResult(
             w, action.render(), codes.get(kind, 1), stdout=stdout, error=why, kind=kind,
             offset=self.offsets.get(w),
@@ -230,7 +239,8 @@ class Follower:
         rd = shell.path(action.run_dir)
         r = self.transport.run(
             w,
-            f'{shell.ALIVE}; [ -e {rd}/worker-{w}.exit ] || alive "$(cat {rd}/worker-{w}.pid)" || echo dead',
+            f"{shell.ALIVE}; [ -e {rd}/worker-{w}.exit ] || "
+            f'alive "$(head -c 64 {rd}/worker-{w}.pid 2>/dev/null | tr -dc 0-9)" || echo dead',
             timeout=30,
         )
         if r.ok and r.stdout.strip() == "dead":
@@ -243,7 +253,7 @@ class Follower:
 
         py-spy is looked for beside each process's own interpreter (a venv's bin/) before PATH.
         """
-        pid = f"$(cat {shell.path(action.run_dir)}/worker-{w}.pid)"
+        pid = f"$(head -c 64 {shell.path(action.run_dir)}/worker-{w}.pid | tr -dc 0-9)"
         script = f"""found=0
 for p in $(pgrep -s {pid}); do
   exe=$(tr '\\0' '\\n' < /proc/$p/cmdline 2>/dev/null | head -n 1)

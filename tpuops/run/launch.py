@@ -81,13 +81,16 @@ def start(
     notify: Callable[[str], None] | None = None,
     cwd: Path | None = None,
     target: Target | None = None,
+    detach: threading.Event | None = None,
 ) -> RunResult | DryRun:
     """The one library entry of every SOP run (the CLI's commands and bench alike): the config loaded once,
     the SOP and its values checked, the target resolved once (or `target`, resolved by an earlier call of
     the same command: its config is the one used), then the plan (--dry-run) or the run. On a VM the run is
     always watched through the TPU API: a lost VM ends it at once (exit 8), or with `max_recoveries`
     (--recover) is recreated and the SOP runs again (see `recover.watched`). `notify` hears the TPU API's
-    retries; `on_notice` tpuops' own notices (a recovery, a checkpoint warning)."""
+    retries; `on_notice` tpuops' own notices (a recovery, a checkpoint warning). `detach`, set from outside
+    (the CLI's first Ctrl-C), stops following and leaves the job running (the report's `interrupted` says
+    "detached"), or, before any job started, cancels the start (nothing is left running)."""
     from tpuops.run import recover
 
     cwd = cwd or Path.cwd()
@@ -102,14 +105,16 @@ def start(
             on_notice(warning)
     target = target or resolve(spec, cfg, notify)
     if not watched:
-        return _execute(req, checked, target, on_line=on_line, on_step=on_step, on_phase=on_phase, cwd=cwd)
+        return _execute(
+            req, checked, target, on_line=on_line, on_step=on_step, on_phase=on_phase, cwd=cwd, detach=detach
+        )
 
     def attempt(
         run_id: str, now: Target, abort: threading.Event, on_event: Callable[[Event], None]
     ) -> RunResult:
         result = _execute(
             replace(req, run_id=run_id), checked, now, on_line=on_line, on_step=on_step, on_phase=on_phase, cwd=cwd,
-            abort=abort, on_event=on_event,
+            abort=abort, on_event=on_event, detach=detach,
         )  # fmt: skip
         assert isinstance(result, RunResult)  # not a dry run
         return result
@@ -203,6 +208,7 @@ def _execute(
     on_phase: Callable[[int, str, str, str], None] | None = None,
     abort: threading.Event | None = None,
     on_event: Callable[[Event], None] | None = None,
+    detach: threading.Event | None = None,
 ) -> RunResult | DryRun:
     """One attempt on a resolved target: the fit preflight, then the plan or the run and its one result."""
     sop, values = checked.sop, checked.values
@@ -227,6 +233,8 @@ def _execute(
     )
     if abort is not None:
         executor.abort = abort
+    if detach is not None:
+        executor.detach = detach
     if req.dry_run:
         plan = executor.plan(sop, values, DRY_RUN_ID, workers)
         return DryRun(sop.name, transport.name, workers, values, plan, fit_line, target)
@@ -254,6 +262,8 @@ def _execute(
             report.steps.insert(0, _connect_step(workers, unreachable))
     finally:
         transport.close()
+    if report.interrupted == "detached":  # the job goes on: `tpuops attach` follows it and records its end
+        return RunResult(report, ExitCode.INTERRUPTED)
     log = None
     if sop.scan is not None:
         raw = values.get("warmup", sop.scan.warmup)

@@ -150,17 +150,13 @@ def sop_show(sop: Any, path: str, as_json: bool) -> None:
     out.print(steps)
 
 
-def runs_table(records: list[Any], as_json: bool) -> None:
+def runs_table(states: list[Any], as_json: bool) -> None:
+    """`tpuops runs`: each run's state (run/store.RunState), and why when it could not be known."""
     import time
 
     rows = []
-    for r in records:
-        res = r.result or {}
-        status = (
-            "running or interrupted"
-            if not res
-            else ("ok" if res.get("ok") else f"failed ({res.get('exit_code')})")
-        )
+    for st in states:
+        r = st.record
         where = r.target.get("vm") or ",".join(r.target.get("hosts") or []) or "local"
         rows.append(
             {
@@ -169,7 +165,8 @@ def runs_table(records: list[Any], as_json: bool) -> None:
                 "target": where,
                 "workers": r.workers,
                 "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)),
-                "status": status,
+                "status": st.state,
+                "detail": st.detail,
             }
         )
     if as_json:
@@ -180,9 +177,8 @@ def runs_table(records: list[Any], as_json: bool) -> None:
     for col in ("SOP", "target", "workers", "started", "status"):
         table.add_column(col)
     for row in rows:
-        table.add_row(
-            row["run_id"], row["sop"], row["target"], str(row["workers"]), row["started"], row["status"]
-        )
+        status = f"{row['status']} ({row['detail']})" if row["detail"] else row["status"]
+        table.add_row(row["run_id"], row["sop"], row["target"], str(row["workers"]), row["started"], status)
     out.print(table)
 
 

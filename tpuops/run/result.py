@@ -74,7 +74,10 @@ def exit_code(
     report: SopReport, log: LogReport | None = None, *, fail_on_recompile: bool = False
 ) -> ExitCode:
     """The process exit code for a finished SOP (see README: Exit codes): the first failed step, the log's
-    cause, or a recompile the SOP fails on."""
+    cause, or a recompile the SOP fails on. A run Ctrl-C detached from (or interrupted before its job
+    started) is 130."""
+    if report.interrupted:
+        return ExitCode.INTERRUPTED
     failure = report.first_failure()
     cause = log.cause() if log is not None else None
     if failure is None:

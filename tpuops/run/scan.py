@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 # The reader and what it hands out, under the names report and launch code reach for.
-from tpuops.logs.events import LogReport, apply_exit, merge
+from tpuops.logs.events import LogReport, apply_exit, exit_status, merge
 from tpuops.logs.scanner import WORKER_LOG, LogScanner
 
 __all__ = [
@@ -49,8 +49,8 @@ def _seen(log: Path) -> dict[int, float] | None:
 
 def read_exit(path: Path) -> int | None:
     try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
+        return exit_status(path.read_bytes())[0]
+    except OSError:
         return None
 
 

@@ -13,7 +13,7 @@ from tpuops import config as user_config
 from tpuops import jsonout, shell
 from tpuops.config import TargetSpec, write_atomic
 from tpuops.errors import ExitCode, TpuopsError, UsageError
-from tpuops.logs.events import Event, ExitEvent, LogReport
+from tpuops.logs.events import NOSPACE, STOPPED, Event, ExitEvent, LogReport, exit_status
 from tpuops.logs.follow import Follower
 from tpuops.run import logreport, scan
 from tpuops.run.result import unverified
@@ -237,8 +237,12 @@ class Stopped:
 
 
 def stop(run_id: str, *, grace_s: float = 10.0) -> Stopped:
-    """Stop a run on every worker at once: SIGTERM to its process group, then SIGKILL, then clear the TPU lock."""
+    """Stop a run on every worker at once: SIGTERM to its process group, then SIGKILL, then the exit file
+    (`143 stopped` unless the job wrote its own), the run lock given back and the TPU lock cleared.
+    Also stops a run whose client died while it prepared the workers (its lock's stand-in holder)."""
     from concurrent.futures import ThreadPoolExecutor
+
+    from tpuops.sop.claim import HELPERS
 
     rec = load(run_id)
     lock = str(rec.values.get("lockfile", "/tmp/libtpu_lockfile"))
@@ -248,29 +252,144 @@ def stop(run_id: str, *, grace_s: float = 10.0) -> Stopped:
     def one(w: int) -> CmdResult:
         # The job leads its own process group (setsid): signal and wait for the whole group, since a child
         # can outlive the leader. `kill -SIG -PGID`, not `kill -SIG -- -PGID`: dash has no `--`.
-        script = f"""{shell.RUNNING}
-rd={rd}; k={w}; lock={shell.path(lock)}
-[ -f "$rd/worker-$k.pid" ] || {{ echo "tpuops: no pid file"; exit 0; }}
-pid=$(cat "$rd/worker-$k.pid")
-if ! running "$pid"; then echo "tpuops: not running"; else
+        script = f"""{HELPERS}
+rd={rd}; k={w}; tpu={shell.path(lock)}; rid={shell.quote(run_id)}
+pid=$(pid_of "$rd/worker-$k.pid")
+if [ ! -f "$rd/worker-$k.pid" ]; then echo "tpuops: no pid file"
+elif [ -z "$pid" ] || ! running "$pid"; then echo "tpuops: not running"; else
   kill -TERM "-$pid" 2>/dev/null || kill -TERM "$pid"
   i=0; while running "$pid" && [ $i -lt {int(grace_s * 10)} ]; do sleep 0.1; i=$((i+1)); done
   if running "$pid"; then
     kill -KILL "-$pid" 2>/dev/null || kill -KILL "$pid"; echo "tpuops: killed"
   else echo "tpuops: terminated"; fi
   while running "$pid"; do sleep 0.05; done
+  [ -e "$rd/worker-$k.exit" ] || put_exit "$rd" $k "143 {STOPPED}"
 fi
-[ -f "$rd/worker-$k.exit" ] || echo 143 > "$rd/worker-$k.exit"
-rm -f "$lock" && echo "tpuops: lock cleared"
+if [ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ]; then
+  h=$(pid_of "$lock/pid"); [ -n "$h" ] && [ "$h" != "$pid" ] && kill "$h" 2>/dev/null
+  rm -rf "$lock"; echo "tpuops: run lock released"; fi
+if [ -f "$rd/worker-$k.exit" ]; then set -- $(cat "$rd/worker-$k.exit"); echo "tpuops: exit code=$1 note=${{2:-}}"; fi
+rm -f "$tpu" && echo "tpuops: lock cleared"
 """
         return transport.run(w, script, timeout=grace_s + 30)
 
     try:
         # In parallel: a multi-host job that ignores SIGTERM costs one grace period, not one per worker.
         with ThreadPoolExecutor(max_workers=max(1, min(len(rec.workers), 32))) as pool:
-            return Stopped(dict(zip(rec.workers, pool.map(one, rec.workers), strict=True)))
+            stopped = Stopped(dict(zip(rec.workers, pool.map(one, rec.workers), strict=True)))
     finally:
         transport.close()
+    if rec.result is None and stopped.code == 0:  # `tpuops runs` says so from now on, also offline
+        codes = {str(w): _exit_marker(r)[0] for w, r in stopped.results.items()}
+        save_result(
+            run_id,
+            {"run_id": run_id, "sop": rec.sop, "ok": False, "exit_code": int(ExitCode.TERMINATED),
+             "exit_codes": codes, "stopped": True},
+        )  # fmt: skip
+    return stopped
+
+
+def _exit_marker(r: CmdResult) -> tuple[int | None, str]:
+    from tpuops.sop.model import markers
+
+    for m in markers(r.stdout):
+        if m["_"].startswith("exit "):
+            return exit_status(m.get("code", ""))[0], m.get("note", "")
+    return None, ""
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What `tpuops runs` says of one run: from its saved result, or asked of its workers just now."""
+
+    record: RunRecord
+    state: str  # running, exited N, stopped, lost, interrupted, ok, failed (N), unknown
+    detail: str = ""  # why the state is unknown (the workers could not be reached), or per-worker notes
+
+
+def states(records: list[RunRecord], *, ask: bool = True, timeout_s: float = 20.0) -> list[RunState]:
+    """Each run's real state: a finished one from its saved result; one with no result (still running, or
+    its client went away) from the workers' pid and exit files, asked in parallel per target (`ask=False`:
+    not asked, "unknown"). A target that cannot be reached within `timeout_s` is said as such."""
+    from concurrent.futures import ThreadPoolExecutor, wait
+
+    out: dict[str, RunState] = {}
+    open_runs = []
+    for rec in records:
+        if rec.result is not None:
+            out[rec.run_id] = RunState(rec, _finished_state(rec.result))
+        else:
+            open_runs.append(rec)
+    if open_runs and ask:
+        pool = ThreadPoolExecutor(max_workers=min(8, len(open_runs)))
+        futures = {pool.submit(_ask, rec): rec for rec in open_runs}
+        done, _ = wait(futures, timeout=timeout_s)
+        for f, rec in futures.items():
+            if f in done:
+                out[rec.run_id] = f.result()
+            else:
+                out[rec.run_id] = RunState(
+                    rec, "unknown", f"the workers did not answer within {timeout_s:g}s"
+                )
+        pool.shutdown(wait=False, cancel_futures=True)
+    for rec in open_runs:
+        out.setdefault(rec.run_id, RunState(rec, "unknown", "not asked"))
+    return [out[r.run_id] for r in records]
+
+
+def _finished_state(result: dict[str, Any]) -> str:
+    if result.get("stopped"):
+        return "stopped"
+    if result.get("interrupted"):
+        return str(result["interrupted"])
+    return "ok" if result.get("ok") else f"failed ({result.get('exit_code')})"
+
+
+def _ask(rec: RunRecord) -> RunState:
+    """One run's workers asked what became of its job: running, exited N, stopped, lost."""
+    from tpuops.errors import TpuopsError
+    from tpuops.sop.claim import HELPERS
+    from tpuops.sop.model import markers
+
+    rd = shell.path(rec.remote_dir)
+    try:
+        transport = open_transport(resolve(rec.spec()), rec.redactor())
+    except TpuopsError as e:
+        return RunState(rec, "unknown", f"could not reach the workers: {e.line()}")
+    found: dict[int, dict[str, str]] = {}
+    try:
+        for w in rec.workers:
+            script = f"""{HELPERS}
+rd={rd}; k={w}; rid={shell.quote(rec.run_id)}; pid=$(pid_of "$rd/worker-$k.pid")
+if [ -f "$rd/worker-$k.exit" ]; then set -- $(cat "$rd/worker-$k.exit"); echo "tpuops: state=exited code=$1 note=${{2:-}}"
+elif [ -n "$pid" ] && running "$pid"; then echo "tpuops: state=running pid=$pid"
+elif [ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ] && running "$(pid_of "$lock/pid")"; then echo "tpuops: state=starting"
+else echo "tpuops: state=lost"; fi
+"""
+            try:
+                r = transport.run(w, script, timeout=15)
+            except TpuopsError as e:
+                return RunState(rec, "unknown", f"could not reach w{w}: {e.line()}")
+            m = next((m for m in markers(r.stdout) if "state" in m), None)
+            if not r.ok or m is None:
+                return RunState(rec, "unknown", f"could not read w{w}: {r.error or r.stderr.strip()}")
+            found[w] = m
+    finally:
+        transport.close()
+    kinds = {m["state"] for m in found.values()}
+    if "running" in kinds or "starting" in kinds:
+        state = "running" if "running" in kinds else "starting"
+        lost = [w for w, m in found.items() if m["state"] != state]
+        return RunState(rec, state, f"not on {', '.join(f'w{w}' for w in lost)}" if lost else "")
+    if kinds == {"exited"}:
+        if any(m.get("note") == STOPPED for m in found.values()):
+            return RunState(rec, "stopped")
+        codes = sorted({int(m["code"]) for m in found.values()})
+        nospace = [w for w, m in found.items() if m.get("note") == NOSPACE]
+        note = f"no space left on device on {', '.join(f'w{w}' for w in nospace)}" if nospace else ""
+        return RunState(rec, f"exited {max(codes, key=abs)}", note)
+    lost = [w for w, m in found.items() if m["state"] == "lost"]
+    return RunState(rec, "lost", f"no job and no exit code on {', '.join(f'w{w}' for w in lost)}")
 
 
 def record_end(run_id: str, exit_codes: dict[int, int | None], code: int) -> None:

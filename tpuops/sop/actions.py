@@ -17,6 +17,7 @@ class Command:
     secret_env: tuple[str, ...] = ()  # names whose values come from the local .env at execution time
     timeout: float | None = None
     stream: bool = False  # show each output line live, prefixed by its worker
+    cancellable: bool = True  # False: runs to its end even when another worker failed (a job's start)
 
     def render(self) -> str:
         names = [*self.env, *self.secret_env]

@@ -15,7 +15,7 @@ from tpuops.errors import TpuopsError, error_class
 from tpuops.logs.events import Event
 from tpuops.logs.follow import Follower
 from tpuops.shell import MIN_SECRET_CHARS, Redactor
-from tpuops.sop import secrets
+from tpuops.sop import claim, secrets
 from tpuops.sop.actions import Action, Command, Fetch, Follow, Upload
 from tpuops.sop.loader import Sop
 from tpuops.sop.model import Outcome, PlanContext, Step
@@ -49,6 +49,9 @@ class SopReport:
     workers: list[int]
     steps: list[StepReport] = field(default_factory=list)
     duration_s: float = 0.0
+    # Ctrl-C: "detached" (the job goes on; attach/stop it by its run id) or "interrupted" (before any job
+    # started: nothing was left running); None when the SOP ran to its end.
+    interrupted: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -87,6 +90,7 @@ class SopReport:
                 for s in self.steps
             ],
             "error_class": error_class(code),
+            "interrupted": self.interrupted,
         }
 
     def first_failure(self) -> tuple[StepReport, int, Outcome] | None:
@@ -117,10 +121,19 @@ class Executor:
     seen: dict[int, dict[int, float]] = field(default_factory=dict)  # Follower.seen, shared as offsets is
     on_offset: Callable[[dict[int, int]], None] | None = None
     abort: threading.Event = field(default_factory=threading.Event)  # set from outside: stop following now
+    # Set from outside (the first Ctrl-C): stop following and leave the job running, or, before any job
+    # started, cancel what runs and leave nothing behind.
+    detach: threading.Event = field(default_factory=threading.Event)
 
     def plan(self, sop: Sop, values: dict[str, object], run_id: str, workers: list[int]) -> Plan:
         n = len(self.transport.workers)
-        return [
+        first: Plan = []
+        if claims(sop):
+            first.append((LOCK_TITLE, {w: [self._claim_command(sop, w, n, run_id, values)] for w in workers}))
+        checks = {w: self._check_actions(sop, w, n, run_id, values) for w in workers}
+        if any(checks.values()):
+            first.append((CHECKS_TITLE, checks))
+        return first + [
             (step.title, {w: step.plan(self._ctx(sop, w, n, run_id, values)) for w in workers})
             for step in sop.steps
         ]
@@ -132,36 +145,205 @@ class Executor:
         return PlanContext(worker, n, run_id, values, self.force, self.local_dir, paths, coordinator)
 
     def execute(self, sop: Sop, values: dict[str, object], run_id: str, workers: list[int]) -> SopReport:
+        """Claim the run lock on every worker, run every read-only check, and only then the steps: a start
+        refused anywhere changes nothing anywhere. A job starts on every worker or on none."""
         t0 = time.monotonic()
         report = SopReport(sop.name, run_id, self.transport.name, list(workers))
         active = list(workers)
+        claimed: list[int] = []
+        holding: set[int] = set()  # workers where this run's job holds the lock now (it gives it back itself)
         with ThreadPoolExecutor(max_workers=max(1, min(self.parallel, len(workers)))) as pool:
-            failed = False
-            for step in sop.steps:
-                if failed and not step.always:
-                    continue  # after a failure only `always` steps run (fetch the logs of a failed run)
-                if not active:
-                    break
-                if step.kind == "run" and len(active) > 1:
-                    env = self._env_hashes(pool, sop, step, values, run_id, active)
-                    check = consistency(report.steps, active, env)
-                    if check is not None:
-                        report.steps.append(check)
-                        if self.on_step:
-                            self.on_step(check)
-                        failed = True
-                        continue
-                sr = self._run_step(pool, sop, step, values, run_id, active)
-                report.steps.append(sr)
-                if self.on_step:
-                    self.on_step(sr)
-                if sr.failed:
-                    if not self.keep_going:
-                        failed = True
-                    else:
-                        active = [w for w in active if w not in sr.failed]
+            try:
+                if claims(sop) and active:
+                    claim = self._claim(pool, sop, values, run_id, active)
+                    claimed = [w for w in active if claim.outcomes[w].status not in FAILED]
+                    if claim.failed or any(o.status == "changed" for o in claim.outcomes.values()):
+                        self._add(
+                            report, claim
+                        )  # shown when it refused or had to stop or take over something
+                    if claim.failed:
+                        return self._done(report, t0)
+                checks = self._checks(pool, sop, values, run_id, active)
+                if checks is not None:
+                    self._add(report, checks)
+                    if checks.failed:
+                        return self._done(report, t0)
+                self._steps(pool, sop, values, run_id, active, report, holding)
+            finally:
+                release = [w for w in claimed if w not in holding]
+                if release:
+                    list(pool.map(lambda w: self._release(w, run_id), release))
+        return self._done(report, t0)
+
+    def _steps(
+        self,
+        pool: ThreadPoolExecutor,
+        sop: Sop,
+        values: dict[str, object],
+        run_id: str,
+        active: list[int],
+        report: SopReport,
+        holding: set[int],
+    ) -> None:
+        failed = False
+        for step in sop.steps:
+            if self.detach.is_set():
+                report.interrupted = "detached" if holding else "interrupted"
+                return  # Ctrl-C: no further step, not even an `always` one (the job, if any, goes on)
+            if failed and not step.always:
+                continue  # after a failure only `always` steps run (fetch the logs of a failed run)
+            if not active:
+                break
+            if step.kind == "run" and len(active) > 1:
+                env = self._env_hashes(pool, sop, step, values, run_id, active)
+                check = consistency(report.steps, active, env)
+                if check is not None:
+                    self._add(report, check)
+                    failed = True
+                    continue
+            sr = self._run_step(pool, sop, step, values, run_id, active)
+            if step.kind == "run":
+                holding.update(w for w, o in sr.outcomes.items() if "pid" in o.data)
+                if sr.failed and holding:
+                    self._stop_started(pool, sr, step, sop, values, run_id, holding)
+            self._add(report, sr)
+            if sr.failed:
+                if not self.keep_going or step.kind == "run":
+                    failed = True
+                else:
+                    active = [w for w in active if w not in sr.failed]
+        if self.detach.is_set():
+            report.interrupted = "detached" if holding else "interrupted"
+
+    def _add(self, report: SopReport, sr: StepReport) -> None:
+        report.steps.append(sr)
+        if self.on_step:
+            self.on_step(sr)
+
+    @staticmethod
+    def _done(report: SopReport, t0: float) -> SopReport:
         report.duration_s = time.monotonic() - t0
         return report
+
+    # -- the run lock and the checks before anything changes ----------------------------------------------
+    def _claim_command(self, sop: Sop, w: int, n: int, run_id: str, values: dict[str, object]) -> Command:
+        from tpuops.sop.runs import Run, run_dir
+
+        ctx = self._ctx(sop, w, n, run_id, values)
+        run = next((s for s in sop.steps if isinstance(s, Run)), None)
+        runs = ctx.raw(run.runs_dir) if run else str(values.get("runs_dir", "~/tpuops/runs"))
+        script = claim.claim_script(
+            run_id, shell.path(run_dir(runs, run_id)), shell.path(runs), w, force=self.force
+        )
+        return Command(script, timeout=60, cancellable=False)
+
+    def _claim(
+        self, pool: ThreadPoolExecutor, sop: Sop, values: dict, run_id: str, workers: list[int]
+    ) -> StepReport:
+        """The lock on the first worker, then on the others: of two runs started at once, the one that gets
+        the first worker's lock is the one that starts; the other is refused there, before it takes any."""
+        t0 = time.monotonic()
+        sr = StepReport(LOCK_TITLE, "lock")
+        n = len(self.transport.workers)
+
+        def one(w: int) -> None:
+            try:
+                r = self._run_actions(w, [self._claim_command(sop, w, n, run_id, values)], threading.Event())
+                sr.results[w] = r
+                sr.outcomes[w] = claim_outcome(r[-1])
+            except TpuopsError as e:
+                sr.outcomes[w] = Outcome("failed", self.redact(e.line()))
+                sr.error_kind[w] = e.kind
+
+        first, rest = workers[0], workers[1:]
+        one(first)
+        if sr.outcomes[first].status in FAILED:
+            for w in rest:
+                sr.outcomes[w] = Outcome("skipped", f"not tried: refused on w{first}")
+        else:
+            list(pool.map(one, rest))
+        sr.duration_s = time.monotonic() - t0
+        return sr
+
+    def _release(self, w: int, run_id: str) -> None:
+        try:
+            self.transport.run(w, claim.release_script(run_id), timeout=30)
+        except TpuopsError:
+            pass  # unreachable now: the lock's stand-in holder ends by itself (CLAIM_TTL_S), or `tpuops stop`
+
+    def _check_actions(
+        self, sop: Sop, w: int, n: int, run_id: str, values: dict[str, object]
+    ) -> list[Action]:
+        ctx = self._ctx(sop, w, n, run_id, values)
+        return [a for step in sop.steps for a in step.check(ctx)]
+
+    def _checks(
+        self, pool: ThreadPoolExecutor, sop: Sop, values: dict, run_id: str, workers: list[int]
+    ) -> StepReport | None:
+        """Every step's read-only checks (the TPU's holders, the interpreter), before any step changes a
+        worker. None when the SOP has none; a StepReport only worth showing when one failed."""
+        n = len(self.transport.workers)
+        steps = [s for s in sop.steps if s.check(self._ctx(sop, workers[0], n, run_id, values))]
+        if not steps or not workers:
+            return None
+        t0 = time.monotonic()
+        sr = StepReport(CHECKS_TITLE, "checks")
+
+        def one(w: int) -> None:
+            ctx = self._ctx(sop, w, n, run_id, values)
+            outcome = Outcome("ok", "passed")
+            try:
+                for step in steps:
+                    results = self._run_actions(w, step.check(ctx), threading.Event())
+                    sr.results.setdefault(w, []).extend(results)
+                    got = step.check_outcome(results)
+                    if got.status in FAILED:
+                        outcome = Outcome(got.status, f"{step.title}: {got.detail}", got.data)
+                        break
+            except TpuopsError as e:
+                outcome = Outcome("failed", self.redact(e.line()))
+                sr.error_kind[w] = e.kind
+            sr.outcomes[w] = outcome
+
+        list(pool.map(one, workers))
+        sr.duration_s = time.monotonic() - t0
+        return sr if sr.failed else None
+
+    def _stop_started(
+        self,
+        pool: ThreadPoolExecutor,
+        sr: StepReport,
+        step: Step,
+        sop: Sop,
+        values: dict,
+        run_id: str,
+        holding: set[int],
+    ) -> None:
+        """All or none: the start failed on some worker, so the jobs it started on the others are stopped
+        (SIGTERM to the process group, SIGKILL after 10 s) and their locks given back."""
+        from tpuops.sop.runs import run_dir
+
+        n = len(self.transport.workers)
+        bad = ", ".join(f"w{w}" for w, o in sr.outcomes.items() if o.status in FAILED)
+
+        def one(w: int) -> None:
+            ctx = self._ctx(sop, w, n, run_id, values)
+            rd = shell.path(run_dir(ctx.raw(getattr(step, "runs_dir", "~/tpuops/runs")), run_id))
+            pid = sr.outcomes[w].data["pid"]
+            try:
+                r = self.transport.run(w, claim.stop_started_script(rd, w), timeout=60)
+                ok = r.ok
+            except TpuopsError:
+                ok = False
+            if ok:
+                detail = f"started pid {pid}, then stopped: the start failed on {bad}"
+                sr.outcomes[w] = Outcome("cancelled", detail, {"pid": pid, "stopped": True})
+                holding.discard(w)
+            else:
+                detail = f"started pid {pid}; the start failed on {bad} and stopping it failed: tpuops stop {run_id}"
+                sr.outcomes[w] = Outcome("failed", detail, {"pid": pid})
+
+        list(pool.map(one, sorted(holding)))
 
     def _env_hashes(
         self, pool: ThreadPoolExecutor, sop: Sop, step: Step, values: dict, run_id: str, workers: list[int]
@@ -189,7 +371,7 @@ class Executor:
     ) -> StepReport:
         t0 = time.monotonic()
         sr = StepReport(step.title, step.kind)
-        cancel = threading.Event()
+        cancel = _Either(threading.Event(), self.detach)  # another worker failed, or Ctrl-C
         n = len(self.transport.workers)
 
         def one(w: int) -> None:
@@ -215,14 +397,19 @@ class Executor:
         sr.duration_s = time.monotonic() - t0
         return sr
 
-    def _run_actions(self, w: int, actions: list[Action], cancel: threading.Event) -> list[CmdResult]:
+    def _run_actions(self, w: int, actions: list[Action], cancel: Any) -> list[CmdResult]:
         results: list[CmdResult] = []
         for action in actions:
             if isinstance(action, Command):
                 env = {**action.env, **self._secret_values(action.secret_env)}
                 show = self._show if action.stream and self.on_line else None
                 r = self.transport.run(
-                    w, action.script, env=env, timeout=action.timeout, cancel=cancel, on_line=show
+                    w,
+                    action.script,
+                    env=env,
+                    timeout=action.timeout,
+                    cancel=cancel if action.cancellable else None,
+                    on_line=show,
                 )
                 results.append(r)
                 if not r.ok or SKIP_REST in r.stdout.splitlines():
@@ -255,6 +442,7 @@ class Executor:
             on_offset=self.on_offset,
             abort=self.abort,
             seen=self.seen,
+            detach=self.detach,
         )
 
     def _show(self, w: int, text: str) -> None:
@@ -270,6 +458,54 @@ class Executor:
             raise TpuopsError(f"the local .env has no {', '.join(missing)}", hint="add them to .env")
         self.redact.add(env[n] for n in names)
         return {n: env[n] for n in names}
+
+
+class _Either:
+    """Set when either event is: a step's own cancel (another worker failed) or the executor's detach."""
+
+    def __init__(self, own: threading.Event, outside: threading.Event) -> None:
+        self.own, self.outside = own, outside
+
+    def is_set(self) -> bool:
+        return self.own.is_set() or self.outside.is_set()
+
+    def set(self) -> None:
+        self.own.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.own.wait(timeout) or self.outside.is_set()
+
+
+LOCK_TITLE = "run lock"
+CHECKS_TITLE = "checks"
+# Steps that change what a run uses: a SOP with one takes the run lock on every worker first.
+CLAIMING = frozenset({"git_sync", "python_env", "clear_lockfile", "sync_env", "run"})
+
+
+def claims(sop: Sop) -> bool:
+    return any(step.kind in CLAIMING for step in sop.steps)
+
+
+def claim_outcome(r: CmdResult) -> Outcome:
+    """The claim script's result on one worker, as the report shows it."""
+    from tpuops.sop.model import markers
+    from tpuops.sop.steps import BUSY_EXIT
+
+    found = markers(r.stdout)
+    if r.exit_code == BUSY_EXIT and not r.error:
+        who = ", ".join(f"run {m['run']} (pid {m['pid']})" for m in found if m["_"].startswith("active"))
+        return Outcome("busy", f"{who} is active on this worker (use --force to stop it)", {"active": who})
+    if not r.ok:
+        if "No space left on device" in r.stderr:
+            return Outcome("failed", "no space left on device for the run lock in the home directory")
+        return Step.model_construct(kind="lock").outcome([r])
+    stopped = [f"run {m['run']} (pid {m['pid']})" for m in found if m["_"].startswith("stopped")]
+    stale = [m["run"] for m in found if m["_"].startswith("stale")]
+    if stopped:
+        return Outcome("changed", f"stopped {', '.join(stopped)}; lock taken", {"stopped": stopped})
+    if stale:
+        return Outcome("changed", f"took over the stale lock of run {', '.join(stale)}")
+    return Outcome("ok", "lock taken")
 
 
 CONSISTENT = ("sha", "versions", "env_sha")  # what must be identical on every worker before a run starts

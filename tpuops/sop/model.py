@@ -189,6 +189,15 @@ class Step(Frozen):
     def plan(self, ctx: PlanContext) -> list[Action]:
         raise NotImplementedError
 
+    def check(self, ctx: PlanContext) -> list[Action]:
+        """Read-only commands that must pass on every worker before any step changes one (the executor runs
+        every step's checks first: a refused start leaves each worker as it was). None by default."""
+        return []
+
+    def check_outcome(self, results: list[CmdResult]) -> Outcome:
+        """A check's verdict on one worker: a failure status refuses the start."""
+        return self.outcome(results)
+
     def outcome(self, results: list[CmdResult]) -> Outcome:
         """Turn this worker's command results into an outcome (steps parse their `tpuops:` lines)."""
         last = results[-1] if results else None

@@ -84,6 +84,18 @@ class PythonEnv(Step):
         "repo_dir", "venv", "python", "extras", "install", "requirements", "conda_env", "min_python",
     )  # fmt: skip
 
+    def check(self, ctx: PlanContext) -> list[Action]:
+        """The interpreter exists and is new enough, before any step changes the worker (a conda env is
+        looked for by the step itself)."""
+        py, min_python = ctx.raw(self.python), ctx.raw(self.min_python)
+        if ctx.raw(self.conda_env) or not min_python:
+            return []
+        return [Command(f"{shell.quote(py)} -c {shell.quote(_version_check(min_python))}", timeout=60)]
+
+    def check_outcome(self, results: list[CmdResult]) -> Outcome:
+        r = results[-1] if results else None
+        return Outcome("ok") if r is not None and r.ok else super().outcome(results)
+
     def plan(self, ctx: PlanContext) -> list[Action]:
         venv, py, conda = ctx.raw(self.venv), ctx.raw(self.python), ctx.raw(self.conda_env)
         install, reqs, min_python = (

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 from tpuops import shell
+from tpuops.logs.events import NOSPACE, STOPPED
 from tpuops.sop.actions import Action, Command, Fetch, Follow
+from tpuops.sop.claim import HELPERS, WIDTH
 from tpuops.sop.model import Outcome, PlanContext, Step, markers
-from tpuops.sop.steps import BUSY_EXIT
 from tpuops.transport.base import CmdResult, Kind
 
 
@@ -36,47 +37,48 @@ class Run(Step):
             body = f"if [ -f {f} ]; then set -a; . {f}; set +a; fi; {body}"
         if self.cwd:
             body = f"cd {shell.path(ctx.raw(self.cwd))} && {body}"
-        # The job writes its exit code atomically (tmp + mv) so a reader never sees a half-written file.
-        job = f'{body}; code=$?; echo $code > "$rd"/worker-{k}.exit.tmp && mv "$rd"/worker-{k}.exit.tmp "$rd"/worker-{k}.exit'
-        runs = shell.path(ctx.raw(self.runs_dir))
-        force = "1" if ctx.force else "0"
-        # One run per VM: another run's live job on this worker is refused (or, with --force, stopped first).
-        # A job leads its own process group (setsid) and a child can outlive the leader, so the holder is
-        # stopped and waited for as a group. `kill -SIG "-PGID"`, not `kill -SIG -- -PGID`: dash has no `--`.
-        script = f"""set -e
-{shell.RUNNING}
-rd={shell.path(rd)}; mkdir -p "$rd"
-if [ -e "$rd"/worker-{k}.pid ] && alive "$(cat "$rd"/worker-{k}.pid)"; then
-  echo "tpuops: running pid=$(cat "$rd"/worker-{k}.pid)"; exit 0; fi
-for f in {runs}/*/worker-*.pid; do
-  [ -e "$f" ] || continue; pid=$(cat "$f"); other=$(basename "$(dirname "$f")")
-  [ -e "${{f%.pid}}.exit" ] && continue  # finished (its exit code is written just before it ends)
-  running "$pid" || continue
-  if [ {force} != 1 ]; then
-    echo "tpuops: active run=$other pid=$pid"; echo "run $other (pid $pid) is active" >&2; exit {BUSY_EXIT}; fi
-  kill -TERM "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-  i=0; while running "$pid" && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
-  if running "$pid"; then kill -KILL "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true; fi
-  while running "$pid"; do sleep 0.05; done
-  x="${{f%.pid}}.exit"; [ -e "$x" ] || echo 143 > "$x"
-  echo "tpuops: stopped run=$other pid=$pid"
-done
-export rd TPUOPS_RUN_DIR="$rd"  # the job may keep files beside its log (the trainer's config.json)
-setsid nohup sh -c {shell.quote(job)} > "$rd"/worker-{k}.log 2>&1 < /dev/null &
-echo $! > "$rd"/worker-{k}.pid
-echo "tpuops: started pid=$!"
+        # The job ends by writing its exit code over bytes reserved before it started (a disk that filled up
+        # meanwhile still gets it, with a note), atomically (tmp + mv), then gives the run lock back.
+        space = f'"$rd"/worker-{k}.space'
+        job = (
+            f"{body}; code=$?; note=''; "
+            f"e=$(head -c 4096 /dev/zero 2>&1 > {space}) || case $e in *'No space'*) note={NOSPACE};; esac; "
+            f"rm -f {space}; "
+            f'printf "%-{WIDTH}s\\n" "$code $note" 1<> "$rd"/worker-{k}.exit.tmp; '
+            f'mv -f "$rd"/worker-{k}.exit.tmp "$rd"/worker-{k}.exit; '
+            '[ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ] && rm -rf "$lock"; exit $code'
+        )
+        # One run per VM is the executor's run lock (sop/claim.py), taken before any step. Here: the pid file
+        # and the exit file reserved before the job starts (a full disk fails here and starts nothing), the
+        # job started in its own session, its pid written and read back (if that fails the job is stopped at
+        # once: no job runs without a pid file `tpuops stop` can find), then the lock handed to the job.
+        script = f"""{HELPERS}
+rd={shell.path(rd)}; k={k}; rid={shell.quote(ctx.run_id)}
+if [ -e "$rd"/worker-$k.pid ] && alive "$(pid_of "$rd"/worker-$k.pid)"; then
+  echo "tpuops: running pid=$(pid_of "$rd"/worker-$k.pid)"; exit 0; fi
+mkdir -p "$rd" || exit 1
+if ! err=$( {{ reserve "$rd"/worker-$k.pid && reserve "$rd"/worker-$k.exit.tmp && : > "$rd"/worker-$k.log; }} 2>&1 ); then
+  rm -f "$rd"/worker-$k.pid "$rd"/worker-$k.exit.tmp; echo "$err" >&2; exit 1; fi
+export rd rid lock TPUOPS_RUN_DIR="$rd"  # the job may keep files beside its log (the trainer's config.json)
+setsid nohup sh -c {shell.quote(job)} > "$rd"/worker-$k.log 2>&1 < /dev/null &
+pid=$!
+put "$rd"/worker-$k.pid $pid 2>/dev/null || true
+if [ "$(pid_of "$rd"/worker-$k.pid)" != "$pid" ]; then
+  stop_group $pid; put_exit "$rd" $k "143 {STOPPED}" 2>/dev/null
+  echo "the pid file $rd/worker-$k.pid could not be written: the job was stopped" >&2; exit 1; fi
+if [ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ]; then
+  h=$(pid_of "$lock/pid"); put "$lock/pid" $pid; [ -n "$h" ] && kill "$h" 2>/dev/null; fi
+echo "tpuops: started pid=$pid"
 """
         env = {k_: ctx.raw(v) for k_, v in self.env.items()}
-        return [Command(script, env=env, secret_env=tuple(self.secret_env), timeout=60)]
+        # Not cancelled when another worker fails: a start cut short could leave a job without its pid file.
+        # The executor stops what started instead (all or none).
+        return [Command(script, env=env, secret_env=tuple(self.secret_env), timeout=60, cancellable=False)]
 
     def outcome(self, results: list[CmdResult]) -> Outcome:
         r = results[-1] if results else None
-        if r is not None and r.kind is Kind.EXIT and r.exit_code == BUSY_EXIT:
-            active = [m for m in markers(r.stdout) if m["_"].startswith("active")]
-            who = ", ".join(f"run {m['run']} (pid {m['pid']})" for m in active)
-            return Outcome(
-                "busy", f"{who} is active on this worker (use --force to stop it)", {"active": who}
-            )
+        if r is not None and not r.ok and "No space left on device" in r.stderr:
+            return Outcome("failed", "no space left on device for the run's files: nothing was started")
         found = markers(r.stdout) if r is not None and r.ok else []
         if not found:
             return super().outcome(results)
@@ -112,6 +114,8 @@ class FollowStep(Step):
         r = results[-1]
         if r.kind is Kind.HUNG:
             return Outcome("hang", r.error or "hung", {"py_spy": r.stdout} if r.stdout else {})
+        if r.kind is Kind.DETACHED:
+            return Outcome("detached", "detached: the job goes on")
         if r.job_exit is None:  # following ended before the job did
             # cancelled: another worker's failure is the run's cause, not this worker's follow
             status = (
@@ -119,6 +123,11 @@ class FollowStep(Step):
             )
             return Outcome(status, r.error or f"{r.kind}")
         code = r.job_exit
+        if NOSPACE in r.job_notes:  # the job ended, but what it wrote since the disk filled up is lost
+            detail = f"job exited {code}; no space left on device on the worker (its log may be cut short)"
+            return Outcome("failed", detail, {"exit_code": code, "no_space": True})
+        if STOPPED in r.job_notes:
+            return Outcome("failed", f"job stopped (exit {code})", {"exit_code": code, "stopped": True})
         return Outcome("ok" if code == 0 else "failed", f"job exited {code}", {"exit_code": code})
 
     def plan(self, ctx: PlanContext) -> list[Action]:
@@ -141,7 +150,6 @@ class FollowStep(Step):
                 hang_min_s=num("hang_min_s"),
                 on_hang=on_hang,
                 py_spy=py_spy,
-                step_pattern=str(ctx.values["step_pattern"]) if ctx.values.get("step_pattern") else None,
             )
         ]
 

@@ -17,6 +17,7 @@ class Status(StrEnum):
     CANCELLED = "cancelled"
     TIMEOUT = "timeout"
     HANG = "hang"
+    DETACHED = "detached"  # Ctrl-C: following stopped, the job goes on
 
 
 # The statuses that count as a failure of the step.

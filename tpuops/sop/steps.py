@@ -21,15 +21,21 @@ _DEVICE_GLOB = re.compile(r"[A-Za-z0-9_./*?-]+")
 
 
 class GitSync(Step):
-    """Clone if missing, fetch, check out a branch or commit, reset --hard, clean (keeping .env and logs)."""
+    """Clone if missing, fetch, check out a branch or commit, reset --hard, clean (keeping .env and logs).
+
+    What the reset and clean would discard (modified tracked files, untracked ones) is named first and copied
+    into `<stash>/<UTC time>-<run id>/` outside the checkout: `status.txt` (git status), `tracked.patch`
+    (`git diff --binary HEAD`, deletions included) and `files/` (each changed or untracked file as it was).
+    """
 
     kind: Literal["git_sync"] = "git_sync"
     repo: str
     ref: str = "main"
     dir: str = "~/tpuops/repo"
     keep: list[str] = [".env", "runs/", ".venv/"]
+    stash: str = "~/tpuops/stash"
     timeout: float = 600.0
-    template_fields: ClassVar[tuple[str, ...]] = ("repo", "ref", "dir", "keep")
+    template_fields: ClassVar[tuple[str, ...]] = ("repo", "ref", "dir", "keep", "stash")
 
     def plan(self, ctx: PlanContext) -> list[Action]:
         keep = [ctx.raw(k) for k in self.keep]
@@ -52,6 +58,16 @@ if git rev-parse --verify --quiet "refs/remotes/origin/$ref^{{commit}}" >/dev/nu
 elif target=$(git rev-parse --verify --quiet "$ref^{{commit}}"); then :
 elif git fetch --quiet origin "$ref" 2>/dev/null && target=$(git rev-parse --verify --quiet "FETCH_HEAD^{{commit}}"); then :
 else echo "unknown branch or commit: $ref (branches and tags found: $(refs))" >&2; exit {UNKNOWN_REF_EXIT}; fi
+if [ "$dirty" != 0 ]; then  # nothing typed on a worker is lost silently: named, then kept outside the checkout
+  stash={shell.path(ctx.raw(self.stash))}/$(date -u +%Y%m%d-%H%M%S)-{shell.quote(ctx.run_id or "sync")}
+  mkdir -p "$stash/files"
+  git status --porcelain --untracked-files=all -- . {kept} > "$stash/status.txt"
+  git diff --binary HEAD -- . {kept} > "$stash/tracked.patch"
+  {{ git diff --name-only -z HEAD -- . {kept}; git ls-files -z --others --exclude-standard -- . {kept}; }} |
+    tar --null -T - --ignore-failed-read -cf - 2>/dev/null | tar -xf - -C "$stash/files"
+  sed 's/^/tpuops: discard /' "$stash/status.txt"
+  echo "tpuops: stashed n=$dirty dir=$stash"
+fi
 git checkout --quiet --force --detach "$target"
 git reset --quiet --hard "$target"
 git clean -fdq {excludes}
@@ -72,7 +88,19 @@ echo "tpuops: sha=$(git rev-parse --short HEAD) changed=$changed"
             return super().outcome(results)
         m = found[-1]
         status = "changed" if m.get("changed") == "1" else "nothing"
-        return Outcome(status, f"at {m['sha']}", {"sha": m["sha"]})
+        discarded = [
+            line.removeprefix("tpuops: discard ")
+            for line in results[-1].stdout.splitlines()
+            if line.startswith("tpuops: discard ")
+        ]
+        stash = next((x["dir"] for x in found if x["_"].startswith("stashed")), None)
+        if not discarded or stash is None:
+            return Outcome(status, f"at {m['sha']}", {"sha": m["sha"]})
+        shown = ", ".join(d.strip() for d in discarded[:5]) + (
+            f" and {len(discarded) - 5} more" if len(discarded) > 5 else ""
+        )
+        detail = f"at {m['sha']}; local changes stashed to {stash} before the reset: {shown}"
+        return Outcome(status, detail, {"sha": m["sha"], "discarded": discarded, "stash": stash})
 
 
 class ClearLockfile(Step):
@@ -91,6 +119,17 @@ class ClearLockfile(Step):
     template_fields: ClassVar[tuple[str, ...]] = ("lockfile", "devices")
 
     def plan(self, ctx: PlanContext) -> list[Action]:
+        return [Command(self._script(ctx, act=True), timeout=self.grace_s + 30)]
+
+    def check(self, ctx: PlanContext) -> list[Action]:
+        """Who holds the TPU, before anything changes: a holder refuses the start (unless --force)."""
+        return [Command(self._script(ctx, act=False), timeout=30)]
+
+    def check_outcome(self, results: list[CmdResult]) -> Outcome:
+        out = self.outcome(results)
+        return out if out.status == "busy" or not results or not results[-1].ok else Outcome("ok")
+
+    def _script(self, ctx: PlanContext, *, act: bool) -> str:
         force = "1" if ctx.force else "0"
         globs = [g for d in self.devices for g in ctx.raw(d).split()]  # a list parameter: one glob a word
         # Globs stay unquoted in `for d in ...` (they must expand) but are checked to hold no shell syntax.
@@ -123,7 +162,7 @@ fi
 if [ -e "$lock" ]; then echo "tpuops: lock age=$(( $(date +%s) - $(stat -c %Y "$lock") ))s"; fi
 if [ -z "$holders" ] && [ ! -e "$lock" ]; then echo "tpuops: nothing to do"; exit 0; fi
 if [ -n "$holders" ] && [ "$force" != 1 ]; then echo "TPU is held by pid$holders" >&2; exit {BUSY_EXIT}; fi
-if [ -n "$holders" ]; then
+{"" if act else "exit 0  # a check only: stopping and removing is the step's own work" + chr(10)}if [ -n "$holders" ]; then
   kill -TERM $holders 2>/dev/null
   i=0; while [ $i -lt $grace ]; do left=""; for h in $holders; do alive "$h" && left="$left $h"; done
     [ -z "$left" ] && break; sleep 0.1; i=$((i+1)); done
@@ -132,7 +171,7 @@ if [ -n "$holders" ]; then
 fi
 rm -f "$lock" && echo "tpuops: removed lock"
 """
-        return [Command(script, timeout=self.grace_s + 30)]
+        return script
 
     def outcome(self, results: list[CmdResult]) -> Outcome:
         r = results[-1]

@@ -62,6 +62,7 @@ class Kind(StrEnum):
     ABORTED = "aborted"  # a follow stopped from outside: the VM is gone (exit_code 130)
     DIED = "died"  # a follow found the job's process gone without an exit file (exit_code 1)
     MISSING = "missing"  # a fetch found no log on the worker (exit_code 1)
+    DETACHED = "detached"  # a follow stopped by Ctrl-C: the job goes on (exit_code 130)
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class CmdResult:
     kind: Kind | None = None  # None: from exit_code (filled in at construction, never None afterwards)
     job_exit: int | None = None  # a follow that ended at the job's exit file: the job's exit code
     offset: int | None = None  # a follow: bytes of the log read when it ended
+    job_notes: tuple[str, ...] = ()  # a follow: the exit file's notes (`stopped`, `nospace`: logs/events.py)
 
     def __post_init__(self) -> None:
         if self.kind is None:

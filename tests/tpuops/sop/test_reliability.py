@@ -45,7 +45,7 @@ def test_second_run_is_refused_naming_the_holder_then_force_stops_it(sshd_pool: 
     assert exit_code(second) == ExitCode.TPU_BUSY
     forced = Executor(t, force=True).execute(long, {}, "run-two", [0])
     assert forced.ok
-    assert (w.home / "runs/run-one/worker-0.exit").read_text().strip() == "143"
+    assert (w.home / "runs/run-one/worker-0.exit").read_text().split() == ["143", "stopped"]
     assert (
         t.run(0, f"{ALIVE}; alive {pid} || echo gone").stdout == "gone\n"
     )  # the holder is gone (or a zombie)

@@ -1,0 +1,114 @@
+"""One run per VM: the per-worker run lock (taken atomically before anything changes), and the shell pieces
+that start, stop and end a detached job with its pid, exit code and lock in order.
+
+The lock is a directory, `~/.tpuops-run.lock`, made with `mkdir` (atomic on every POSIX filesystem). It holds
+the run id (`run`), the run directory (`rd`) and the pid of its holder (`pid`): while the SOP prepares the
+workers a stand-in `sleep` process started by the claim, once the job runs the job itself (its process group
+leader). A lock whose holder is no longer running is stale and taken over; the job's own shell removes it when
+the job ends, `tpuops stop` when it stops the run, the executor when the SOP ends without starting a job.
+Pid and exit files are written at a fixed width into space reserved before the job starts, so a disk that
+fills up can neither leave a job without a pid file nor a finished job without its exit code.
+"""
+
+from __future__ import annotations
+
+from tpuops import shell
+from tpuops.logs.events import STOPPED
+from tpuops.sop.steps import BUSY_EXIT
+
+LOCK = "$HOME/.tpuops-run.lock"  # in the home of the worker's login: per VM for the user who runs its jobs
+CLAIM_TTL_S = 7200  # a claim whose client died holds the lock this long at most (git, venv: well below)
+WIDTH = 20  # pid and exit files: one line of this width, overwritten in place (no new disk block needed)
+
+# `pid_of FILE`: the digits of a pid file (empty when there is none). `reserve FILE`: the file's bytes
+# written now (a full disk fails here, with "No space left on device" from tr). `put FILE TEXT`: TEXT written
+# over those reserved bytes without truncating them. `put_exit RD K TEXT`: the exit file, atomically (tmp+mv).
+# `stop_group PID`: SIGTERM to the job's process group, up to 10 s, then SIGKILL, then wait until it is gone.
+HELPERS = (
+    shell.RUNNING
+    + f"""
+pid_of() {{ head -c 64 "$1" 2>/dev/null | tr -dc 0-9; }}
+reserve() {{ head -c {WIDTH + 1} /dev/zero | tr '\\0' ' ' > "$1"; }}
+put() {{ printf '%-{WIDTH}s\\n' "$2" 1<> "$1"; }}
+put_exit() {{ if [ -f "$1/worker-$2.exit.tmp" ]; then put "$1/worker-$2.exit.tmp" "$3"
+  else printf '%s\\n' "$3" > "$1/worker-$2.exit.tmp"; fi && mv -f "$1/worker-$2.exit.tmp" "$1/worker-$2.exit"; }}
+stop_group() {{ kill -TERM "-$1" 2>/dev/null || kill -TERM "$1" 2>/dev/null || true
+  i=0; while running "$1" && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+  if running "$1"; then kill -KILL "-$1" 2>/dev/null || kill -KILL "$1" 2>/dev/null || true; fi
+  while running "$1"; do sleep 0.05; done; }}
+lock="{LOCK}"
+"""
+)
+
+
+def claim_script(run_id: str, rd: str, runs: str, worker: int, *, force: bool) -> str:
+    """Take the lock on one worker, or say who holds it (exit BUSY_EXIT). Under the lock, runs started
+    without one (older tpuops) are looked for in `runs`. `--force` stops a live holder first. Nothing else on
+    the worker changes: a refused claim leaves it as it was."""
+    f = "1" if force else "0"
+    return f"""{HELPERS}
+rid={shell.quote(run_id)}; rd={rd}; k={worker}; force={f}
+busy() {{ echo "tpuops: active run=$1 pid=$2"; echo "run $1 (pid $2) is active" >&2; }}
+n=0
+while ! err=$(mkdir "$lock" 2>&1); do
+  [ -d "$lock" ] || {{ echo "$err" >&2; exit 1; }}  # not held: mkdir itself failed (its error says why)
+  other=$(cat "$lock/run" 2>/dev/null); pid=$(pid_of "$lock/pid")
+  if [ "$other" = "$rid" ]; then echo "tpuops: claimed again"; exit 0; fi
+  if [ -z "$pid" ] && [ $(( $(date +%s) - $(stat -c %Y "$lock") )) -lt 30 ]; then
+    busy "${{other:-?}}" starting; exit {BUSY_EXIT}; fi  # being claimed this very moment
+  if [ -n "$pid" ] && running "$pid"; then
+    if [ $force != 1 ]; then busy "$other" "$pid"; exit {BUSY_EXIT}; fi
+    stop_group "$pid"; ord=$(cat "$lock/rd" 2>/dev/null)
+    if [ -n "$ord" ] && [ -f "$ord/worker-$k.pid" ] && [ ! -e "$ord/worker-$k.exit" ]; then
+      put_exit "$ord" $k "143 {STOPPED}"; fi
+    echo "tpuops: stopped run=$other pid=$pid"
+  else echo "tpuops: stale run=${{other:-?}} pid=${{pid:-none}}"; fi
+  # Its holder is gone: take it over, one taker at a time (a second lock keeps two takers apart).
+  if mkdir "$lock.takeover" 2>/dev/null; then
+    [ "$(pid_of "$lock/pid")" = "$pid" ] && rm -rf "$lock"
+    rmdir "$lock.takeover"
+  elif [ $(( $(date +%s) - $(stat -c %Y "$lock.takeover" 2>/dev/null || date +%s) )) -gt 60 ]; then
+    rmdir "$lock.takeover" 2>/dev/null || true; fi
+  n=$((n+1)); if [ $n -ge 5 ]; then busy "$other" "$pid"; exit {BUSY_EXIT}; fi
+done
+release() {{ rm -rf "$lock"; }}
+# A stand-in holder until the job runs: the lock is stale as soon as nothing of this run holds it.
+setsid nohup sleep {CLAIM_TTL_S} > /dev/null 2>&1 < /dev/null &
+h=$!
+if ! err=$( {{ printf '%s\\n' "$rid" > "$lock/run" && printf '%s\\n' "$rd" > "$lock/rd" &&
+    reserve "$lock/pid.tmp" && put "$lock/pid.tmp" $h && mv "$lock/pid.tmp" "$lock/pid"; }} 2>&1 ); then
+  kill $h 2>/dev/null; release; echo "$err" >&2; exit 1; fi
+# Runs started without the lock (an older tpuops) are still seen: a live one refuses the claim too.
+for f in {runs}/*/worker-*.pid; do
+  [ -e "$f" ] || continue; other=$(basename "$(dirname "$f")"); [ "$other" = "$rid" ] && continue
+  [ -e "${{f%.pid}}.exit" ] && continue
+  pid=$(pid_of "$f"); [ -n "$pid" ] && running "$pid" || continue
+  if [ $force != 1 ]; then kill $h 2>/dev/null; release; busy "$other" "$pid"; exit {BUSY_EXIT}; fi
+  stop_group "$pid"; put_exit "$(dirname "$f")" "$(basename "$f" .pid | sed 's/worker-//')" "143 {STOPPED}"
+  echo "tpuops: stopped run=$other pid=$pid"
+done
+echo "tpuops: claimed pid=$h"
+"""
+
+
+def release_script(run_id: str) -> str:
+    """Give the lock back when it is still this run's and held by the claim's stand-in (no job of the run
+    was started here): the stand-in ends, the lock directory goes."""
+    return f"""{HELPERS}
+rid={shell.quote(run_id)}
+[ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ] || {{ echo "tpuops: nothing to release"; exit 0; }}
+h=$(pid_of "$lock/pid"); [ -n "$h" ] && kill "$h" 2>/dev/null
+rm -rf "$lock"; echo "tpuops: released"
+"""
+
+
+def stop_started_script(rd: str, worker: int) -> str:
+    """Stop a job this run started on a worker (all-or-none: its start failed elsewhere); the lock goes too."""
+    return f"""{HELPERS}
+rd={rd}; k={worker}
+pid=$(pid_of "$rd/worker-$k.pid")
+if [ -n "$pid" ] && running "$pid"; then stop_group "$pid"; echo "tpuops: stopped pid=$pid"; fi
+[ -e "$rd/worker-$k.exit" ] || put_exit "$rd" $k "143 {STOPPED}"
+[ "$(cat "$lock/rd" 2>/dev/null)" = "$rd" ] && rm -rf "$lock"
+exit 0
+"""
