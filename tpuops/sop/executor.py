@@ -20,7 +20,7 @@ from tpuops.sop.actions import Action, Command, Fetch, Follow, Upload
 from tpuops.sop.loader import Sop
 from tpuops.sop.model import Outcome, PlanContext, Step
 from tpuops.sop.status import FAILED
-from tpuops.transport.base import CmdResult, LineSink, Transport
+from tpuops.transport.base import CmdResult, Kind, LineSink, Transport
 
 SKIP_REST = "tpuops: same"  # a check command printing this makes the rest of the step unnecessary
 
@@ -492,7 +492,7 @@ def claim_outcome(r: CmdResult) -> Outcome:
     from tpuops.sop.steps import BUSY_EXIT
 
     found = markers(r.stdout)
-    if r.exit_code == BUSY_EXIT and not r.error:
+    if r.kind is Kind.EXIT and r.exit_code == BUSY_EXIT:
         who = ", ".join(f"run {m['run']} (pid {m['pid']})" for m in found if m["_"].startswith("active"))
         return Outcome("busy", f"{who} is active on this worker (use --force to stop it)", {"active": who})
     if not r.ok:
