@@ -141,7 +141,7 @@ def test_logs_then_stop_a_detached_run(tmp_path: Path) -> None:
     assert stop.returncode == 0, stop.stderr
     assert "terminated" in json.loads(stop.stdout)["workers"]["0"]["detail"]
     exit_file = Path(os.environ["TPUOPS_HOME"]) / "local/w0/tpuops/runs" / run_id / "worker-0.exit"
-    assert exit_file.read_text().strip() == "143"
+    assert exit_file.read_text().split() == ["143", "stopped"]
     done = tpuops("logs", run_id, cwd=tmp_path)
     last = [ln for ln in done.stdout.splitlines() if ln.startswith("step=")][-1]
     assert int(last.split("step=")[1].split()[0]) < 499  # it really stopped early

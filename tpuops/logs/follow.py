@@ -212,8 +212,14 @@ class Follower:
 
     def _ended(self, w: int, action: Follow, kind: Kind, why: str, stdout: str = "") -> CmdResult:
         """A follow that ended before the job's exit file: how (typed), and why in words for people."""
-        codes = {Kind.HUNG: 124, Kind.TIMEOUT: 124, Kind.CANCELLED: 130, Kind.ABORTED: 130, Kind.CONNECT: 255,
-                 Kind.DETACHED: 130}
+        codes = {
+            Kind.HUNG: 124,
+            Kind.TIMEOUT: 124,
+            Kind.CANCELLED: 130,
+            Kind.ABORTED: 130,
+            Kind.CONNECT: 255,
+            Kind.DETACHED: 130,
+        }
         return CmdResult(
             w, action.render(), codes.get(kind, 1), stdout=stdout, error=why, kind=kind,
             offset=self.offsets.get(w),

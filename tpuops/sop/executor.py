@@ -298,7 +298,7 @@ class Executor:
                     sr.results.setdefault(w, []).extend(results)
                     got = step.check_outcome(results)
                     if got.status in FAILED:
-                        outcome = Outcome(got.status, f"{step.title}: {got.detail}", got.data)
+                        outcome = got
                         break
             except TpuopsError as e:
                 outcome = Outcome("failed", self.redact(e.line()))

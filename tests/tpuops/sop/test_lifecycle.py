@@ -120,7 +120,9 @@ def test_a_disk_that_fills_during_the_run_is_reported_as_such_with_the_exit_code
         report = Executor(t).execute(job(command, follow=True), {}, "filled", [0])
         follow = report.steps[-1].outcomes[0]
         assert follow.status == "failed", follow
-        assert follow.detail == "job exited 0; no space left on device on the worker (its log may be cut short)"
+        assert (
+            follow.detail == "job exited 0; no space left on device on the worker (its log may be cut short)"
+        )
         assert follow.data["exit_code"] == 0
         assert (w.home / "runs/filled/worker-0.exit").read_text().split() == ["0", "nospace"]
         assert not (w.home / LOCK).exists()
