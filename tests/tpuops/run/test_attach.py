@@ -43,7 +43,8 @@ def test_attach_after_the_follower_is_killed(
     first.wait()
     shown += _lines(rest)  # what it printed before it died
     (record,) = _runs(tmp_path)
-    assert record["status"] == "running"  # asked of the workers: the job goes on
+    # Asked of the workers: the job goes on (or, on a slow machine, has just finished).
+    assert record["status"] in ("running", "exited 0"), record
     attached = subprocess.run(
         [sys.executable, "-m", "tpuops", "attach", record["run_id"]],
         cwd=tmp_path,
