@@ -156,7 +156,7 @@ class Executor:
             try:
                 if claims(sop) and active:
                     claim = self._claim(pool, sop, values, run_id, active)
-                    claimed = [w for w in active if claim.outcomes[w].status not in FAILED]
+                    claimed = [w for w in active if claim.outcomes[w].status in ("ok", "changed", "nothing")]
                     if claim.failed or any(o.status == "changed" for o in claim.outcomes.values()):
                         self._add(
                             report, claim

@@ -55,6 +55,7 @@ def test_after_a_failure_only_always_steps_run() -> None:
 def test_workers_at_different_commits_are_refused_before_the_run_step() -> None:
     t = (
         MemoryTransport(2)
+        .expect("tpuops-run.lock", stdout="tpuops: claimed pid=1\n")  # the run lock, taken and given back
         .expect("git clone", worker=0, stdout="tpuops: sha=aaaaaaa changed=1\n")
         .expect("git clone", worker=1, stdout="tpuops: sha=bbbbbbb changed=1\n")
     )
@@ -62,7 +63,7 @@ def test_workers_at_different_commits_are_refused_before_the_run_step() -> None:
     report = Executor(t).execute(steps, {}, "r", [0, 1])
     check = report.steps[-1]
     assert check.kind == "preflight" and "sha bbbbbbb (w0 has aaaaaaa)" in check.outcomes[1].detail
-    assert t.ran("setsid nohup") == []  # nothing was started
+    assert t.ran("setsid nohup sh -c") == []  # nothing was started
     assert exit_code(report) == ExitCode.INCONSISTENT
 
 
@@ -116,3 +117,68 @@ def test_an_unforeseen_command_fails_the_test() -> None:
     assert (
         statuses(report) == [{0: "failed"}] and "UnexpectedCommandError" in report.steps[0].outcomes[0].detail
     )
+
+
+# -- a run's life: the lock and the checks before anything changes, all or none ----------------------------
+CLAIM = 'mkdir "\\$lock" 2>&1'  # the claim script (the release script has no mkdir)
+RELEASE = "nothing to release"
+
+
+def test_a_refused_claim_on_worker_0_stops_the_start_before_any_step_or_other_worker() -> None:
+    busy = "tpuops: active run=other pid=42\n"
+    t = MemoryTransport(2).expect(CLAIM, worker=0, exit_code=75, stdout=busy)
+    report = Executor(t).execute(sop({"kind": "git_sync", "repo": "file:///r"}), {}, "r", [0, 1])
+    assert statuses(report) == [{0: "busy", 1: "skipped"}]
+    assert (
+        report.steps[0].outcomes[0].detail
+        == "run other (pid 42) is active on this worker (use --force to stop it)"
+    )
+    assert [w for w, _ in t.calls] == [0]  # worker 1 was never asked anything
+    assert exit_code(report) == ExitCode.TPU_BUSY
+
+
+def test_a_failed_check_gives_every_lock_back_and_changes_nothing() -> None:
+    t = (
+        MemoryTransport(2)
+        .expect(CLAIM, stdout="tpuops: claimed pid=1\n")
+        .expect(
+            "exit 0  # a check only", worker=1, exit_code=75, stdout="tpuops: holder pid=7 why=device cmd=x\n"
+        )
+        .expect("exit 0  # a check only", worker=0)
+        .expect(RELEASE, stdout="tpuops: released\n")
+    )
+    steps = sop({"kind": "clear_lockfile", "lockfile": "~/l"}, {"kind": "run", "command": "train"})
+    report = Executor(t).execute(steps, {}, "r", [0, 1])
+    assert [s.title for s in report.steps] == ["checks"]
+    assert statuses(report) == [{0: "ok", 1: "busy"}]
+    assert sorted(w for w, _ in t.ran(RELEASE)) == [0, 1]
+    assert t.ran('rm -f "$lock" && echo') == [] and t.ran("setsid nohup sh -c") == []
+    assert exit_code(report) == ExitCode.TPU_BUSY
+
+
+def test_a_start_that_fails_on_one_worker_stops_the_others_and_says_so() -> None:
+    t = (
+        MemoryTransport(2)
+        .expect(CLAIM, stdout="tpuops: claimed pid=1\n")
+        .expect(
+            "setsid nohup sh -c",
+            worker=0,
+            exit_code=1,
+            stderr="mkdir: cannot create directory: Permission denied\n",
+        )
+        .expect("setsid nohup sh -c", worker=1, stdout="tpuops: started pid=4242\n")
+        .expect("tpuops: stopped pid=", worker=1, stdout="tpuops: stopped pid=4242\n")
+        .expect(RELEASE)
+    )
+    report = Executor(t).execute(
+        sop({"kind": "run", "command": "train", "runs_dir": "~/runs"}), {}, "r", [0, 1]
+    )
+    (run,) = report.steps
+    assert run.outcomes[0].status == "failed" and "Permission denied" in run.outcomes[0].detail
+    assert (run.outcomes[1].status, run.outcomes[1].detail) == (
+        "cancelled",
+        "started pid 4242, then stopped: the start failed on w0",
+    )
+    assert [w for w, _ in t.ran("tpuops: stopped pid=")] == [1]
+    assert sorted(w for w, _ in t.ran(RELEASE)) == [0, 1]  # w1's lock went with its job; w0's is given back
+    assert report.first_failure()[1] == 0 and exit_code(report) == ExitCode.FAILED
