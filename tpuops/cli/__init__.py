@@ -52,16 +52,18 @@ app.command("fit", short_help="Will a trainer config fit its TPU? (compiles it h
 
 def _click_exceptions() -> tuple[tuple[type[BaseException], ...], ...]:
     """(Exit, usage errors, Abort) classes of click, of typer, and of the copy of click's exceptions newer
-    typer versions bundle (typer._click): the top-level handler must catch whichever the installed one raises."""
-    import click
-
-    modules: list[object] = [click.exceptions, typer]
+    typer versions bundle (typer._click): the top-level handler must catch whichever the installed one raises.
+    click itself only when something imported it (an older typer does): importing it costs ~60 ms of start-up."""
+    modules: list[object] = [typer]
     try:
         from typer._click import exceptions as bundled
 
         modules.append(bundled)
     except ImportError:
-        pass
+        import click  # noqa: F401 - typer < 0.20 is built on click itself: its exceptions below
+
+    if "click" in sys.modules:
+        modules.append(sys.modules["click"].exceptions)
     names = (("Exit",), ("ClickException",), ("Abort",))
     return tuple(tuple(getattr(m, n) for m in modules for n in group if hasattr(m, n)) for group in names)
 
