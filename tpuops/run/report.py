@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
@@ -14,8 +14,17 @@ from tpuops.logs.events import at_step
 from tpuops.run.result import RunResult
 from tpuops.sop.actions import render_plan
 
+if TYPE_CHECKING:  # the renderers' inputs, named for the type checker (imported at use by the commands)
+    from tpuops.checks.doctor import WorkerHealth
+    from tpuops.run.bench import VariantResult
+    from tpuops.run.launch import DryRun
+    from tpuops.run.store import RunState
+    from tpuops.sop.executor import StepReport
+    from tpuops.sop.procedure import Sop
+    from tpuops.transport.base import CmdResult
 
-def step_done(step: Any) -> None:
+
+def step_done(step: StepReport) -> None:
     bad = step.failed
     mark = "[red]✗[/red]" if bad else "[green]✓[/green]"
     summary = ", ".join(sorted({o.status for o in step.outcomes.values()}))
@@ -80,7 +89,7 @@ def sop_report(report: RunResult, as_json: bool) -> None:
     err.print(f"done in {report.duration_s:.2f}s, run {report.run_id}, exit code {code}")
 
 
-def _dry_run_dict(dr: Any) -> dict[str, Any]:
+def _dry_run_dict(dr: DryRun) -> dict[str, Any]:
     return {
         "sop": dr.sop,
         "transport": dr.transport,
@@ -94,7 +103,7 @@ def _dry_run_dict(dr: Any) -> dict[str, Any]:
     }
 
 
-def dry_run(dr: Any, as_json: bool) -> None:
+def dry_run(dr: DryRun, as_json: bool) -> None:
     if as_json:
         emit_json(_dry_run_dict(dr))
         return
@@ -104,7 +113,7 @@ def dry_run(dr: Any, as_json: bool) -> None:
     out.out(render_plan(dr.plan), end="", highlight=False)
 
 
-def dry_runs(labelled: list[tuple[str, Any]], as_json: bool) -> None:
+def dry_runs(labelled: list[tuple[str, DryRun]], as_json: bool) -> None:
     """The plans of several runs of one command (bench variants), each under its label."""
     if as_json:
         data = [{"variant": label, **_dry_run_dict(dr)} for label, dr in labelled]
@@ -135,7 +144,7 @@ def sop_list(
         err.print(f"[bold red]broken SOP[/] {escape(e if e.startswith(p) else f'{p}: {e}')}")
 
 
-def sop_show(sop: Any, path: str, as_json: bool) -> None:
+def sop_show(sop: Sop, path: str, as_json: bool) -> None:
     if as_json:
         emit_json({"path": path, **sop.model_dump()})
         return
@@ -150,11 +159,11 @@ def sop_show(sop: Any, path: str, as_json: bool) -> None:
     out.print(steps)
 
 
-def runs_table(states: list[Any], as_json: bool) -> None:
+def runs_table(states: list[RunState], as_json: bool) -> None:
     """`tpuops runs`: each run's state (run/store.RunState), and why when it could not be known."""
     import time
 
-    rows = []
+    rows: list[dict[str, Any]] = []  # the --json rows (workers is a list there, text in the table)
     for st in states:
         r = st.record
         where = r.target.get("vm") or ",".join(r.target.get("hosts") or []) or "local"
@@ -182,8 +191,8 @@ def runs_table(states: list[Any], as_json: bool) -> None:
     out.print(table)
 
 
-def stop_table(run_id: str, results: dict[int, Any], as_json: bool) -> None:
-    data = {
+def stop_table(run_id: str, results: dict[int, CmdResult], as_json: bool) -> None:
+    data: dict[str, dict[str, Any]] = {
         str(w): {
             "ok": r.ok,
             "detail": r.stdout.replace("tpuops: ", "").strip().replace("\n", "; ") or r.stderr.strip(),
@@ -199,7 +208,7 @@ def stop_table(run_id: str, results: dict[int, Any], as_json: bool) -> None:
         )
 
 
-def doctor(health: list[Any], as_json: bool) -> None:
+def doctor(health: list[WorkerHealth], as_json: bool) -> None:
     if as_json:
         emit_json([h.__dict__ for h in health])
         return
@@ -229,7 +238,7 @@ def doctor(health: list[Any], as_json: bool) -> None:
     err.print(table)
 
 
-def rollout_bench(results: list[Any], as_json: bool) -> None:
+def rollout_bench(results: list[VariantResult], as_json: bool) -> None:
     base = results[0]
 
     def ratio(v: float | None, b: float | None) -> str:
