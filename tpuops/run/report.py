@@ -346,18 +346,28 @@ def fit_report(result: dict[str, Any], as_json: bool) -> None:
         f"mesh {result['mesh']}, rollout mesh {result['rollout_mesh']}, {result['method']}"
     )
     t = Table("phase", "arguments", "outputs", "temp", "resident", "peak", "headroom", "TFLOP", "HBM GB",
-              "collective GB", "s/step", "largest", title=title, title_justify="left")  # fmt: skip
+              "collective GB", "bound s", "expected s", "largest", title=title, title_justify="left")  # fmt: skip
     for name, p in result["phases"].items():
         t.add_row(
             name, *(f"{p[k] / GB:.2f}" for k in ("argument_bytes", "output_bytes", "temp_bytes", "resident_bytes")),
             f"{p['peak_bytes'] / GB:.2f}", f"[{'green' if p['fits'] else 'bold red'}]{p['headroom']:.0%}[/]",
             f"{p['flops'] / 1e12:.2f}", f"{p.get('hbm_bytes', p['bytes_accessed']) / GB:.2f}",
             f"{p['collective_bytes']['moved'] / GB:.2f}", f"{p['seconds']:.3f}",
-            p["largest_term"],
+            "-".join(f"{s:.2f}" for s in p.get("expected_s", [p["seconds"]] * 2)), p["largest_term"],
         )  # fmt: skip
     err.print(t)
     est = result["estimate"]
-    err.print(f"estimate: {est['step_s']:.2f} s per step at 100% of the roofline (a lower bound, not a promise); "
-              f"largest phase: {est['largest_phase']}")  # fmt: skip
+    if "expected_s" in est:
+        low, high = est["expected_s"]
+        err.print(f"bound: {est['bound_s']:.2f} s per step (every op at 100% of its roofline, collectives over the "
+                  f"links they use + 1 us per hop, host work {est['host_s']:.2f} s; not a promise); largest phase: "
+                  f"{est['largest_phase']}")  # fmt: skip
+        err.print(f"expected: {low:.2f}-{high:.2f} s per step (midpoint {est['expected_mid_s']:.2f} s) at documented "
+                  "efficiencies:")  # fmt: skip
+        for kind, e in est["efficiency"].items():
+            err.print(f"  {kind}: {e['low']:.0%}-{e['high']:.0%} of the roofline, {escape(e['source'])}")
+    else:  # a verdict cached before the expected range
+        err.print(f"estimate: {est['step_s']:.2f} s per step at 100% of the roofline (a lower bound, not a promise); "
+                  f"largest phase: {est['largest_phase']}")  # fmt: skip
     style = "green" if result["fits"] else "bold red"
     err.print(f"[{style}]{escape(summary(result))}[/]" + (" (cached)" if result.get("cached") else ""))

@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         "--phases", help="compile only these phases, e.g. decode_cast,prefill,decode (default: all)"
     )
     ap.add_argument(
+        "--no-host", action="store_true", help="do not time the host's work of a step (trainer.fit.host)"
+    )
+    ap.add_argument(
         "--breakdown", type=int, default=0, metavar="N",
         help="per phase, the N sources of the most HBM bytes (e.g. --phases decode --breakdown 12)",
     )  # fmt: skip
@@ -87,7 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_libtpu(tgt.accelerator)
     try:
         only = tuple(args.phases.split(",")) if args.phases else None
-        result = run(cfg, tgt, args.set, fix=not args.no_fix, only=only, breakdown=args.breakdown)
+        result = run(
+            cfg,
+            tgt,
+            args.set,
+            fix=not args.no_fix,
+            only=only,
+            breakdown=args.breakdown,
+            host=not args.no_host,
+        )
     except config.ConfigError as e:
         print(f"config: {e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -120,25 +131,29 @@ def run(
     fix: bool = True,
     only: tuple[str, ...] | None = None,
     breakdown: int = 0,
+    host: bool = True,
 ) -> dict[str, Any]:
     """Compile and judge every phase at the model's depth (the layer scan compiles one layer body, so depth
     costs no compile time); when only the update does not fit, the first override list that does
-    (`fix_candidates`)."""
+    (`fix_candidates`). With `host`, the host's work of a step is timed here (trainer.fit.host) and added."""
     from trainer import config
-    from trainer.fit import analyze, programs
+    from trainer.fit import analyze, estimate, programs
+    from trainer.fit import host as host_work
     from trainer.kernels.logprob.blocks import compile_target
 
     devices = list(topology_devices(tgt.topology))
     per_device = tgt.per_device(len(devices))
+    geo = estimate.Geometry(tuple(tuple(d.coords) for d in devices), tgt.chip.wrap_from)
     layers = programs.model_config(cfg).num_hidden_layers
 
     def measured(c: Any, only: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
         progs, facts = programs.step_programs(c, devices, only)
-        return analyze.measure_all(progs, len(devices), breakdown), facts
+        return analyze.measure_all(progs, len(devices), breakdown, per_device, geo), facts
 
+    host_result = host_work.measure(cfg) if host else None
     with compile_target(f"tpu {devices[0].device_kind}"):
         raw, facts = measured(cfg, only or programs.ROLLOUT + programs.UPDATE)
-        result = analyze.judge(raw, per_device)
+        result = analyze.judge(raw, per_device, host_result["seconds"] if host_result else 0.0)
         failed = [k for k, p in result["phases"].items() if not p["fits"]]
         result["fix"] = None
         if fix and failed and all(k in programs.UPDATE for k in failed):
@@ -155,7 +170,7 @@ def run(
         "accelerator": tgt.accelerator, "topology": tgt.topology, "devices": len(devices),
         "device_kind": devices[0].device_kind, "hbm_bytes_per_device": per_device["hbm_bytes"],
         "usable_bytes_per_device": (1 - analyze.HEADROOM) * per_device["hbm_bytes"], "per_device": per_device,
-        "sets": sets, "layers": layers, "method": "compiled", **facts, **result,
+        "sets": sets, "layers": layers, "method": "compiled", "host": host_result, **facts, **result,
     }  # fmt: skip
 
 

@@ -108,3 +108,30 @@ def flops(hlo_text: str | hlo.Module) -> int:
         runs = module.counts[name]
         total += runs * sum(matmul_flops(i, types) for i in body if i.op in ("dot", "convolution"))
     return total
+
+
+def op_flops(hlo_text: str | hlo.Module) -> dict[str, int]:
+    """Matmul FLOPs of one run of each top-level op (an op of the entry, a loop body or a called computation),
+    by instruction name: a fusion counts the dots and convolutions of its body, nested fusions included."""
+    module = hlo.module(hlo_text)
+
+    @cache
+    def inside(name: str) -> int:
+        body = module.computations.get(name, [])
+        types = {i.name: i.type for i in body}
+        own = sum(matmul_flops(i, types) for i in body if i.op in ("dot", "convolution"))
+        return own + sum(
+            inside(callee) for i in body for _, callee in hlo.callees(i.line) if callee in module.nested
+        )
+
+    out = {}
+    for name, body in module.computations.items():
+        if name in module.nested:
+            continue
+        types = {i.name: i.type for i in body}
+        for i in body:
+            n = matmul_flops(i, types) if i.op in ("dot", "convolution") else 0
+            n += sum(inside(callee) for _, callee in hlo.callees(i.line) if callee in module.nested)
+            if n:
+                out[i.name] = n
+    return out

@@ -50,8 +50,13 @@ CONTROL = frozenset({"while", "conditional", "call"})
 # Single-operand ops that pass a scalar counter or bound through unchanged.
 _VIEWS = frozenset({"copy", "bitcast", "convert", "reshape"})
 _GROUPS_LIST = re.compile(r"replica_groups=\{\{(?P<first>[0-9,]*)\}")
-_GROUPS_IOTA = re.compile(r"replica_groups=\[(?P<groups>\d+),(?P<size>\d+)\]")
-_GROUPS_MESH = re.compile(r"replica_groups=mesh\[(?P<axes>[^\]]*)\] \{(?P<over>[^}]*)\}")
+_GROUPS_IOTA = re.compile(
+    r"replica_groups=\[(?P<groups>\d+),(?P<size>\d+)\]<=\[(?P<dims>[0-9,]+)\](?:T\((?P<perm>[0-9,]+)\))?"
+)
+_GROUPS_MESH = re.compile(
+    r"replica_groups=mesh\[(?P<axes>[^\]]*)\](?:, device_ids=\(\[(?P<dims>[0-9,]+)\](?:T\((?P<perm>[0-9,]+)\))?\))?"
+    r"(?: \{(?P<over>[^}]*)\})?"
+)
 
 
 class Instruction(NamedTuple):
@@ -209,40 +214,97 @@ def _array_bytes(text: str) -> list[int]:
             for m in _ARRAY.finditer(text) if m["dtype"] in _BYTES]  # fmt: skip
 
 
-def _group_size(line: str, devices: int) -> int:
-    if m := _GROUPS_IOTA.search(line):
-        return int(m["size"])
+def _iota(n: int, dims: str | None, perm: str | None) -> list[int]:
+    """XLA's iota device list: 0..n-1 laid out as `dims`, transposed by `perm`, read in order."""
+    ids = list(range(n))
+    if not dims:
+        return ids
+    shape = [int(d) for d in dims.split(",")]
+    order = [int(p) for p in perm.split(",")] if perm else list(range(len(shape)))
+    strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+    out_shape = [shape[i] for i in order]
+    out = []
+    for flat in range(n):
+        index, rest = [], flat
+        for size in reversed(out_shape):
+            index.append(rest % size)
+            rest //= size
+        index.reverse()
+        out.append(sum(index[k] * strides[order[k]] for k in range(len(order))))
+    return out
+
+
+def group_members(line: str, devices: int) -> list[int]:
+    """The devices (partition ids) of a collective's first replica group; every device when none is named.
+
+    Forms libtpu writes: `{{0,1},{2,3}}`, the iota `[4,2]<=[8]` / `[2,4]<=[4,2]T(1,0)` (groups x size over an
+    iota laid out as dims and transposed), and `mesh['axis_0'=4,'axis_1'=2] {'axis_0'}` (devices laid out as
+    the named axes, optionally as `device_ids=([4,2]T(1,0))`; a group spans the axes in braces)."""
     if (m := _GROUPS_LIST.search(line)) and m["first"]:
-        return len(m["first"].split(","))
-    if m := _GROUPS_MESH.search(line):  # mesh['x'=2,'y'=4] {'y'}: groups over the named axes
-        sizes = dict(re.findall(r"'([^']*)'=(\d+)", m["axes"]))
-        over = re.findall(r"'([^']*)'", m["over"])
-        if over and all(a in sizes for a in over) and "(" not in m["over"]:
-            return math.prod(int(sizes[a]) for a in over)
-    return devices
+        return [int(i) for i in m["first"].split(",")]
+    if m := _GROUPS_IOTA.search(line):
+        groups, size = int(m["groups"]), int(m["size"])
+        return _iota(groups * size, m["dims"], m["perm"])[:size]
+    if m := _GROUPS_MESH.search(line):
+        sizes = [(name, int(n)) for name, n in re.findall(r"'([^']*)'=(\d+)", m["axes"])]
+        total = math.prod(n for _, n in sizes)
+        ids = _iota(total, m["dims"], m["perm"])
+        over = set(re.findall(r"'([^']*)'", m["over"] or "")) or {name for name, _ in sizes}
+        members = []
+        for flat in range(total):  # row-major over the named axes; the group: other axes at 0
+            index, rest = {}, flat
+            for name, n in reversed(sizes):
+                index[name] = rest % n
+                rest //= n
+            if all(index[name] == 0 for name, _ in sizes if name not in over):
+                members.append(ids[flat])
+        return members
+    return list(range(devices))
 
 
-def collectives(text: str | Module, devices: int) -> dict[str, int]:
-    """{kind: result bytes per device, ..., "moved": bytes sent per device} over one execution of the program
-    (each collective times the runs of its computation)."""
+def _group_size(line: str, devices: int) -> int:
+    return len(group_members(line, devices))
+
+
+class CollectiveOp(NamedTuple):
+    name: str
+    kind: str  # one of KINDS
+    result_bytes: int  # per run, per device
+    moved_bytes: float  # per run: what each device sends (ring algorithms)
+    group: tuple[int, ...]  # the first replica group's devices (partition ids)
+    runs: int  # runs per execution of the program
+
+
+def collective_ops(text: str | Module, devices: int) -> list[CollectiveOp]:
+    """Every collective of the program, with its bytes, its group and how many times it runs."""
     mod = module(text)
-    out = dict.fromkeys(KINDS, 0)
-    moved = 0.0
+    out = []
     for name, body in mod.computations.items():
-        runs = mod.counts[name]
         for ins in body:
             kind = ins.op.removesuffix("-start")
             if kind not in KINDS or not (sizes := _array_bytes(ins.type)):
                 continue
             # An async start's tuple holds (operands..., results...): the results are the second half.
             start = ins.op.endswith("-start") and kind != "all-reduce"
-            result = runs * (sum(sizes[len(sizes) // 2 :]) if start else sum(sizes))
-            n = _group_size(ins.line, devices)
-            out[kind] += result
-            moved += {
+            result = sum(sizes[len(sizes) // 2 :]) if start else sum(sizes)
+            group = tuple(group_members(ins.line, devices))
+            n = len(group)
+            moved = {
                 "all-gather": result * (n - 1) / n, "reduce-scatter": result * (n - 1),
                 "all-reduce": 2 * result * (n - 1) / n, "all-to-all": result * (n - 1) / n,
                 "collective-permute": result,
             }[kind]  # fmt: skip
+            out.append(CollectiveOp(ins.name, kind, result, moved, group, mod.counts[name]))
+    return out
+
+
+def collectives(text: str | Module, devices: int) -> dict[str, int]:
+    """{kind: result bytes per device, ..., "moved": bytes sent per device} over one execution of the program
+    (each collective times the runs of its computation)."""
+    out = dict.fromkeys(KINDS, 0)
+    moved = 0.0
+    for op in collective_ops(text, devices):
+        out[op.kind] += op.runs * op.result_bytes
+        moved += op.runs * op.moved_bytes
     out["moved"] = int(moved)
     return out

@@ -14,13 +14,13 @@ def render(r: dict[str, Any]) -> str:
         f"rollout mesh {r['rollout_mesh']})"
     )
     rows = [f"{'phase':<13}{'args':>8}{'out':>8}{'temp':>8}{'resident':>9}{'peak':>8}{'headroom':>9}"
-            f"{'TFLOP':>8}{'HBM GB':>8}{'coll GB':>8}{'s/step':>8}{'compile':>8}  largest"]  # fmt: skip
+            f"{'TFLOP':>8}{'HBM GB':>8}{'coll GB':>8}{'bound s':>8}{'expected s':>12}{'compile':>8}  largest"]  # fmt: skip
     for name, p in r["phases"].items():
         rows.append(
             f"{name:<13}{p['argument_bytes'] / GB:>8.2f}{p['output_bytes'] / GB:>8.2f}{p['temp_bytes'] / GB:>8.2f}"
             f"{p['resident_bytes'] / GB:>9.2f}{p['peak_bytes'] / GB:>8.2f}{p['headroom']:>9.0%}"
             f"{p['flops'] / 1e12:>8.2f}{p['hbm_bytes'] / GB:>8.2f}{p['collective_bytes']['moved'] / GB:>8.2f}"
-            f"{p['seconds']:>8.3f}{p['compile_s']:>7.0f}s  {p['largest_term']}"
+            f"{p['seconds']:>8.3f}{_range(p['expected_s']):>12}{p['compile_s']:>7.0f}s  {p['largest_term']}"
         )
     verdict = (
         f"fits: every phase has >= 10% headroom (tightest: {r['tightest_phase']}, {r['headroom']:.0%})"
@@ -37,7 +37,22 @@ def render(r: dict[str, Any]) -> str:
         if p.get("breakdown"):
             rows.append(f"{name}: HBM bytes per run by source")
             rows += [f"  {b['bytes'] / GB:>8.3f} GB {b['ops']:>5} ops  {b['source']}" for b in p["breakdown"]]
+    return "\n".join([head, *rows, verdict, *estimate_lines(r)])
+
+
+def _range(pair: list[float]) -> str:
+    return f"{pair[0]:.2f}-{pair[1]:.2f}"
+
+
+def estimate_lines(r: dict[str, Any]) -> list[str]:
+    """The step's bound and expected range, and where the expected range's efficiencies come from."""
     est = r["estimate"]
-    return "\n".join([head, *rows, verdict,
-                      f"estimate: {est['step_s']:.2f} s/step at 100% of the roofline (a lower bound); "
-                      f"largest phase {est['largest_phase']}"])  # fmt: skip
+    lines = [
+        f"bound: {est['bound_s']:.2f} s/step (every op at 100% of its roofline, collectives over the links they "
+        f"use + 1 us per hop, host work {est.get('host_s', 0.0):.2f} s); largest phase {est['largest_phase']}",
+        f"expected: {_range(est['expected_s'])} s/step (midpoint {est['expected_mid_s']:.2f} s) at documented "
+        "efficiencies:",
+    ]
+    lines += [f"  {kind}: {e['low']:.0%}-{e['high']:.0%} of the roofline, {e['source']}"
+              for kind, e in est["efficiency"].items()]  # fmt: skip
+    return lines

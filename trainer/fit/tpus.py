@@ -4,7 +4,12 @@ Figures per chip from Google's Cloud TPU system-architecture pages (docs/perform
 v4 275 TFLOP/s, 32 GiB at 1200 GB/s; v5e 197 TFLOP/s, 16 GiB at 819 GB/s, ICI 400 GB/s; v5p 459 TFLOP/s,
 95 GiB at 2765 GB/s, ICI 1200 GB/s; v6e 918 TFLOP/s, 32 GiB at 1638 GB/s, ICI 800 GB/s (ICI bidirectional
 per chip; v4's page gives none: 1.1 PB/s all-reduce per 4096-chip pod = ~270 GB/s per chip one way).
-Collectives are costed at half the bidirectional ICI bandwidth (one direction), per chip.
+Collectives are costed at half the bidirectional ICI bandwidth (one direction), per chip, split over its ICI ports
+(v5e and v6e 4 ports, 2D torus; v4 and v5p 6, 3D): one link one way is v6e 100 GB/s, v5e 50, v5p 100, v4 45, the
+jax-ml scaling book's per-link figures (tpus.md). A slice axis has wraparound links only on a full pod axis for
+v5e/v6e (16 chips) and from 4 chips on v4/v5p (scaling book, tpus.md; Cloud TPU v5p: "4x4x4 and larger slices have
+full 3D torus"). Each hop over a link costs about 1 us whatever the size, "typically around 1us" (jax-ml scaling
+book, "Sharded matrices", sharding.md: "A note on ICI latency"): the latency term of trainer.fit.estimate.
 v4 and v5p name TensorCores (v4-8 = 4 chips); v5e and v6e name chips. JAX's v4 topologies show one device per
 TensorCore, v5p's one per chip (megacore): per-device figures divide the chip's by its devices.
 """
@@ -25,12 +30,15 @@ class Chip:
     bf16_flops: float
     hbm_bw: float  # bytes/s
     ici_bw: float  # bytes/s, one direction, per chip
+    ports: int = 4  # ICI links per chip (one per torus direction)
+    wrap_from: int = 16  # an axis of the slice this long or longer has wraparound links
+    hop_latency_s: float = 1e-6  # per ICI hop, whatever the size
 
 
 CHIPS: dict[str, Chip] = {
-    "v4": Chip("v4", "cores", 32 * GIB, 275e12, 1200e9, 270e9),
+    "v4": Chip("v4", "cores", 32 * GIB, 275e12, 1200e9, 270e9, ports=6, wrap_from=4),
     "v5e": Chip("v5e", "chips", 16 * GIB, 197e12, 819e9, 200e9),
-    "v5p": Chip("v5p", "cores", 95 * GIB, 459e12, 2765e9, 600e9),
+    "v5p": Chip("v5p", "cores", 95 * GIB, 459e12, 2765e9, 600e9, ports=6, wrap_from=4),
     "v6e": Chip("v6e", "chips", 32 * GIB, 918e12, 1638e9, 400e9),
 }
 ALIASES = {"v5litepod": "v5e"}
@@ -63,6 +71,7 @@ class Target:
         return {
             "hbm_bytes": c.hbm_bytes * share, "flops": c.bf16_flops * share,
             "hbm_bw": c.hbm_bw * share, "ici_bw": c.ici_bw * share,
+            "link_bw": c.ici_bw / c.ports * share, "hop_latency_s": c.hop_latency_s,
         }  # fmt: skip
 
 

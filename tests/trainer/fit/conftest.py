@@ -14,7 +14,27 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-SHIPPED = sorted(p.stem for p in (REPO / "trainer" / "configs").glob("qwen2.5-*.yaml"))
+
+
+def covered(preset: str, by: str) -> bool:
+    """`by` runs the same model on the same TPU with the same micro-batch and remat, and every sequence shape at
+    least as large: whatever `preset` needs per device, `by` needs at least as much, so compiling `by` checks both
+    (the half-decode 3B preset beside the seed's 3B workload). Memory per device grows with these shapes."""
+    from trainer import config
+
+    a, b = config.load(preset), config.load(by)
+    same = (a.model.preset, a.model.dtype, a.mesh, a.train.micro_batch, a.train.remat, a.train.loss_impl,
+            a.rollout.tp) == (b.model.preset, b.model.dtype, b.mesh, b.train.micro_batch, b.train.remat,
+            b.train.loss_impl, b.rollout.tp)  # fmt: skip
+    return (preset != by and same and max(a.data.prompt_buckets) <= max(b.data.prompt_buckets)
+            and a.rollout.max_new_tokens <= b.rollout.max_new_tokens
+            and a.sequences_per_step <= b.sequences_per_step)  # fmt: skip
+
+
+PRESETS = sorted(p.stem for p in (REPO / "trainer" / "configs").glob("qwen2.5-*.yaml"))
+# Each shipped preset, less those another shipped preset covers (each TPU compile of a 3B step costs minutes of
+# the suite's 2 cores); tests/trainer/fit/test_fit.py checks that every preset left out is covered.
+SHIPPED = [p for p in PRESETS if not any(covered(p, other) for other in PRESETS)]
 TEST_NAME = "test_every_shipped_tpu_config_fits_its_tpu"
 KEY = pytest.StashKey["ShippedFits"]()
 # Runs the rest of its argv after asking Linux to SIGKILL it when the thread that started it (so pytest) dies,
@@ -38,7 +58,7 @@ class ShippedFits:
         }
 
     def _fit(self, preset: str) -> subprocess.CompletedProcess[str]:
-        fit = [sys.executable, "-m", "trainer.fit", "--config", preset, "--json", "--no-fix"]
+        fit = [sys.executable, "-m", "trainer.fit", "--config", preset, "--json", "--no-fix", "--no-host"]
         argv = [sys.executable, "-c", DIE_WITH_PARENT, str(os.getpid()), "nice", "-n", "19", *fit]
         with self._lock:
             if self._stopped:

@@ -29,6 +29,8 @@ def test_per_device_figures_split_a_chip_between_its_devices() -> None:
         "flops": 918e12,
         "hbm_bw": 1638e9,
         "ici_bw": 400e9,
+        "link_bw": 100e9,
+        "hop_latency_s": 1e-6,
     }
 
 

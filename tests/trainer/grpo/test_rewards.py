@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import pytest
@@ -24,6 +25,16 @@ def test_correctness_format_and_tags() -> None:
     assert rewards.correctness(Sample("<answer>\\frac{24}{2}</answer>", "12")) == 1.0  # math_verify parses it
     assert rewards.format_reward(Sample(GOOD)) == 1.0 and rewards.format_reward(Sample("12")) == 0.0
     assert rewards.tag_count(Sample("<answer>12</answer>")) == 0.5
+
+
+def test_two_plain_numbers_that_differ_are_wrong_without_math_verify(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The common case of a wrong answer costs no symbolic parse (math_verify: ~40 ms a sample)."""
+    monkeypatch.setitem(sys.modules, "math_verify", None)  # importing it would now raise
+    assert rewards.correctness(Sample("<answer>\n1,300\n</answer>", "1200")) == 0.0
+    assert rewards.correctness(Sample("so it is -7.5 in the end", "7.5")) == 0.0
+    assert rewards.correctness(Sample("<answer>1,200</answer>", "1200")) == 1.0
+    with pytest.raises(ImportError):  # not plain numbers: math_verify decides
+        rewards.correctness(Sample("<answer>\\frac{24}{3}</answer>", "12"))
 
 
 def test_math_verify_works_off_the_main_thread() -> None:

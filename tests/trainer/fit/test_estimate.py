@@ -1,0 +1,153 @@
+"""The step estimate's pieces on synthetic HLO: replica groups as libtpu writes them, the links and hops a group
+uses on the torus, each op at its own roofline, a latency per hop, the expected range and the host's work."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainer import config
+from trainer.fit import analyze, estimate, hlo, host, tpus
+
+V6E_2X4 = estimate.Geometry(tuple((i % 2, i // 2, 0) for i in range(8)), wrap_from=16)  # libtpu's coords
+
+
+@pytest.mark.parametrize(
+    ("groups", "members"),
+    [("replica_groups={{0,1},{2,3},{4,5},{6,7}}", [0, 1]),
+     ("replica_groups=[4,2]<=[8]", [0, 1]),
+     ("replica_groups=[2,4]<=[4,2]T(1,0)", [0, 2, 4, 6]),
+     ("replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0'}", [0, 2, 4, 6]),
+     ("replica_groups=mesh['axis_0'=4,'axis_1'=1,'axis_2'=2] {'axis_2'}", [0, 1]),
+     ("replica_groups=mesh['axis_0'=2,'axis_1'=1,'axis_2'=4], device_ids=([4,2]T(1,0)) {'axis_0'}", [0, 1]),
+     ("replica_groups=mesh['axis_0'=2,'axis_1'=1,'axis_2'=4], use_global_device_ids=true", list(range(8))),
+     ("channel_id=3", list(range(8)))],
+)  # fmt: skip
+def test_replica_groups_in_every_form_libtpu_writes(groups: str, members: list[int]) -> None:
+    line = f"  %ar = f32[32]{{0}} all-reduce(f32[32]{{0}} %x), channel_id=1, {groups}, to_apply=%add"
+    assert hlo.group_members(line, 8) == members
+
+
+@pytest.mark.parametrize(
+    ("group", "links", "hops"),
+    [((0, 1), 1, 1),  # the decode's tp pair: one link, one hop
+     ((0, 2, 4, 6), 1, 3),  # a line of 4 chips without wraparound: 3 hops end to end
+     (tuple(range(8)), 2, 4),  # both dimensions: a link each, 1 + 3 hops
+     ((3,), 1, 0)],
+)  # fmt: skip
+def test_a_group_uses_the_links_and_hops_of_the_torus_dimensions_it_spans(
+    group: tuple[int, ...], links: int, hops: int
+) -> None:
+    assert V6E_2X4.links_and_hops(group) == (links, hops)
+
+
+def test_a_full_axis_with_wraparound_is_a_ring_both_ways() -> None:
+    ring = estimate.Geometry(tuple((i % 4, i // 4) for i in range(16)), wrap_from=4)  # v5p-like 4x4
+    assert ring.links_and_hops((0, 1, 2, 3)) == (2, 2)  # both directions, half the way round
+    assert V6E_2X4.links_and_hops((0, 2, 4, 6)) == (1, 3)  # 4 < 16 on v6e: a line
+
+
+def test_per_link_bandwidth_and_latency_come_from_the_chip_table() -> None:
+    v6e, v5e, v4 = (tpus.from_accelerator(a) for a in ("v6e-8", "v5litepod-8", "v4-8"))
+    assert v6e.per_device(8)["link_bw"] == 100e9 and v5e.per_device(8)["link_bw"] == 50e9
+    assert v4.per_device(8)["link_bw"] == 45e9 / 2  # two TensorCores share a chip's links
+    assert v6e.per_device(8)["hop_latency_s"] == 1e-6
+
+
+# One matmul that is compute-bound, one copy that is HBM-bound, and an all-reduce over the tp pair in a loop of
+# 10: a program whose rooflines differ op by op.
+PROGRAM = """
+%mm (a: bf16[4096,4096], b: bf16[4096,4096]) -> bf16[4096,4096] {
+  %a = bf16[4096,4096]{1,0} parameter(0)
+  %b = bf16[4096,4096]{1,0} parameter(1)
+  ROOT %d = bf16[4096,4096]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%body (p: (s32[], f32[65536])) -> (s32[], f32[65536]) {
+  %p = (s32[], f32[65536]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %v = f32[65536]{0} get-tuple-element(%p), index=1
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  %ar = f32[65536]{0} all-reduce(%v), channel_id=1, replica_groups={{0,1},{2,3},{4,5},{6,7}}, to_apply=%add
+  ROOT %t = (s32[], f32[65536]{0}) tuple(%next, %ar)
+}
+
+%cond (c: (s32[], f32[65536])) -> pred[] {
+  %c = (s32[], f32[65536]{0}) parameter(0)
+  %k = s32[] get-tuple-element(%c), index=0
+  %ten = s32[] constant(10)
+  ROOT %lt = pred[] compare(%k, %ten), direction=LT
+}
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %s = f32[] add(%x, %y)
+}
+
+ENTRY %main (a: bf16[4096,4096], big: f32[268435456], v: f32[65536]) -> bf16[4096,4096] {
+  %a = bf16[4096,4096]{1,0} parameter(0)
+  %big = f32[268435456]{0} parameter(1)
+  %v = f32[65536]{0} parameter(2)
+  %copy = f32[268435456]{0} copy(%big)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[65536]{0}) tuple(%zero, %v)
+  %loop = (s32[], f32[65536]{0}) while(%init), condition=%cond, body=%body
+  ROOT %f = bf16[4096,4096]{1,0} fusion(%a, %a), kind=kOutput, calls=%mm
+}
+"""
+
+
+def test_the_bound_is_each_ops_roofline_plus_each_collective_over_its_links_and_hops() -> None:
+    rates = tpus.from_accelerator("v6e-8").per_device(8)
+    costs = estimate.phase_costs(hlo.parse(PROGRAM), rates, V6E_2X4)
+    matmul_s = 2 * 4096**3 / 918e12  # 150 us of MXU against 0.06 ms of its 100 MB of HBM traffic
+    copy_s = 2 * 268435456 * 4 / 1638e9  # 1.3 ms of HBM, no FLOPs
+    assert costs["compute_s"] == pytest.approx(matmul_s)
+    assert costs["roofline_s"] == pytest.approx(matmul_s + copy_s)  # each op its own max, summed
+    program_max = max(costs["compute_s"], costs["hbm_s"])
+    assert costs["roofline_s"] > program_max  # the per-program max missed the matmul's time
+    # 10 all-reduces of 256 KB over one link (the tp pair), 2 x 1 hop at 1 us each.
+    assert costs["collectives"] == 10
+    assert costs["collective_bw_s"] == pytest.approx(10 * 2 * 65536 * 4 / 2 / 100e9)
+    assert costs["collective_latency_s"] == pytest.approx(10 * 2e-6)
+    assert costs["bound_s"] == pytest.approx(
+        costs["roofline_s"] + costs["collective_bw_s"] + costs["collective_latency_s"]
+    )
+
+
+def test_the_expected_range_divides_the_roofline_by_the_documented_efficiencies() -> None:
+    costs = {"roofline_s": 1.0, "collective_bw_s": 0.1, "collective_latency_s": 0.03}
+    low, high = estimate.expected("decode", costs)
+    eff = estimate.EFFICIENCY["decode"]
+    assert low == pytest.approx(1 / eff.high + 0.1 / estimate.ICI_EFFICIENCY + 0.03)
+    assert high == pytest.approx(
+        1 / eff.low + 0.1 / estimate.ICI_EFFICIENCY + 0.03 * estimate.LATENCY_MEASURED_X
+    )
+    assert estimate.expected("update", costs)[1] == pytest.approx(
+        1 / estimate.EFFICIENCY["train"].low + 0.1 / estimate.ICI_EFFICIENCY + 0.08
+    )
+    assert all(e.source and 0 < e.low < e.high <= 1 for e in estimate.EFFICIENCY.values())
+
+
+def test_the_step_adds_the_host_work_to_the_bound_and_to_the_range() -> None:
+    costs = {"compute_s": 0.5, "hbm_s": 1.0, "roofline_s": 1.2, "collective_bw_s": 0.1, "collective_latency_s": 0.05,
+             "collectives": 3, "bound_s": 1.35}  # fmt: skip
+    raw = {"resident_bytes": 0, "argument_bytes": 1, "output_bytes": 1, "alias_bytes": 0, "temp_bytes": 1,
+           "flops": 1e12, "hbm_bytes": 1e9, "collective_bytes": {"moved": 1e6}, "costs": costs}  # fmt: skip
+    got = analyze.judge({"decode": raw}, tpus.from_accelerator("v6e-8").per_device(8), host_s=0.25)
+    est = got["estimate"]
+    assert est["bound_s"] == pytest.approx(1.6) and est["host_s"] == 0.25
+    low, high = estimate.expected("decode", costs)
+    assert est["expected_s"] == pytest.approx([low + 0.25, high + 0.25])
+    assert est["program_roofline_s"] == pytest.approx(1e12 / 918e12 + 1e6 / 400e9)  # the former figure
+    assert got["phases"]["decode"]["largest_term"] == "hbm"
+    assert set(est["efficiency"]) == set(estimate.EFFICIENCY)
+
+
+@pytest.mark.slow
+def test_host_work_is_timed_at_the_configs_shapes() -> None:
+    cfg = config.load("tiny", ["rollout.max_new_tokens=64", "train.prompts_per_step=4"])
+    got = host.measure(cfg, repeats=1)
+    assert got["sequences"] == cfg.sequences_per_step and got["tokens"] == cfg.sequences_per_step * 64
+    assert got["seconds"] > 0 and got["tokenizer"] in ("qwen2.5", "bundled")
