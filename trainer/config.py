@@ -66,9 +66,17 @@ class RolloutConfig:
     # Decode layout: weights split over `tp` devices by heads/MLP/vocab, sequences over the rest (no FSDP:
     # trainer.sharding.rollout_mesh). 0 = auto: the kv-head count's largest divisor that divides the devices.
     tp: int = 0
+    # Decode positions per attention window: the decode loop runs in segments of this many positions, each
+    # attending over the cache slots its last position can see (0: every position reads the whole P + C cache).
+    # Each segment is one more loop body to compile.
+    attention_block: int = 0
 
     def __post_init__(self) -> None:
         _check(self.tp >= 0, f"rollout.tp must be >= 0 (0 = auto), received {self.tp}")
+        _check(
+            self.attention_block >= 0,
+            f"rollout.attention_block must be >= 0 (0 = the whole cache), received {self.attention_block}",
+        )
         _check(
             self.samples_per_prompt >= 2,
             f"rollout.samples_per_prompt must be >= 2 (a group), received {self.samples_per_prompt}",

@@ -95,7 +95,9 @@ def evaluate(
     B = eval_batch_size(cfg, mesh.shape["dp"] * mesh.shape["fsdp"])
     P_len = max(cfg.data.prompt_buckets)
     r = cfg.rollout
-    sampling = SamplingConfig(r.max_new_tokens, r.temperature, r.top_k, r.top_p, greedy=cfg.eval.greedy)
+    sampling = SamplingConfig(
+        r.max_new_tokens, r.temperature, r.top_k, r.top_p, greedy=cfg.eval.greedy, block=r.attention_block
+    )
     eos, pad = eos_ids(tokenizer), pad_id(tokenizer)
     # A stream of its own (not the rollouts'): sampled evals at the same step draw the same completions.
     key = jax.random.fold_in(jax.random.key(cfg.train.seed + 1), step)

@@ -151,7 +151,10 @@ def test_logs_then_stop_a_detached_run(tmp_path: Path) -> None:
 
 
 def test_recompile_check_passes_with_fixed_buckets() -> None:
-    sets = ("--set", "config=toy", "--set", f"data_dir={DATA}", "--set", "steps=3")
+    # Decode in segments of 2 positions (3 attention windows for its 6 new tokens): every segment's loop is
+    # compiled in step 0's one decode program, nothing after.
+    sets = ("--set", "config=toy", "--set", f"data_dir={DATA}", "--set", "steps=3",
+            "--set", "rollout.attention_block=2")  # fmt: skip
     r = tpuops("recompile-check", "--local", *sets, "--json", cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     log = json.loads(r.stdout)["log"]

@@ -7,10 +7,11 @@ computation's body runs as often as its caller; every branch of a conditional is
 upper bound: one of them does). The trip count is XLA's `known_trip_count` when the while carries one (the
 GPU and CPU compilers print it; libtpu does not), else read off the loop when it is the scan / fori_loop
 pattern libtpu leaves: the condition's ROOT is `compare(counter, constant N)` (LT, LE, GT or GE), the
-counter starts at a constant in the while's init tuple and the body's ROOT tuple adds a constant to it. A
-loop whose trip count cannot be read (a `lax.while_loop` that also tests data, like the sampler's decode
-loop) runs `unknown_trips` times, 1 unless the caller knows better (trainer.fit.programs: the decode loop's
-C - 1 tokens, so that what the decode program does once, outside its loop, counts once).
+counter starts at a constant in the while's init tuple and the body's ROOT tuple adds a constant to it; a
+ROOT `and` of such a test and a test of data (`i < N and not done`: the sampler's decode segments) runs N
+times, its upper bound. A loop whose trip count cannot be read at all runs `unknown_trips` times, 1 unless the
+caller knows better (trainer.fit.programs: the decode loop's C - 1 tokens, so that what the decode program
+does once, outside its loop, counts once).
 A computation nothing calls counts once (also a fragment of text without an ENTRY).
 
 Collectives: result bytes per kind and the bytes each device moves over ICI (ring algorithms: all-gather
@@ -155,17 +156,29 @@ def _root(body: list[Instruction]) -> Instruction | None:
 
 
 def trip_count(
-    computations: dict[str, list[Instruction]], defs: dict[str, Instruction], loop: Instruction
+    computations: dict[str, list[Instruction]],
+    defs: dict[str, Instruction],
+    loop: Instruction,
+    compare: Instruction | None = None,
 ) -> int | None:
     """How many times a while loop runs its body (see the module docstring), None when unknown; `defs` are
-    the instructions of the computation that holds the loop."""
+    the instructions of the computation that holds the loop; `compare`, the condition's test to read (default:
+    its ROOT; a ROOT `and` of tests gives the smallest bound any of them reads, an upper bound)."""
     if m := _KNOWN_TRIPS.search(loop.line):
         return int(m["n"])
     named = dict(callees(loop.line))
     cond, body = computations.get(named.get("condition", "")), computations.get(named.get("body", ""))
-    if not cond or not body or not (compare := _root(cond)) or compare.op != "compare":
+    if not cond or not body or not (compare := compare or _root(cond)):
         return None
     cond_defs = {i.name: i for i in cond}
+    if compare.op == "and":  # `counter < N and not done`: N is an upper bound (the loop may stop sooner)
+        bounds = [
+            trip_count(computations, defs, loop, cond_defs[o]) for o in operands(compare) if o in cond_defs
+        ]
+        known = [n for n in bounds if n is not None]
+        return min(known) if known else None
+    if compare.op != "compare":
+        return None
     direction = _DIRECTION.search(compare.line)
     ops = operands(compare)
     if direction is None or len(ops) != 2:

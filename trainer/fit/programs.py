@@ -139,7 +139,9 @@ def _rollout(
     rparams = jax.tree_util.tree_map(
         lambda x, s: _sds(x.shape, x.dtype, s), rparams, param_shardings(rparams, rmesh)
     )
-    sampling = sampler.SamplingConfig(C, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p)
+    sampling = sampler.SamplingConfig(
+        C, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p, block=cfg.rollout.attention_block
+    )
     static = sampler.static_args(mconf, sampling, (1,), 0, rmesh)
     rng = jax.eval_shape(lambda: jax.random.key(0))
     ids = _batch(rmesh, (N, P_len), jnp.int32)

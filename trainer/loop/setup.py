@@ -43,7 +43,7 @@ def setup(cfg: Config, emit: metrics.Emitter | None) -> tuple[Run, State]:
     run = Run(
         cfg=cfg, emit=emit, mesh=mesh, rmesh=rmesh, to_decode=to_decode, mconf=mconf, tokenizer=tokenizer,
         task=task, weights=task.weights(cfg), target_ids=target_ids,
-        sampling=SamplingConfig(r.max_new_tokens, r.temperature, r.top_k, r.top_p),
+        sampling=SamplingConfig(r.max_new_tokens, r.temperature, r.top_k, r.top_p, block=r.attention_block),
         eos=eos_ids(tokenizer), pad=pad_id(tokenizer), opt=opt, impl=impl,
         updates={P_len: make_update(cfg, mconf, opt, P_len, impl, (params, opt_state))},
         ref_params=ref_params, ref_logp=make_ref_logp(cfg, mconf, impl, mesh) if ref_params is not None else None,

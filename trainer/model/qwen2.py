@@ -109,9 +109,9 @@ class Attention(nn.Module):
     @nn.compact
     def __call__(self, x_BTD: Array, cos_BTH: Array, sin_BTH: Array, mask_BTS: Array, kv: Any) -> Any:
         """`kv` None: attend over this call's own keys (mask_BTS is [B, T, T]) and return them; else
-        (keys_LBSKH, values_LBSKH, layer, slot): write the new keys/values at (`layer`, `slot`) of the whole
-        stacked cache, in place, attend over this layer's S slots (mask_BTS is [B, T, S]) and return the
-        updated stacked cache."""
+        (keys_LBSKH, values_LBSKH, layer, slot, window): write the new keys/values at (`layer`, `slot`) of the
+        whole stacked cache, in place, attend over this layer's first `window` slots (0: all S; mask_BTS is
+        [B, T, S]) and return the updated stacked cache."""
         c = self.config
         B, T, _ = x_BTD.shape
         N, K, H = c.num_attention_heads, c.num_key_value_heads, c.head_dim
@@ -124,13 +124,15 @@ class Attention(nn.Module):
         else:
             # One small in-place update of the stacked cache per layer and decode step (the cache is the
             # layer loop's carry, so XLA updates its buffer in place), then this layer's slots are read.
-            keys_LBSKH, values_LBSKH, layer, slot = kv
+            keys_LBSKH, values_LBSKH, layer, slot, window = kv
             at = (jnp.asarray(layer, jnp.int32), jnp.int32(0), jnp.asarray(slot, jnp.int32), jnp.int32(0),
                   jnp.int32(0))  # fmt: skip
             keys_LBSKH = jax.lax.dynamic_update_slice(keys_LBSKH, k[None].astype(keys_LBSKH.dtype), at)
             values_LBSKH = jax.lax.dynamic_update_slice(values_LBSKH, v[None].astype(values_LBSKH.dtype), at)
             keys = jax.lax.dynamic_index_in_dim(keys_LBSKH, layer, 0, keepdims=False)
             values = jax.lax.dynamic_index_in_dim(values_LBSKH, layer, 0, keepdims=False)
+            if window:  # only the slots this position can see are read (the rest are not written yet)
+                keys, values, mask_BTS = keys[:, :window], values[:, :window], mask_BTS[..., :window]
             new_kv = (constrain(keys_LBSKH, *_LBSKH), constrain(values_LBSKH, *_LBSKH))
         out = constrain(attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS), *_BTNH)
         return constrain(self._dense(c.hidden_size, False, "o_proj")(out.reshape(B, T, N * H)), *_BTD), new_kv
@@ -161,6 +163,7 @@ class DecoderLayer(nn.Module):
 
     config: Qwen2Config
     collect_kv: bool = False
+    window: int = 0  # decode: attend over the first `window` cache slots (0: all)
 
     @nn.compact
     def __call__(
@@ -171,7 +174,7 @@ class DecoderLayer(nn.Module):
             x_BTD, kv = carry, None
         else:
             x_BTD, keys_LBSKH, values_LBSKH = carry
-            kv = (keys_LBSKH, values_LBSKH, layer, slot)
+            kv = (keys_LBSKH, values_LBSKH, layer, slot, self.window)
         norm: dict[str, Any] = {
             "eps": c.rms_norm_eps,
             "dtype": _dt(c.dtype),
@@ -206,6 +209,7 @@ class Qwen2(nn.Module):
 
     config: Qwen2Config
     collect_kv: bool = False
+    window: int = 0  # decode: attend over the first `window` cache slots (0: all)
 
     def setup(self) -> None:
         c = self.config
@@ -219,7 +223,7 @@ class Qwen2(nn.Module):
         self.layers = nn.scan(
             layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
             in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
-        )(c, self.collect_kv, name="layers")  # fmt: skip
+        )(c, self.collect_kv, self.window, name="layers")  # fmt: skip
         self.norm = RMSNorm(c.rms_norm_eps, _dt(c.dtype), _dt(c.param_dtype))
         if not c.tie_word_embeddings:
             self.lm_head = nn.Dense(
@@ -330,7 +334,7 @@ def forward_logits(
     return logits_from_hidden(params, config, hidden_BTD)
 
 
-@functools.partial(jax.jit, static_argnames="config")
+@functools.partial(jax.jit, static_argnames=("config", "window"))
 def decode_step(
     params: Params,
     config: Qwen2Config,
@@ -340,11 +344,13 @@ def decode_step(
     values_LBSKH: Array,
     slot: Array,
     slot_mask_BTS: Array,
+    window: int = 0,
 ) -> tuple[Array, Array, Array]:
-    """Write the new tokens' keys/values at cache `slot` of every layer and attend over the cache.
+    """Write the new tokens' keys/values at cache `slot` of every layer and attend over the cache's first
+    `window` slots (0: all; `slot` must be below it).
 
     Returns (logits_BTV float32, keys, values) with the cache updated."""
-    out = Qwen2(config).apply(
+    out = Qwen2(config, window=window).apply(
         {"params": params}, input_ids_BT, positions_BT, slot_mask_BTS, (keys_LBSKH, values_LBSKH, slot)
     )
     hidden, (keys, values) = cast(tuple[Array, tuple[Array, Array]], out)  # apply() is typed loosely

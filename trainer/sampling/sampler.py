@@ -35,6 +35,9 @@ class SamplingConfig:
     top_k: int = 0  # 0: no top-k filter
     top_p: float = 1.0  # 1.0: no nucleus filter
     greedy: bool = False
+    # Decode positions per attention window: the loop runs in segments of `block` positions, each attending over
+    # the cache slots written by its last position only (0: every position attends over the whole cache).
+    block: int = 0
 
     def __post_init__(self) -> None:
         if self.max_new_tokens <= 0:
@@ -47,6 +50,8 @@ class SamplingConfig:
             raise ValueError(f"top_k must be >= 0, received {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], received {self.top_p}")
+        if self.block < 0:
+            raise ValueError(f"block must be >= 0 (0 = the whole cache), received {self.block}")
 
 
 @flax.struct.dataclass
@@ -180,24 +185,42 @@ def _prefill(
     return _record(state, token_B, logprob_B, eos_E, pad_id)
 
 
+def segments(max_new_tokens: int, block: int) -> list[tuple[int, int]]:
+    """The decode loop's segments [start, end) of completion positions (the position of the token fed in: 0 is
+    the prefill's, C - 2 the last fed): one segment without `block`, else `block` positions each."""
+    last = max_new_tokens - 1  # positions 0 .. C - 2 are fed; the prefill sampled token 0
+    if last <= 0:
+        return []
+    step = block or last
+    return [(start, min(start + step, last)) for start in range(0, last, step)]
+
+
 @functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("state",))
 def _decode(
     params: Any, state: DecodeState, *, config: Qwen2Config, eos_E: Array, pad_id: Array,
     sampling: SamplingConfig, mesh: Mesh | None,
 ) -> DecodeState:  # fmt: skip
-    """Feed the last sampled token and sample the next, until C tokens or every sequence hit EOS."""
-    C = sampling.max_new_tokens
+    """Feed the last sampled token and sample the next, until C tokens or every sequence hit EOS.
 
-    def cond(s: DecodeState) -> Array:
-        return (s.step + 1 < C) & ~jnp.all(s.done_B)
+    One lax.while_loop per segment (`segments`), each counting its own positions from 0 so its trip count is in
+    the program (trainer.fit.hlo reads it), each stopping too when every sequence is done. With
+    `sampling.block`, position t attends over the first P + end slots of its segment (slots P + t and before
+    hold every token it may see; the rest are not written yet), so early positions read a short cache."""
+    P = state.cache.length - sampling.max_new_tokens
+    for start, end in segments(sampling.max_new_tokens, sampling.block):
+        one = functools.partial(
+            decode_one, params, config=config, eos_E=eos_E, pad_id=pad_id, sampling=sampling, mesh=mesh,
+            window=P + end if sampling.block else 0,
+        )  # fmt: skip
 
-    return jax.lax.while_loop(
-        cond,
-        functools.partial(
-            decode_one, params, config=config, eos_E=eos_E, pad_id=pad_id, sampling=sampling, mesh=mesh
-        ),
-        state,
-    )
+        def cond(c: tuple[Array, DecodeState], n: int = end - start) -> Array:
+            return (c[0] < n) & ~jnp.all(c[1].done_B)
+
+        def body(c: tuple[Array, DecodeState], one: Any = one) -> tuple[Array, DecodeState]:
+            return c[0] + 1, one(c[1])
+
+        state = jax.lax.while_loop(cond, body, (jnp.int32(0), state))[1]
+    return state
 
 
 def _whole_rows(logits_BV: Array, mesh: Mesh | None) -> Array:
@@ -210,14 +233,15 @@ def _whole_rows(logits_BV: Array, mesh: Mesh | None) -> Array:
 
 def decode_one(
     params: Any, s: DecodeState, *, config: Qwen2Config, eos_E: Array, pad_id: Array, sampling: SamplingConfig,
-    mesh: Mesh | None = None,
+    mesh: Mesh | None = None, window: int = 0,
 ) -> DecodeState:  # fmt: skip
-    """One decode position: feed the last sampled token through the cache, sample and record the next."""
+    """One decode position: feed the last sampled token through the cache, sample and record the next
+    (attending over the first `window` cache slots, 0: all)."""
     cache = kv_cache.mark_written(s.cache)
     last_B1 = jax.lax.dynamic_slice_in_dim(s.tokens_BC, s.step, 1, axis=1)
     logits_B1V, keys, values = qwen2.decode_step(
         params, config, last_B1, s.positions_B[:, None], cache.keys, cache.values,
-        cache.index, cache.mask_BS[:, None, :],
+        cache.index, cache.mask_BS[:, None, :], window=window,
     )  # fmt: skip
     rng, key = jax.random.split(s.rng)
     token_B, logprob_B = sample_token(_whole_rows(logits_B1V[:, 0], mesh), key, sampling)

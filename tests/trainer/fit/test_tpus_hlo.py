@@ -218,7 +218,9 @@ NESTED_HLO = """
   %dc = (s32[], pred[], bf16[32,256]{1,0}, bf16[3,64,256]{2,1,0}) parameter(0)
   %t = s32[] get-tuple-element(%dc), index=0
   %limit = s32[] constant(511)
-  %more = pred[] compare(%t, %limit), direction=LT
+  %c1.c = s32[] constant(1)
+  %t1 = s32[] add(%t, %c1.c)
+  %more = pred[] compare(%t1, %limit), direction=LT
   %d = pred[] get-tuple-element(%dc), index=1
   %notdone = pred[] not(%d)
   ROOT %go = pred[] and(%more, %notdone)
@@ -270,6 +272,12 @@ def test_loop_bodies_run_their_trip_count_and_unknown_loops_once(compare: str, l
     assert counts["layer_body"] == counts["fused_matmul"] == layers  # a fusion in the body inherits
     assert counts["layer_cond"] == (layers + 1 if layers > 1 else 1)  # tested once more than the body runs
     assert (counts["sum_body"], counts["sum_cond"], counts["add"]) == (5, 6, 5)  # known_trip_count
+
+
+def test_a_counted_loop_that_also_stops_on_data_runs_its_count_at_most() -> None:
+    """`i < N and not done` (the sampler's decode segments): N trips, the worst case."""
+    counts = hlo.parse(SCAN_PATTERN.replace("compare(%t1, %limit)", "compare(%t, %limit)")).counts
+    assert counts["decode_body"] == 511 and counts["layer_body"] == 511 * 3 and counts["main"] == 1
 
 
 def test_a_loop_of_unknown_trip_count_runs_as_often_as_the_caller_says() -> None:

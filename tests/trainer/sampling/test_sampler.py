@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from trainer.model import qwen2
-from trainer.sampling.sampler import SamplingConfig, filter_logits, generate, sample_token
+from trainer.sampling.sampler import SamplingConfig, filter_logits, generate, sample_token, segments
 
 PAD = 151_643
 NO_EOS = (-1,)  # no real token id: sequences run to max_new_tokens
@@ -72,6 +72,56 @@ def test_eos_stops_each_sequence_and_exits_early(tiny_f32: tuple, prompts: tuple
         np.testing.assert_array_equal(ids[b, stop + 1 :], PAD)
         np.testing.assert_array_equal(np.asarray(out.logprobs_BC)[b, stop + 1 :], 0.0)
     assert int(out.steps) == max(first_eos) + 1 < C
+
+
+@pytest.mark.parametrize("block", [1, 2, 4])
+def test_attention_over_each_segments_window_gives_the_masked_paths_tokens(
+    tiny_f32: tuple, prompts: tuple, greedy_out: object, block: int
+) -> None:
+    """Reading only the slots a position can see (segments of `block` positions, one window each) changes no
+    token and no log-prob: the masked path's exact output, greedy and sampled."""
+    config, params = tiny_f32
+    windowed = generate(
+        params, config, *prompts, jax.random.key(0), SamplingConfig(C, greedy=True, block=block), NO_EOS, PAD
+    )
+    np.testing.assert_array_equal(
+        np.asarray(windowed.completion_ids_BC), np.asarray(greedy_out.completion_ids_BC)
+    )
+    np.testing.assert_allclose(
+        np.asarray(windowed.logprobs_BC), np.asarray(greedy_out.logprobs_BC), atol=1e-5
+    )
+    masked, sampled = (
+        generate(params, config, *prompts, jax.random.key(5), SamplingConfig(C, 0.8, block=b), NO_EOS, PAD)
+        for b in (0, block)
+    )
+    np.testing.assert_array_equal(np.asarray(sampled.completion_ids_BC), np.asarray(masked.completion_ids_BC))
+    np.testing.assert_allclose(np.asarray(sampled.logprobs_BC), np.asarray(masked.logprobs_BC), atol=1e-5)
+
+
+def test_early_exit_across_segments_gives_the_full_runs_outputs(
+    tiny_f32: tuple, prompts: tuple, greedy_out: object
+) -> None:
+    """Every row stops by position 2: the first segment ends the loop, the later ones run no position, and the
+    output is the full-length run's cut at each row's EOS (pad and mask 0 after it)."""
+    config, params = tiny_f32
+    greedy = np.asarray(greedy_out.completion_ids_BC)
+    eos = tuple(int(t) for t in greedy[:, 1])
+    out = generate(
+        params, config, *prompts, jax.random.key(0), SamplingConfig(C, greedy=True, block=3), eos, PAD
+    )
+    stops = [int(np.flatnonzero(np.isin(row, eos))[0]) for row in greedy]
+    keep = np.arange(C)[None, :] <= np.asarray(stops)[:, None]
+    np.testing.assert_array_equal(np.asarray(out.completion_ids_BC), np.where(keep, greedy, PAD))
+    np.testing.assert_array_equal(np.asarray(out.completion_mask_BC), keep.astype(np.int32))
+    np.testing.assert_allclose(
+        np.asarray(out.logprobs_BC), np.where(keep, np.asarray(greedy_out.logprobs_BC), 0.0), atol=1e-5
+    )
+    assert int(out.steps) == max(stops) + 1 <= 2 < C
+
+
+def test_segments_cover_every_fed_position_once() -> None:
+    assert segments(6, 0) == [(0, 5)] and segments(6, 2) == [(0, 2), (2, 4), (4, 5)]
+    assert segments(1024, 256) == [(0, 256), (256, 512), (512, 768), (768, 1023)] and segments(1, 4) == []
 
 
 def test_filters_keep_exactly_the_right_tokens() -> None:
@@ -137,3 +187,5 @@ def test_sampling_config_rejects_bad_values() -> None:
         SamplingConfig(4, top_p=0.0)
     with pytest.raises(ValueError, match="temperature"):
         SamplingConfig(4, temperature=0.0)
+    with pytest.raises(ValueError, match="block"):
+        SamplingConfig(4, block=-1)
