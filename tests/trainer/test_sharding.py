@@ -80,6 +80,13 @@ def test_sharded_forward_and_generate_equal_unsharded(
     out = generate(params, config, ids, mask, jax.random.key(0), sampling, (-1,), 151_643)
     np.testing.assert_array_equal(np.asarray(out_s.completion_ids_BC), np.asarray(out.completion_ids_BC))
     np.testing.assert_allclose(np.asarray(out_s.logprobs_BC), np.asarray(out.logprobs_BC), atol=1e-5)
+    # Sampled with the vocabulary left split over tp (sampler.sample_split: no logits all-gather) and read in
+    # attention windows: the unsharded masked path's draws.
+    hot = SamplingConfig(6, temperature=0.8, block=2)
+    out_s = generate(sharded, config, ids_s, mask_s, jax.random.key(3), hot, (-1,), 151_643, mesh=mesh)
+    out = generate(params, config, ids, mask, jax.random.key(3), SamplingConfig(6, 0.8), (-1,), 151_643)
+    np.testing.assert_array_equal(np.asarray(out_s.completion_ids_BC), np.asarray(out.completion_ids_BC))
+    np.testing.assert_allclose(np.asarray(out_s.logprobs_BC), np.asarray(out.logprobs_BC), atol=1e-5)
 
 
 WORKER = textwrap.dedent(

@@ -129,10 +129,14 @@ class Attention(nn.Module):
                   jnp.int32(0))  # fmt: skip
             keys_LBSKH = jax.lax.dynamic_update_slice(keys_LBSKH, k[None].astype(keys_LBSKH.dtype), at)
             values_LBSKH = jax.lax.dynamic_update_slice(values_LBSKH, v[None].astype(values_LBSKH.dtype), at)
-            keys = jax.lax.dynamic_index_in_dim(keys_LBSKH, layer, 0, keepdims=False)
-            values = jax.lax.dynamic_index_in_dim(values_LBSKH, layer, 0, keepdims=False)
-            if window:  # only the slots this position can see are read (the rest are not written yet)
-                keys, values, mask_BTS = keys[:, :window], values[:, :window], mask_BTS[..., :window]
+            # This layer's first `window` slots (0: all), read by one dynamic slice of the stack: only the slots
+            # this position can see (the rest are not written yet) leave HBM. (Slicing the window out of the
+            # whole layer row instead made XLA copy the row first: the same bytes as no window.)
+            size = (1, *keys_LBSKH.shape[1:2], window or keys_LBSKH.shape[2], *keys_LBSKH.shape[3:])
+            row = (at[0], *at[1:2], jnp.int32(0), *at[3:])  # (layer, 0, 0, 0, 0)
+            keys = jax.lax.dynamic_slice(keys_LBSKH, row, size)[0]
+            values = jax.lax.dynamic_slice(values_LBSKH, row, size)[0]
+            mask_BTS = mask_BTS[..., : size[2]]
             new_kv = (constrain(keys_LBSKH, *_LBSKH), constrain(values_LBSKH, *_LBSKH))
         out = constrain(attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS), *_BTNH)
         return constrain(self._dense(c.hidden_size, False, "o_proj")(out.reshape(B, T, N * H)), *_BTD), new_kv

@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 
 from trainer.model import qwen2
-from trainer.sampling.sampler import SamplingConfig, filter_logits, generate, sample_token, segments
+from trainer.sampling.sampler import (
+    SamplingConfig,
+    filter_logits,
+    generate,
+    sample_split,
+    sample_token,
+    segments,
+)
 
 PAD = 151_643
 NO_EOS = (-1,)  # no real token id: sequences run to max_new_tokens
@@ -117,6 +124,24 @@ def test_early_exit_across_segments_gives_the_full_runs_outputs(
         np.asarray(out.logprobs_BC), np.where(keep, np.asarray(greedy_out.logprobs_BC), 0.0), atol=1e-5
     )
     assert int(out.steps) == max(stops) + 1 <= 2 < C
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_sampling_on_vocabulary_blocks_draws_what_whole_rows_draw(greedy: bool) -> None:
+    """sample_split (the vocabulary left in tp blocks) against sample_token on whole rows: the same tokens and
+    log-probs over 1,600 draws, ties going to the first maximum as argmax does."""
+    rng = np.random.default_rng(4)
+    logits_BV = jnp.asarray(rng.normal(size=(80, 1200)).astype(np.float32) * 3)
+    logits_BV = logits_BV.at[0, 7].set(50.0).at[0, 1000].set(50.0)  # a tie across blocks
+    for parts, temperature in ((2, 1.0), (4, 0.7), (8, 1.3)):
+        sampling = SamplingConfig(1, temperature=temperature, greedy=greedy)
+        for k in range(5):
+            want = sample_token(logits_BV, jax.random.key(k), sampling)
+            got = sample_split(logits_BV, jax.random.key(k), sampling, parts)
+            np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+            np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]), atol=1e-5)
+        if greedy:
+            assert int(got[0][0]) == 7
 
 
 def test_segments_cover_every_fed_position_once() -> None:
