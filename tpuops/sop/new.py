@@ -33,6 +33,8 @@ description: |
 params:
   # The command, word for word (what `-- CMD ...` on the command line replaces).
   cmd: {{default: {cmd}}}
+  # Your script's own options per run: tpuops run {name} --set args='--set steps=3 --lr 1e-4' (appended to cmd).
+  args: {{default: []}}
   # Environment of the command (never secrets: those belong in .env, which is sent to every worker).
   env: {{default: []}}
   # Where the Python environment comes from (uncomment one):

@@ -30,16 +30,16 @@ def plan(tmp_path: Path, sop: str, command: tuple[str, ...] = (), **sets: str) -
 def test_the_command_after_the_dashes_reaches_every_worker_word_for_word(tmp_path: Path) -> None:
     (tmp_path / ".env").write_text("WANDB_API_KEY=s3cr3t-value\n")
     words = ("python", "-c", 'print("a b"); $(reboot)', "--set", "lr=1e-4")
-    dry = plan(tmp_path, "job", words, env='XLA_FLAGS="--a --b" DEBUG=1')
+    dry = plan(tmp_path, "job", words, env='XLA_FLAGS="--a --b" DEBUG=1', args="--set 'name=my run'")
     text = render_plan(dry.plan)
     assert dry.values["cmd"] == list(words) and dry.values["env"] == ["XLA_FLAGS=--a --b", "DEBUG=1"]
-    quoted = """env  '"'"'XLA_FLAGS=--a --b'"'"' DEBUG=1 python -c '"'"'print("a b"); $(reboot)'"'"' --set lr=1e-4;"""
+    quoted = """env  '"'"'XLA_FLAGS=--a --b'"'"' DEBUG=1 python -c '"'"'print("a b"); $(reboot)'"'"' --set lr=1e-4 --set '"'"'name=my run'"'"';"""
     assert text.count(quoted) == 2  # on w0 and w1, inside the detached job's own quoting
     assert (
         "s3cr3t" not in text
     )  # secrets travel in .env (sync_env, sourced by the job), never on a command line
     check = plan(tmp_path, "recompile-check-job", ("python", "t.py"))
-    assert "env JAX_LOG_COMPILES=1 JAX_EXPLAIN_CACHE_MISSES=1  python t.py;" in render_plan(check.plan)
+    assert "env JAX_LOG_COMPILES=1 JAX_EXPLAIN_CACHE_MISSES=1  python t.py ;" in render_plan(check.plan)
 
 
 @pytest.mark.parametrize(
