@@ -218,7 +218,8 @@ figure.chart svg{max-width:100%;height:auto}.grid{display:grid;grid-template-col
 .note{color:#555;font-size:13px}table.meta th{background:#f3f3f3;width:9em}"""
 
 NOT_LOGGED = (
-    "not logged (JAX compile logging was off; `tpuops recompile-check` or --set compile_log=true turns it on)"
+    "not logged (JAX compile logging was off; `tpuops recompile-check`, --set compile_log=true for the bundled "
+    "trainer, or JAX_LOG_COMPILES=1 for any JAX program turns it on)"
 )
 
 
