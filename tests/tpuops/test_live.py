@@ -69,6 +69,11 @@ def test_status_says_phase_step_elapsed_rate_eta_and_reward_trend() -> None:
         "stepping (w0-w1) · step 8/20 · elapsed 00:20 · 0.50 s/step · ETA 00:06 · reward 0.00 → 0.70 ↑"
     )
     assert p.line(0, "wandb: disabled") == "wandb: disabled"
+    # The next run of the same command (a bench variant): a new config line counts afresh.
+    p.line(0, "config: task=arith steps=5 max_reward=1")
+    p.waiting_since = t0 + 30
+    assert p.status(now=t0 + 33).startswith("compiling (first step) 3s (w0-w1) · elapsed 00:33")
+    assert p.line(0, STEP.format(i=0, r=0.0, dt=3.0)).split("\n")[1].split()[0] == "0/5"  # the header again
 
 
 def _run_in_a_terminal(argv: list[str], cwd: Path, env: dict[str, str], timeout: float = 120) -> str:

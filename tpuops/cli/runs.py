@@ -331,10 +331,14 @@ def bench_rollout(
         report.dry_runs(bench.plans(req, list(variant or [])), opts.json)
         return
     from tpuops import console
+    from tpuops.logs.progress import Progress
 
-    results = bench.run(
-        req, list(variant or []), on_line=None, on_step=None if opts.json else report.step_done,
-        on_notice=console.event, notify=console.note,
-    )  # fmt: skip
+    # At a terminal each variant's run is followed under the status line (its steps as compact rows).
+    with console.Live(Progress() if console.live_wanted(opts.json) else None) as live:
+        results = bench.run(
+            req, list(variant or []), on_line=live.line if live.watched is not None else None,
+            on_step=None if opts.json else report.step_done, on_notice=console.event, notify=console.note,
+            on_phase=live.phase,
+        )  # fmt: skip
     report.rollout_bench(results, opts.json)
     raise typer.Exit(bench.exit_code(results))

@@ -67,7 +67,7 @@ class Progress:
         with self.lock:
             if state == "begin":
                 self.phases[worker] = PHASES.get(kind, title)
-                if kind == "follow" and self.step is None and self.waiting_since is None:
+                if kind == "follow":  # a job started: its first step line is awaited from now
                     self.waiting_since = time.monotonic()
             elif state in ("ok", "changed", "nothing", "skipped"):
                 self.phases[worker] = (
@@ -87,6 +87,8 @@ class Progress:
                     return text
                 if summary.get("steps", "").isdigit():
                     self.total = int(summary["steps"])
+                # A trainer starting: the next run of the same command (bench variants) counts afresh.
+                self.step, self.dts, self.rewards, self.header_shown = None, [], [], False
                 # The file's path is long and in the run directory anyway (`tpuops logs` shows the line whole).
                 return "config: " + " ".join(f"{k}={v}" for k, v in summary.items() if k != "file")
             self.step = row.step

@@ -90,6 +90,7 @@ def run(
     on_step: Callable[[StepReport], None] | None = None,
     on_notice: Callable[[str], None] | None = None,
     notify: Callable[[str], None] | None = None,
+    on_phase: Callable[[int, str, str, str], None] | None = None,
 ) -> list[VariantResult]:
     """Run every variant one after another on the same target; the first is the baseline of the ratios.
 
@@ -103,6 +104,7 @@ def run(
             variant_request(req, text),
             on_line=on_line,
             on_step=on_step,
+            on_phase=on_phase,
             on_notice=on_notice,
             notify=notify,
             target=target,
