@@ -1,4 +1,4 @@
-"""`tpuops vm list|describe|create|delete|wait`: TPU VMs through the TPU API."""
+"""`tpuops vm list|describe|create|delete|wait`: TPU VMs through the Cloud TPU API or Compute Engine."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def describe(
     api_endpoint: o.ApiEndpointOpt = None,
     json: o.JsonOpt = False,
 ) -> None:
-    """State, health, type, runtime, spot, and each worker's internal and external IP."""
+    """Which API (tpu or compute), state, health, type, runtime or image, spot, and each worker's IPs."""
     from tpuops import console
     from tpuops.cloud import tables, vms
 
@@ -71,10 +71,25 @@ def create(
             "--accelerator-type",
             "--type",
             metavar="TYPE",
-            help="Accelerator type: v4-8, v5litepod-16, v6e-8, ... (--type: the older name).",
+            help="Accelerator type: v4-8, v5litepod-16, v6e-8, tpu7x-8, tpu7x-16, ... (--type: the older name).",
         ),
     ],
-    runtime_version: Annotated[str, typer.Option("--runtime-version", help="e.g. v2-alpha-tpuv6e")],
+    runtime_version: Annotated[
+        str | None,
+        typer.Option("--runtime-version", help="Cloud TPU API software version, e.g. v2-alpha-tpuv6e."),
+    ] = None,
+    api: Annotated[
+        str | None,
+        typer.Option(
+            "--api",
+            help="tpu (Cloud TPU API) or compute (Compute Engine instance / MIG); default: api in tpuops.toml, "
+            "else tpu; TPU7x is always compute.",
+        ),
+    ] = None,
+    image: Annotated[
+        str | None,
+        typer.Option("--image", help="Compute Engine boot image, e.g. projects/P/global/images/family/F."),
+    ] = None,
     zone: ZonesOpt = None,
     spot: Annotated[bool, typer.Option("--spot", help="Spot capacity (cheaper, preemptible).")] = False,
     queued: Annotated[bool, typer.Option("--queued", help="Through the queued-resources API.")] = False,
@@ -93,10 +108,12 @@ def create(
     api_endpoint: o.ApiEndpointOpt = None,
     json: o.JsonOpt = False,
 ) -> None:
-    """Create a TPU VM. Several --zone are tried in turn when a zone has no capacity.
+    """Create a TPU VM. Several --zone are tried in turn when a zone has no capacity. Compute Engine: one
+    instance for a single host, an instance template + workload policy + MIG for a multi-host slice.
 
-    Example:
+    Examples:
       tpuops vm create mllm-jax-v6e-8 --accelerator v6e-8 --zone us-east1-d --runtime-version v2-alpha-tpuv6e --wait
+      tpuops vm create ironwood --accelerator tpu7x-16 --zone us-central1-c --spot --wait
     """
     from tpuops import console
     from tpuops.cloud import tables, vms
@@ -115,6 +132,8 @@ def create(
         user=user,
         notify=console.note,
         internal_ips=internal_ips,
+        api_name=api,
+        image=image,
     )
     tables.vm_describe(vm, json, verb="created")
 
@@ -131,7 +150,7 @@ def delete(
     api_endpoint: o.ApiEndpointOpt = None,
     json: o.JsonOpt = False,
 ) -> None:
-    """Delete a TPU VM (and its queued resource, if it came from one)."""
+    """Delete a TPU VM (its queued resource, if it came from one; a MIG with its template and workload policy)."""
     from tpuops import console
     from tpuops.cloud import tables, vms
     from tpuops.errors import UsageError

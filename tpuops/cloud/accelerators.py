@@ -1,4 +1,5 @@
-"""Accelerator types (v4-8, v6e-16, ...) -> how many TPU-VM hosts (workers) a slice has."""
+"""Accelerator types (v4-8, v6e-16, tpu7x-8, ...) -> how many TPU-VM hosts (workers) a slice has, and the
+Compute Engine machine type and accelerator topology of the same slice (and back)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ FAMILIES: dict[str, Family] = {
     "v5litepod": Family("chips", 4, 8),
     "v5e": Family("chips", 4, 8),
     "v6e": Family("chips", 4, 8),
-    "tpu7x": Family("chips", 4, 8),
+    "tpu7x": Family("cores", 8, 8),  # TPU7x names TensorCores as xpk and GKE do: tpu7x-8 = 4 chips (2x2x1)
 }
 
 # Worked examples of the rule above, checked by the tests against worker_count().
@@ -43,6 +44,7 @@ KNOWN_HOSTS: dict[str, int] = {
     "v5p-8": 1, "v5p-16": 2,
     "v5litepod-1": 1, "v5litepod-4": 1, "v5litepod-8": 1, "v5litepod-16": 4, "v5litepod-256": 64,
     "v6e-1": 1, "v6e-4": 1, "v6e-8": 1, "v6e-16": 4, "v6e-32": 8, "v6e-256": 64,
+    "tpu7x-8": 1, "tpu7x-16": 2, "tpu7x-128": 16,
 }  # fmt: skip
 
 
@@ -62,3 +64,98 @@ def worker_count(accelerator_type: str) -> int:
             f"accelerator type {accelerator_type!r}: {size} {fam.unit} is not a whole number of hosts"
         )
     return size // fam.per_host
+
+
+# Compute Engine TPU machine types per family (chips per VM in the name: -4t = 4 chips), from Google's
+# "TPU resources in Compute Engine" pages and xpk's system_characteristics.py. Multi-host slices use the 4-chip
+# type; a single host up to 8 chips (v5e/v6e) uses the type with that many.
+MACHINE_PREFIX = {"v5p": "ct5p-hightpu", "v5litepod": "ct5lp-hightpu", "v5e": "ct5lp-hightpu",
+                  "v6e": "ct6e-standard", "tpu7x": "tpu7x-standard"}  # fmt: skip
+_FAMILY_OF_MACHINE = {"ct5p-hightpu": "v5p", "ct5lp-hightpu": "v5litepod", "ct6e-standard": "v6e",
+                      "tpu7x-standard": "tpu7x"}  # fmt: skip
+_MACHINE = re.compile(r"^(?P<prefix>[a-z0-9]+-[a-z]+)-(?P<chips>\d+)t$")
+THREE_D = ("v4", "v5p", "tpu7x")  # 3D tori; the others are 2D
+# Google's topology names (2D: v5e/v6e; 3D: v4/v5p/TPU7x), by chip count.
+_TOPOLOGY_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8",
+                512: "8x8x8", 1024: "8x8x16", 2048: "8x16x16", 4096: "16x16x16"}  # fmt: skip
+_TOPOLOGY_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One slice on Compute Engine: the machine type of each VM, the accelerator topology, and the VM count."""
+
+    accelerator_type: str
+    machine_type: str
+    topology: str
+    vms: int
+
+
+def _chips(family: str, size: int) -> int:
+    return size // 2 if FAMILIES[family].unit == "cores" else size
+
+
+def _topology(family: str, chips: int) -> str:
+    if family not in THREE_D:
+        if chips not in _TOPOLOGY_2D:
+            raise UsageError(f"no 2D topology known for {chips} chips (known: {sorted(_TOPOLOGY_2D)})")
+        return _TOPOLOGY_2D[chips]
+    if chips not in _TOPOLOGY_3D:
+        raise UsageError(f"no 3D topology known for {chips} chips (known: {sorted(_TOPOLOGY_3D)})")
+    return _TOPOLOGY_3D[chips]
+
+
+def compute_shape(accelerator_type: str) -> Shape:
+    """`tpu7x-16` -> Shape(tpu7x-standard-4t, 2x2x2, 2 VMs): what `vm create --api compute` asks for."""
+    worker_count(accelerator_type)  # the same errors as the TPU API path
+    m = _TYPE.match(accelerator_type)
+    assert m is not None
+    family, size = m["family"], int(m["size"])
+    if family not in MACHINE_PREFIX:
+        raise UsageError(
+            f"{accelerator_type} has no Compute Engine machine type",
+            hint=f"Compute Engine TPU VMs are {', '.join(sorted(set(MACHINE_PREFIX) - {'v5e'}))}; "
+            "use the Cloud TPU API for the others (drop --api compute)",
+        )
+    chips = _chips(family, size)
+    vms = worker_count(accelerator_type)
+    per_vm = chips if vms == 1 else chips // vms
+    return Shape(accelerator_type, f"{MACHINE_PREFIX[family]}-{per_vm}t", _topology(family, chips), vms)
+
+
+def accelerator_of(machine_type: str, topology: str = "") -> str:
+    """`ct6e-standard-4t` (+ `4x4` of a MIG's workload policy) -> `v6e-16`: the fit preflight's accelerator type.
+    Without a topology the slice is the one VM. Unknown machine types give ''."""
+    m = _MACHINE.match(machine_type.rsplit("/", 1)[-1])
+    family = _FAMILY_OF_MACHINE.get(m["prefix"], "") if m else ""
+    if not m or not family:
+        return ""
+    chips = int(m["chips"])
+    if topology:
+        chips = 1
+        for d in topology.split("x"):
+            chips *= int(d)
+    return f"{family}-{chips * 2 if FAMILIES[family].unit == 'cores' else chips}"
+
+
+def topology_of(machine_type: str) -> str:
+    """The topology of one VM of this machine type (a single-host slice)."""
+    acc = accelerator_of(machine_type)
+    if not acc:
+        return ""
+    family, size = acc.rsplit("-", 1)
+    return _topology(family, _chips(family, int(size)))
+
+
+def slice_of(machine_type: str, vms: int) -> tuple[str, str]:
+    """(accelerator type, topology) of `vms` VMs of one machine type forming one slice: `tpu7x-standard-4t` x 2
+    -> (`tpu7x-16`, `2x2x2`); ("", "") for a machine type that is not a TPU's."""
+    per_vm = accelerator_of(machine_type)
+    if not per_vm:
+        return "", ""
+    family, size = per_vm.rsplit("-", 1)
+    acc = f"{family}-{int(size) * max(vms, 1)}"
+    try:
+        return acc, compute_shape(acc).topology
+    except UsageError:
+        return acc, ""

@@ -8,7 +8,8 @@ from typing import Any
 
 from tpuops.cloud.client import Api, Notify
 from tpuops.cloud.keys import Identity, default_user
-from tpuops.cloud.tpu_api import VmInfo, update_metadata
+from tpuops.cloud.tpu_api import VmInfo
+from tpuops.cloud.vm_state import update_metadata
 from tpuops.errors import ConnectError, PermissionDeniedError
 
 SSH_KEYS = "ssh-keys"
@@ -110,11 +111,12 @@ def authorize(
     entry = f"{user}:{identity.blob} {user}"  # gcloud's form: the user again as the comment
     kept = [ln for ln in existing.splitlines() if ln.strip()]
     try:
-        update_metadata(api, vm, {**vm.metadata, SSH_KEYS: "\n".join([*kept, entry])})
+        update_metadata(api, vm, {SSH_KEYS: "\n".join([*kept, entry])})
     except PermissionDeniedError as e:
         raise PermissionDeniedError(
             f"{vm.name}: adding your key to the VM's ssh-keys metadata was refused: {e.message}",
-            hint="needs roles/tpu.admin on the project (or ask an admin to add the key, then use --no-key-push)",
+            hint=f"needs {'roles/tpu.admin' if vm.api == 'tpu' else 'roles/compute.instanceAdmin.v1'} on the "
+            "project (or ask an admin to add the key, then use --no-key-push)",
         ) from None
     notify(
         f"{vm.name}: metadata keys: added {user}'s key {identity.path.name} to the VM's ssh-keys "

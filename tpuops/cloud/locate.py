@@ -1,19 +1,22 @@
-"""`--vm NAME [--zone Z]` -> one Worker per TPU host: host keys pinned from guest attributes, the route
-(external IP, internal IP, IAP) chosen, the key authorised at first connection."""
+"""`--vm NAME [--zone Z]` -> one Worker per TPU host: the name found as a Cloud TPU node, a Compute Engine
+instance with a TPU machine type, or a MIG slice; host keys pinned from guest attributes, the route (external
+IP, internal IP, IAP) chosen, the key authorised at first connection."""
 
 from __future__ import annotations
 
 import difflib
 import json
+import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tpuops.cloud.client import Api, ApiNotFoundError, Notify, connect
 from tpuops.cloud.keys import default_user
-from tpuops.cloud.tpu_api import VmInfo, get_vm, host_keys, list_vms, list_zone
+from tpuops.cloud.tpu_api import VmInfo, host_keys, list_vms, list_zone
+from tpuops.cloud.vm_state import get_vm
 from tpuops.config import TargetSpec, state_home
-from tpuops.errors import CloudError, ConnectError, PreemptedError, UsageError
+from tpuops.errors import CloudError, ConnectError, PermissionDeniedError, PreemptedError, UsageError
 from tpuops.transport.base import Prepared, Worker
 
 CACHE_TTL_S = 600.0  # a VM does not move zones; the entry is dropped as soon as the VM is not found there
@@ -28,16 +31,22 @@ def _cache_key(api: Api, name: str) -> str:
     return f"{api.endpoint or 'tpu.googleapis.com'}|{api.project}|{name}"
 
 
-def cached_zone(api: Api, name: str) -> str | None:
+def _cached(api: Api, name: str) -> dict | None:
     try:
         entry = json.loads(_cache_path().read_text()).get(_cache_key(api, name))
     except (OSError, ValueError):
         return None
-    return entry["zone"] if entry and time.time() - entry["t"] < CACHE_TTL_S else None
+    return entry if entry and time.time() - entry["t"] < CACHE_TTL_S else None
 
 
-def remember_zone(api: Api, name: str, zone: str | None) -> None:
-    """Record (or with zone=None forget) where a VM lives; expired entries are dropped on every write."""
+def cached_zone(api: Api, name: str) -> str | None:
+    entry = _cached(api, name)
+    return entry["zone"] if entry else None
+
+
+def remember_zone(api: Api, name: str, zone: str | None, kind: str = "node") -> None:
+    """Record (or with zone=None forget) where a VM lives and what it is (node, instance, mig); expired
+    entries are dropped on every write."""
     path = _cache_path()
     try:
         data = json.loads(path.read_text())
@@ -46,11 +55,11 @@ def remember_zone(api: Api, name: str, zone: str | None) -> None:
     now = time.time()
     data = {k: v for k, v in data.items() if now - v["t"] < CACHE_TTL_S}
     if zone:
-        data[_cache_key(api, name)] = {"zone": zone, "t": now}
+        data[_cache_key(api, name)] = {"zone": zone, "t": now, "kind": kind}
     else:
         data.pop(_cache_key(api, name), None)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data))
     tmp.replace(path)
 
@@ -63,40 +72,96 @@ def _not_found(name: str, where: str, vms: list[VmInfo], hint_zone: bool) -> Clo
         hint = "did you mean " + ", ".join(f"{c} ({zones[c]})" for c in close) + "?"
     else:
         hint = f"VMs there: {', '.join(names[:8])}" if names else "no TPU VMs there"
+        hint += " (searched Cloud TPU nodes, Compute Engine TPU instances and MIGs)"
     if hint_zone:
         hint += "; omit --zone to search every zone"
     return CloudError(f"TPU VM {name!r} not found in {where}", hint=hint)
 
 
-def find_vm(api: Api, name: str, zone: str | None) -> VmInfo:
-    """Get the VM in `zone`; without one use the cached zone, else search every zone at once."""
-    if zone:
+def _get(api: Api, zone: str, name: str, kind: str) -> VmInfo | None:
+    try:
+        return get_vm(api, zone, name, kind)
+    except ApiNotFoundError:
+        return None
+
+
+def find_in_zone(api: Api, zone: str, name: str, first: str | None) -> VmInfo | None:
+    """A Cloud TPU node, else a Compute Engine instance, else a MIG of that name (the cached kind first): one
+    call per kind at most. A refused Cloud TPU API (disabled, no role) does not hide a Compute Engine VM."""
+    denied: PermissionDeniedError | None = None
+    for kind in sorted(("node", "instance", "mig"), key=lambda k: k != first):
         try:
-            return get_vm(api, zone, name)
-        except ApiNotFoundError:
-            raise _not_found(name, f"zone {zone}", list_zone(api, zone), hint_zone=True) from None
-    cached = cached_zone(api, name)
-    if cached:
-        try:
-            return get_vm(api, cached, name)
-        except ApiNotFoundError:
-            remember_zone(api, name, None)
-    vms, zones = list_vms(api)
+            vm = _get(api, zone, name, kind)
+        except PermissionDeniedError as e:
+            denied = denied or e
+            continue
+        if vm is not None:
+            return vm
+    if denied:
+        raise denied
+    return None
+
+
+def _search(api: Api, name: str) -> tuple[list[VmInfo], list[VmInfo], int]:
+    """(hits, every TPU node seen, zones searched): the Cloud TPU API's zones at once, then (when no node has
+    the name) Compute Engine's aggregated lists of instances and MIGs."""
+    tpu_error: CloudError | None = None
+    vms: list[VmInfo] = []
+    zones: list[str] = []
+    try:
+        vms, zones = list_vms(api)
+    except CloudError as e:  # the Cloud TPU API refused or is disabled: Compute Engine may still have it
+        tpu_error = e
     hits = [v for v in vms if v.name == name]
     if not hits:
-        raise _not_found(name, f"any of {len(zones)} zones of project {api.project}", vms, hint_zone=False)
+        from tpuops.cloud import compute_api
+
+        try:
+            hits = compute_api.search(api, name)
+        except CloudError:
+            if tpu_error:
+                raise tpu_error from None
+            raise
+        if not hits and tpu_error:
+            raise tpu_error
+    return hits, vms, len(zones)
+
+
+def find_vm(api: Api, name: str, zone: str | None) -> VmInfo:
+    """Get the VM in `zone`; without one use the cached zone (and kind), else search every zone at once."""
+    entry = _cached(api, name)
+    if zone:
+        vm = find_in_zone(api, zone, name, entry["kind"] if entry and entry["zone"] == zone else None)
+        if vm is None:
+            raise _not_found(name, f"zone {zone}", list_zone(api, zone), hint_zone=True)
+        remember_zone(api, name, zone, vm.kind)
+        return vm
+    if entry:
+        vm = _get(api, entry["zone"], name, entry.get("kind", "node"))
+        if vm is not None:
+            return vm
+        remember_zone(api, name, None)
+    hits, vms, n_zones = _search(api, name)
+    if not hits:
+        raise _not_found(name, f"any of {n_zones} zones of project {api.project}", vms, hint_zone=False)
     if len(hits) > 1:
-        where = ", ".join(v.zone for v in hits)
+        where = ", ".join(f"{v.zone} ({v.kind})" for v in hits)
         raise UsageError(
             f"TPU VM {name!r} exists in several zones: {where}", hint=f"pass --zone {hits[0].zone}"
         )
-    remember_zone(api, name, hits[0].zone)
+    remember_zone(api, name, hits[0].zone, hits[0].kind)
     return hits[0]
 
 
 def check_ready(vm: VmInfo) -> None:
     if vm.state == "READY":
         return
+    if vm.kind == "mig" and vm.state in ("PREEMPTED", "REPAIRING"):
+        raise PreemptedError(
+            f"TPU VM {vm.name} in {vm.zone} is {vm.state}: some of its instances were preempted or are being "
+            "recreated",
+            hint=f"its MIG recreates them: tpuops vm wait {vm.name} --zone {vm.zone} --state READY",
+        )
     if vm.state == "PREEMPTED":
         raise PreemptedError(
             f"TPU VM {vm.name} in {vm.zone} was preempted",
@@ -163,7 +228,10 @@ def route_of(vm: VmInfo, spec: TargetSpec, notify: Notify) -> str:
 
 
 def instance_names(vm: VmInfo, attrs: list[dict[str, dict[str, str]]]) -> list[str]:
-    """Each worker's Compute Engine instance name: guest attribute `hostname`, as gcloud reads it for IAP."""
+    """Each worker's Compute Engine instance name: the instances themselves on Compute Engine; for a Cloud TPU
+    node the guest attribute `hostname`, as gcloud reads it for IAP."""
+    if vm.api == "compute":
+        return list(vm.instances)
     names = []
     for w in vm.workers:
         per = attrs[w.index] if w.index < len(attrs) else {}
@@ -236,8 +304,10 @@ class Reach:
 
 def reach(spec: TargetSpec, notify: Notify | None = None, api: Api | None = None) -> Reach:
     """Find the VM (zone searched and cached when omitted), require READY, read its guest attributes (host
-    keys, instance names) and pick the route; nothing on the VM or its metadata changes here. One get_node
-    (with --zone or a cached zone) and one guest-attributes call; `api` None: a client is made for `spec`."""
+        keys, instance names) and pick the route; nothing on the VM or its metadata changes here. One get_node
+        (with --zone or a cached zone) and one guest-attributes call; on Compute Engine one call per kind (an
+    instance's get, or a MIG's get, its managed instances and one instances.list) and one guest-attributes read per
+    instance. `api` None: a client is made for `spec`."""
     if notify is None:
         from tpuops.console import note
 
@@ -247,9 +317,19 @@ def reach(spec: TargetSpec, notify: Notify | None = None, api: Api | None = None
     api = api or connect(spec.project, spec.api_endpoint, notify)
     vm = find_vm(api, spec.vm, spec.zone)
     check_ready(vm)
-    attrs = host_keys(api, vm.zone, vm.name)
+    attrs = guest_attributes(api, vm)
     route = route_of(vm, spec, notify)
     return Reach(api, vm, attrs, spec, route, workers_of(vm, attrs, spec, notify), notify)
+
+
+def guest_attributes(api: Api, vm: VmInfo) -> list[dict[str, dict[str, str]]]:
+    """Per worker: {namespace: {key: value}}. A node: one getGuestAttributes for all workers; Compute Engine:
+    one per instance (query path `hostkeys/`), at once."""
+    if vm.kind == "node":
+        return host_keys(api, vm.zone, vm.name)
+    from tpuops.cloud import compute_api
+
+    return compute_api.guest_attributes(api, vm)
 
 
 def locate_workers(spec: TargetSpec, notify: Notify | None = None) -> list[Worker]:

@@ -15,11 +15,12 @@ def vm_list(vms: list[Any], zones: list[str], as_json: bool) -> None:
         return
     table = Table(title=f"{len(vms)} TPU VMs in {len(zones)} zones", title_justify="left")
     id_column(table, "name", [v.name for v in vms])
-    for col in ("zone", "type", "state", "health", "spot", "workers"):
+    for col in ("zone", "api", "type", "state", "health", "spot", "workers"):
         table.add_column(col)
     for v in vms:
         spot = "spot" if v.spot else "preemptible" if v.preemptible else ""
-        table.add_row(v.name, v.zone, v.accelerator_type, v.state, v.health, spot, str(len(v.workers)))
+        api = v.api if v.kind == "node" else f"compute ({v.kind})"
+        table.add_row(v.name, v.zone, api, v.accelerator_type, v.state, v.health, spot, str(len(v.workers)))
     err.print(table)
 
 
@@ -31,10 +32,12 @@ def vm_describe(vm: Any, as_json: bool, verb: str = "") -> None:
         ("name", vm.name),
         ("zone", vm.zone),
         ("project", vm.project),
-        ("state", vm.state),
+        ("api", "Cloud TPU API (node)" if vm.api == "tpu" else f"Compute Engine ({vm.kind})"),
+        ("state", vm.state + (f" (instances: {vm.status})" if vm.status else "")),
         ("health", vm.health),
         ("accelerator type", vm.accelerator_type),
-        ("runtime version", vm.runtime_version),
+        *([("machine type", vm.machine_type), ("topology", vm.topology)] if vm.api == "compute" else []),
+        ("runtime version" if vm.api == "tpu" else "image", vm.runtime_version or "-"),
         ("spot / preemptible", f"{'yes' if vm.spot else 'no'} / {'yes' if vm.preemptible else 'no'}"),
         ("queued resource", vm.queued_resource or "-"),
         ("workers", str(len(vm.workers))),
@@ -45,7 +48,10 @@ def vm_describe(vm: Any, as_json: bool, verb: str = "") -> None:
     for k, v in rows:
         table.add_row(k, escape(v))
     for w in vm.workers:
-        table.add_row(f"w{w.index}", f"internal {w.internal_ip}  external {w.external_ip or '-'}")
+        where = f"internal {w.internal_ip}  external {w.external_ip or '-'}"
+        if vm.instances:
+            where += f"  instance {vm.instances[w.index]}"
+        table.add_row(f"w{w.index}", escape(where))
     err.print(table)
 
 

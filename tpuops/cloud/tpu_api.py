@@ -41,10 +41,21 @@ class VmInfo:
     create_time: str = ""
     # The node's metadata (ssh-keys, enable-oslogin, ...); not in to_dict: ssh-keys is long and not state.
     metadata: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    api: str = "tpu"  # "tpu": a Cloud TPU node; "compute": a Compute Engine instance or MIG (compute_api.py)
+    kind: str = "node"  # "node", "instance" (one TPU VM) or "mig" (a MIG whose instances are the workers)
+    machine_type: str = ""  # Compute Engine: each VM's machine type (tpu7x-standard-4t, ...)
+    topology: str = ""  # Compute Engine: the slice's accelerator topology (2x2x1, 4x4, ...)
+    status: str = ""  # Compute Engine: the instances' own status (RUNNING, TERMINATED, ...); `state` maps it
+    instances: tuple[str, ...] = ()  # Compute Engine: each worker's instance name, in worker order
+    instance_ids: tuple[str, ...] = ()  # ...and id (a recreated instance keeps its name, not its id)
+    # Compute Engine: each instance's own metadata and its fingerprint (setMetadata needs both); not in to_dict.
+    instance_metadata: tuple[dict[str, str], ...] = field(default=(), compare=False, repr=False)
+    fingerprints: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         out = {**asdict(self), "worker_count": len(self.workers)}
-        out.pop("metadata")
+        for private in ("metadata", "instance_metadata", "fingerprints"):
+            out.pop(private)
         return out
 
 

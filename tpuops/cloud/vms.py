@@ -10,8 +10,9 @@ from tpuops.cloud.client import Api, Notify, connect
 from tpuops.cloud.create import CreateRequest, create_vm
 from tpuops.cloud.keys import default_user
 from tpuops.cloud.locate import find_vm, remember_zone
-from tpuops.cloud.tpu_api import VmInfo, delete_vm, list_vms, wait_vm
-from tpuops.errors import UsageError
+from tpuops.cloud.tpu_api import VmInfo, list_vms
+from tpuops.cloud.vm_state import delete_vm, wait_state
+from tpuops.errors import CloudError, UsageError
 
 
 @dataclass(frozen=True)
@@ -29,9 +30,33 @@ class ApiTarget:
 
 
 def list_(target: ApiTarget, zones: list[str], notify: Notify) -> tuple[list[VmInfo], list[str]]:
-    """Explicit zones only; none means every TPU zone in parallel (the config's zone is not a filter here)."""
+    """Cloud TPU nodes (explicit zones only; none means every TPU zone in parallel) and Compute Engine TPU VMs
+    (two aggregated lists). One API failing while the other answers is a note, not an error."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tpuops.cloud import compute_api
+
     api, _ = target.resolve(notify)
-    return list_vms(api, zones or None)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        tpu = pool.submit(list_vms, api, zones or None)
+        compute = pool.submit(compute_api.list_vms, api, zones or None)
+        errors: list[CloudError] = []
+        found: list[VmInfo] = []
+        searched: list[str] = list(zones)
+        try:
+            nodes, searched = tpu.result()
+            found += nodes
+        except CloudError as e:
+            errors.append(e)
+        try:
+            found += compute.result()
+        except CloudError as e:
+            errors.append(e)
+    if len(errors) == 2:
+        raise errors[0]
+    for e in errors:
+        notify(f"skipped: {e.message}")
+    return sorted(found, key=lambda v: (v.zone, v.name)), sorted(set(searched) | {v.zone for v in found})
 
 
 def describe(target: ApiTarget, name: str, notify: Notify) -> VmInfo:
@@ -44,7 +69,7 @@ def create(
     name: str,
     *,
     accelerator_type: str,
-    runtime_version: str,
+    runtime_version: str | None,
     zones: list[str],
     spot: bool,
     queued: bool,
@@ -54,7 +79,21 @@ def create(
     user: str | None,
     notify: Notify,
     internal_ips: bool = False,
+    api_name: str | None = None,
+    image: str | None = None,
 ) -> VmInfo:
+    """Through the Cloud TPU API or Compute Engine (compute_create.choose_api: TPU7x always Compute Engine)."""
+    from tpuops.cloud.compute_create import choose_api
+
+    cfg = config.load()
+    which = choose_api(accelerator_type, api_name, getattr(cfg, "api", None))
+    if which == "tpu" and not runtime_version:
+        raise UsageError(
+            f"creating {accelerator_type} through the Cloud TPU API needs --runtime-version",
+            hint="e.g. --runtime-version v2-alpha-tpuv6e (or --api compute for a Compute Engine TPU VM)",
+        )
+    if which == "tpu" and image:
+        raise UsageError("--image is for Compute Engine TPU VMs", hint="add --api compute, or drop --image")
     api, zone = target.resolve(notify)
     ssh_keys = ""
     if ssh_public_key:
@@ -65,7 +104,7 @@ def create(
     req = CreateRequest(
         name,
         accelerator_type,
-        runtime_version,
+        runtime_version or "",
         tuple(zones or ([zone] if zone else [])),
         spot=spot,
         queued=queued,
@@ -74,15 +113,21 @@ def create(
         ssh_keys=ssh_keys,
         internal_ips=internal_ips,
     )
-    vm = create_vm(api, req)
-    remember_zone(api, name, vm.zone)
+    if which == "compute":
+        from tpuops.cloud import compute_create
+
+        notify(f"{name}: {accelerator_type} through Compute Engine")
+        vm = compute_create.create_vm(api, req, image or "")
+    else:
+        vm = create_vm(api, req)
+    remember_zone(api, name, vm.zone, vm.kind)
     return vm
 
 
 def delete(target: ApiTarget, name: str, timeout: float, notify: Notify) -> VmInfo:
     api, zone = target.resolve(notify)
     vm = find_vm(api, name, zone)
-    delete_vm(api, vm.zone, name, timeout)
+    delete_vm(api, vm, timeout)
     remember_zone(api, name, None)
     return vm
 
@@ -92,5 +137,11 @@ def wait(
 ) -> tuple[VmInfo | None, str]:
     """(VM in `state`, or None once DELETED; its zone)."""
     api, zone = target.resolve(notify)
-    zone = zone or find_vm(api, name, None).zone
-    return wait_vm(api, zone, name, state.upper(), timeout), zone
+    if zone and state.upper() == "DELETED":
+        from tpuops.cloud.locate import find_in_zone
+
+        found = find_in_zone(api, zone, name, None)
+        if found is None:
+            return None, zone
+    vm = find_vm(api, name, zone)
+    return wait_state(api, vm.zone, name, vm.kind, state.upper(), timeout), vm.zone

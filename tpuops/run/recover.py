@@ -8,13 +8,19 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tpuops.errors import PermissionDeniedError, PreemptedError, TpuopsError
 from tpuops.logs.events import Event, StepEvent, at_step
 from tpuops.run.result import Recovery, RunResult
 from tpuops.run.target import Target, resolve
 
+if TYPE_CHECKING:  # the cloud modules load only on a VM target
+    from tpuops.cloud.tpu_api import VmInfo
+
 # States in which the VM's workers are gone for good: recreate. (STOPPED is left alone: someone chose it.)
+# A Compute Engine MIG is also lost while it recreates instances (REPAIRING), or once any instance was
+# recreated (a new id: new address, new host key, none of the run's processes).
 LOST_STATES = ("PREEMPTED", "TERMINATED")
 # One attempt of the run on a target: (run id, the target, an event that aborts it, a sink for the follower's
 # typed log events) -> its result. launch.start passes it in, so recovery needs nothing of launch (and
@@ -66,8 +72,8 @@ def watched(
         lost = Lost()
         watcher = threading.Thread(
             target=_watch,
-            args=(target.api.for_purpose("watch"), vm.zone, vm.name, target.reach.watch_endpoints(), watch_s,
-                  unreachable_s, abort, lost),
+            args=(target.api.for_purpose("watch"), vm, target.reach.watch_endpoints(), watch_s, unreachable_s,
+                  abort, lost),
             daemon=True,
         )  # fmt: skip
         watcher.start()
@@ -160,30 +166,44 @@ def _reachable(endpoints: list[tuple[str, int]], timeout: float) -> bool:
     return False
 
 
+def lost_reason(before: VmInfo, now: VmInfo) -> str | None:
+    """Why the VM `before` (as the run resolved it) is lost, seen as `now`; None while it is not."""
+    if now.state in LOST_STATES:
+        return f"was {now.state}"
+    if before.api == "compute" and now.state == "REPAIRING":
+        return "was REPAIRING (its MIG is recreating preempted instances)"
+    if before.api == "compute" and now.instance_ids and now.instance_ids != before.instance_ids:
+        changed = [
+            w for w, (a, b) in enumerate(zip(before.instance_ids, now.instance_ids, strict=False)) if a != b
+        ]
+        return f"had instances recreated (w{', w'.join(map(str, changed))}: new addresses and host keys)"
+    return None
+
+
 def _watch(
     api,
-    zone: str,
-    name: str,
+    vm,
     endpoints: list[tuple[str, int]],
     every: float,
     unreachable_s: float,
     abort: threading.Event,
     lost: Lost,
 ) -> None:
-    from tpuops.cloud.tpu_api import get_vm
+    from tpuops.cloud.vm_state import refresh
 
     since: float | None = None  # when every worker was first seen unreachable, in a row
     while not abort.wait(every):
         try:
-            state = get_vm(api, zone, name).state
+            now = refresh(api, vm)
+            state, why = now.state, lost_reason(vm, now)
         except PermissionDeniedError as e:  # polling again will not grant the role: end the run
-            lost.error = PermissionDeniedError(f"watching {name}: {e.message}", hint=e.hint)
+            lost.error = PermissionDeniedError(f"watching {vm.name}: {e.message}", hint=e.hint)
             abort.set()
             return
         except Exception:  # a watcher must outlive a flaky API (the client has retried): reachability counts
-            state = None
-        if state in LOST_STATES:
-            lost.set(f"was {state}")
+            state, why = None, None
+        if why:
+            lost.set(why)
             abort.set()
             return
         if not endpoints or _reachable(endpoints, timeout=min(5.0, max(every, 1.0))):
@@ -197,15 +217,20 @@ def _watch(
 
 
 def _recreate(api, vm, spec, timeout: float) -> None:
-    """Delete the preempted node and create it again with the same shape (queued resources wait themselves)."""
-    from tpuops.cloud.create import CreateRequest, create_vm
+    """Make the lost VM whole again with the same shape. A MIG recreates its own instances: wait for READY. A
+    Cloud TPU node or a Compute Engine instance: delete it and create it again (queued resources wait
+    themselves)."""
     from tpuops.cloud.locate import remember_zone
-    from tpuops.cloud.tpu_api import delete_vm
+    from tpuops.cloud.vm_state import delete_vm, wait_state
 
+    if vm.kind == "mig":
+        wait_state(api, vm.zone, vm.name, "mig", "READY", timeout)
+        return
     try:
-        delete_vm(api, vm.zone, vm.name, timeout)
+        delete_vm(api, vm, timeout)
     except Exception:
         pass
+    from tpuops.cloud.create import CreateRequest
     from tpuops.cloud.keys import default_identity, default_user
 
     ssh_keys = ""  # the next run's first connection adds the key anyway (OS Login or metadata, as needed)
@@ -222,6 +247,14 @@ def _recreate(api, vm, spec, timeout: float) -> None:
         wait=True,
         timeout=timeout,
         ssh_keys=ssh_keys,
+        internal_ips=not any(w.external_ip for w in vm.workers),
     )
-    create_vm(api, req)
-    remember_zone(api, vm.name, vm.zone)
+    if vm.kind == "instance":
+        from tpuops.cloud import compute_create
+
+        compute_create.create_vm(api, req, vm.runtime_version)
+    else:
+        from tpuops.cloud.create import create_vm
+
+        create_vm(api, req)
+    remember_zone(api, vm.name, vm.zone, vm.kind)

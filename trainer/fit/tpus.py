@@ -10,7 +10,11 @@ jax-ml scaling book's per-link figures (tpus.md). A slice axis has wraparound li
 v5e/v6e (16 chips) and from 4 chips on v4/v5p (scaling book, tpus.md; Cloud TPU v5p: "4x4x4 and larger slices have
 full 3D torus"). Each hop over a link costs about 1 us whatever the size, "typically around 1us" (jax-ml scaling
 book, "Sharded matrices", sharding.md: "A note on ICI latency"): the latency term of trainer.fit.estimate.
-v4 and v5p name TensorCores (v4-8 = 4 chips); v5e and v6e name chips. JAX's v4 topologies show one device per
+TPU7x (Ironwood) from https://docs.cloud.google.com/tpu/docs/tpu7x: 2307 TFLOP/s bf16, 192 GiB HBM; HBM 7.37 TB/s and
+ICI 1.2 TB/s bidirectional per chip are Google's launch figures (jax's `jax/_src/tpu_info.py` has 7.40e12 B/s); its
+3D torus is costed as v5p's (6 ports, wraparound from 4 chips: not confirmed for TPU7x).
+v4, v5p and TPU7x name TensorCores (v4-8 = 4 chips; tpu7x-8 = 4 chips, topology 2x2x1, as xpk and GKE name it);
+v5e and v6e name chips. JAX's v4 topologies show one device per
 TensorCore, v5p's one per chip (megacore): per-device figures divide the chip's by its devices.
 """
 
@@ -40,15 +44,17 @@ CHIPS: dict[str, Chip] = {
     "v5e": Chip("v5e", "chips", 16 * GIB, 197e12, 819e9, 200e9),
     "v5p": Chip("v5p", "cores", 95 * GIB, 459e12, 2765e9, 600e9, ports=6, wrap_from=4),
     "v6e": Chip("v6e", "chips", 32 * GIB, 918e12, 1638e9, 400e9),
+    "tpu7x": Chip("tpu7x", "cores", 192 * GIB, 2307e12, 7370e9, 600e9, ports=6, wrap_from=4),
 }
 ALIASES = {"v5litepod": "v5e"}
 
 # Chips -> JAX topology name (2D tori for v5e/v6e, 3D for v4/v5p).
 TOPOLOGY_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
-TOPOLOGY_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8"}
+TOPOLOGY_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8"}
+THREE_D = ("v4", "v5p", "tpu7x")
 
-_TYPE = re.compile(r"^(?P<family>v4|v5e|v5litepod|v5p|v6e)-(?P<size>\d+)$")
-_TOPO = re.compile(r"^(?P<family>v4|v5e|v5p|v6e):(?P<shape>\d+(x\d+)+)$")
+_TYPE = re.compile(r"^(?P<family>v4|v5e|v5litepod|v5p|v6e|tpu7x)-(?P<size>\d+)$")
+_TOPO = re.compile(r"^(?P<family>v4|v5e|v5p|v6e|tpu7x):(?P<shape>\d+(x\d+)+)$")
 
 
 class UnknownAcceleratorError(ValueError):
@@ -80,13 +86,13 @@ def from_accelerator(accelerator: str) -> Target:
     m = _TYPE.match(accelerator.strip().lower())
     if not m:
         raise UnknownAcceleratorError(
-            f"unknown accelerator type {accelerator!r}: expected v4-N, v5e-N (v5litepod-N), v5p-N or v6e-N, "
-            "e.g. v6e-8"
+            f"unknown accelerator type {accelerator!r}: expected v4-N, v5e-N (v5litepod-N), v5p-N, v6e-N or "
+            "tpu7x-N, e.g. v6e-8 or tpu7x-8"
         )
     chip = CHIPS[ALIASES.get(m["family"], m["family"])]
     size = int(m["size"])
     chips = size // 2 if chip.names == "cores" else size
-    table = TOPOLOGY_3D if chip.family in ("v4", "v5p") else TOPOLOGY_2D
+    table = TOPOLOGY_3D if chip.family in THREE_D else TOPOLOGY_2D
     if chips not in table:
         raise UnknownAcceleratorError(
             f"accelerator {accelerator!r}: no topology known for {chips} chips (known: {sorted(table)} chips); "
@@ -100,7 +106,7 @@ def from_topology(topology: str) -> Target:
     m = _TOPO.match(topology.strip().lower())
     if not m:
         raise UnknownAcceleratorError(
-            f"unknown topology {topology!r}: expected FAMILY:AxB[xC], e.g. v6e:2x4 or v4:2x2x1"
+            f"unknown topology {topology!r}: expected FAMILY:AxB[xC], e.g. v6e:2x4, v4:2x2x1 or tpu7x:2x2x1"
         )
     chip = CHIPS[m["family"]]
     chips = 1

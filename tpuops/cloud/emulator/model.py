@@ -76,6 +76,7 @@ class Model:
             tuple[str, Path]
         ] = []  # POSIX users of OS Login profiles this emulator created
         self.oslogin_dir = state_dir / "oslogin"  # per POSIX user: the keys OS Login VMs accept
+        self.compute: Any = None  # the Compute Engine side (emulator.compute.Compute sets itself here)
 
     # -- helpers ----------------------------------------------------------------------------------------
     def check_zone(self, project: str, zone: str) -> str:
@@ -155,7 +156,7 @@ class Model:
                 name, {k: body[k] for k in _NODE_FIELDS if k in body}, queued_resource=queued_resource
             )
             self.nodes[name] = rec
-            users = [self.spare.pop() if self.spare else self.users.take() for _ in range(count)]
+            users = [self.take_user() for _ in range(count)]
         self._spawn(self._boot, rec, op, keys, users)
         return op
 
@@ -164,21 +165,7 @@ class Model:
         workers: list[SshdWorker] = []
         try:
             for i, user in enumerate(users):
-                workers.append(
-                    start_worker(
-                        i,
-                        base / f"w{i}",
-                        keys,
-                        user=user,
-                        extra_listen=(EXTERNAL_IP,),
-                        allow_users=(f"{self.user_prefix}o*",),
-                        keys_dir=self.oslogin_dir,
-                    )
-                )
-                if workers[-1].created_user:
-                    with self.lock:
-                        self.created[user] = workers[-1]
-                _trust_local_repos(workers[-1])
+                workers.append(self.start_sshd(i, base / f"w{i}", keys, user))
         except (OSError, RuntimeError, subprocess.CalledProcessError) as e:
             rec.workers = workers
             self._teardown(rec, None)  # releases the users of the workers that started
@@ -195,6 +182,27 @@ class Model:
             if rec.state == "CREATING":
                 rec.state = "READY"
             self._finish(op, {"@type": "type.googleapis.com/google.cloud.tpu.v2.Node", **rec.to_json()})
+
+    def take_user(self) -> str:
+        """A worker user: one this emulator made before and got back, else a new lease (callers hold the lock)."""
+        return self.spare.pop() if self.spare else self.users.take()
+
+    def start_sshd(self, index: int, directory: Path, keys: str, user: str) -> SshdWorker:
+        """One worker's sshd (own host key in `directory`) for `user`, listening on the internal and external IP."""
+        worker = start_worker(
+            index,
+            directory,
+            keys,
+            user=user,
+            extra_listen=(EXTERNAL_IP,),
+            allow_users=(f"{self.user_prefix}o*",),
+            keys_dir=self.oslogin_dir,
+        )
+        if worker.created_user:
+            with self.lock:
+                self.created[user] = worker
+        _trust_local_repos(worker)
+        return worker
 
     def delete_node(self, name: str) -> dict[str, Any]:
         with self.lock:
@@ -280,7 +288,7 @@ class Model:
     def set_project_metadata(self, project: str, metadata: dict[str, str]) -> None:
         with self.lock:
             self.projects.setdefault(project, {}).update(metadata)
-            for rec in self.nodes.values():
+            for rec in [*self.nodes.values(), *(self.compute.instances.values() if self.compute else [])]:
                 if rec.name.split("/")[1] == project and rec.workers:
                     self._apply_keys(rec)
 
@@ -339,6 +347,15 @@ class Model:
                         if port != 22:
                             raise ApiError(400, "FAILED_PRECONDITION", "4003: 'failed to connect to backend'")
                         return INTERNAL_IP, w.port
+            inst = (
+                self.compute.instances.get(f"projects/{project}/zones/{zone}/instances/{instance}")
+                if self.compute
+                else None
+            )
+            if inst is not None and inst.workers:
+                if port != 22:
+                    raise ApiError(400, "FAILED_PRECONDITION", "4003: 'failed to connect to backend'")
+                return INTERNAL_IP, inst.workers[0].port
         raise ApiError(404, "NOT_FOUND", f"4047: instance {instance} not found in {project}/{zone}")
 
     # -- faults -----------------------------------------------------------------------------------------
@@ -368,6 +385,8 @@ class Model:
         """Tear every VM down, then delete the Unix users (and homes) this emulator created."""
         for t in list(self._threads):
             t.join(timeout=30)
+        if self.compute is not None:
+            self.compute.stop_all()
         for rec in list(self.nodes.values()):
             self._teardown(rec, None)
         with self.lock:

@@ -1,4 +1,4 @@
-"""The emulator's HTTP side: the TPU v2 REST routes tpuops uses, plus /admin/* fault injection."""
+"""The emulator's HTTP side: the TPU v2 and Compute Engine REST routes tpuops uses, plus /admin/* faults."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from tpuops.cloud.emulator import queued
+from tpuops.cloud.emulator import compute, queued
 from tpuops.cloud.emulator.model import Model
 from tpuops.cloud.emulator.records import ApiError, ApiRequest
 
@@ -87,6 +87,8 @@ def _route(m: Model, method: str, path: str, q: dict[str, str], body: dict[str, 
 
 def _other_apis(m: Model, method: str, path: str, q: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
     """The bits of Compute Engine (project metadata), OS Login and IAP that reaching a VM needs."""
+    if path.startswith("/compute/v1/projects/") and path.count("/") > 4:
+        return compute.route(m.compute, method, path, q, body)
     if method == "GET" and (r := re.fullmatch(r"/compute/v1/projects/([^/]+)", path)):
         with m.lock:
             md = m.projects.get(r[1], {})
@@ -125,6 +127,15 @@ def admin(m: Model, action: str, body: dict[str, Any]) -> dict[str, Any]:
             return {"requests": [r.__dict__ for r in m.requests[int(body.get("since", 0)) :]]}
     if action == "project-metadata":
         m.set_project_metadata(body["project"], {k: str(v) for k, v in body["metadata"].items()})
+    elif action == "preempt" and (names := m.compute.resolve(body["node"])):
+        for name in _pick(m, names, body):
+            m.compute.preempt(name)
+    elif action == "recreate":
+        names = m.compute.resolve(body["node"])
+        if not names:
+            raise ApiError(400, "INVALID_ARGUMENT", f"no instance or MIG {body['node']!r}")
+        for name in _pick(m, names, body):
+            m.compute.recreate(name)
     elif action == "preempt":
         m.preempt(_node_name(m, body["node"]))
     elif action == "swap-host-key":
@@ -144,10 +155,24 @@ def admin(m: Model, action: str, body: dict[str, Any]) -> dict[str, Any]:
     with m.lock:
         return {
             "nodes": {k: n.state for k, n in m.nodes.items()},
+            "instances": {k: r.status for k, r in m.compute.instances.items()},
+            "instanceGroupManagers": sorted(m.compute.migs),
             "queuedResources": {k: q["state"]["state"] for k, q in m.qrs.items()},
             "faults": {"unavailable": m.faults.unavailable, "capacity": dict(m.faults.capacity)},
             "requests": len(m.requests),
         }
+
+
+def _pick(m: Model, names: list[str], body: dict[str, Any]) -> list[str]:
+    """A fault's instances: all of them, or with `worker` the one whose worker number that is."""
+    if "worker" not in body:
+        return names
+    with m.lock:
+        hits = [n for n in names
+                if m.compute.instances[n].body["metadata"].get(compute.WORKER_NUMBER, "0") == str(body["worker"])]  # fmt: skip
+    if not hits:
+        raise ApiError(400, "INVALID_ARGUMENT", f"no worker {body['worker']} among {len(names)} instances")
+    return hits
 
 
 def _node_name(m: Model, ref: str) -> str:
@@ -196,7 +221,13 @@ class _Handler(BaseHTTPRequestHandler):
                 answer = _route(m, self.command, url.path, q, body)
             self._send(200, answer)
         except ApiError as e:
-            self._send(e.http, {"error": {"code": e.http, "message": e.message, "status": e.status}})
+            error: dict[str, Any] = {"code": e.http, "message": e.message, "status": e.status}
+            if url.path.startswith("/compute/"):  # Compute's classic form: errors[] with domain/reason
+                reason = {403: "forbidden", 404: "notFound", 409: "alreadyExists", 412: "conditionNotMet"}
+                error["errors"] = [
+                    {"domain": "global", "reason": reason.get(e.http, "invalid"), "message": e.message}
+                ]
+            self._send(e.http, {"error": error})
         except (ValueError, KeyError) as e:
             self._send(
                 400, {"error": {"code": 400, "message": f"bad request: {e}", "status": "INVALID_ARGUMENT"}}
@@ -244,6 +275,7 @@ class Emulator:
             user_prefix=user_prefix,
             create_delay=create_delay,
         )
+        compute.Compute(self.model)  # the Compute Engine side, at model.compute
         self._port, self._verbose = port, verbose
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
