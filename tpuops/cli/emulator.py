@@ -75,9 +75,33 @@ def _admin(api_endpoint: str | None, action: str, body: dict, json: bool) -> Non
 
 @fault.command("preempt")
 @o.wired
-def preempt(node: NodeArg, api_endpoint: o.ApiEndpointOpt = None, json: o.JsonOpt = False) -> None:
-    """The VM becomes PREEMPTED and its sshd servers stop."""
-    _admin(api_endpoint, "preempt", {"node": node}, json)
+def preempt(
+    node: NodeArg,
+    worker: Annotated[
+        int | None, typer.Option("--worker", help="Compute Engine MIG: only this worker's instance.")
+    ] = None,
+    api_endpoint: o.ApiEndpointOpt = None,
+    json: o.JsonOpt = False,
+) -> None:
+    """The VM becomes PREEMPTED (a Compute Engine instance TERMINATED) and its sshd servers stop; a MIG
+    recreates its preempted instances soon after (new address and host key)."""
+    _admin(
+        api_endpoint, "preempt", {"node": node, **({"worker": worker} if worker is not None else {})}, json
+    )
+
+
+@fault.command("recreate")
+@o.wired
+def recreate(
+    node: Annotated[str, typer.Argument(help="Compute Engine MIG (or instance) name, or ZONE/NAME.")],
+    worker: Annotated[int | None, typer.Option("--worker", help="Only this worker's instance.")] = None,
+    api_endpoint: o.ApiEndpointOpt = None,
+    json: o.JsonOpt = False,
+) -> None:
+    """A MIG recreates an instance at once: same name, new id, new address and host key."""
+    _admin(
+        api_endpoint, "recreate", {"node": node, **({"worker": worker} if worker is not None else {})}, json
+    )
 
 
 @fault.command("swap-host-key")

@@ -173,9 +173,19 @@ def wait_op(api: Api, op: Any, what: str, timeout: float) -> None:
     except CloudError:
         raise
     except Exception as e:
+        detail = _op_errors(op)  # the operation's own errors[] (code, message) say more than its HTTP status
+        if detail:
+            raise CloudError(f"{what}: {detail}") from None
         raise compute_error(what, e) from None
-    if op.error_code:
-        raise CloudError(f"{what}: {op.error_code} {op.error_message}".strip())
+    detail = _op_errors(op)
+    if detail:
+        raise CloudError(f"{what}: {detail}")
+
+
+def _op_errors(op: Any) -> str:
+    """`CODE message; ...` of a finished operation's `error.errors[]`, '' when it has none."""
+    errors = getattr(getattr(op, "error", None), "errors", None) or []
+    return "; ".join(f"{e.code} {e.message}".strip() for e in errors)
 
 
 def capacity_error(e: CloudError) -> bool:

@@ -87,7 +87,7 @@ def emulator_state(state: dict[str, Any], as_json: bool) -> None:
     table = Table(title="emulator", title_justify="left")
     table.add_column("resource")
     table.add_column("state")
-    for name, st in {**state["nodes"], **state["queuedResources"]}.items():
+    for name, st in {**state["nodes"], **state.get("instances", {}), **state["queuedResources"]}.items():
         table.add_row(name, st)
     err.print(table)
     err.print(f"pending faults: {state['faults']}")

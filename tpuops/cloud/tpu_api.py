@@ -52,6 +52,13 @@ class VmInfo:
     instance_metadata: tuple[dict[str, str], ...] = field(default=(), compare=False, repr=False)
     fingerprints: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
+    @property
+    def api_words(self) -> str:
+        """Which API serves it, in words: `Cloud TPU API node`, `Compute Engine instance` or `... MIG`."""
+        return {"node": "Cloud TPU API node", "instance": "Compute Engine instance"}.get(
+            self.kind, "Compute Engine MIG"
+        )
+
     def to_dict(self) -> dict[str, Any]:
         out = {**asdict(self), "worker_count": len(self.workers)}
         for private in ("metadata", "instance_metadata", "fingerprints"):

@@ -89,6 +89,12 @@ def sop_report(report: RunResult, as_json: bool) -> None:
     err.print(f"done in {report.duration_s:.2f}s, run {report.run_id}, exit code {code}")
 
 
+def _vm_dict(vm: Any) -> dict[str, Any]:
+    """Which VM a plan is for and which API serves it (`api`: tpu or compute; `kind`: node, instance, mig)."""
+    return {"name": vm.name, "zone": vm.zone, "api": vm.api, "kind": vm.kind,
+            "accelerator_type": vm.accelerator_type, "workers": len(vm.workers)}  # fmt: skip
+
+
 def _dry_run_dict(dr: DryRun) -> dict[str, Any]:
     return {
         "sop": dr.sop,
@@ -96,6 +102,7 @@ def _dry_run_dict(dr: DryRun) -> dict[str, Any]:
         "workers": dr.workers,
         "values": dr.values,
         "fit": dr.fit,
+        **({"vm": _vm_dict(dr.target.vm)} if getattr(dr.target, "vm", None) else {}),
         "plan": [
             {"step": title, "workers": {str(w): [a.render() for a in acts] for w, acts in per.items()}}
             for title, per in dr.plan
@@ -108,6 +115,13 @@ def dry_run(dr: DryRun, as_json: bool) -> None:
         emit_json(_dry_run_dict(dr))
         return
     err.print(f"[bold]plan for {dr.sop}[/] on {dr.transport} workers {dr.workers} (nothing was run)")
+    vm = getattr(dr.target, "vm", None)
+    if vm is not None:
+        err.print(
+            escape(
+                f"VM {vm.name} in {vm.zone}: {vm.api_words} ({vm.accelerator_type}, {len(vm.workers)} workers)"
+            )
+        )
     if dr.fit:
         err.print(f"fit: {escape(dr.fit)}")
     out.out(render_plan(dr.plan), end="", highlight=False)

@@ -41,14 +41,16 @@ class Cloud:
         """The emulator's request log from index `since` on, as `METHOD /path` lines."""
         return [r.line for r in self.emu.model.requests[since:]]
 
-    def cli(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "tpuops", *args],
             cwd=cwd,
             check=False,
             capture_output=True,
             text=True,
-            env={**os.environ, "TPUOPS_TPU_API": self.url},
+            env={**os.environ, "TPUOPS_TPU_API": self.url, **(env or {})},
             timeout=120,
             stdin=subprocess.DEVNULL,
         )
@@ -75,14 +77,22 @@ def cloud(cloud_session: Cloud, monkeypatch: pytest.MonkeyPatch) -> Iterator[Clo
     monkeypatch.delenv("CLOUDSDK_CORE_PROJECT", raising=False)
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(Path(os.environ["TPUOPS_HOME"]) / "no-gcloud"))
     model = cloud_session.emu.model
+    compute = model.compute
     before = set(model.nodes)
+    before_compute = {t: set(getattr(compute, t)) for t in ("instances", "migs", "templates", "policies")}
     yield cloud_session
     with model.lock:
         model.faults.unavailable = 0
         model.faults.capacity.clear()
         made = [model.nodes[n] for n in set(model.nodes) - before]
+        instances = [compute.instances[n] for n in set(compute.instances) - before_compute["instances"]]
+        for table in ("migs", "templates", "policies"):
+            for n in set(getattr(compute, table)) - before_compute[table]:
+                getattr(compute, table).pop(n)
     for rec in made:
         model._teardown(rec, None)
+    for inst in instances:
+        compute._remove(inst, None)
     with model.lock:
         model.qrs.clear()
 

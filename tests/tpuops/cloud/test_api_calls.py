@@ -66,3 +66,35 @@ def test_the_watch_polls_are_marked_and_the_run_still_asks_once(
     kinds = _kinds([c for c in calls if c.purpose != "watch"], vm_name)
     assert (kinds["nodes.get"], kinds["getGuestAttributes"]) == (1, 1), kinds
     assert {c.client for c in watch} == {c.client for c in calls if c.path.endswith(":getGuestAttributes")}
+
+
+def test_a_mig_slice_run_asks_compute_engine_once_per_kind(
+    cloud: Cloud, vm_name: str, tmp_path: Path
+) -> None:
+    """A 2-worker MIG found with --zone and no zone cache (the worst case): one call of each kind (the TPU
+    API's nodes.get and Compute's instances.get answer 404 first), one guest-attributes read per instance, all
+    Compute calls from one set of clients."""
+    made = cloud.cli("vm", "create", vm_name, "--type", "tpu7x-16", "--zone", ZONE)
+    assert made.returncode == 0, made.stderr
+    n = len(cloud.emu.model.requests)
+    argv = ["run", "exec", "--vm", vm_name, "--zone", ZONE, "--identity", str(cloud.identity)]
+    r = cloud.cli(*argv, "--set", "cmd=hostname", cwd=tmp_path, env={"TPUOPS_HOME": str(tmp_path / "home")})
+    assert r.returncode == 0, r.stderr
+    assert sorted(ln.split()[0] for ln in r.stderr.splitlines() if ln.startswith("[w")) == ["[w0]", "[w1]"]
+    calls = [c for c in cloud.emu.model.requests[n:] if c.purpose != "watch" and "/operations/" not in c.path]
+    zone = f"/compute/v1/projects/tpuops-emulator/zones/{ZONE}"
+    kinds = collections.Counter(
+        c.line.replace(zone, "").replace(f"/v2/projects/tpuops-emulator/locations/{ZONE}", "tpu:")
+        .replace(vm_name, "NAME").split("?")[0]
+        for c in calls
+    )  # fmt: skip
+    guest = [k for k in kinds if k.endswith("/getGuestAttributes")]
+    assert len(guest) == 2 and all(kinds[k] == 1 for k in guest), kinds  # one per instance
+    assert kinds["GET tpu:/nodes/NAME"] == 1 and kinds["GET /instances/NAME"] == 1, kinds
+    assert kinds["GET /instanceGroupManagers/NAME"] == 1, kinds
+    assert kinds["POST /instanceGroupManagers/NAME/listManagedInstances"] == 1, kinds
+    assert kinds["GET /instances"] == 1, kinds  # the members' addresses and metadata: one filtered list
+    others = {k: v for k, v in kinds.items() if v > 1 and not k.endswith("/setMetadata")}
+    assert not others, others
+    compute_clients = {c.client for c in calls if c.path.startswith("/compute/v1/") and c.path.count("/") > 4}
+    assert len(compute_clients) == 1 and "" not in compute_clients, compute_clients

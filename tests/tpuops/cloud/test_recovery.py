@@ -340,3 +340,36 @@ def test_bench_rollout_on_a_preempted_vm_ends_with_exit_8(
     assert proc.returncode == 8, err[-3000:]
     assert time.monotonic() - t0 < 60  # the API is watched every 10 s; not the follow's timeout
     assert f"{vm_name} was PREEMPTED" in err and "rerun with --recover" in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("accelerator", ["tpu7x-8", "tpu7x-16"], ids=["instance", "mig"])
+def test_a_compute_engine_vm_preempted_mid_run_is_made_whole_and_the_run_finishes(
+    cloud: Cloud, vm_name: str, git_remote: tuple[Path, str], tmp_path: Path, accelerator: str
+) -> None:
+    """A Spot instance preempted (TERMINATED) is deleted and created again; in a MIG slice one preempted
+    instance is recreated by the MIG itself (new address, new host key), and the run resolves it again."""
+    from tpuops.cloud import compute_api
+
+    made = cloud.cli("vm", "create", vm_name, "--type", accelerator, "--zone", ZONE, "--spot", "--wait")
+    assert made.returncode == 0, made.stderr
+    kind = "instance" if accelerator == "tpu7x-8" else "mig"
+    before = compute_api.get_vm(cloud.api(), ZONE, vm_name, kind)
+    lines: list[str] = []
+    events: list[str] = []
+    worker = {} if kind == "instance" else {"worker": 1}
+    killer = _after_steps(lines, 5, lambda: cloud.emu.admin("preempt", node=vm_name, **worker))
+    report = _recover_smoke(cloud, vm_name, git_remote[0], tmp_path, lines, events, max_recoveries=2)
+    killer.join()
+    assert report.ok, report.first_failure()
+    (rec,) = report.recoveries
+    assert rec["why"].startswith(("was PREEMPTED", "was REPAIRING", "had instances recreated")), rec
+    assert rec["last_step"] >= 4 and rec["resumed_step"] == 0
+    assert "step=29 " in "\n".join(lines)
+    after = compute_api.get_vm(cloud.api(), ZONE, vm_name, kind)
+    assert after.state == "READY" and after.spot
+    if kind == "instance":
+        assert after.instance_ids != before.instance_ids  # deleted and inserted again
+    else:
+        assert after.instances == before.instances and after.instance_ids[0] == before.instance_ids[0]
+        assert after.instance_ids[1] != before.instance_ids[1]  # only the preempted worker was recreated

@@ -12,7 +12,8 @@ from trainer.fit.__main__ import _quiet_libtpu
 @pytest.mark.parametrize(
     ("accelerator", "topology", "chips"),
     [("v6e-8", "v6e:2x4", 8), ("v6e-16", "v6e:4x4", 16), ("v4-8", "v4:2x2x1", 4), ("v5litepod-8", "v5e:2x4", 8),
-     ("v5p-8", "v5p:2x2x1", 4), ("v5e-1", "v5e:1x1", 1)],
+     ("v5p-8", "v5p:2x2x1", 4), ("v5e-1", "v5e:1x1", 1), ("tpu7x-8", "tpu7x:2x2x1", 4),
+     ("tpu7x-16", "tpu7x:2x2x2", 8)],
 )  # fmt: skip
 def test_accelerator_maps_to_topology(accelerator: str, topology: str, chips: int) -> None:
     t = tpus.from_accelerator(accelerator)
@@ -32,6 +33,14 @@ def test_per_device_figures_split_a_chip_between_its_devices() -> None:
         "link_bw": 100e9,
         "hop_latency_s": 1e-6,
     }
+
+
+def test_tpu7x_figures_are_per_chip_split_over_its_two_devices() -> None:
+    """TPU7x (Ironwood): 192 GiB HBM, 2307 TFLOP/s bf16 per chip, no megacore: JAX shows 2 devices per chip."""
+    t = tpus.from_accelerator("tpu7x-8")
+    assert (t.topology, t.chips, t.chip.hbm_bytes) == ("tpu7x:2x2x1", 4, 192 * tpus.GIB)
+    assert t.per_device(8) == {"hbm_bytes": 96 * tpus.GIB, "flops": 2307e12 / 2, "hbm_bw": 7370e9 / 2,
+                               "ici_bw": 600e9 / 2}  # fmt: skip
 
 
 @pytest.mark.parametrize("bad", ["v6e", "v9-8", "v6e-3", "tpu"])

@@ -423,16 +423,17 @@ class Compute:
         return [self.mig_json(n) for n in names]
 
     def managed_instances(self, mig: str) -> dict[str, Any]:
+        """Each member: its URL, name, currentAction; `id` and `instanceStatus` only while the VM exists."""
         with self.m.lock:
             self.get(self.migs, mig)
-            return {
-                "managedInstances": [
-                    {"instance": BASE + r.name, "name": r.short, "id": r.id if r.workers else "",
-                     "instanceStatus": r.status if r.workers or r.status == "TERMINATED" else "",
-                     "currentAction": r.action, "targetStatus": "RUNNING"}
-                    for r in self.members(mig)
-                ]
-            }  # fmt: skip
+            out = []
+            for r in self.members(mig):
+                entry = {"instance": BASE + r.name, "name": r.short, "currentAction": r.action,
+                         "targetStatus": "RUNNING"}  # fmt: skip
+                if r.workers or r.status == "TERMINATED":
+                    entry.update(id=r.id, instanceStatus=r.status)
+                out.append(entry)
+            return {"managedInstances": out}
 
     def delete_mig(self, name: str) -> dict[str, Any]:
         with self.m.lock:
