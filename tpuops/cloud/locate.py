@@ -145,7 +145,8 @@ def find_vm(api: Api, name: str, zone: str | None) -> VmInfo:
     if not hits:
         raise _not_found(name, f"any of {n_zones} zones of project {api.project}", vms, hint_zone=False)
     if len(hits) > 1:
-        where = ", ".join(f"{v.zone} ({v.kind})" for v in hits)
+        mixed = len({v.kind for v in hits}) > 1
+        where = ", ".join(f"{v.zone} ({v.api_words})" if mixed else v.zone for v in hits)
         raise UsageError(
             f"TPU VM {name!r} exists in several zones: {where}", hint=f"pass --zone {hits[0].zone}"
         )
