@@ -10,7 +10,7 @@ import tempfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -45,6 +45,7 @@ class UserConfig(TargetSettings):
         default=300.0, gt=0
     )  # a VM none of whose workers answers on SSH this long is lost
     sops_dir: str | None = None  # the user's SOP folder, relative to the tpuops.toml that names it
+    api: Literal["tpu", "compute"] | None = None  # `vm create`'s API for v5e/v5p/v6e (TPU7x: always compute)
     params: dict[str, Any] = Field(default_factory=dict)
 
 

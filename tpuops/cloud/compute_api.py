@@ -378,7 +378,9 @@ def list_vms(api: Api, zones: list[str] | None) -> list[VmInfo]:
         return list(client.aggregated_list(**kw))
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        insts = pool.submit(call, api, "list instances", functools.partial(agg, c.instances), project=api.project)
+        insts = pool.submit(
+            call, api, "list instances", functools.partial(agg, c.instances), project=api.project
+        )
         migs = pool.submit(call, api, "list MIGs", functools.partial(agg, c.migs), project=api.project)
         inst_pages, mig_pages = insts.result(), migs.result()
     keep = (lambda z: z in zones) if zones else (lambda _z: True)

@@ -86,7 +86,7 @@ def create(
     from tpuops.cloud.compute_create import choose_api
 
     cfg = config.load()
-    which = choose_api(accelerator_type, api_name, getattr(cfg, "api", None))
+    which = choose_api(accelerator_type, api_name, cfg.api)
     if which == "tpu" and not runtime_version:
         raise UsageError(
             f"creating {accelerator_type} through the Cloud TPU API needs --runtime-version",
