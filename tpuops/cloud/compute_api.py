@@ -445,6 +445,20 @@ def set_metadata(api: Api, vm: VmInfo, index: int, metadata: dict[str, str], tim
     wait_op(api, op, f"update metadata of {instance}", timeout)
 
 
+def template_name(name: str) -> str:
+    """The instance template tpuops makes for the MIG slice `name`."""
+    return f"{name}-tpl"
+
+
+def policy_name(name: str) -> str:
+    """The workload policy (the slice's accelerator topology) tpuops makes for the MIG slice `name`."""
+    return f"{name}-wp"
+
+
+def region_of(zone: str) -> str:
+    return zone.rsplit("-", 1)[0]
+
+
 def delete_vm(api: Api, vm: VmInfo, timeout: float) -> None:
     """An instance: instances.delete. A MIG: the group (which deletes its instances), then the template and
     workload policy tpuops made for it (named after it), each awaited."""
@@ -460,8 +474,6 @@ def delete_vm(api: Api, vm: VmInfo, timeout: float) -> None:
         instance_group_manager=vm.name,
     )  # fmt: skip
     wait_op(api, op, f"delete MIG {vm.name}", timeout)
-    from tpuops.cloud.compute_create import policy_name, region_of, template_name
-
     for what, fn, kw in (
         ("template", c.templates.delete, {"instance_template": template_name(vm.name)}),
         ("workload policy", c.policies.delete,

@@ -9,6 +9,7 @@ from typing import Any
 from tpuops.cloud import compute_api as cc
 from tpuops.cloud.accelerators import compute_shape
 from tpuops.cloud.client import Api
+from tpuops.cloud.compute_api import policy_name, region_of, template_name
 from tpuops.cloud.create import CreateRequest
 from tpuops.cloud.tpu_api import VmInfo
 from tpuops.errors import CloudError, UsageError
@@ -34,18 +35,6 @@ def choose_api(accelerator_type: str, flag: str | None, configured: str | None) 
             )
         return "compute"
     return flag or configured or "tpu"
-
-
-def template_name(name: str) -> str:
-    return f"{name}-tpl"
-
-
-def policy_name(name: str) -> str:
-    return f"{name}-wp"
-
-
-def region_of(zone: str) -> str:
-    return zone.rsplit("-", 1)[0]
 
 
 def _properties(req: CreateRequest, machine: str, image: str) -> dict[str, Any]:

@@ -292,3 +292,32 @@ def test_key_ttl_and_route_options_are_checked() -> None:
         target(vm="v", key_ttl="12 parsecs")
     with pytest.raises(UsageError, match="--tunnel-through-iap and --internal-ip were both given"):
         locate.route_of(None, TargetSpec(vm="v", internal_ip=True, tunnel_through_iap=True), print)  # type: ignore[arg-type]
+
+
+def test_an_internal_only_mig_slice_is_reached_over_iap_with_the_key_set_on_each_instance(
+    cloud: Cloud, project: str, vm_name: str, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Compute Engine slice without external IPs: each instance is an IAP target by its own name, and the
+    new google_compute_engine key goes into every instance's ssh-keys (setMetadata with its fingerprint)."""
+    from tpuops.cloud import compute_create
+    from tpuops.cloud.create import CreateRequest
+
+    monkeypatch.setenv(
+        "TPUOPS_GCLOUD", f"{sys.executable} -m tpuops.cloud.emulator.iap --api-endpoint {cloud.url}"
+    )
+    req = CreateRequest(vm_name, "tpu7x-16", "", (ZONE,), wait=True, timeout=60, internal_ips=True)
+    compute_create.create_vm(_api(cloud, project), req)
+    t, found = _transport(cloud, _spec(cloud, project, vm_name))
+    assert (found.route, found.vm.kind, found.watch_endpoints()) == ("iap", "mig", [])
+    try:
+        assert [t.run(w, "echo through-iap").stdout for w in (0, 1)] == ["through-iap\n"] * 2
+    finally:
+        t.close()
+    blob = " ".join((home / ".ssh" / "google_compute_engine.pub").read_text().split()[:2])
+    compute = cloud.emu.model.compute
+    for name in found.vm.instances:
+        md = compute.instances[f"projects/{project}/zones/{ZONE}/instances/{name}"].body["metadata"]
+        assert blob in md["ssh-keys"] and md["agent-worker-number"] in ("0", "1")  # other keys kept
+    assert any(
+        n.startswith(f"{vm_name}: IAP tunnels up: w0 -> 127.0.0.1:") and ", w1 -> " in n for n in cloud.notes
+    )
