@@ -96,23 +96,24 @@ class Api:
         marks = [("x-tpuops-client", self.client_id)]
         return [*marks, ("x-tpuops-purpose", self.purpose)] if self.purpose else marks
 
-    def retry(self, what: str) -> Any:
+    def retry(self, what: str, service: str = "TPU API") -> Any:
         """google.api_core's Retry for one call: exponential backoff with jitter on 429/503/504 and refused
         connections, at most `retries` retries, each said through `notify` (its `on_error`); the one after the
         last is a CloudError."""
         from google.api_core import retry as gretry
 
         tries = itertools.count(1)
+        host = "compute.googleapis.com" if service == "Compute API" else "tpu.googleapis.com"
 
         def on_error(e: Exception) -> None:
             k = next(tries)
             if k > self.retries:
                 raise CloudError(
-                    f"TPU API {what}: still failing after {self.retries} retries: {short_error(e)}",
-                    hint=f"{self.endpoint or 'tpu.googleapis.com'} is unavailable; try again later",
+                    f"{service} {what}: still failing after {self.retries} retries: {short_error(e)}",
+                    hint=f"{self.endpoint or host} is unavailable; try again later",
                 )
             cap = min(MAX_BACKOFF_S, self.backoff_s * 2 ** (k - 1))  # the library draws the delay below it
-            self.notify(f"TPU API {what}: {short_error(e)}; retry {k}/{self.retries} in up to {cap:.1f}s")
+            self.notify(f"{service} {what}: {short_error(e)}; retry {k}/{self.retries} in up to {cap:.1f}s")
 
         return gretry.Retry(
             predicate=gretry.if_exception_type(*_transient()),

@@ -60,7 +60,7 @@ def _clients(endpoint: str | None) -> Clients:
 
         kw.update(credentials=AnonymousCredentials(), client_options=ClientOptions(api_endpoint=endpoint))
     try:
-        made = [
+        made: list[Any] = [
             compute_v1.InstancesClient(**kw),
             compute_v1.InstanceGroupManagersClient(**kw),
             compute_v1.InstanceTemplatesClient(**kw),
@@ -82,7 +82,8 @@ def _clients(endpoint: str | None) -> Clients:
         }
         for client in made:
             getattr(client._transport, "_extended_operations_services", {}).update(ops)
-    return Clients(*made, client_id=f"{os.getpid()}-c{next(_built)}")
+    instances, migs, templates, policies = made
+    return Clients(instances, migs, templates, policies, client_id=f"{os.getpid()}-c{next(_built)}")
 
 
 def clients(api: Api) -> Clients:
@@ -98,33 +99,11 @@ def _headers(api: Api) -> list[tuple[str, str]]:
 
 
 def call(api: Api, what: str, fn: Callable[..., T], /, **kw: Any) -> T:
-    """`fn(**kw)` with google.api_core's Retry: exponential backoff with jitter on 429/503/504 and refused
-    connections, at most `api.retries` retries, each said through `notify`; other errors -> TpuopsError."""
-    from google.api_core import retry as gretry
-
-    from tpuops.cloud.client import _transient
-
-    tries = itertools.count(1)
-
-    def on_error(e: Exception) -> None:
-        k = next(tries)
-        if k > api.retries:
-            raise CloudError(
-                f"Compute API {what}: still failing after {api.retries} retries: {short_error(e)}",
-                hint=f"{api.endpoint or 'compute.googleapis.com'} is unavailable; try again later",
-            )
-        api.notify(f"Compute API {what}: {short_error(e)}; retry {k}/{api.retries}")
-
-    retry = gretry.Retry(
-        predicate=gretry.if_exception_type(*_transient()),
-        initial=api.backoff_s,
-        multiplier=2.0,
-        maximum=8.0,
-        timeout=600.0,
-        on_error=on_error,
-    )
+    """`fn(**kw)` with the same google.api_core Retry as the TPU API's (`Api.retry`: backoff with jitter on
+    429/503/504 and refused connections, at most `api.retries` retries, each said through `notify`); other
+    errors -> TpuopsError (a 403 names the Compute Engine role)."""
     try:
-        return fn(**kw, retry=retry, timeout=api.timeout_s, metadata=_headers(api))
+        return fn(**kw, retry=api.retry(what, "Compute API"), timeout=api.timeout_s, metadata=_headers(api))
     except CloudError:
         raise
     except Exception as e:
@@ -399,13 +378,13 @@ def list_vms(api: Api, zones: list[str] | None) -> list[VmInfo]:
     for scope, page in mig_pages:
         zone = scope.rsplit("/", 1)[-1]
         for mig in page.instance_group_managers:
-            insts = _worker_order(members.get(f"{zone}/{mig.name}", []))
-            if not keep(zone) or not insts:
+            group = _worker_order(members.get(f"{zone}/{mig.name}", []))
+            if not keep(zone) or not group:
                 continue
             target = int(mig.target_size)
-            state = "" if len(insts) == target else "CREATING"
+            state = "" if len(group) == target else "CREATING"
             out.append(
-                vm_from_instances(api.project, mig.name, zone, insts, kind="mig", vms=target, state=state)
+                vm_from_instances(api.project, mig.name, zone, group, kind="mig", vms=target, state=state)
             )
     return out
 

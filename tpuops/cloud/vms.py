@@ -54,8 +54,8 @@ def list_(target: ApiTarget, zones: list[str], notify: Notify) -> tuple[list[VmI
             errors.append(e)
     if len(errors) == 2:
         raise errors[0]
-    for e in errors:
-        notify(f"skipped: {e.message}")
+    for skipped in errors:
+        notify(f"skipped: {skipped.message}")
     return sorted(found, key=lambda v: (v.zone, v.name)), sorted(set(searched) | {v.zone for v in found})
 
 
