@@ -104,7 +104,8 @@ def test_the_client_retries_503s_and_403s_name_the_role(cloud: Cloud, vm_name: s
     cloud.emu.admin("faults", unavailable=2, code=503)
     assert compute_api.get_vm(api, ZONE, vm_name, "instance").state == "READY"
     retries = [n for n in cloud.notes if "retry" in n]
-    assert [n.split("; ")[-1] for n in retries] == ["retry 1/5", "retry 2/5"], cloud.notes
+    assert [n.split("; ")[-1].split(" in ")[0] for n in retries] == ["retry 1/5", "retry 2/5"], cloud.notes
+    assert all(n.startswith(f"Compute API get instance {vm_name} in {ZONE}: 503 ") for n in retries), retries
     cloud.emu.admin("faults", unavailable=1, code=403)
     with pytest.raises(PermissionDeniedError) as read:
         compute_api.get_vm(api, ZONE, vm_name, "instance")
