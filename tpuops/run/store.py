@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -61,7 +62,11 @@ class RunRecord:
         return run_dir(self.runs_dir or str(self.values.get("runs_dir", "~/tpuops/runs")), self.run_id)
 
     def spec(self) -> TargetSpec:
-        t: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in self.target.items()}
+        """The recorded target; keys a record of another tpuops version has and this one does not are left out."""
+        known = {f.name for f in dataclasses.fields(TargetSpec)}
+        t: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in self.target.items() if k in known
+        }
         return TargetSpec(**t)
 
 
