@@ -106,7 +106,7 @@ def test_completion_installs_and_completes(tmp_path: Path) -> None:
 def _record(home: Path, run_id: str, workers: list[int], logs: dict[int, str]) -> None:
     d = home / "runs" / run_id
     d.mkdir(parents=True)
-    record = {"run_id": run_id, "sop": "grpo", "target": {"kind": "local"}, "workers": workers,
+    record = {"run_id": run_id, "sop": "grpo", "target": {"local": True}, "workers": workers,
               "values": {}, "started": 1.7e9}  # fmt: skip
     (d / "run.json").write_text(json.dumps(record))
     for w, text in logs.items():
