@@ -102,7 +102,7 @@ def _dry_run_dict(dr: DryRun) -> dict[str, Any]:
         "workers": dr.workers,
         "values": dr.values,
         "fit": dr.fit,
-        **({"vm": _vm_dict(dr.target.vm)} if getattr(dr.target, "vm", None) else {}),
+        **({"vm": _vm_dict(dr.target.vm)} if dr.target is not None and dr.target.vm is not None else {}),
         "plan": [
             {"step": title, "workers": {str(w): [a.render() for a in acts] for w, acts in per.items()}}
             for title, per in dr.plan
