@@ -50,6 +50,21 @@ def test_right_padding_and_masked_decode(qwen_tok: object) -> None:
     assert tok.decode(qwen_tok, ids, mask) == ["Hello world"]
 
 
+def test_masked_decode_in_one_rust_call_equals_row_by_row(qwen_tok: object) -> None:
+    """decode() hands every row to the Rust tokenizer at once: the same texts as transformers' decode per row
+    (random ids over the whole vocabulary, special tokens among them, ragged masks)."""
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, 151_665, size=(16, 64))
+    ids[:, 5] = 151_645  # <|im_end|>, skipped as special
+    mask = (np.arange(64)[None, :] < rng.integers(1, 65, size=(16, 1))).astype(np.int32)
+    want = [
+        qwen_tok.decode(r[m.astype(bool)].tolist(), skip_special_tokens=True)
+        for r, m in zip(ids, mask, strict=True)
+    ]
+    assert tok.decode(qwen_tok, ids, mask) == want
+    assert len(set(want)) == 16 and all("<|im_end|>" not in t for t in want)
+
+
 def test_the_fast_tokenizer_matches_autotokenizer_and_imports_no_torch(
     qwen_tok: object, tokenizer_dir: Path
 ) -> None:

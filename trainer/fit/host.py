@@ -33,6 +33,7 @@ def measure(cfg: Any, repeats: int = 3) -> dict[str, Any]:
     from trainer import tasks
     from trainer.grpo.advantages import group_advantages
     from trainer.grpo.rewards import Sample, score
+    from trainer.tokenizer import decode
 
     tok, which = _tokenizer(cfg)
     N, C, G = cfg.sequences_per_step, cfg.rollout.max_new_tokens, cfg.rollout.samples_per_prompt
@@ -41,8 +42,8 @@ def measure(cfg: Any, repeats: int = 3) -> dict[str, Any]:
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        texts = tok.batch_decode(list(ids_NC), skip_special_tokens=True)
-        samples = [Sample(t, "42", tuple(int(i) for i in row)) for t, row in zip(texts, ids_NC, strict=True)]
+        texts = decode(tok, ids_NC, np.ones_like(ids_NC))  # what trainer.loop.score does
+        samples = [Sample(t, "42", tuple(row.tolist())) for t, row in zip(texts, ids_NC, strict=True)]
         total_N = score(samples, weights).total_N
         np.asarray(group_advantages(jnp.asarray(total_N), G, cfg.loss.scale_rewards))
         times.append(time.perf_counter() - t0)

@@ -10,6 +10,7 @@ import numpy as np
 from trainer.grpo.advantages import group_advantages
 from trainer.grpo.rewards import Sample, score
 from trainer.loop.state import Rollout, Run, Scores
+from trainer.tokenizer import decode
 
 
 def score_rollout(run: Run, ro: Rollout) -> Scores:
@@ -17,15 +18,12 @@ def score_rollout(run: Run, ro: Rollout) -> Scores:
     group-relative advantages (negated with train.flip_advantages)."""
     cfg, G = run.cfg, run.cfg.rollout.samples_per_prompt
     t_start = time.perf_counter()
-    texts = run.tokenizer.batch_decode(
-        [row[m.astype(bool)] for row, m in zip(ro.comp_NC, ro.cmask_NC, strict=True)],
-        skip_special_tokens=True,
-    )
+    texts = decode(run.tokenizer, ro.comp_NC, ro.cmask_NC)
     samples = [
         Sample(
             text,
             ro.prompts[i // G].gold,
-            tuple(int(t) for t in ro.comp_NC[i][ro.cmask_NC[i].astype(bool)]),
+            tuple(ro.comp_NC[i][ro.cmask_NC[i].astype(bool)].tolist()),
             run.target_ids,
         )
         for i, text in enumerate(texts)
