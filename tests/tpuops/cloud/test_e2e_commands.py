@@ -117,21 +117,24 @@ def saved_past(vm: Vm, line: str, timeout: float = 60) -> None:
 
 
 class Follower:
-    """A command run in the background whose stderr lines are read by one thread (nothing read twice)."""
+    """A command run in the background whose stderr lines (`tpuops logs`: stdout) are read by one thread
+    (nothing read twice)."""
 
-    def __init__(self, cloud: Cloud, args: list[str], cwd: Path) -> None:
+    def __init__(self, cloud: Cloud, args: list[str], cwd: Path, *, stdout: bool = False) -> None:
+        read, other = subprocess.PIPE, subprocess.DEVNULL
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tpuops", *args], cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True, env=_env(cloud), stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", "tpuops", *args], cwd=cwd, stdout=read if stdout else other,
+            stderr=other if stdout else read, text=True, env=_env(cloud), stdin=subprocess.DEVNULL,
         )  # fmt: skip
+        self.stream = self.proc.stdout if stdout else self.proc.stderr
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.seen: list[str] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
     def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
+        assert self.stream is not None
+        for line in self.stream:
             self.lines.put(line.rstrip("\n"))
         self.lines.put(None)
 
@@ -296,10 +299,13 @@ def test_detached_run_on_one_worker_runs_logs_stop_attach(vm1: Vm, tmp_path: Pat
 
     logs = tpuops(vm1.cloud, ["logs", run_id], tmp_path)
     assert logs.returncode == 0, logs.stderr
-    # The tpu-api lines say how the VM was reached; the rest is the log.
-    shown_lines = [ln for ln in logs.stderr.splitlines() if not ln.startswith("tpu-api ")]
-    assert "[w0] step=5 " in logs.stderr and all(ln.startswith("[w0] ") for ln in shown_lines)
-    live = Follower(vm1.cloud, ["logs", run_id, "-f"], tmp_path)  # follows until the run ends
+    # The log on stdout as the worker wrote it (one worker: no prefix); how the VM was reached on stderr.
+    assert "\nstep=5 " in logs.stdout and not any(
+        ln.startswith(("[w", "tpu-api ")) for ln in logs.stdout.splitlines()
+    )
+    live = Follower(
+        vm1.cloud, ["logs", run_id, "-f", "--prefix"], tmp_path, stdout=True
+    )  # until the run ends
     live.wait_for("[w0] step=")
 
     stop = ok_json(tpuops(vm1.cloud, ["stop", run_id, "--json"], tmp_path))
@@ -396,9 +402,9 @@ def test_detached_multihost_recompile_check_runs_logs_attach_report(vm2: Vm, tmp
     run_id = record["run_id"]
 
     # Worker 1's log, read from the worker (the follower only showed worker 0's lines).
-    logs = tpuops(vm2.cloud, ["logs", run_id, "--worker", "1"], tmp_path)
+    logs = tpuops(vm2.cloud, ["logs", run_id, "--worker", "1", "--prefix"], tmp_path)
     assert logs.returncode == 0, logs.stderr
-    lines = [ln for ln in logs.stderr.splitlines() if not ln.startswith("tpu-api ")]  # how the VM was reached
+    lines = logs.stdout.splitlines()  # the log on stdout; how the VM was reached (tpu-api lines) on stderr
     assert lines and all(ln.startswith("[w1] ") for ln in lines)
     assert any(ln.startswith("[w1] start: ") and "process_count=2 process_index=1" in ln for ln in lines)
 
