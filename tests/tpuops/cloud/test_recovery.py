@@ -11,6 +11,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from tests.gcs import BUCKET, gcs_server
 from tests.tpuops.cloud.conftest import Cloud
 from tpuops.cloud.emulator.sshd import free_port
 from tpuops.config import TargetSpec
-from tpuops.errors import PreemptedError
+from tpuops.errors import PermissionDeniedError, PreemptedError
 from tpuops.run import launch, recover
 from tpuops.run.result import RunResult
 
@@ -373,3 +374,27 @@ def test_a_compute_engine_vm_preempted_mid_run_is_made_whole_and_the_run_finishe
     else:
         assert after.instances == before.instances and after.instance_ids[0] == before.instance_ids[0]
         assert after.instance_ids[1] != before.instance_ids[1]  # only the preempted worker was recreated
+
+
+def test_a_403_during_the_watch_ends_the_run_with_exit_6_naming_the_role(
+    cloud: Cloud, vm_name: str, git_remote: tuple[Path, str], tmp_path: Path
+) -> None:
+    """Losing the permission mid-run is an error, not a VM to keep polling: the watch stops the run at once."""
+    _vm(cloud, vm_name)
+    lines: list[str] = []
+    model = cloud.emu.model
+
+    def deny() -> None:
+        with model.lock:  # every TPU API call from now on answers 403 PERMISSION_DENIED
+            model.faults.unavailable, model.faults.unavailable_code = 10**6, 403
+
+    denier = _after_steps(lines, 3, deny)
+    req = _request(cloud, vm_name, git_remote[0])
+    req = replace(req, sets={**req.sets, "steps": "3000", "timeout": "600"})
+    t0 = time.monotonic()
+    with pytest.raises(PermissionDeniedError) as e:
+        launch.start(req, watch_s=0.2, on_line=_worker_line(lines), cwd=tmp_path)
+    denier.join()
+    assert e.value.exit_code == 6 and "permission denied" in e.value.message
+    assert e.value.message.startswith(f"watching {vm_name}: ") and "roles/tpu.viewer" in (e.value.hint or "")
+    assert time.monotonic() - t0 < 120  # not the follow's 600 s timeout
