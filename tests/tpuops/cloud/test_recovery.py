@@ -322,7 +322,8 @@ def test_bench_rollout_on_a_preempted_vm_ends_with_exit_8(
         "coordinator_port": str(free_port()), "log.output_dir": "~/trainer-out",
     }  # fmt: skip
     argv = [sys.executable, "-m", "tpuops", "bench", "rollout", "--vm", vm_name, "--zone", ZONE,
-            "--identity", str(cloud.identity), "--skip-fit", "--variant", "", "--variant", "train.lr=1e-5"]  # fmt: skip
+            "--identity", str(cloud.identity), "--skip-fit",
+            "--variant", "", "--variant", "train.learning_rate=2e-5"]  # fmt: skip
     argv += [w for k, v in sets.items() for w in ("--set", f"{k}={v}")]
     env = {**os.environ, "TPUOPS_TPU_API": cloud.url, "COLUMNS": "200"}
     proc = subprocess.Popen(
