@@ -321,3 +321,26 @@ def test_an_internal_only_mig_slice_is_reached_over_iap_with_the_key_set_on_each
     assert any(
         n.startswith(f"{vm_name}: IAP tunnels up: w0 -> 127.0.0.1:") and ", w1 -> " in n for n in cloud.notes
     )
+
+
+def test_os_login_reaches_a_compute_engine_instance_without_touching_its_metadata(
+    cloud: Cloud, project: str, vm_name: str, home: Path
+) -> None:
+    """The same OS Login path for a Compute Engine TPU VM: the project's enable-oslogin, the key imported into
+    the account's profile, the login as its POSIX user, no setMetadata."""
+    from tpuops.cloud import compute_create
+
+    gcloud = Path(os.environ["CLOUDSDK_CONFIG"]) / "configurations"
+    gcloud.mkdir(parents=True)
+    (gcloud / "config_default").write_text("[core]\naccount = grace@example.com\n")
+    cloud.emu.admin("project-metadata", project=project, metadata={"enable-oslogin": "TRUE"})
+    compute_create.create_vm(_api(cloud, project), CreateRequest(vm_name, "tpu7x-8", "", (ZONE,), wait=True))
+    n = len(cloud.emu.model.requests)
+    t, found = _transport(cloud, _spec(cloud, project, vm_name))
+    try:
+        posix = t.run(0, "whoami").stdout.strip()
+    finally:
+        t.close()
+    assert found.vm.api == "compute" and posix == cloud.emu.model.profiles["grace@example.com"].user
+    assert "POST /v1/users/grace%40example.com:importSshPublicKey" in cloud.calls(n)
+    assert not [c for c in cloud.calls(n) if c.endswith("/setMetadata")]
