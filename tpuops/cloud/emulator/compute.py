@@ -233,6 +233,16 @@ class Compute:
             return
         time.sleep(self.m.create_delay)
         with self.m.lock:
+            gone = self.instances.get(rec.name) is not rec  # deleted (or torn down) while it booted
+            if gone:
+                self.m._release(user)
+        if gone:
+            _power_off(worker)
+            worker.stop()
+            if op is not None:
+                self._done(op)
+            return
+        with self.m.lock:
             rec.workers, rec.published_keys = [worker], [worker.host_public_key]
             self.m._apply_keys(rec)
             rec.status, rec.action = "RUNNING", "NONE"
