@@ -44,7 +44,11 @@ steps:
     runs_dir: ~/matrix-runs
 """
 STEP = "echo 'step={i} loss=0.1 entropy=1.0 reward_mean=0.0 dt=0.20s'"
-STEPS = "; ".join(STEP.format(i=i) for i in range(3))
+WARMUP = "echo 'Compiling jit(train_step) with global shapes and types [f32[8]]'"
+# A clean run with compile logging on: its one compile comes in the warm-up, before step 0's line. Without any
+# compile line, a SOP with fail_on_recompile cannot verify the run and says so (exit 13, the "unverified" case).
+STEPS = "; ".join([WARMUP] + [STEP.format(i=i) for i in range(3)])
+BARE_STEPS = "; ".join(STEP.format(i=i) for i in range(3))
 TRACEBACK = "printf 'Traceback (most recent call last):\\n  File \"train.py\", line 3, in <module>\\n{error}\\n'; exit 1"
 
 
@@ -70,6 +74,7 @@ CASES = {
     "cloud": Case(6, "cloud", {"cmd": "true"}, ("vm=no-such-vm",), says="no-such-vm"),
     "recompile": Case(7, "recompile", {"cmd": f"{STEPS}; echo 'Compiling jit(train_step) with global shapes "
                       "and types [f32[8]]'; " + STEP.format(i=3)}, says="train_step"),
+    "unverified": Case(13, "unverified", {"cmd": BARE_STEPS}, says="JAX compile logging not seen"),
     # "preempted" (8) needs a VM of its own per mode: test_a_preempted_vm_is_exit_8_in_both_outputs below.
     "hang": Case(9, "hang", {"cmd": f"{STEPS}; sleep 60", "hang_factor": "3"}, says="no step line for"),
     "oom": Case(10, "oom", {"cmd": f"{STEP.format(i=0)}; " + TRACEBACK.format(
