@@ -93,6 +93,14 @@ def create(
     zone: ZonesOpt = None,
     spot: Annotated[bool, typer.Option("--spot", help="Spot capacity (cheaper, preemptible).")] = False,
     queued: Annotated[bool, typer.Option("--queued", help="Through the queued-resources API.")] = False,
+    slices: Annotated[
+        int,
+        typer.Option(
+            "--slices",
+            metavar="N",
+            help="A multislice: N slices of TYPE joined over DCN (one queued resource; nodes NAME-0..NAME-N-1).",
+        ),
+    ] = 1,
     wait: Annotated[
         bool, typer.Option("--wait", help="Wait until READY (queued: ACTIVE then READY).")
     ] = False,
@@ -114,6 +122,7 @@ def create(
     Examples:
       tpuops vm create mllm-jax-v6e-8 --accelerator v6e-8 --zone us-east1-d --runtime-version v2-alpha-tpuv6e --wait
       tpuops vm create ironwood --accelerator tpu7x-16 --zone us-central1-c --spot --wait
+      tpuops vm create ms --accelerator v6e-8 --slices 2 --zone us-east5-b --runtime-version v2-alpha-tpuv6e --wait
     """
     from tpuops import console
     from tpuops.cloud import tables, vms
@@ -134,6 +143,7 @@ def create(
         internal_ips=internal_ips,
         api_name=api,
         image=image,
+        slices=slices,
     )
     tables.vm_describe(vm, json, verb="created")
 

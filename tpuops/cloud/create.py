@@ -24,6 +24,7 @@ class CreateRequest:
     timeout: float = 1800.0
     ssh_keys: str = ""  # GCP `ssh-keys` metadata: "user:ssh-ed25519 AAAA... comment" lines
     internal_ips: bool = False  # no external IPs (gcloud's --internal-ips): reached over IAP or the VPC
+    slices: int = 1  # > 1: a multislice, one queued resource whose nodes are NAME-0..NAME-(slices-1)
 
 
 def _node(api: Api, req: CreateRequest) -> dict:
@@ -42,9 +43,12 @@ def create_vm(api: Api, req: CreateRequest) -> VmInfo:
     Queued: a queued resource in the one zone, awaited to ACTIVE with --wait."""
     if not req.zones:
         raise UsageError("vm create needs --zone (repeat it to try several zones in turn)")
-    if req.queued:
+    if req.slices < 1:
+        raise UsageError(f"--slices must be 1 or more, received {req.slices}")
+    if req.queued or req.slices > 1:  # the Cloud TPU API makes a multislice only as a queued resource
         if len(req.zones) > 1:
-            raise UsageError("--queued takes one --zone: a queued resource waits for capacity in its zone")
+            what = "--slices" if req.slices > 1 else "--queued"
+            raise UsageError(f"{what} takes one --zone: a queued resource waits for capacity in its zone")
         return _create_queued(api, req, req.zones[0])
     refused: list[str] = []
     for zone in req.zones:
@@ -73,7 +77,12 @@ def create_vm(api: Api, req: CreateRequest) -> VmInfo:
 
 def _create_queued(api: Api, req: CreateRequest, zone: str) -> VmInfo:
     parent = api.parent(zone)
-    qr: dict = {"tpu": {"node_spec": [{"parent": parent, "node_id": req.name, "node": _node(api, req)}]}}
+    spec: dict = {"parent": parent, "node": _node(api, req)}
+    if req.slices > 1:  # nodes PREFIX-0..PREFIX-(n-1), joined over DCN (v2 NodeSpec.multisliceParams)
+        spec["multislice_params"] = {"node_count": req.slices, "node_id_prefix": req.name}
+    else:
+        spec["node_id"] = req.name
+    qr: dict = {"tpu": {"node_spec": [spec]}}
     if req.spot:
         qr["spot"] = {}
     op = api.call(
@@ -120,6 +129,7 @@ def _qr_state(api: Api, name: str) -> str:
 def _placeholder(api: Api, req: CreateRequest, zone: str, state: str) -> VmInfo:
     """A queued VM has no node yet: describe it by its queued resource's state."""
     return VmInfo(
+        slices=tuple(f"{req.name}-{i}" for i in range(req.slices)) if req.slices > 1 else (),
         name=req.name,
         zone=zone,
         project=api.project,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tpuops.cloud.client import Api, ApiNotFoundError, Notify, connect
 from tpuops.cloud.keys import default_user
-from tpuops.cloud.tpu_api import VmInfo, host_keys, list_vms, list_zone
+from tpuops.cloud.tpu_api import VmInfo, get_multislice, host_keys, list_vms, list_zone
 from tpuops.cloud.vm_state import get_vm
 from tpuops.config import TargetSpec, state_home
 from tpuops.errors import CloudError, ConnectError, PermissionDeniedError, PreemptedError, UsageError
@@ -113,6 +113,9 @@ def _search(api: Api, name: str) -> tuple[list[VmInfo], list[VmInfo], int]:
     except CloudError as e:  # the Cloud TPU API refused or is disabled: Compute Engine may still have it
         tpu_error = e
     hits = [v for v in vms if v.name == name]
+    if not hits:  # a multislice is listed as its slices' nodes: find it by their queued resource
+        qr_zones = {v.zone for v in vms if v.queued_resource.endswith(f"/queuedResources/{name}")}
+        hits = [multi for z in sorted(qr_zones) if (multi := get_multislice(api, z, name))]
     if not hits:
         from tpuops.cloud import compute_api
 
@@ -202,7 +205,9 @@ def workers_of(
         host = w.internal_ip if spec.internal_ip or not w.external_ip else w.external_ip
         user = spec.user or extra.get("ssh-user") or default_user()
         port = int(extra.get("ssh-port", 22))
-        workers.append(Worker(w.index, host, port, user, pin, internal_host=w.internal_ip))
+        workers.append(
+            Worker(w.index, host, port, user, pin, internal_host=w.internal_ip, slice_index=w.slice)
+        )
     return workers
 
 
@@ -327,7 +332,7 @@ def guest_attributes(api: Api, vm: VmInfo) -> list[dict[str, dict[str, str]]]:
     """Per worker: {namespace: {key: value}}. A node: one getGuestAttributes for all workers; Compute Engine:
     one per instance (query path `hostkeys/`), at once."""
     if vm.kind == "node":
-        return host_keys(api, vm.zone, vm.name)
+        return host_keys(api, vm.zone, vm.name, vm.slices)
     from tpuops.cloud import compute_api
 
     return compute_api.guest_attributes(api, vm)

@@ -42,6 +42,8 @@ def vm_describe(vm: Any, as_json: bool, verb: str = "") -> None:
         ("queued resource", vm.queued_resource or "-"),
         ("workers", str(len(vm.workers))),
     ]
+    if vm.slices:
+        rows.append(("slices", f"{len(vm.slices)}: {', '.join(vm.slices)}"))
     table = Table(title=f"{verb + ' ' if verb else ''}{vm.name}", title_justify="left", show_header=False)
     table.add_column("field")
     table.add_column("value")
@@ -49,6 +51,8 @@ def vm_describe(vm: Any, as_json: bool, verb: str = "") -> None:
         table.add_row(k, escape(v))
     for w in vm.workers:
         where = f"internal {w.internal_ip}  external {w.external_ip or '-'}"
+        if vm.slices:
+            where = f"slice {w.slice}  {where}"
         if vm.instances:
             where += f"  instance {vm.instances[w.index]}"
         table.add_row(f"w{w.index}", escape(where))

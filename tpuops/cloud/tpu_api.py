@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tpuops.cloud.client import Api, ApiNotFoundError, api_error
@@ -21,6 +21,7 @@ class WorkerAddr:
     internal_ip: str
     external_ip: str | None
     port: int  # the API's network-endpoint port (the emulator puts each worker's sshd port here)
+    slice: int = 0  # which slice of a multislice the worker is on (0 on a one-slice VM)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,9 @@ class VmInfo:
     workers: tuple[WorkerAddr, ...]
     queued_resource: str = ""
     create_time: str = ""
+    # A multislice (one queued resource, several nodes): each slice's node id, in slice order; workers are
+    # numbered across slices (slice 0's first). Empty for a one-slice VM.
+    slices: tuple[str, ...] = ()
     # The node's metadata (ssh-keys, enable-oslogin, ...); not in to_dict: ssh-keys is long and not state.
     metadata: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
     api: str = "tpu"  # "tpu": a Cloud TPU node; "compute": a Compute Engine instance or MIG (compute_api.py)
@@ -124,25 +128,85 @@ def list_vms(api: Api, zones: list[str] | None = None) -> tuple[list[VmInfo], li
 
 
 def get_vm(api: Api, zone: str, name: str) -> VmInfo:
+    """The node `name`, or when there is none, the multislice queued resource `name` (all its slices as one VM)."""
+    try:
+        return get_vm_node(api, zone, name)
+    except ApiNotFoundError:
+        multi = get_multislice(api, zone, name)
+        if multi is None:
+            raise
+        return multi
+
+
+def slice_state(states: list[str]) -> str:
+    """One state for a multislice: PREEMPTED if any slice is (the run is lost with it), READY only when every
+    slice is, else the first slice's state that is not READY."""
+    if "PREEMPTED" in states:
+        return "PREEMPTED"
+    return next((s for s in states if s != "READY"), "READY")
+
+
+def get_multislice(api: Api, zone: str, name: str) -> VmInfo | None:
+    """The queued resource `name` created with multislice parameters, as one VmInfo: nodes PREFIX-0..N-1 (the
+    API's own naming), their workers numbered in slice order. None when no such multislice exists."""
+    qr_name = f"{api.parent(zone)}/queuedResources/{name}"
+    try:
+        qr = api.call(f"get {qr_name}", api.client.get_queued_resource, name=qr_name)
+    except ApiNotFoundError:
+        return None
+    specs = list(qr.tpu.node_spec)
+    if not specs or specs[0].multislice_params.node_count < 2:
+        return None
+    params = specs[0].multislice_params
+    ids = tuple(f"{params.node_id_prefix or name}-{i}" for i in range(params.node_count))
+    nodes: list[VmInfo] = []
+    for node_id in ids:
+        try:
+            nodes.append(get_vm_node(api, zone, node_id))
+        except ApiNotFoundError:
+            nodes.append(replace(_absent(api, zone, node_id), state=f"QUEUED:{qr.state.state.name}"))
+    per_slice = [(s, w) for s, n in enumerate(nodes) for w in n.workers]
+    workers = tuple(replace(w, index=k, slice=s) for k, (s, w) in enumerate(per_slice))
+    first = nodes[0]
+    return replace(
+        first,
+        name=name,
+        state=slice_state([n.state for n in nodes]),
+        health=next((n.health for n in nodes if n.health not in ("", "HEALTHY")), first.health),
+        workers=workers,
+        queued_resource=qr_name,
+        slices=ids,
+    )
+
+
+def get_vm_node(api: Api, zone: str, name: str) -> VmInfo:
     return vm_from_node(
         api.call(f"get {name} in {zone}", api.client.get_node, name=node_name(api, zone, name))
     )
 
 
-def host_keys(api: Api, zone: str, name: str) -> list[dict[str, dict[str, str]]]:
+def _absent(api: Api, zone: str, name: str) -> VmInfo:
+    return VmInfo(name, zone, api.project, "", "", "", "", False, False, ())
+
+
+def host_keys(
+    api: Api, zone: str, name: str, slices: tuple[str, ...] = ()
+) -> list[dict[str, dict[str, str]]]:
     """Per worker, in worker order: {namespace: {key: value}} of its guest attributes (as gcloud reads them:
-    namespace `hostkeys`, key = key type such as ssh-ed25519, value = the base64 key blob)."""
-    resp = api.call(
-        f"guest attributes of {name}",
-        api.client.get_guest_attributes,
-        request={"name": node_name(api, zone, name)},
-    )
+    namespace `hostkeys`, key = key type such as ssh-ed25519, value = the base64 key blob). For a multislice
+    (`slices`: its node ids) every slice's workers, in slice order."""
     out: list[dict[str, dict[str, str]]] = []
-    for ga in resp.guest_attributes:
-        per: dict[str, dict[str, str]] = {}
-        for item in ga.query_value.items:
-            per.setdefault(item.namespace, {})[item.key] = item.value
-        out.append(per)
+    for node in slices or (name,):
+        resp = api.call(
+            f"guest attributes of {node}",
+            api.client.get_guest_attributes,
+            request={"name": node_name(api, zone, node)},
+        )
+        for ga in resp.guest_attributes:
+            per: dict[str, dict[str, str]] = {}
+            for item in ga.query_value.items:
+                per.setdefault(item.namespace, {})[item.key] = item.value
+            out.append(per)
     return out
 
 
@@ -221,12 +285,13 @@ def update_metadata(api: Api, vm: VmInfo, metadata: dict[str, str], timeout: flo
     """Replace the node's metadata (update mask `metadata`, as gcloud's tpu-vm ssh does) and wait for it."""
     from google.protobuf import field_mask_pb2
 
-    op = api.call(
-        f"update metadata of {vm.name}",
-        api.client.update_node,
-        node={"name": node_name(api, vm.zone, vm.name), "metadata": metadata},
-        update_mask=field_mask_pb2.FieldMask(paths=["metadata"]),
-    )
-    raw = wait_op(api, op, f"update metadata of {vm.name}", timeout)
-    if raw.error.code:
-        raise CloudError(f"update metadata of {vm.name}: {raw.error.message}")
+    for node in vm.slices or (vm.name,):  # a multislice: every slice's node gets the same metadata
+        op = api.call(
+            f"update metadata of {node}",
+            api.client.update_node,
+            node={"name": node_name(api, vm.zone, node), "metadata": metadata},
+            update_mask=field_mask_pb2.FieldMask(paths=["metadata"]),
+        )
+        raw = wait_op(api, op, f"update metadata of {node}", timeout)
+        if raw.error.code:
+            raise CloudError(f"update metadata of {node}: {raw.error.message}")

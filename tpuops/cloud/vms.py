@@ -81,6 +81,7 @@ def create(
     internal_ips: bool = False,
     api_name: str | None = None,
     image: str | None = None,
+    slices: int = 1,
 ) -> VmInfo:
     """Through the Cloud TPU API or Compute Engine (compute_create.choose_api: TPU7x always Compute Engine)."""
     from tpuops.cloud.compute_create import choose_api
@@ -91,6 +92,11 @@ def create(
         raise UsageError(
             f"creating {accelerator_type} through the Cloud TPU API needs --runtime-version",
             hint="e.g. --runtime-version v2-alpha-tpuv6e (or --api compute for a Compute Engine TPU VM)",
+        )
+    if which == "compute" and slices > 1:
+        raise UsageError(
+            f"--slices {slices}: a multislice is made through the Cloud TPU API's queued resources only",
+            hint="add --api tpu (TPU7x multislice needs GKE: see docs/scale.md)",
         )
     if which == "tpu" and image:
         raise UsageError("--image is for Compute Engine TPU VMs", hint="add --api compute, or drop --image")
@@ -109,6 +115,7 @@ def create(
         spot=spot,
         queued=queued,
         wait=wait,
+        slices=slices,
         timeout=timeout,
         ssh_keys=ssh_keys,
         internal_ips=internal_ips,

@@ -219,7 +219,7 @@ def _watch(
 def _recreate(api, vm, spec, timeout: float) -> None:
     """Make the lost VM whole again with the same shape. A MIG recreates its own instances: wait for READY. A
     Cloud TPU node or a Compute Engine instance: delete it and create it again (queued resources wait
-    themselves)."""
+    themselves; a multislice is deleted and queued again whole, every slice)."""
     from tpuops.cloud.locate import remember_zone
     from tpuops.cloud.vm_state import delete_vm, wait_state
 
@@ -245,6 +245,7 @@ def _recreate(api, vm, spec, timeout: float) -> None:
         spot=vm.spot,
         queued=bool(vm.queued_resource),
         wait=True,
+        slices=max(1, len(vm.slices)),  # a multislice is recreated whole: any slice lost is the run lost
         timeout=timeout,
         ssh_keys=ssh_keys,
         internal_ips=not any(w.external_ip for w in vm.workers),

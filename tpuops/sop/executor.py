@@ -142,7 +142,11 @@ class Executor:
         paths = frozenset(k for k, p in sop.params.items() if p.type == "path")
         first = self.transport.workers[0]
         coordinator = first.internal_host or (first.host if first.host != "localhost" else "127.0.0.1")
-        return PlanContext(worker, n, run_id, values, self.force, self.local_dir, paths, coordinator)
+        slices = len({w.slice_index for w in self.transport.workers})
+        here = self.transport.workers[worker].slice_index if worker < n else 0
+        return PlanContext(
+            worker, n, run_id, values, self.force, self.local_dir, paths, coordinator, here, slices
+        )
 
     def execute(self, sop: Sop, values: dict[str, object], run_id: str, workers: list[int]) -> SopReport:
         """Claim the run lock on every worker, run every read-only check, and only then the steps: a start

@@ -106,6 +106,11 @@ class Param(Frozen):
         return {"int": "3", "float": "0.5", "bool": "true"}.get(self.type, "value")
 
 
+# The megascale coordinator's port: Ray's default (ray-project/ray python/ray/util/tpu.py
+# get_tpu_coordinator_env_vars); xpk opens 8080 "for megascale" on GKE. Not libtpu's documented default.
+MEGASCALE_PORT = 8081
+
+
 @dataclass(frozen=True)
 class PlanContext:
     """Everything a pure plan() may look at. Per worker; no network, no clock."""
@@ -118,6 +123,20 @@ class PlanContext:
     local_dir: Path = field(default_factory=Path.cwd)
     paths: frozenset[str] = frozenset()  # parameters of type path: `~/` keeps meaning the worker's home
     coordinator_host: str = "127.0.0.1"  # worker 0's address as the other workers see it
+    slice_id: int = 0  # this worker's slice on a multislice VM
+    num_slices: int = 1
+
+    def megascale_env(self) -> dict[str, str]:
+        """On a multislice: the variables libtpu's megascale (DCN) transport reads, as Cloud TPU's `tpu-env` and
+        xpk set them; the coordinator is slice 0's worker 0 (also jax.distributed's). Empty on one slice."""
+        if self.num_slices < 2:
+            return {}
+        return {
+            "MEGASCALE_COORDINATOR_ADDRESS": self.coordinator_host,
+            "MEGASCALE_NUM_SLICES": str(self.num_slices),
+            "MEGASCALE_SLICE_ID": str(self.slice_id),
+            "MEGASCALE_PORT": str(MEGASCALE_PORT),
+        }
 
     def builtins(self) -> dict[str, object]:
         return {

@@ -70,7 +70,8 @@ if [ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ]; then
   h=$(pid_of "$lock/pid"); put "$lock/pid" $pid; [ -n "$h" ] && kill "$h" 2>/dev/null; fi
 echo "tpuops: started pid=$pid"
 """
-        env = {k_: ctx.raw(v) for k_, v in self.env.items()}
+        # On a multislice the MEGASCALE_* variables join the SOP's own (jax.distributed's TRAINER_* among them).
+        env = {**ctx.megascale_env(), **{k_: ctx.raw(v) for k_, v in self.env.items()}}
         # Not cancelled when another worker fails: a start cut short could leave a job without its pid file.
         # The executor stops what started instead (all or none).
         return [Command(script, env=env, secret_env=tuple(self.secret_env), timeout=60, cancellable=False)]

@@ -259,7 +259,7 @@ class Shell(Step):
         body = ctx.command(self.command)
         if self.cwd:
             body = f"cd {shell.path(ctx.raw(self.cwd))} && {body}"
-        env = {k: ctx.raw(v) for k, v in self.env.items()}
+        env = {**ctx.megascale_env(), **{k: ctx.raw(v) for k, v in self.env.items()}}
         timeout = ctx.number(self.timeout, "timeout")
         return [
             Command(body, env=env, secret_env=tuple(self.secret_env), timeout=timeout, stream=self.output)

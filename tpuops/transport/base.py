@@ -29,6 +29,7 @@ class Worker:
     internal_host: str | None = (
         None  # the address other workers reach it at (the coordinator's, for worker 0)
     )
+    slice_index: int = 0  # its slice on a multislice VM (workers are numbered across slices, slice 0 first)
 
     @property
     def label(self) -> str:

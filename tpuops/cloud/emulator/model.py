@@ -41,6 +41,7 @@ _NODE_FIELDS = (
     "description",
     "tags",
     "networkConfig",
+    "multisliceNode",  # set by a multislice queued resource on each of its nodes
 )
 
 

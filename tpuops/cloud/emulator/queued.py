@@ -1,4 +1,5 @@
-"""Emulated queued resources: ACCEPTED -> PROVISIONING -> ACTIVE (or WAITING_FOR_RESOURCES: no capacity)."""
+"""Emulated queued resources: ACCEPTED -> PROVISIONING -> ACTIVE (or WAITING_FOR_RESOURCES: no capacity); a
+multislice (nodeSpec.multisliceParams) provisions nodes PREFIX-0..PREFIX-(n-1), each with its own sshd workers."""
 
 from __future__ import annotations
 
@@ -47,47 +48,64 @@ def create(model: Model, parent: str, qr_id: str, body: dict[str, Any]) -> dict[
     return op
 
 
+def _node_ids(qr_id: str, spec: dict[str, Any]) -> list[str]:
+    """The node ids a nodeSpec makes: its nodeId, or PREFIX-0..PREFIX-(n-1) (prefix default: the QR's id)."""
+    multi = spec.get("multisliceParams")
+    if multi:
+        count = int(multi.get("nodeCount", 0))
+        if count < 2:
+            raise ApiError(400, "INVALID_ARGUMENT", f"multisliceParams.nodeCount must be > 1, got {count}")
+        return [f"{multi.get('nodeIdPrefix') or qr_id}-{i}" for i in range(count)]
+    return [spec["nodeId"]]
+
+
 def _provision(model: Model, qr: dict[str, Any], spec: dict[str, Any]) -> None:
     with model.lock:
         qr["state"] = {"state": "PROVISIONING"}
     node = dict(spec.get("node", {}))
     if "spot" in qr:
         node["schedulingConfig"] = {**node.get("schedulingConfig", {}), "spot": True}
+    multi = "multisliceParams" in spec
+    ops = []
     try:
-        op = model.create_node(spec.get("parent", ""), spec["nodeId"], node, queued_resource=qr["name"])
+        for node_id in _node_ids(qr["name"].rsplit("/", 1)[1], spec):
+            body = {**node, "multisliceNode": True} if multi else node
+            ops.append(model.create_node(spec.get("parent", ""), node_id, body, queued_resource=qr["name"]))
     except ApiError as e:
         with model.lock:
             qr["state"] = {"state": "FAILED", "failedData": {"error": {"code": 3, "message": e.message}}}
         return
-    while not op["done"]:
+    while not all(op["done"] for op in ops):
         time.sleep(0.01)
     with model.lock:
-        qr["state"] = {"state": "FAILED"} if "error" in op else {"state": "ACTIVE"}
+        qr["state"] = {"state": "FAILED"} if any("error" in op for op in ops) else {"state": "ACTIVE"}
 
 
 def delete(model: Model, name: str, force: bool) -> dict[str, Any]:
     qr = get(model, name)
-    node = _node_of(qr)
+    nodes = _nodes_of(qr)
     with model.lock:
-        if node in model.nodes and not force:
+        if any(node in model.nodes for node in nodes) and not force:
             raise ApiError(
                 400, "FAILED_PRECONDITION", f"queued resource {name} has a node; delete with force=true"
             )
         model.qrs[name]["state"] = {"state": "DELETING"}
         op = model._op(name.rsplit("/queuedResources/", 1)[0], "delete", name)
-    model._spawn(_delete, model, name, node, op)
+    model._spawn(_delete, model, name, nodes, op)
     return op
 
 
-def _delete(model: Model, name: str, node: str, op: dict[str, Any]) -> None:
-    rec = model.nodes.get(node)
-    if rec is not None:
-        model._teardown(rec, None)
+def _delete(model: Model, name: str, nodes: list[str], op: dict[str, Any]) -> None:
+    for node in nodes:
+        rec = model.nodes.get(node)
+        if rec is not None:
+            model._teardown(rec, None)
     with model.lock:
         model.qrs.pop(name, None)
     model._finish(op)
 
 
-def _node_of(qr: dict[str, Any]) -> str:
+def _nodes_of(qr: dict[str, Any]) -> list[str]:
     spec = qr.get("tpu", {}).get("nodeSpec", [{}])[0]
-    return f"{spec.get('parent', '')}/nodes/{spec.get('nodeId', '')}"
+    qr_id = qr["name"].rsplit("/", 1)[1]
+    return [f"{spec.get('parent', '')}/nodes/{n}" for n in _node_ids(qr_id, {"nodeId": "", **spec})]

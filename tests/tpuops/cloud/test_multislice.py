@@ -1,0 +1,95 @@
+"""Multislice against the emulator: one queued resource with multislice parameters, its slices' workers as one
+target in slice order, MEGASCALE_* on every worker, and a preemption of any slice recovering the whole."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from tests.tpuops.cloud.conftest import Cloud
+from tests.tpuops.cloud.test_recovery import ZONE, _preempt_after, _recover_smoke
+from tpuops.sop.model import MEGASCALE_PORT, PlanContext
+
+
+def _json(r: subprocess.CompletedProcess[str]) -> dict:
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _create(cloud: Cloud, name: str) -> dict:
+    made = cloud.cli(
+        "vm", "create", name, "--type", "v4-16", "--slices", "2", "--zone", ZONE,
+        "--runtime-version", "base", "--spot", "--wait", "--json",
+    )  # fmt: skip
+    return _json(made)["vm"]
+
+
+def test_a_two_slice_vm_is_one_target_and_each_worker_gets_its_slice(cloud: Cloud, vm_name: str) -> None:
+    vm = _create(cloud, vm_name)
+    assert (vm["state"], vm["worker_count"]) == ("READY", 4)
+    assert vm["slices"] == [f"{vm_name}-0", f"{vm_name}-1"]
+    qr = cloud.emu.model.qrs[f"projects/tpuops-emulator/locations/{ZONE}/queuedResources/{vm_name}"]
+    (spec,) = qr["tpu"]["nodeSpec"]  # what the client put on the wire: the v2 API's multislice parameters
+    assert spec["multisliceParams"] == {"nodeCount": 2, "nodeIdPrefix": vm_name} and "nodeId" not in spec
+    nodes = {k.rsplit("/", 1)[1]: rec for k, rec in cloud.emu.model.nodes.items() if vm_name in k}
+    assert sorted(nodes) == [f"{vm_name}-0", f"{vm_name}-1"]
+
+    described = _json(cloud.cli("vm", "describe", vm_name, "--json"))["vm"]  # no --zone: searched
+    assert [(w["index"], w["slice"]) for w in described["workers"]] == [(0, 0), (1, 0), (2, 1), (3, 1)]
+    table = cloud.cli("vm", "describe", vm_name, "--zone", ZONE)
+    assert f"2: {vm_name}-0, {vm_name}-1" in table.stderr and "slice 1" in table.stderr
+
+    cmd = "echo $MEGASCALE_SLICE_ID $MEGASCALE_NUM_SLICES $MEGASCALE_COORDINATOR_ADDRESS $MEGASCALE_PORT"
+    ran = cloud.cli(
+        "run", "exec", "--vm", vm_name, "--identity", str(cloud.identity), "--set", f"cmd={cmd}", "--json"
+    )
+    report = _json(ran)
+    (step,) = [s for s in report["steps"] if s["kind"] == "shell"]
+    # Workers in slice order: slice 0's two, then slice 1's; the coordinator is slice 0's worker 0.
+    said = [step["workers"][str(i)]["detail"].split() for i in range(4)]
+    assert [s[0] for s in said] == ["0", "0", "1", "1"]
+    assert {(s[1], s[2], s[3]) for s in said} == {("2", "127.0.0.1", str(MEGASCALE_PORT))}
+    # The users behind each worker are the slices' own, in slice order.
+    whoami = _json(cloud.cli("run", "exec", "--vm", vm_name, "--identity", str(cloud.identity),
+                             "--set", "cmd=whoami", "--json"))  # fmt: skip
+    (step,) = [s for s in whoami["steps"] if s["kind"] == "shell"]
+    users = [w.user for n in (f"{vm_name}-0", f"{vm_name}-1") for w in nodes[n].workers]
+    assert [step["workers"][str(i)]["detail"] for i in range(4)] == users
+
+    deleted = _json(cloud.cli("vm", "delete", vm_name, "--yes", "--json"))
+    assert deleted["name"] == vm_name
+    assert not [k for k in cloud.emu.model.nodes if vm_name in k] and not cloud.emu.model.qrs
+
+
+def test_one_slice_has_no_megascale_variables() -> None:
+    one = PlanContext(worker=0, num_workers=2, run_id="r", values={})
+    assert one.megascale_env() == {}
+    two = PlanContext(0, 4, "r", {}, coordinator_host="10.0.0.2", slice_id=1, num_slices=2)
+    assert two.megascale_env() == {
+        "MEGASCALE_COORDINATOR_ADDRESS": "10.0.0.2", "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "1",
+        "MEGASCALE_PORT": str(MEGASCALE_PORT),
+    }  # fmt: skip
+
+
+def test_a_preempted_slice_recreates_the_whole_multislice_and_the_run_finishes(
+    cloud: Cloud, vm_name: str, git_remote: tuple[Path, str], tmp_path: Path
+) -> None:
+    _create(cloud, vm_name)
+    parent = f"projects/tpuops-emulator/locations/{ZONE}"
+    slice1 = f"{parent}/nodes/{vm_name}-1"
+    slice0_before = cloud.emu.model.nodes[f"{parent}/nodes/{vm_name}-0"]
+    lines: list[str] = []
+    events: list[str] = []
+    killer = _preempt_after(cloud, slice1, lines, 5)
+    report = _recover_smoke(cloud, vm_name, git_remote[0], tmp_path, lines, events, max_recoveries=2)
+    killer.join()
+    assert report.ok, report.first_failure()
+    assert len(report.recoveries) == 1
+    assert any("PREEMPTED" in e for e in events) and any("READY again" in e for e in events)
+    # Both slices were made again (slice 0 too: its workers are new), under the same queued resource.
+    for i in (0, 1):
+        assert cloud.emu.model.nodes[f"{parent}/nodes/{vm_name}-{i}"].state == "READY"
+    assert cloud.emu.model.qrs[f"{parent}/queuedResources/{vm_name}"]["state"] == {"state": "ACTIVE"}
+    assert cloud.emu.model.nodes[f"{parent}/nodes/{vm_name}-0"] is not slice0_before
+    assert "step=29 " in "\n".join(lines)
