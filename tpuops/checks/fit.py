@@ -200,6 +200,29 @@ def summary(result: dict[str, Any]) -> str:
     return f"{line}: lower train.micro_batch, set train.remat=full, or pick a larger TPU (tpuops fit --accelerator)"
 
 
+def step_seconds(result: dict[str, Any]) -> tuple[float, str]:
+    """The step time a cost is made from: the expected range's midpoint, else the bound (older verdicts)."""
+    est = result["estimate"]
+    if est.get("expected_mid_s") is not None:
+        return float(est["expected_mid_s"]), "expected_mid_s"
+    return float(est["step_s"]), "bound_s"
+
+
+def with_cost(result: dict[str, Any], region: str | None, endpoint: str | None = None) -> dict[str, Any]:
+    """The fit result with `cost`: dollars per step and per run (train.steps), on demand and Spot, for its
+    accelerator in `region` (tpuops/cloud/pricing: the billing catalog, else the shipped table); None when no
+    price is known for the family. Never cached with the verdict: prices move, the compile does not."""
+    from tpuops.cloud import pricing
+
+    price = pricing.lookup(result["accelerator"], region, endpoint)
+    if price is None:
+        return {**result, "cost": None}
+    step_s, basis = step_seconds(result)
+    steps = result.get("steps")
+    return {**result, "cost": pricing.cost(step_s, steps if isinstance(steps, int) else None,
+                                           result["accelerator"], price, basis)}  # fmt: skip
+
+
 def require_fit(result: dict[str, Any]) -> None:
     if not result["fits"]:
         raise DoesNotFitError(summary(result))

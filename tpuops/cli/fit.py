@@ -30,18 +30,34 @@ def fit(
     no_cache: Annotated[
         bool, typer.Option("--no-cache", help="Compile again even when a verdict is cached.")
     ] = False,
+    region: Annotated[
+        str | None,
+        typer.Option(
+            "--region", metavar="REGION",
+            help="Region (or zone) the cost is priced in (default: the zone in tpuops.toml, else us-central1).",
+        ),
+    ] = None,
+    api_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--billing-endpoint", metavar="URL", envvar="TPUOPS_BILLING_API",
+            help="Cloud Billing Catalog endpoint (e.g. the local emulator); default: Google's, when credentials allow.",
+        ),
+    ] = None,
     json: o.JsonOpt = False,
 ) -> None:
     """Compile every program of a training step for a TPU, on this machine (no TPU needed), and judge it.
 
     Per phase (rollout: decode_cast, prefill, decode; update): per-device bytes against HBM, FLOPs, HBM bytes,
-    collectives and a roofline estimate of the step time. Exit 0 when every phase keeps >= 10% of HBM free,
+    collectives and a roofline estimate of the step time, and what a step and the run cost (on demand and Spot,
+    from the Cloud Billing Catalog when credentials allow, else the price table shipped with tpuops). Exit 0 when every phase keeps >= 10% of HBM free,
     12 when not (with the cheapest override that fits). Needs libtpu: pip install -e '.[tpu]'.
 
     \b
     Examples:
       tpuops fit qwen2.5-3b-v6e-8
       tpuops fit qwen2.5-3b-v6e-8 --accelerator v5e-8 --set train.micro_batch=16 --json
+      tpuops fit qwen2.5-3b-v6e-8 --region europe-west4
     """
     from tpuops import console
     from tpuops.checks import fit as fitlib
@@ -56,5 +72,10 @@ def fit(
             config, sets, accelerator=accelerator, topology=topology, use_cache=not no_cache,
             on_progress=watch.feed if watch is not None else None,
         )  # fmt: skip
+    if region is None:
+        from tpuops.config import load as load_user_config
+
+        region = load_user_config().zone
+    result = fitlib.with_cost(result, region, api_endpoint)
     report.fit_report(result, json)
     raise typer.Exit(fitlib.exit_code(result))

@@ -159,3 +159,21 @@ def slice_of(machine_type: str, vms: int) -> tuple[str, str]:
         return acc, compute_shape(acc).topology
     except UsageError:
         return acc, ""
+
+
+def family(accelerator_type: str) -> str:
+    """The family of a type as prices name it: `v5litepod-8` -> `v5e`, `v6e-8` -> `v6e`."""
+    m = _TYPE.match(accelerator_type)
+    if not m:
+        raise UsageError(
+            f"unknown accelerator type {accelerator_type!r}",
+            hint=f"expected FAMILY-SIZE with FAMILY one of {', '.join(FAMILIES)}, e.g. v6e-8 or v4-16",
+        )
+    return "v5e" if m["family"] == "v5litepod" else m["family"]
+
+
+def chips(accelerator_type: str) -> int:
+    """Chips of a slice (what TPU prices count): TensorCore-named families have 2 cores per chip."""
+    fam = family(accelerator_type)
+    size = int(accelerator_type.rsplit("-", 1)[1])
+    return size // 2 if FAMILIES[fam].unit == "cores" else size

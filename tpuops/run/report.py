@@ -385,3 +385,9 @@ def fit_report(result: dict[str, Any], as_json: bool) -> None:
                   f"largest phase: {est['largest_phase']}")  # fmt: skip
     style = "green" if result["fits"] else "bold red"
     err.print(f"[{style}]{escape(summary(result))}[/]" + (" (cached)" if result.get("cached") else ""))
+    if result.get("cost"):
+        from tpuops.cloud.pricing import cost_line
+
+        err.print(escape(cost_line(result["cost"])), highlight=False)
+    elif "cost" in result:
+        err.print(f"cost: no price known for {escape(result['accelerator'])} (tpuops/cloud/data/tpu_prices.json)")

@@ -170,7 +170,8 @@ def run(
         "accelerator": tgt.accelerator, "topology": tgt.topology, "devices": len(devices),
         "device_kind": devices[0].device_kind, "hbm_bytes_per_device": per_device["hbm_bytes"],
         "usable_bytes_per_device": (1 - analyze.HEADROOM) * per_device["hbm_bytes"], "per_device": per_device,
-        "sets": sets, "layers": layers, "method": "compiled", "host": host_result, **facts, **result,
+        "sets": sets, "layers": layers, "method": "compiled", "host": host_result, "steps": cfg.train.steps,
+        **facts, **result,
     }  # fmt: skip
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuops.cloud.accelerators import worker_count
+from tpuops.cloud.emulator.catalog import Catalog
 from tpuops.cloud.emulator.records import (
     EMULATOR_NS,
     EXTERNAL_IP,
@@ -71,6 +72,7 @@ class Model:
         self.spare: list[str] = []
         self._threads: list[threading.Thread] = []
         self.projects: dict[str, dict[str, str]] = {}  # project -> common instance metadata
+        self.catalog = Catalog()  # the billing catalog's TPU prices
         self.profiles: dict[str, Profile] = {}  # account -> OS Login profile
         self.oslogin_users = UserLeases(f"{user_prefix}o")
         self.oslogin_made: list[

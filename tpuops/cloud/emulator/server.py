@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from tpuops.cloud.emulator import compute, queued
+from tpuops.cloud.emulator import catalog, compute, queued
 from tpuops.cloud.emulator.model import Model
 from tpuops.cloud.emulator.records import ApiError, ApiRequest
 
@@ -86,9 +86,12 @@ def _route(m: Model, method: str, path: str, q: dict[str, str], body: dict[str, 
 
 
 def _other_apis(m: Model, method: str, path: str, q: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
-    """The bits of Compute Engine (project metadata), OS Login and IAP that reaching a VM needs."""
+    """The bits of Compute Engine (project metadata), OS Login and IAP that reaching a VM needs; the billing
+    catalog's services and SKUs (prices)."""
     if path.startswith("/compute/v1/projects/") and path.count("/") > 4:
         return compute.route(m.compute, method, path, q, body)
+    if (answer := catalog.route(m.catalog, method, path, q)) is not None:
+        return answer
     if method == "GET" and (r := re.fullmatch(r"/compute/v1/projects/([^/]+)", path)):
         with m.lock:
             md = m.projects.get(r[1], {})
@@ -120,7 +123,7 @@ def _id(q: dict[str, str], key: str) -> str:
 
 def admin(m: Model, action: str, body: dict[str, Any]) -> dict[str, Any]:
     """Fault injection: preempt, swap-host-key, faults (unavailable N + code, capacity {zone: N},
-    oslogin_denied, iap_denied), project-metadata (project, metadata {key: value}), state; `requests` answers
+    oslogin_denied, iap_denied), project-metadata (project, metadata {key: value}), catalog (a TPU price), state; `requests` answers
     the request log from index `since` on."""
     if action == "requests":
         with m.lock:
@@ -150,6 +153,8 @@ def admin(m: Model, action: str, body: dict[str, Any]) -> dict[str, Any]:
             for flag in ("oslogin_denied", "iap_denied"):
                 if flag in body:
                     setattr(m.faults, flag, bool(body[flag]))
+    elif action == "catalog":  # a price: {family, region, on_demand, spot} (USD per chip-hour)
+        m.catalog.set(body["family"], body["region"], body["on_demand"], body["spot"])
     elif action != "state":
         raise ApiError(404, "NOT_FOUND", f"unknown admin action {action!r}")
     with m.lock:

@@ -1,0 +1,86 @@
+"""The Cloud Billing Catalog routes the real `google-cloud-billing` client calls: services, and a service's SKUs
+(Compute Engine's TPU SKUs, on demand and Spot per region, priced from the shipped table until a test sets a
+price with `/admin/catalog`), with pages so the client's pager is exercised."""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+
+from tpuops.cloud.emulator.records import ApiError
+
+COMPUTE = {"name": "services/6F81-5844-456A", "serviceId": "6F81-5844-456A", "displayName": "Compute Engine",
+           "businessEntityName": "businessEntities/GCP"}  # fmt: skip
+OTHERS = [
+    {"name": "services/95FF-2EF5-5EA1", "serviceId": "95FF-2EF5-5EA1", "displayName": "Cloud Storage",
+     "businessEntityName": "businessEntities/GCP"},
+]  # fmt: skip
+REGIONS = ("us-central1", "us-east5", "europe-west4", "asia-northeast1")
+NAMES = {"v4": "TPU v4", "v5e": "TPU v5e", "v5p": "TPU v5p", "v6e": "TPU v6e"}
+
+
+class Catalog:
+    """Per family and region: (on demand, Spot) USD per chip-hour."""
+
+    def __init__(self) -> None:
+        from tpuops.cloud.pricing import table
+
+        self.lock = threading.Lock()
+        rows = table()["families"]
+        self.prices = {(f, r): (p["on_demand"], p["spot"]) for f, p in rows.items() for r in REGIONS}
+
+    def set(self, family: str, region: str, on_demand: float, spot: float) -> None:
+        with self.lock:
+            self.prices[(family, region)] = (float(on_demand), float(spot))
+
+    def skus(self) -> list[dict[str, Any]]:
+        with self.lock:
+            items = sorted(self.prices.items())
+        out = [_sku("6F81-0001-0001", "N1 Predefined Instance Core running in Americas", "OnDemand", "us-central1",
+                    0.031611, "Compute", "CPU")]  # fmt: skip
+        for n, ((family, region), (on_demand, spot)) in enumerate(items):
+            name = NAMES[family]
+            out.append(_sku(f"7A{n:02d}-0000-0001", f"{name} chip-hour in {region}", "OnDemand", region, on_demand))
+            out.append(_sku(f"7A{n:02d}-0000-0002", f"Spot Preemptible {name} chip-hour in {region}", "Preemptible",
+                            region, spot))  # fmt: skip
+            out.append(_sku(f"7A{n:02d}-0000-0003", f"Commitment v1: {name} chip-hour in {region} for 1 Year",
+                            "Commit1Yr", region, on_demand * 0.63))  # fmt: skip
+        return out
+
+
+def _sku(sku_id: str, desc: str, usage: str, region: str, dollars: float, family: str = "Compute",
+         group: str = "TPU") -> dict[str, Any]:  # fmt: skip
+    units = int(dollars)
+    return {
+        "name": f"{COMPUTE['name']}/skus/{sku_id}", "skuId": sku_id, "description": desc,
+        "category": {"serviceDisplayName": "Compute Engine", "resourceFamily": family, "resourceGroup": group,
+                     "usageType": usage},
+        "serviceRegions": [region],
+        "pricingInfo": [{"effectiveTime": "2026-01-01T00:00:00Z", "pricingExpression": {
+            "usageUnit": "h", "usageUnitDescription": "hour", "baseUnit": "s", "baseUnitDescription": "second",
+            "baseUnitConversionFactor": 3600, "displayQuantity": 1,
+            "tieredRates": [{"startUsageAmount": 0, "unitPrice": {
+                "currencyCode": "USD", "units": str(units), "nanos": round((dollars - units) * 1e9)}}]}}],
+        "serviceProviderName": "Google",
+    }  # fmt: skip
+
+
+def _page(items: list[dict[str, Any]], key: str, q: dict[str, str]) -> dict[str, Any]:
+    size = int(q.get("pageSize") or 0) or 25  # small pages: the client's pager follows nextPageToken
+    start = int(q.get("pageToken") or 0)
+    end = start + size
+    return {key: items[start:end], "nextPageToken": str(end) if end < len(items) else ""}
+
+
+def route(catalog: Catalog, method: str, path: str, q: dict[str, str]) -> dict[str, Any] | None:
+    """The answer to a catalog call, or None when the path is not the catalog's."""
+    if method == "GET" and path == "/v1/services":
+        return _page([COMPUTE, *OTHERS], "services", q)
+    if method == "GET" and (r := re.fullmatch(r"/v1/services/([^/]+)/skus", path)):
+        if r[1] != COMPUTE["serviceId"]:
+            if any(s["serviceId"] == r[1] for s in OTHERS):
+                return _page([], "skus", q)
+            raise ApiError(404, "NOT_FOUND", f"service services/{r[1]} not found")
+        return _page(catalog.skus(), "skus", q)
+    return None

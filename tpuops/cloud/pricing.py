@@ -1,0 +1,217 @@
+"""TPU prices per chip-hour (on demand and Spot) for a family and region, and what a step and a run cost.
+
+From Google's Cloud Billing Catalog API (the Compute Engine service's TPU SKUs; Spot SKUs are usage type
+"Preemptible") when credentials allow or an endpoint is given (the emulator), cached under the state home with
+the date they were fetched; otherwise from the table shipped in the package (`data/tpu_prices.json`, with its
+source page and date). Every answer says which was used and how old it is.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from tpuops.cloud import accelerators
+from tpuops.config import state_home
+
+CACHE_DAYS = 7  # a catalog fetch is reused this long
+COMPUTE_ENGINE = "Compute Engine"
+DEFAULT_REGION = "us-central1"
+# A TPU SKU of the catalog: "TPU v6e chip-hour in us-east5", "Spot Preemptible TPU v5e ...", "Trillium TPU ...".
+_SKU_FAMILY = re.compile(r"\b(?:TPU[ -]?(?P<v>v4|v5e|v5 ?lite(?:pod)?|v5p|v6e|7x)|(?P<trillium>Trillium))\b", re.I)
+_NOT_ON_DEMAND = re.compile(r"commit|reserv|calendar|flex|dws|dynamic workload", re.I)
+
+
+@dataclass(frozen=True)
+class Price:
+    """USD per chip-hour of one family in one region, and where the figures came from."""
+
+    family: str
+    region: str
+    on_demand: float
+    spot: float | None
+    source: str  # "catalog" (Cloud Billing Catalog API) or "table" (shipped with tpuops)
+    where: str  # the catalog endpoint, or the table's source page
+    date: str  # ISO date: when the catalog was fetched, or the table's date
+    age_days: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "unit": "USD per chip-hour"}
+
+
+def region_of(zone: str) -> str:
+    """`us-east5-b` -> `us-east5` (a region passes through)."""
+    return zone.rsplit("-", 1)[0] if re.fullmatch(r"[a-z]+-[a-z]+\d+-[a-z]", zone) else zone
+
+
+def _age(date: str, today: datetime.date | None = None) -> int:
+    today = today or datetime.datetime.now(datetime.UTC).date()
+    return max(0, (today - datetime.date.fromisoformat(date[:10])).days)
+
+
+def table() -> dict[str, Any]:
+    """The shipped price table (package data)."""
+    return json.loads(resources.files("tpuops.cloud").joinpath("data/tpu_prices.json").read_text())
+
+
+def from_table(family: str, region: str) -> Price | None:
+    t = table()
+    row = t["families"].get(family)
+    if row is None:
+        return None
+    return Price(family, region, row["on_demand"], row.get("spot"), "table", t["source"], t["date"], _age(t["date"]))
+
+
+def _money(unit_price: Any) -> float:
+    return round(int(unit_price.units or 0) + int(unit_price.nanos or 0) / 1e9, 9)
+
+
+def _family_of(description: str) -> str | None:
+    m = _SKU_FAMILY.search(description)
+    if not m:
+        return None
+    if m["trillium"]:
+        return "v6e"
+    v = m["v"].lower().replace(" ", "")
+    return "v5e" if v.startswith("v5lite") else ("tpu7x" if v == "7x" else v)
+
+
+def parse_skus(skus: list[Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """family -> region -> {"on_demand": $, "spot": $} from the catalog's SKU objects (per chip-hour, hourly
+    units only; commitments, reservations and flex-start SKUs left out)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for sku in skus:
+        desc = sku.description or ""
+        family = _family_of(desc)
+        usage = sku.category.usage_type if sku.category else ""
+        if family is None or _NOT_ON_DEMAND.search(desc) or usage not in ("OnDemand", "Preemptible"):
+            continue
+        kind = "spot" if usage == "Preemptible" or re.search(r"\bspot\b|preemptible", desc, re.I) else "on_demand"
+        if not sku.pricing_info:
+            continue
+        expr = sku.pricing_info[0].pricing_expression
+        if expr.usage_unit != "h" or not expr.tiered_rates:
+            continue
+        dollars = _money(expr.tiered_rates[-1].unit_price)
+        for region in sku.service_regions:
+            out.setdefault(family, {}).setdefault(region, {})[kind] = dollars
+    return out
+
+
+def fetch_catalog(endpoint: str | None) -> dict[str, dict[str, dict[str, float]]]:
+    """The TPU prices of the catalog: the real `google-cloud-billing` client over REST (anonymous credentials
+    against `endpoint`, Application Default Credentials otherwise)."""
+    from google.cloud import billing_v1
+
+    if endpoint:
+        from google.api_core.client_options import ClientOptions
+        from google.auth.credentials import AnonymousCredentials
+
+        client = billing_v1.CloudCatalogClient(
+            transport="rest", credentials=AnonymousCredentials(), client_options=ClientOptions(api_endpoint=endpoint)
+        )
+    else:
+        client = billing_v1.CloudCatalogClient(transport="rest")
+    service = next((s for s in client.list_services() if s.display_name == COMPUTE_ENGINE), None)
+    if service is None:
+        raise LookupError(f"the catalog lists no {COMPUTE_ENGINE!r} service")
+    return parse_skus(list(client.list_skus(parent=service.name)))
+
+
+def _credentials_present() -> bool:
+    """Application Default Credentials that need no network to find (a key file or gcloud's ADC file)."""
+    if os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+        return True
+    root = Path(os.environ.get("CLOUDSDK_CONFIG") or Path.home() / ".config" / "gcloud")
+    return (root / "application_default_credentials.json").is_file()
+
+
+def _cache_file(endpoint: str | None) -> Path:
+    key = hashlib.sha256((endpoint or "cloudbilling.googleapis.com").encode()).hexdigest()[:12]
+    return state_home() / "prices" / f"catalog-{key}.json"
+
+
+def catalog(endpoint: str | None, *, refresh: bool = False) -> tuple[dict[str, Any], str] | None:
+    """(prices, fetch date) from the cache when under CACHE_DAYS old, else fetched and cached; None when there
+    are no credentials and no endpoint, or the catalog cannot be read (the table is used then)."""
+    if not endpoint and not _credentials_present():
+        return None
+    path = _cache_file(endpoint)
+    if not refresh and path.is_file():
+        try:
+            cached = json.loads(path.read_text())
+            if _age(cached["date"]) < CACHE_DAYS:
+                return cached["prices"], cached["date"]
+        except (OSError, ValueError, KeyError):
+            pass  # a damaged entry is fetched again
+    try:
+        prices = fetch_catalog(endpoint)
+    except Exception:  # noqa: BLE001 - no catalog (permissions, network, no client library): the table says
+        return None
+    date = datetime.datetime.now(datetime.UTC).date().isoformat()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"date": date, "endpoint": endpoint, "prices": prices}))
+    tmp.replace(path)
+    return prices, date
+
+
+def lookup(accelerator_type: str, region: str | None = None, endpoint: str | None = None) -> Price | None:
+    """The price of one chip-hour of this type's family in `region` (a zone is read as its region): the catalog
+    when it has the family in that region, else the shipped table; None when neither knows the family."""
+    family = accelerators.family(accelerator_type)
+    region = region_of(region) if region else DEFAULT_REGION
+    found = catalog(endpoint)
+    if found is not None:
+        prices, date = found
+        row = prices.get(family, {}).get(region)
+        if row and "on_demand" in row:
+            return Price(family, region, row["on_demand"], row.get("spot"), "catalog",
+                         endpoint or "cloudbilling.googleapis.com", date, _age(date))  # fmt: skip
+    return from_table(family, region)
+
+
+def cost(step_s: float, steps: int | None, accelerator_type: str, price: Price, basis: str) -> dict[str, Any]:
+    """Dollars per step and per run, on demand and Spot: step seconds x chips x price per chip-hour."""
+    chips = accelerators.chips(accelerator_type)
+
+    def money(per_hour: float | None, n: float) -> float | None:
+        return None if per_hour is None else round(step_s * n / 3600 * chips * per_hour, 6)
+
+    return {
+        "accelerator": accelerator_type, "chips": chips, "region": price.region, "step_s": step_s,
+        "step_basis": basis, "steps": steps,
+        "per_step": {"on_demand": money(price.on_demand, 1), "spot": money(price.spot, 1)},
+        "per_run": None if steps is None else {"on_demand": money(price.on_demand, steps),
+                                                "spot": money(price.spot, steps)},
+        "price": price.to_dict(),
+    }  # fmt: skip
+
+
+def dollars(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"${x:,.2f}" if x >= 1 else f"${x:.4f}"
+
+
+def cost_line(c: dict[str, Any]) -> str:
+    """`cost: $0.0094/step, $1.88/run (200 steps) on demand; Spot $0.0028/step, $0.56/run - v6e-8 (8 chips) in
+    us-central1 at $2.70/chip-hour (Spot $0.81): shipped table (cloud.google.com/tpu/pricing, 2025-06-01, 178 days
+    old)`."""
+    p, s, r = c["price"], c["per_step"], c["per_run"]
+    run = lambda k: f", {dollars(r[k])}/run" if r else ""  # noqa: E731
+    steps = f" ({c['steps']} steps)" if r else " (steps unknown)"
+    spot = f"; Spot {dollars(s['spot'])}/step{run('spot')}" if s["spot"] is not None else "; no Spot price"
+    src = "Cloud Billing Catalog" if p["source"] == "catalog" else "shipped table"
+    where = p["where"].removeprefix("https://")
+    spot_rate = f" (Spot ${p['spot']:.2f})" if p["spot"] is not None else ""
+    return (f"cost: {dollars(s['on_demand'])}/step{run('on_demand')}{steps} on demand{spot} - {c['accelerator']} "
+            f"({c['chips']} chips) in {c['region']} at ${p['on_demand']:.2f}/chip-hour{spot_rate}, step "
+            f"{c['step_s']:.2f} s ({c['step_basis']}): {src} ({where}, {p['date']}, {p['age_days']} days old)")  # fmt: skip
