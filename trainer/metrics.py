@@ -24,6 +24,12 @@ OPTIONAL = ("kl", "kl_old")  # printed only when given (the KL to the reference 
 TIMES = ("rollout_generate", "update")
 EXTRA_TIMES = ("reward_score",)  # further phases, seconds
 TAIL_HEAD = (("loss", ".6f"),)
+# Per-chip figures of this process's local chips (trainer/chips.py), after the rest, when the backend exposes them
+# (TPU, GPU; never on CPU): HBM in use min/max and peak in GB, the smallest chip's HBM, duty cycle min/max in
+# percent, and each chip's HBM and duty cycle joined by `/`. Processes other than 0 print them on `chips:` lines.
+CHIPS = (("hbm_gb_min", ".2f"), ("hbm_gb_max", ".2f"), ("hbm_gb_peak", ".2f"), ("hbm_gb_limit", ".2f"),
+         ("duty_pct_min", ".1f"), ("duty_pct_max", ".1f"))  # fmt: skip
+CHIP_LISTS = ("hbm_gb_chips", "duty_pct_chips")
 WARMUP_STEPS = 1  # the first step line(s) of a log, which compile: tpuops' default --warmup
 CONFIG_FILE = "config.json"  # the resolved config in full, in the run directory (TPUOPS_RUN_DIR) tpuops gives
 
@@ -70,7 +76,15 @@ def format_step(step: int, values: Mapping[str, Any]) -> str:
     parts += [f"{key}={float(v.pop(key, 0.0)):.2f}s" for key in TIMES]
     parts += [f"{key}={float(v.pop(key)):.2f}s" for key in EXTRA_TIMES if key in v]
     parts += [f"{key}={float(v.pop(key, 0.0)):{spec}}" for key, spec in TAIL_HEAD]
+    chips = format_chips(v)
     parts += [f"{k}={_fmt(x)}" for k, x in v.items()]
+    return " ".join([*parts, chips] if chips else parts)
+
+
+def format_chips(values: dict[str, Any]) -> str:
+    """The chip fields present in `values` (removed from it), in CHIPS order: '' when there are none (CPU)."""
+    parts = [f"{key}={float(values.pop(key)):{spec}}" for key, spec in CHIPS if key in values]
+    parts += [f"{key}={values.pop(key)}" for key in CHIP_LISTS if key in values]
     return " ".join(parts)
 
 
@@ -112,7 +126,14 @@ class Emitter:
     def step(self, step: int, values: Mapping[str, Any]) -> None:
         self.line(format_step(step, values))
         if self.wandb is not None and self.is_main:
-            self.wandb.log({f"train/{k}": v for k, v in values.items()}, step=step)
+            self.wandb.log({f"train/{k}": v for k, v in values.items() if not isinstance(v, str)}, step=step)
+
+    def chips(self, step: int, process: int, values: Mapping[str, Any]) -> None:
+        """`chips: step=N process=P hbm_gb_min=...`: a process other than 0's own chips (process 0's are on its
+        step line); nothing when the backend exposes none."""
+        text = format_chips(dict(values))
+        if text and not self.is_main:
+            self.line(f"chips: step={step} process={process} {text}", all_processes=True)
 
     def eval_begin(self, step: int) -> None:
         self.line(f"eval_begin step={step}")

@@ -33,14 +33,17 @@ def fit(
     region: Annotated[
         str | None,
         typer.Option(
-            "--region", metavar="REGION",
+            "--region",
+            metavar="REGION",
             help="Region (or zone) the cost is priced in (default: the zone in tpuops.toml, else us-central1).",
         ),
     ] = None,
     api_endpoint: Annotated[
         str | None,
         typer.Option(
-            "--billing-endpoint", metavar="URL", envvar="TPUOPS_BILLING_API",
+            "--billing-endpoint",
+            metavar="URL",
+            envvar="TPUOPS_BILLING_API",
             help="Cloud Billing Catalog endpoint (e.g. the local emulator); default: Google's, when credentials allow.",
         ),
     ] = None,
@@ -50,7 +53,8 @@ def fit(
 
     Per phase (rollout: decode_cast, prefill, decode; update): per-device bytes against HBM, FLOPs, HBM bytes,
     collectives and a roofline estimate of the step time, and what a step and the run cost (on demand and Spot,
-    from the Cloud Billing Catalog when credentials allow, else the price table shipped with tpuops). Exit 0 when every phase keeps >= 10% of HBM free,
+    from the Cloud Billing Catalog when credentials allow, else the price table shipped with tpuops).
+    Exit 0 when every phase keeps >= 10% of HBM free,
     12 when not (with the cheapest override that fits). Needs libtpu: pip install -e '.[tpu]'.
 
     \b

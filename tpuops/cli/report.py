@@ -58,5 +58,5 @@ def report(
     from tpuops.run import logreport
 
     r = logreport.review(target, warmup, baseline, threshold, html, step_pattern)
-    logreport.render(r.report, r.code, json, r.deltas, html)
+    logreport.render(r.report, r.code, json, r.deltas, html, r.estimate)
     raise typer.Exit(r.code)

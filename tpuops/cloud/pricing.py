@@ -25,7 +25,9 @@ CACHE_DAYS = 7  # a catalog fetch is reused this long
 COMPUTE_ENGINE = "Compute Engine"
 DEFAULT_REGION = "us-central1"
 # A TPU SKU of the catalog: "TPU v6e chip-hour in us-east5", "Spot Preemptible TPU v5e ...", "Trillium TPU ...".
-_SKU_FAMILY = re.compile(r"\b(?:TPU[ -]?(?P<v>v4|v5e|v5 ?lite(?:pod)?|v5p|v6e|7x)|(?P<trillium>Trillium))\b", re.I)
+_SKU_FAMILY = re.compile(
+    r"\b(?:TPU[ -]?(?P<v>v4|v5e|v5 ?lite(?:pod)?|v5p|v6e|7x)|(?P<trillium>Trillium))\b", re.I
+)
 _NOT_ON_DEMAND = re.compile(r"commit|reserv|calendar|flex|dws|dynamic workload", re.I)
 
 
@@ -66,7 +68,9 @@ def from_table(family: str, region: str) -> Price | None:
     row = t["families"].get(family)
     if row is None:
         return None
-    return Price(family, region, row["on_demand"], row.get("spot"), "table", t["source"], t["date"], _age(t["date"]))
+    return Price(
+        family, region, row["on_demand"], row.get("spot"), "table", t["source"], t["date"], _age(t["date"])
+    )
 
 
 def _money(unit_price: Any) -> float:
@@ -93,7 +97,11 @@ def parse_skus(skus: list[Any]) -> dict[str, dict[str, dict[str, float]]]:
         usage = sku.category.usage_type if sku.category else ""
         if family is None or _NOT_ON_DEMAND.search(desc) or usage not in ("OnDemand", "Preemptible"):
             continue
-        kind = "spot" if usage == "Preemptible" or re.search(r"\bspot\b|preemptible", desc, re.I) else "on_demand"
+        kind = (
+            "spot"
+            if usage == "Preemptible" or re.search(r"\bspot\b|preemptible", desc, re.I)
+            else "on_demand"
+        )
         if not sku.pricing_info:
             continue
         expr = sku.pricing_info[0].pricing_expression
@@ -115,7 +123,9 @@ def fetch_catalog(endpoint: str | None) -> dict[str, dict[str, dict[str, float]]
         from google.auth.credentials import AnonymousCredentials
 
         client = billing_v1.CloudCatalogClient(
-            transport="rest", credentials=AnonymousCredentials(), client_options=ClientOptions(api_endpoint=endpoint)
+            transport="rest",
+            credentials=AnonymousCredentials(),
+            client_options=ClientOptions(api_endpoint=endpoint),
         )
     else:
         client = billing_v1.CloudCatalogClient(transport="rest")
@@ -153,7 +163,7 @@ def catalog(endpoint: str | None, *, refresh: bool = False) -> tuple[dict[str, A
             pass  # a damaged entry is fetched again
     try:
         prices = fetch_catalog(endpoint)
-    except Exception:  # noqa: BLE001 - no catalog (permissions, network, no client library): the table says
+    except Exception:
         return None
     date = datetime.datetime.now(datetime.UTC).date().isoformat()
     path.parent.mkdir(parents=True, exist_ok=True)

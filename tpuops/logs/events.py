@@ -46,6 +46,33 @@ class StepRow:
     grad_norm: float | None = None
     kl_old: float | None = None
     clip_frac: float | None = None
+    # Process 0's chips (docs/contracts.md): HBM in use min/max over its local chips, peak, the smallest chip's
+    # HBM, duty cycle min/max in percent; None where the backend exposes none (CPU) or older logs.
+    hbm_gb_min: float | None = None
+    hbm_gb_max: float | None = None
+    hbm_gb_peak: float | None = None
+    hbm_gb_limit: float | None = None
+    duty_pct_min: float | None = None
+    duty_pct_max: float | None = None
+    hbm_gb_chips: list[float] | None = None  # per chip, in the process's device order
+    duty_pct_chips: list[float] | None = None
+
+
+CHIP_FIELDS = ("hbm_gb_min", "hbm_gb_max", "hbm_gb_peak", "hbm_gb_limit", "duty_pct_min", "duty_pct_max")
+CHIP_LISTS = ("hbm_gb_chips", "duty_pct_chips")
+MAX_CHIP_SAMPLES = 2048  # per worker; every other one is dropped when full (the series keeps its span)
+
+
+def chip_sample(step: int, values: dict[str, Any]) -> dict[str, Any] | None:
+    """One worker's chips at a step, from a step row's or a `chips:` line's fields; None when it has none."""
+    out: dict[str, Any] = {k: values[k] for k in (*CHIP_FIELDS, *CHIP_LISTS) if values.get(k) is not None}
+    return {"step": step, **out} if out else None
+
+
+def add_chip_sample(series: list[dict[str, Any]], sample: dict[str, Any]) -> None:
+    series.append(sample)
+    if len(series) > MAX_CHIP_SAMPLES:
+        del series[:-1:2]
 
 
 @dataclass
@@ -126,6 +153,20 @@ class LogReport:
     failures: list[Failure] = field(default_factory=list)
     failure_counts: dict[str, int] = field(default_factory=dict)
     exit_codes: dict[int, int | None] = field(default_factory=dict)  # None: no exit file (killed/preempted)
+    # worker -> its chips over time (worker 0: from its step lines; the others: their `chips:` lines)
+    chips: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+
+    @property
+    def hbm_peak_gb(self) -> float | None:
+        """The most HBM any chip of any worker held (its peak when logged, else its in-use maximum)."""
+        vals = [s.get("hbm_gb_peak", s.get("hbm_gb_max")) for ss in self.chips.values() for s in ss]
+        nums = [v for v in vals if isinstance(v, int | float)]
+        return max(nums) if nums else None
+
+    @property
+    def hbm_limit_gb(self) -> float | None:
+        nums = [s["hbm_gb_limit"] for ss in self.chips.values() for s in ss if "hbm_gb_limit" in s]
+        return min(nums) if nums else None
 
     @property
     def failed(self) -> bool:
@@ -147,6 +188,8 @@ class LogReport:
         data["cause"] = None if cause is None else asdict(cause)
         data["compiles_by_step"] = {str(k): v for k, v in self.compiles_by_step.items()}
         data["exit_codes"] = {str(k): v for k, v in self.exit_codes.items()}
+        data["chips"] = {str(k): v for k, v in self.chips.items()}
+        data["hbm_peak_gb"] = self.hbm_peak_gb
         return data
 
     def add_failure(self, f: Failure) -> None:
@@ -207,6 +250,8 @@ def merge(reports: list[LogReport]) -> LogReport:
         if r is primary:
             continue
         out.exit_codes.update(r.exit_codes)
+        for w, series in r.chips.items():
+            out.chips.setdefault(w, list(series))
         out.wandb_url = out.wandb_url or r.wandb_url
         for f in r.failures:
             out.add_failure(f)

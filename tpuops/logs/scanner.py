@@ -19,7 +19,9 @@ from tpuops.logs.events import (
     Stats,
     StepEvent,
     StepRow,
+    add_chip_sample,
     apply_exit,
+    chip_sample,
     mean,
 )
 
@@ -44,7 +46,9 @@ DT_ANY = re.compile(
     r"(?P<dt>\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)\s*(?P<unit>ms|s)?(?![\w.:-])"
 )
 KV = re.compile(r"(?P<k>[A-Za-z_][\w.]*)=(?P<v>\S+)")
-RECORD = re.compile(r"^(?P<kind>start|batch|eval_begin|eval_end|eval|checkpoint|reward_errors)(?::|\s|$)")
+RECORD = re.compile(
+    r"^(?P<kind>start|batch|eval_begin|eval_end|eval|checkpoint|reward_errors|chips)(?::|\s|$)"
+)
 # `config: task=arith steps=20 ... file=PATH` (the summary; the JSON is in the file); older logs: `config: {json}`
 CONFIG_SUMMARY = re.compile(r"^config: (?P<kv>[A-Za-z_]\w*=\S*(?: [A-Za-z_]\w*=\S*)*)\s*$")
 JSON_LINE = re.compile(r"^(?P<kind>summary|metrics|config): (?P<json>\{.*\})\s*$")
@@ -180,8 +184,19 @@ def _dt_value(key: bytes | float) -> float | None:
         return None
 
 
-# Every field of the trainer's step line the step table keeps (StepRow).
-STEP_FIELDS = tuple(f for f in StepRow.__dataclass_fields__ if f != "step")
+# Every number of the trainer's step line the step table keeps (StepRow); the per-chip lists apart.
+STEP_LISTS = ("hbm_gb_chips", "duty_pct_chips")
+STEP_FIELDS = tuple(f for f in StepRow.__dataclass_fields__ if f not in ("step", *STEP_LISTS))
+
+
+def _floats(text: str | None) -> list[float] | None:
+    """`10.10/12.30` (one value per chip) -> [10.1, 12.3]; None when absent or not numbers."""
+    if not text:
+        return None
+    try:
+        return [float(x) for x in text.split("/")]
+    except ValueError:
+        return None
 
 
 def _row(line: bytes | tuple[int, float | None, str]) -> StepRow | None:
@@ -199,6 +214,8 @@ def _row(line: bytes | tuple[int, float | None, str]) -> StepRow | None:
     for name in STEP_FIELDS:
         v = _num(kv[name]) if name in kv else None
         setattr(row, name, float(v) if isinstance(v, int | float) else None)
+    for name in STEP_LISTS:
+        setattr(row, name, _floats(kv.get(name)))
     return row
 
 
@@ -556,6 +573,16 @@ class LogScanner:
             )
         elif kind in ("start", "batch"):
             setattr(r, kind, _kv(text))
+        elif kind == "chips":  # another process's chips: `chips: step=N process=P hbm_gb_min=...`
+            kv = _kv(text)
+            values: dict[str, object] = {k: _num(v) for k, v in kv.items() if k not in STEP_LISTS}
+            values.update({k: _floats(kv.get(k)) for k in STEP_LISTS})
+            step, process = values.get("step"), values.get("process")
+            sample = chip_sample(step if isinstance(step, int) else -1, values)
+            if sample is not None:  # keyed by the process that printed it (worker k runs process k)
+                add_chip_sample(
+                    r.chips.setdefault(process if isinstance(process, int) else self.worker, []), sample
+                )
 
     def _json(self, kind: str, raw: str) -> None:
         try:
@@ -587,6 +614,9 @@ class LogScanner:
         steady = [x for j, x in enumerate(rows) if j * r.row_stride >= self.warmup]
         out = copy.deepcopy(r)
         out.rows, out.dt = rows, Stats.of(counts)
+        own = [s for row in rows if (s := chip_sample(row.step, vars(row)))]
+        if own:  # this worker's step lines carried its chips (process 0)
+            out.chips[self.worker] = own
         out.tokens_per_s_mean = mean([x.tokens_per_s for x in steady])
         out.rollout_generate_mean = mean([x.rollout_generate for x in steady])
         out.update_mean = mean([x.update for x in steady])

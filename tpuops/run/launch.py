@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets as _secrets
 import sys
 import threading
@@ -50,6 +51,7 @@ class DryRun:
     plan: Plan
     fit: str | None = None  # the fit preflight's verdict line
     target: Target | None = None  # what was resolved: a later run of the same request may reuse it
+    estimate: dict[str, object] | None = None  # the fit's cost and predicted peak HBM (prepare.fit_preflight)
 
 
 def new_run_id(sop: str) -> str:
@@ -216,7 +218,11 @@ def _execute(
     # Known before the first step: a worker that already has this .env gets nothing sent, yet its job prints it.
     redact = Redactor(_env_values(secret_files))
     transport = open_transport(target, redact)
-    fit_line = prepare.fit_preflight(sop, values, target.accelerator, skip=req.skip_fit, cwd=cwd)
+    vm = target.vm
+    fit_line, estimate = prepare.fit_preflight(
+        sop, values, target.accelerator, skip=req.skip_fit, cwd=cwd, zone=vm.zone if vm else None,
+        endpoint=os.environ.get("TPUOPS_BILLING_API") or target.spec.api_endpoint,
+    )  # fmt: skip
     workers = select_workers(req.worker, len(transport.workers))
     executor = Executor(
         transport,
@@ -237,7 +243,7 @@ def _execute(
         executor.detach = detach
     if req.dry_run:
         plan = executor.plan(sop, values, DRY_RUN_ID, workers)
-        return DryRun(sop.name, transport.name, workers, values, plan, fit_line, target)
+        return DryRun(sop.name, transport.name, workers, values, plan, fit_line, target, estimate)
     run_id = req.run_id or new_run_id(sop.name)
     _record(
         run_id,
@@ -263,7 +269,7 @@ def _execute(
     finally:
         transport.close()
     if report.interrupted == "detached":  # the job goes on: `tpuops attach` follows it and records its end
-        return RunResult(report, ExitCode.INTERRUPTED)
+        return RunResult(report, ExitCode.INTERRUPTED, estimate=estimate)
     log = None
     if sop.scan is not None:
         raw = values.get("warmup", sop.scan.warmup)
@@ -278,7 +284,7 @@ def _execute(
     )
     if code == ExitCode.UNVERIFIED:
         hint = unverified(log, fail_on_recompile)
-    result = RunResult(report, code, log, hint=hint)
+    result = RunResult(report, code, log, hint=hint, estimate=estimate)
     save_result(run_id, result.to_dict())
     return result
 

@@ -27,6 +27,7 @@ class Reviewed:
     report: LogReport
     deltas: list[Delta] | None
     code: int
+    estimate: dict[str, Any] | None = None  # the run's fit estimate (result.json), for cost and HBM beside it
 
 
 def review(
@@ -45,10 +46,13 @@ def review(
     if step_pattern:
         compile_step_pattern(step_pattern)  # exit 2 naming it, before any file is read
     report = scan.scan_target(target, warmup, step_pattern=step_pattern)
+    from tpuops.run.estimate import saved
+
     deltas = None if baseline is None else load_baseline(baseline, report, threshold)
+    est = saved(target) if not Path(target).expanduser().is_file() else None
     if html is not None:
-        write_html(report, html, deltas, run_meta(target))
-    return Reviewed(report, deltas, exit_code(report, deltas))
+        write_html(report, html, deltas, run_meta(target), est)
+    return Reviewed(report, deltas, exit_code(report, deltas), est)
 
 
 def load_baseline(path: Path, report: LogReport, threshold: float) -> list[Delta]:
@@ -72,27 +76,61 @@ def exit_code(report: LogReport, deltas: list[Delta] | None = None) -> int:
     return int(ExitCode.OK)
 
 
-def as_dict(report: LogReport, code: int, deltas: list[Delta] | None, html: Path | None) -> dict[str, Any]:
+def as_dict(
+    report: LogReport,
+    code: int,
+    deltas: list[Delta] | None,
+    html: Path | None,
+    estimate: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    from tpuops.run.estimate import compare
+
     return {
         "ok": code == 0,
         "exit_code": code,
         "report": report.to_dict(),
         "baseline": None if deltas is None else [d.__dict__ for d in deltas],
         "html": None if html is None else str(html),
+        "against_fit": compare(estimate, report),
     }
 
 
 def write_html(
-    report: LogReport, path: Path, deltas: list[Delta] | None = None, meta: dict[str, str] | None = None
+    report: LogReport,
+    path: Path,
+    deltas: list[Delta] | None = None,
+    meta: dict[str, str] | None = None,
+    estimate: dict[str, Any] | None = None,
 ) -> None:
-    Path(path).write_text(page(report, deltas, meta))
+    Path(path).write_text(page(report, deltas, meta, estimate))
+
+
+def chip_lines(report: LogReport) -> list[str]:
+    """Each worker's chips at its latest sample, or why there are none."""
+    if not report.chips:
+        return [
+            "chips: no HBM or duty-cycle fields in the log (a CPU backend exposes none, or an older trainer)"
+        ]
+    out = []
+    for w, series in sorted(report.chips.items()):
+        s = series[-1]
+        hbm = f"HBM {s['hbm_gb_min']:.2f}-{s['hbm_gb_max']:.2f} GB" if "hbm_gb_max" in s else "HBM -"
+        peak = f" (peak {s['hbm_gb_peak']:.2f})" if "hbm_gb_peak" in s else ""
+        duty = f", duty {s['duty_pct_min']:.0f}-{s['duty_pct_max']:.0f}%" if "duty_pct_max" in s else ""
+        out.append(f"chips w{w} at step {s['step']}: {hbm}{peak}{duty} over {len(series)} samples")
+    return out
 
 
 def render(
-    report: LogReport, code: int, as_json: bool, deltas: list[Delta] | None, html: Path | None
+    report: LogReport,
+    code: int,
+    as_json: bool,
+    deltas: list[Delta] | None,
+    html: Path | None,
+    estimate: dict[str, Any] | None = None,
 ) -> None:
     if as_json:
-        out.print_json(jsonout.dumps(as_dict(report, code, deltas, html)))
+        out.print_json(jsonout.dumps(as_dict(report, code, deltas, html, estimate)))
         return
     span = f" ({report.first_step}..{report.last_step})" if report.steps else ""
     err.print(
@@ -144,6 +182,16 @@ def render(
         err.print("summary: " + escape(", ".join(f"{k} {_short(v)}" for k, v in report.summary.items())))
     for m in report.metrics:
         err.print(f"metrics: {escape(json.dumps(m))}")
+    if report.chips:
+        for line in chip_lines(report):
+            err.print(escape(line), highlight=False)
+    from tpuops.run.estimate import compare, lines
+
+    against = compare(estimate, report)
+    for line in lines(against):
+        err.print(escape(line), highlight=False)
+    for w in against["warnings"]:
+        err.print(f"[bold yellow]warning[/] {escape(w)}")
     if report.failures:
         err.print(failures_table(report))
     if deltas:
@@ -337,7 +385,38 @@ def charts(report: LogReport) -> list[str]:
     return out
 
 
-def page(report: LogReport, deltas: list[Delta] | None = None, meta: dict[str, str] | None = None) -> str:
+def chip_charts(report: LogReport) -> list[str]:
+    """HBM in use (min and max over each worker's chips) and duty cycle, per worker over the steps."""
+    from tpuops.run.charts import Chart, Series, svg
+
+    xs = sorted({s["step"] for series in report.chips.values() for s in series})
+    hbm: list[Series] = []
+    duty: list[Series] = []
+    for w, series in sorted(report.chips.items()):
+        by = {s["step"]: s for s in series}
+        for key, label, into in (("hbm_gb_max", "max", hbm), ("hbm_gb_min", "min", hbm),
+                                 ("duty_pct_max", "max", duty), ("duty_pct_min", "min", duty)):  # fmt: skip
+            ys = [by[x].get(key) if x in by else None for x in xs]
+            if any(y is not None for y in ys):
+                into.append(Series(f"w{w} {label}", ys))
+    limit = report.hbm_limit_gb
+    out = []
+    if hbm:
+        out.append(Chart("hbm", "HBM in use per chip (GB; min and max over each worker's chips)", xs, hbm,
+                         ylim=(0.0, limit)))  # fmt: skip
+    if duty:
+        out.append(
+            Chart("duty", "duty cycle (%, min and max over each worker's chips)", xs, duty, ylim=(0.0, 100.0))
+        )
+    return [svg(c) for c in out]
+
+
+def page(
+    report: LogReport,
+    deltas: list[Delta] | None = None,
+    meta: dict[str, str] | None = None,
+    estimate: dict[str, Any] | None = None,
+) -> str:
     """The whole report as one self-contained HTML page (people would rather look than read)."""
     code = exit_code(report, deltas)
     verdict = {0: ("ok", "ok"), 7: ("warn", "recompiles after warm-up")}.get(code, ("bad", "failed"))
@@ -385,6 +464,24 @@ def page(report: LogReport, deltas: list[Delta] | None = None, meta: dict[str, s
         "<p class='note'>loss is not plotted: in GRPO it is about 0 by construction (the advantages of a group sum to"
         " 0), so it says nothing about progress; its values are in the table below.</p>"
     )
+    parts.append("<h2 id='chips'>Chips</h2>")
+    if report.chips:
+        parts += chip_charts(report)
+        latest = [[f"w{w}", s["step"], i, *(_cell(v[i]) if v and i < len(v) else "" for v in
+                   (s.get("hbm_gb_chips"), s.get("duty_pct_chips")))]
+                  for w, ss in sorted(report.chips.items()) for s in ss[-1:]
+                  for i in range(max(len(s.get("hbm_gb_chips") or []), len(s.get("duty_pct_chips") or []), 1))]  # fmt: skip
+        parts.append(_table(["worker", "step", "chip", "HBM GB", "duty %"], latest, cls="chips"))
+    else:
+        parts.append(f"<p class='note' id='no-chips'>{_esc(chip_lines(report)[0])}</p>")
+    from tpuops.run.estimate import compare, lines
+
+    against = compare(estimate, report)
+    if against["cost"] or against["hbm"]:
+        parts.append(
+            "<h2>Against the fit</h2>" + "".join(f"<p class='note'>{_esc(x)}</p>" for x in lines(against))
+        )
+        parts += [f"<p class='warn'>{_esc(w)}</p>" for w in against["warnings"]]
     if report.dt:
         d = report.dt
         parts.append("<h2>Steady state (from the warm-up on)</h2>")

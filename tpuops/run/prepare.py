@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from tpuops.config import TargetSpec
 from tpuops.errors import UsageError
@@ -45,12 +46,22 @@ def check_trainer(sop: loader.Sop, values: dict[str, object]) -> None:
 
 
 def fit_preflight(
-    sop: loader.Sop, values: dict[str, object], accelerator: str | None, *, skip: bool, cwd: Path
-) -> str | None:
+    sop: loader.Sop,
+    values: dict[str, object],
+    accelerator: str | None,
+    *,
+    skip: bool,
+    cwd: Path,
+    zone: str | None = None,
+    endpoint: str | None = None,
+) -> tuple[str | None, dict[str, Any] | None]:
     """On a VM, before any SSH: the trainer config compiled for the VM's TPU type (cached). A config that
-    does not fit stops here (exit 11); without libtpu on this machine one warning line and the run goes on."""
+    does not fit stops here (exit 11); without libtpu on this machine one warning line and the run goes on.
+    Returns the verdict line and the estimate a report compares the run with: the cost (dollars per step and
+    per run in the VM's region, tpuops/cloud/pricing; the catalog at `endpoint` when given) and the predicted
+    peak HBM per device."""
     if sop.fit is None or skip or not accelerator:
-        return None
+        return None, None
     from tpuops.checks import fit
     from tpuops.console import note
 
@@ -61,11 +72,18 @@ def fit_preflight(
         result = fit.check(config, sets, accelerator=accelerator, cwd=cwd)
     except fit.FitUnavailableError as e:
         note(f"fit: not checked ({e.message}); the run goes on (--skip-fit silences this)")
-        return f"not checked: {e.message}"
+        return f"not checked: {e.message}", None
     fit.require_fit(result)
     line = fit.summary(result)
     note(f"fit: {line}{' (cached)' if result.get('cached') else ''}")
-    return line
+    result = fit.with_cost(result, zone, endpoint)
+    if result["cost"]:
+        from tpuops.cloud.pricing import cost_line
+
+        note(cost_line(result["cost"]))
+    peak = max((p["peak_bytes"] for p in result["phases"].values()), default=None)
+    return line, {"config": config, "accelerator": accelerator, "cost": result["cost"], "peak_bytes": peak,
+                  "tightest_phase": result["tightest_phase"]}  # fmt: skip
 
 
 def context_defaults(

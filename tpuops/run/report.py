@@ -85,7 +85,7 @@ def sop_report(report: RunResult, as_json: bool) -> None:
     elif report.log is not None:
         from tpuops.run import logreport
 
-        logreport.render(report.log, code, False, None, None)
+        logreport.render(report.log, code, False, None, None, report.estimate)
     err.print(f"done in {report.duration_s:.2f}s, run {report.run_id}, exit code {code}")
 
 
@@ -103,6 +103,7 @@ def _dry_run_dict(dr: DryRun) -> dict[str, Any]:
         "values": dr.values,
         "fit": dr.fit,
         **({"vm": _vm_dict(dr.target.vm)} if dr.target is not None and dr.target.vm is not None else {}),
+        "estimate": dr.estimate,
         "plan": [
             {"step": title, "workers": {str(w): [a.render() for a in acts] for w, acts in per.items()}}
             for title, per in dr.plan
@@ -124,6 +125,11 @@ def dry_run(dr: DryRun, as_json: bool) -> None:
         )
     if dr.fit:
         err.print(f"fit: {escape(dr.fit)}")
+    cost = (dr.estimate or {}).get("cost")
+    if isinstance(cost, dict):
+        from tpuops.cloud.pricing import cost_line
+
+        err.print(escape(cost_line(cost)), highlight=False)
     out.out(render_plan(dr.plan), end="", highlight=False)
 
 
@@ -390,4 +396,6 @@ def fit_report(result: dict[str, Any], as_json: bool) -> None:
 
         err.print(escape(cost_line(result["cost"])), highlight=False)
     elif "cost" in result:
-        err.print(f"cost: no price known for {escape(result['accelerator'])} (tpuops/cloud/data/tpu_prices.json)")
+        err.print(
+            f"cost: no price known for {escape(result['accelerator'])} (tpuops/cloud/data/tpu_prices.json)"
+        )

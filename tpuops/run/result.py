@@ -7,6 +7,7 @@ from typing import Any
 
 from tpuops.errors import ExitCode
 from tpuops.logs.events import LogReport
+from tpuops.run.estimate import compare
 from tpuops.sop.executor import SopReport, StepReport
 from tpuops.sop.model import Outcome
 
@@ -25,6 +26,7 @@ class RunResult:
     log: LogReport | None = None
     recoveries: tuple[Recovery, ...] = ()
     hint: str | None = None  # what to try next, for failures with a known fix (an out-of-memory)
+    estimate: dict[str, Any] | None = None  # the fit preflight's cost and predicted peak HBM (a VM run)
 
     @property
     def sop(self) -> str:
@@ -64,6 +66,8 @@ class RunResult:
             "hint": self.hint,
             "recoveries": list(self.recoveries),
             "log": None if self.log is None else self.log.to_dict(),
+            "estimate": self.estimate,
+            "against_fit": None if self.log is None else compare(self.estimate, self.log),
         }
 
 

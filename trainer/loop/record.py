@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import optax
 
-from trainer import checkpoint, metrics
+from trainer import checkpoint, chips, metrics
 from trainer.distributed import to_host
 from trainer.eval import evaluate
 from trainer.loop.state import Rollout, Run, Scores, State
@@ -40,7 +40,9 @@ def record(run: Run, state: State, step: int, row: dict[str, Any]) -> None:
     """Emit the step line; checkpoint (every checkpoint.every, at the end, on a stop); stop with exit 143 after
     SIGTERM; evaluate every eval.every steps."""
     cfg, emit = run.cfg, run.emit
-    emit.step(step, row)
+    chip = chips.sample(jax.local_devices())  # {} on CPU: the step line has no chip fields there
+    emit.step(step, {**row, **chip})
+    emit.chips(step, jax.process_index(), chip)
     state.history.append(row)
     done = step + 1
     stopping = run.notice.reached(done) and done < cfg.train.steps

@@ -18,7 +18,9 @@ from tpuops.checks import fit as fitlib
 from tpuops.cloud import pricing
 from tpuops.cloud.emulator.server import Emulator
 
-pytest.importorskip("google.cloud.billing_v1", reason="google-cloud-billing (a declared dependency) is not installed")
+pytest.importorskip(
+    "google.cloud.billing_v1", reason="google-cloud-billing (a declared dependency) is not installed"
+)
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -37,17 +39,31 @@ def catalog(tmp_path: Path) -> Iterator[Emulator]:
     emu.stop()
 
 
-def test_the_real_client_reads_tpu_prices_from_the_emulated_catalog(catalog: Emulator, no_credentials: None) -> None:
+def test_the_real_client_reads_tpu_prices_from_the_emulated_catalog(
+    catalog: Emulator, no_credentials: None
+) -> None:
     catalog.admin("catalog", family="v6e", region="us-east5", on_demand=2.97, spot=1.13)
     price = pricing.lookup("v6e-8", "us-east5-b", catalog.url)  # a zone is read as its region
     assert price is not None and price.source == "catalog" and price.where == catalog.url
-    assert (price.family, price.region, price.on_demand, price.spot, price.age_days) == ("v6e", "us-east5", 2.97, 1.13, 0)
+    assert (price.family, price.region, price.on_demand, price.spot, price.age_days) == (
+        "v6e",
+        "us-east5",
+        2.97,
+        1.13,
+        0,
+    )
     calls = [r.line for r in catalog.model.requests]
-    assert calls[0] == "GET /v1/services" and calls.count("GET /v1/services/6F81-5844-456A/skus") >= 2  # paged
+    assert (
+        calls[0] == "GET /v1/services" and calls.count("GET /v1/services/6F81-5844-456A/skus") >= 2
+    )  # paged
     # Cached with its date: a second lookup asks nothing; commitments and CPU SKUs were left out.
     n = len(catalog.model.requests)
     again = pricing.lookup("v5litepod-8", "asia-northeast1", catalog.url)
-    assert again is not None and again.source == "catalog" and again.on_demand == pricing.table()["families"]["v5e"]["on_demand"]
+    assert (
+        again is not None
+        and again.source == "catalog"
+        and again.on_demand == pricing.table()["families"]["v5e"]["on_demand"]
+    )
     assert len(catalog.model.requests) == n
     cached = json.loads(next((Path(os.environ["TPUOPS_HOME"]) / "prices").glob("catalog-*.json")).read_text())
     assert set(cached["prices"]) == {"v4", "v5e", "v5p", "v6e"} and cached["date"] == price.date
@@ -118,9 +134,17 @@ def test_tpuops_fit_json_has_a_cost_object_from_the_catalog_or_the_table(
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     c = out["cost"]
-    assert out["cached"] is True and c["steps"] == 200 and c["step_basis"] == "expected_mid_s" and c["chips"] == 8
+    assert (
+        out["cached"] is True
+        and c["steps"] == 200
+        and c["step_basis"] == "expected_mid_s"
+        and c["chips"] == 8
+    )
     assert c["price"]["source"] == "catalog" and c["price"]["date"] and c["price"]["age_days"] == 0
-    assert c["per_step"] == {"on_demand": round(5.0 / 3600 * 8 * 3.0, 6), "spot": round(5.0 / 3600 * 8 * 1.5, 6)}
+    assert c["per_step"] == {
+        "on_demand": round(5.0 / 3600 * 8 * 3.0, 6),
+        "spot": round(5.0 / 3600 * 8 * 1.5, 6),
+    }
     assert c["per_run"]["on_demand"] == pytest.approx(200 * 5.0 / 3600 * 8 * 3.0, abs=1e-5)
     assert "cost: $0.0333/step, $6.67/run (200 steps) on demand; Spot $0.0167/step, $3.33/run" in r.stderr
     assert "Cloud Billing Catalog" in r.stderr

@@ -41,7 +41,9 @@ class Catalog:
                     0.031611, "Compute", "CPU")]  # fmt: skip
         for n, ((family, region), (on_demand, spot)) in enumerate(items):
             name = NAMES[family]
-            out.append(_sku(f"7A{n:02d}-0000-0001", f"{name} chip-hour in {region}", "OnDemand", region, on_demand))
+            out.append(
+                _sku(f"7A{n:02d}-0000-0001", f"{name} chip-hour in {region}", "OnDemand", region, on_demand)
+            )
             out.append(_sku(f"7A{n:02d}-0000-0002", f"Spot Preemptible {name} chip-hour in {region}", "Preemptible",
                             region, spot))  # fmt: skip
             out.append(_sku(f"7A{n:02d}-0000-0003", f"Commitment v1: {name} chip-hour in {region} for 1 Year",

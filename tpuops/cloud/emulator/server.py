@@ -123,8 +123,8 @@ def _id(q: dict[str, str], key: str) -> str:
 
 def admin(m: Model, action: str, body: dict[str, Any]) -> dict[str, Any]:
     """Fault injection: preempt, swap-host-key, faults (unavailable N + code, capacity {zone: N},
-    oslogin_denied, iap_denied), project-metadata (project, metadata {key: value}), catalog (a TPU price), state; `requests` answers
-    the request log from index `since` on."""
+    oslogin_denied, iap_denied), project-metadata (project, metadata {key: value}), catalog (a TPU price),
+    state; `requests` answers the request log from index `since` on."""
     if action == "requests":
         with m.lock:
             return {"requests": [r.__dict__ for r in m.requests[int(body.get("since", 0)) :]]}

@@ -1,0 +1,80 @@
+"""A run against its fit: estimated and actual cost (steps x measured step time x the price the fit used), and
+measured peak HBM beside the fit's predicted peak, with a warning when the run used more than predicted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tpuops.logs.events import LogReport
+
+GB = 1e9
+
+
+def saved(target: str, runs_home: Path | None = None) -> dict[str, Any] | None:
+    """The fit estimate a run saved in its result.json (a VM run's preflight), for a run id or run folder."""
+    path = Path(target).expanduser()
+    if not path.is_dir():
+        if runs_home is None:
+            from tpuops.config import state_home
+
+            runs_home = state_home() / "runs"
+        path = runs_home / target
+    try:
+        est = json.loads((path / "result.json").read_text()).get("estimate")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return est if isinstance(est, dict) else None
+
+
+def compare(estimate: dict[str, Any] | None, log: LogReport) -> dict[str, Any]:
+    """{"cost": {estimated, actual} | None, "hbm": {predicted_gb, measured_gb, over} | None, "warnings": [...]}:
+    each part only where both sides exist."""
+    out: dict[str, Any] = {"cost": None, "hbm": None, "warnings": []}
+    est = estimate or {}
+    cost = est.get("cost")
+    if isinstance(cost, dict) and log.steps and log.dt is not None:
+        price, chips = cost["price"], cost["chips"]
+        run_s = log.steps * log.dt.mean  # every step at the steady mean (the warm-up's compile is not priced)
+
+        def money(per_hour: float | None) -> float | None:
+            return None if per_hour is None else round(run_s / 3600 * chips * per_hour, 6)
+
+        estimated_s = (cost["steps"] or log.steps) * cost["step_s"]
+        out["cost"] = {
+            "estimated": {"steps": cost["steps"], "step_s": cost["step_s"], "on_demand": cost["per_run"]["on_demand"]
+                          if cost.get("per_run") else None, "spot": cost["per_run"]["spot"] if cost.get("per_run")
+                          else None},
+            "actual": {"steps": log.steps, "step_s": log.dt.mean, "on_demand": money(price["on_demand"]),
+                       "spot": money(price.get("spot"))},
+            "price": price, "chips": chips, "estimated_run_s": estimated_s, "actual_run_s": run_s,
+        }  # fmt: skip
+    predicted, measured = est.get("peak_bytes"), log.hbm_peak_gb
+    if isinstance(predicted, int | float) and measured is not None:
+        over = measured * GB > predicted
+        out["hbm"] = {"predicted_gb": predicted / GB, "measured_gb": measured, "over": over,
+                      "phase": est.get("tightest_phase")}  # fmt: skip
+        if over:
+            out["warnings"].append(
+                f"HBM: the run used {measured:.2f} GB on a chip, more than the fit predicted ({predicted / GB:.2f} GB, "
+                f"{est.get('tightest_phase')}): the fit's headroom is smaller than it said"
+            )
+    return out
+
+
+def lines(cmp: dict[str, Any]) -> list[str]:
+    """The comparison as people read it (the report's text)."""
+    from tpuops.cloud.pricing import dollars
+
+    out = []
+    if c := cmp.get("cost"):
+        e, a = c["estimated"], c["actual"]
+        out.append(f"cost: estimated {dollars(e['on_demand'])} on demand / {dollars(e['spot'])} Spot for {e['steps']} "
+                   f"steps at {e['step_s']:.2f} s; actual {dollars(a['on_demand'])} / {dollars(a['spot'])} for "
+                   f"{a['steps']} steps at {a['step_s']:.2f} s measured ({c['chips']} chips at "
+                   f"${c['price']['on_demand']:.2f}/chip-hour, {c['price']['source']} {c['price']['date']})")  # fmt: skip
+    if h := cmp.get("hbm"):
+        out.append(f"HBM: measured peak {h['measured_gb']:.2f} GB per chip, fit predicted {h['predicted_gb']:.2f} GB "
+                   f"({h['phase']})" + (" - MORE than predicted" if h["over"] else ""))  # fmt: skip
+    return out
