@@ -157,3 +157,61 @@ def test_the_trainer_starts_jax_on_the_cpu_where_there_is_no_accelerator(tmp_pat
     assert startup.platforms(cfg, env={}, dev=dev) is None
     pinned = config.load("arith", ["mesh.platforms=cpu"])
     assert startup.platforms(pinned, env={}, dev=dev) == "cpu"
+
+
+def test_chip_fields_round_trip_and_lines_without_them_parse_as_before() -> None:
+    """Per-chip HBM and duty cycle (docs/contracts.md): after the rest of process 0's step line, and on `chips:`
+    lines of the other processes; a step line without them (CPU, older logs) parses exactly as before."""
+    from trainer import chips
+
+    rng = random.Random(7)
+    base = values(rng)
+    got = chips.fields([20.1e9, 22.4e9], [23.0e9, 23.5e9], [33.6e9, 33.6e9], [61.0, 74.5])
+    assert got == {"hbm_gb_min": 20.1, "hbm_gb_max": 22.4, "hbm_gb_chips": "20.10/22.40", "hbm_gb_peak": 23.5,
+                   "hbm_gb_limit": 33.6, "duty_pct_min": 61.0, "duty_pct_max": 74.5,
+                   "duty_pct_chips": "61.0/74.5"}  # fmt: skip
+    plain = metrics.format_step(4, base)
+    line = metrics.format_step(4, {**base, **got})
+    assert FIXED.match(line) and line.startswith(plain + " ")  # the chip fields come last, nothing else moves
+    assert line.endswith(
+        "hbm_gb_min=20.10 hbm_gb_max=22.40 hbm_gb_peak=23.50 hbm_gb_limit=33.60 duty_pct_min=61.0 duty_pct_max=74.5 "
+        "hbm_gb_chips=20.10/22.40 duty_pct_chips=61.0/74.5"
+    )
+    out = io.StringIO()
+    metrics.Emitter(process_index=1, out=out).chips(4, 1, {"hbm_gb_min": 18.0, "hbm_gb_max": 19.5,
+                                                           "hbm_gb_chips": "18.00/19.50"})  # fmt: skip
+    metrics.Emitter(process_index=0, out=out).chips(
+        4, 0, got
+    )  # process 0's are on its step line: no chips line
+    metrics.Emitter(process_index=1, out=out).chips(4, 1, {})  # a CPU backend: nothing
+    assert (
+        out.getvalue()
+        == "chips: step=4 process=1 hbm_gb_min=18.00 hbm_gb_max=19.50 hbm_gb_chips=18.00/19.50\n"
+    )
+    s = LogScanner()
+    for text in (plain, line, out.getvalue()):
+        s.feed(text)
+    report = s.close()
+    old, new = report.rows
+    assert (old.hbm_gb_max, old.duty_pct_min, old.hbm_gb_chips) == (None, None, None)
+    assert (new.hbm_gb_min, new.hbm_gb_max, new.hbm_gb_peak, new.hbm_gb_limit) == (20.1, 22.4, 23.5, 33.6)
+    assert (new.duty_pct_min, new.duty_pct_max, new.duty_pct_chips, new.hbm_gb_chips) == (61.0, 74.5, [61.0, 74.5],
+                                                                                           [20.1, 22.4])  # fmt: skip
+    assert (old.dt, old.loss, old.reward_mean) == (new.dt, new.loss, new.reward_mean)
+    assert report.chips[1] == [
+        {"step": 4, "hbm_gb_min": 18.0, "hbm_gb_max": 19.5, "hbm_gb_chips": [18.0, 19.5]}
+    ]
+    assert [c["step"] for c in report.chips[0]] == [4] and report.hbm_peak_gb == 23.5
+    bare = LogScanner()
+    bare.feed(plain)
+    assert bare.close().chips == {}
+
+
+def test_a_cpu_backend_exposes_no_chip_fields() -> None:
+    import jax
+
+    from trainer import chips
+
+    assert jax.local_devices()[0].platform == "cpu"
+    assert chips.sample(jax.local_devices()) == {}
+    assert chips.fields([], [], [], []) == {}
