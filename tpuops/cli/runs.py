@@ -141,6 +141,7 @@ def register(app: typer.Typer) -> None:
     add("attach", attach, "Follow a detached run again, then report it.")
     add("logs", logs, "Print a run's worker logs on stdout (-f: follow).")
     add("stop", stop, "Stop a run on every worker and clear the TPU lock.")
+    add("top", top, "Each worker's chips now: HBM in use and duty cycle per chip, live.")
     add("doctor", doctor, "Check every worker: connection, .env keys, TPU lock.")
 
 
@@ -228,6 +229,37 @@ def logs(
     chosen = library.chosen_workers(run_id, worker)
     sink = console.log_sink(prefix=prefix or len(chosen) > 1)
     library.logs(run_id, worker, follow=follow, on_line=sink)
+
+
+@o.wired
+def top(
+    run_id: RunIdArg,
+    once: Annotated[bool, typer.Option("--once", help="One snapshot, then exit.")] = False,
+    interval: Annotated[
+        float, typer.Option("--interval", min=0.5, metavar="SECONDS", help="Seconds between snapshots.")
+    ] = 5.0,
+    json: o.JsonOpt = False,
+) -> None:
+    """Show each worker's chips at its latest step: HBM in use per chip (min-max, peak, limit) and duty cycle,
+    asked of every worker of a multi-host run at once; again every --interval seconds until the job ends
+    (Ctrl-C to leave). On a CPU backend the memory fields are absent, and the command says so.
+
+    \b
+    Examples:
+      tpuops top 20260101-120000-grpo-ab12
+      tpuops top 20260101-120000-grpo-ab12 --once --json
+    """
+    import time
+
+    from tpuops.run import report
+    from tpuops.run import top as library
+
+    while True:
+        snap = library.snapshot(run_id)
+        report.top_table(snap, json)
+        if once or json or not snap.running:
+            return
+        time.sleep(interval)
 
 
 @o.wired

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # the renderers' inputs, named for the type checker (imported
     from tpuops.run.bench import VariantResult
     from tpuops.run.launch import DryRun
     from tpuops.run.store import RunState
+    from tpuops.run.top import Top
     from tpuops.sop.executor import StepReport
     from tpuops.sop.procedure import Sop
     from tpuops.transport.base import CmdResult
@@ -399,3 +400,29 @@ def fit_report(result: dict[str, Any], as_json: bool) -> None:
         err.print(
             f"cost: no price known for {escape(result['accelerator'])} (tpuops/cloud/data/tpu_prices.json)"
         )
+
+
+def top_table(top: Top, as_json: bool) -> None:
+    """`tpuops top`: one row per worker and chip (HBM in use, duty cycle), or why there are no memory fields."""
+    if as_json:
+        emit_json(top.to_dict())
+        return
+    t = Table("worker", "job", "step", "chip", "HBM GB", "duty %", "HBM min-max GB", "peak GB", "limit GB",
+              title=f"top {top.run_id}", title_justify="left")  # fmt: skip
+    for w in top.workers:
+        c = w.chips or {}
+        hbm, duty = c.get("hbm_gb_chips") or [], c.get("duty_pct_chips") or []
+        span = f"{c['hbm_gb_min']:.2f}-{c['hbm_gb_max']:.2f}" if "hbm_gb_max" in c else "-"
+        common = [span, f"{c['hbm_gb_peak']:.2f}" if "hbm_gb_peak" in c else "-",
+                  f"{c['hbm_gb_limit']:.2f}" if "hbm_gb_limit" in c else "-"]  # fmt: skip
+        state = escape(w.state + (f" ({w.detail})" if w.detail else ""))
+        step = "-" if w.step is None else str(w.step)
+        for i in range(max(len(hbm), len(duty), 1)):
+            t.add_row(f"w{w.worker}", state if i == 0 else "", step if i == 0 else "", str(i) if hbm or duty else "-",
+                      f"{hbm[i]:.2f}" if i < len(hbm) else "-", f"{duty[i]:.1f}" if i < len(duty) else "-",
+                      *(common if i == 0 else ["", "", ""]))  # fmt: skip
+    err.print(t)
+    if not top.memory_fields:
+        from tpuops.run.top import NO_CHIPS
+
+        err.print(escape(NO_CHIPS), highlight=False)

@@ -68,3 +68,14 @@ def test_run_grpo_on_an_emulated_vm(
     assert log["exit_codes"] == {str(w): 0 for w in range(workers)}
     shas = {w["sha"] for w in data["steps"][0]["workers"].values()}
     assert shas == {head.stdout.strip()[:7]}
+    # `tpuops top`: every worker asked at once; on CPU the memory fields are absent and the command says so.
+    top = cloud.cli("top", data["run_id"], "--json", cwd=tmp_path)
+    assert top.returncode == 0, top.stderr
+    snap = json.loads(top.stdout)
+    assert [w["worker"] for w in snap["workers"]] == list(range(workers))
+    assert all(w["state"] == "exited 0" for w in snap["workers"]), snap
+    assert snap["workers"][0]["step"] == 1 and snap["workers"][0]["chips"] is None
+    assert snap["memory_fields"] is False and "memory fields absent" in snap["note"]
+    people = cloud.cli("top", data["run_id"], cwd=tmp_path)  # the job has ended: one snapshot, then exit
+    assert people.returncode == 0, people.stderr
+    assert "memory fields absent" in people.stderr and all(f"w{w}" in people.stderr for w in range(workers))

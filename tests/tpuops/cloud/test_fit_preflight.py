@@ -51,8 +51,20 @@ def test_the_dry_run_plan_shows_the_fit_verdict(cloud: Cloud, vm_name: str, tmp_
                        "--set", "repo_url=/nonexistent.git", "--set", "branch=main", "--dry-run", "--json"],
                tmp_path, timeout=900)  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
-    fit = json.loads(r.stdout)["fit"]
+    dry = json.loads(r.stdout)
+    fit = dry["fit"]
     assert " on v4-8 fits: tightest phase" in fit, fit
+    # The cost of the run before it starts: the VM's region priced by the (emulated) billing catalog.
+    cost = dry["estimate"]["cost"]
+    assert cost["accelerator"] == "v4-8" and cost["chips"] == 4 and cost["region"] == "us-east1"
+    assert cost["price"]["source"] == "catalog" and cost["price"]["where"] == cloud.url
+    assert cost["steps"] > 0 and cost["per_run"]["on_demand"] == pytest.approx(
+        cost["steps"] * cost["step_s"] / 3600 * 4 * cost["price"]["on_demand"], rel=1e-3
+    )
+    assert dry["estimate"]["peak_bytes"] > 0
+    people = tpuops(cloud, ["run", "grpo", "--vm", vm_name, "--zone", ZONE, "--identity", str(cloud.identity),
+                            "--set", "repo_url=/nonexistent.git", "--set", "branch=main", "--dry-run"], tmp_path)  # fmt: skip
+    assert people.returncode == 0 and "/run (" in people.stderr and "Cloud Billing Catalog" in people.stderr
     skipped = tpuops(cloud, ["run", "grpo", "--vm", vm_name, "--zone", ZONE, "--identity", str(cloud.identity),
                              "--set", "repo_url=/nonexistent.git", "--set", "branch=main", "--dry-run", "--json",
                              "--skip-fit"], tmp_path)  # fmt: skip

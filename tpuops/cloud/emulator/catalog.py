@@ -16,7 +16,7 @@ OTHERS = [
     {"name": "services/95FF-2EF5-5EA1", "serviceId": "95FF-2EF5-5EA1", "displayName": "Cloud Storage",
      "businessEntityName": "businessEntities/GCP"},
 ]  # fmt: skip
-REGIONS = ("us-central1", "us-east5", "europe-west4", "asia-northeast1")
+REGIONS = ("us-central1", "us-east1", "us-east5", "europe-west4", "asia-northeast1")
 NAMES = {"v4": "TPU v4", "v5e": "TPU v5e", "v5p": "TPU v5p", "v6e": "TPU v6e"}
 
 
