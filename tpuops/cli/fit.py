@@ -52,10 +52,10 @@ def fit(
     """Compile every program of a training step for a TPU, on this machine (no TPU needed), and judge it.
 
     Per phase (rollout: decode_cast, prefill, decode; update): per-device bytes against HBM, FLOPs, HBM bytes,
-    collectives and a roofline estimate of the step time, and what a step and the run cost (on demand and Spot,
-    from the Cloud Billing Catalog when credentials allow, else the price table shipped with tpuops).
-    Exit 0 when every phase keeps >= 10% of HBM free,
-    12 when not (with the cheapest override that fits). Needs libtpu: pip install -e '.[tpu]'.
+    collectives and a roofline estimate of the step time, and what a step and the run cost (on demand and
+    Spot, priced by the Cloud Billing Catalog when credentials allow, else by the table shipped with tpuops).
+    Exit 0 when every phase keeps >= 10% of HBM free, 12 when not (with the cheapest override that fits).
+    Needs libtpu: pip install -e '.[tpu]'.
 
     \b
     Examples:
