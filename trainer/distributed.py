@@ -19,6 +19,11 @@ ENV_ID = "TRAINER_PROCESS_ID"
 ENV_TIMEOUT = "TRAINER_JOIN_TIMEOUT"  # seconds to wait for every process (default 120)
 
 
+def num_slices() -> int:
+    """How many slices this run spans: MEGASCALE_NUM_SLICES, as tpuops' run step and Cloud TPU's tpu-env set it."""
+    return int(os.environ.get("MEGASCALE_NUM_SLICES") or 1)
+
+
 def init(timeout_s: int | None = None) -> tuple[int, int]:
     """(process_index, process_count). If the expected processes do not join in time: a clear exit, no hang."""
     timeout_s = timeout_s or int(os.environ.get(ENV_TIMEOUT) or 120)

@@ -14,6 +14,8 @@ the weights cast to the compute dtype once per step: a decode loop over FSDP-spl
 every weight for every token (`tpuops fit` shows the difference).
 The same code runs on 1 device, on forced CPU devices, and across processes with jax.distributed (the
 mesh then spans jax.devices(), i.e. every process's devices).
+Multislice: only `dp` may cross slices (DCN_AXIS): the slices are dp's outermost factor, so fsdp's all-gathers
+and tp's collectives stay on a slice's ICI and only the gradients' all-reduce over dp crosses DCN.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ from jax.sharding import PartitionSpec as P
 
 AXES = ("dp", "fsdp", "tp")
 BATCH = ("dp", "fsdp")
+# The one mesh axis that may cross slices (data-center network, ~10x slower than ICI): data parallelism, whose
+# only collective in a step is the gradients' all-reduce. fsdp and tp stay inside one slice.
+DCN_AXIS = "dp"
 
 # Logical activation axis -> mesh axes (MaxText's logical_axis_rules, one table).
 LOGICAL: dict[str, Any] = {
@@ -55,13 +60,31 @@ PARAM_RULES: tuple[tuple[str, P], ...] = (
 )
 
 
-def make_mesh(dp: int, fsdp: int, tp: int, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A (dp, fsdp, tp) mesh over `devices` (default: all devices of all processes)."""
+def make_mesh(
+    dp: int, fsdp: int, tp: int, devices: Sequence[jax.Device] | None = None, num_slices: int = 1
+) -> Mesh:
+    """A (dp, fsdp, tp) mesh over `devices` (default: all devices of all processes). With `num_slices` > 1 the
+    slices are dp's outermost factor (DCN_AXIS): on TPU by `create_hybrid_device_mesh` (devices grouped by
+    `slice_index`); elsewhere devices come in slice order already (process ids run slice by slice, as JAX numbers
+    them on a multislice), so the plain reshape puts slice s in dp rows [s*dp/n, (s+1)*dp/n)."""
     devices = list(jax.devices() if devices is None else devices)
     if dp * fsdp * tp != len(devices):
         raise ValueError(
             f"mesh dp*fsdp*tp must equal the device count {len(devices)}, received {dp}x{fsdp}x{tp}"
         )
+    if num_slices > 1:
+        if dp % num_slices:
+            raise ValueError(
+                f"mesh dp must be a multiple of the {num_slices} slices (only {DCN_AXIS} crosses slices; fsdp "
+                f"and tp stay inside one), received dp={dp}"
+            )
+        if hasattr(devices[0], "slice_index"):
+            from jax.experimental import mesh_utils
+
+            hybrid = mesh_utils.create_hybrid_device_mesh(
+                (dp // num_slices, fsdp, tp), (num_slices, 1, 1), devices
+            )
+            return Mesh(hybrid, AXES)
     return Mesh(np.asarray(devices).reshape(dp, fsdp, tp), AXES)
 
 

@@ -60,14 +60,18 @@ def start_up(cfg: Config, emit: metrics.Emitter | None) -> tuple[metrics.Emitter
     process_index, process_count = distributed.init()
     emit = emit or metrics.Emitter(process_index)
     devices = jax.devices()[: cfg.mesh.devices or None]
-    fsdp = cfg.mesh.fsdp or len(devices) // (cfg.mesh.dp * cfg.mesh.tp)
+    # On a multislice mesh.dp is the data parallelism inside a slice and the slices multiply it (over DCN).
+    slices = distributed.num_slices()
+    dp = cfg.mesh.dp * slices
+    fsdp = cfg.mesh.fsdp or len(devices) // (dp * cfg.mesh.tp)
     try:
-        mesh = make_mesh(cfg.mesh.dp, fsdp, cfg.mesh.tp, devices)
+        mesh = make_mesh(dp, fsdp, cfg.mesh.tp, devices, slices)
     except ValueError as e:
         raise ConfigError(f"mesh: {e}") from None
+    shape = f"dp:{dp},fsdp:{fsdp},tp:{cfg.mesh.tp}" + (f",slices:{slices}" if slices > 1 else "")
     emit.start(
         backend=jax.default_backend(), process_count=process_count, process_index=process_index,
-        device_count=len(devices), mesh=f"dp:{cfg.mesh.dp},fsdp:{fsdp},tp:{cfg.mesh.tp}",
+        device_count=len(devices), mesh=shape,
     )  # fmt: skip
     emit.config(summary(cfg), dumps(cfg), run_dir=os.environ.get("TPUOPS_RUN_DIR"))
     return emit, mesh, process_index, process_count

@@ -1,0 +1,46 @@
+"""What a compiled multislice program sends between slices (over DCN), per device and execution.
+
+libtpu compiles each slice's program alone: a reduction across slices is not an HLO all-reduce with a
+cross-slice replica group but a host-transfer `send` handled by `xla_megascale_runtime` (frontend attribute
+`_xla_megascale_reduce_operation`), paired with a `recv` of the reduced result. Those sends are the DCN traffic;
+collectives whose replica group spans slices (should a compiler emit them) count too."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from trainer.fit import hlo
+
+MEGASCALE = 'xla_megascale_runtime"'
+
+
+class DcnOp(NamedTuple):
+    name: str
+    kind: str  # "megascale-send" or an HLO collective kind
+    bytes: int  # what one device sends per run
+    runs: int  # runs per execution of the program
+
+
+def slice_of_partition(mesh: Any) -> list[int]:
+    """Each partition id's slice: partition p is the mesh's p-th device in row-major order (jit's assignment)."""
+    return [int(getattr(d, "slice_index", 0)) for d in mesh.devices.reshape(-1)]
+
+
+def dcn_ops(text: str | hlo.Module, mesh: Any) -> list[DcnOp]:
+    mod = hlo.module(text)
+    out = []
+    for name, body in mod.computations.items():
+        for ins in body:
+            if ins.op == "send" and MEGASCALE in ins.line:
+                data = hlo._array_bytes(ins.type)[:1]  # (data, u32[] context, token[])
+                out.append(DcnOp(ins.name, "megascale-send", sum(data), mod.counts[name]))
+    slices = slice_of_partition(mesh)
+    for op in hlo.collective_ops(mod, len(slices)):
+        if len({slices[p] for p in op.group if p < len(slices)}) > 1:
+            out.append(DcnOp(op.name, op.kind, int(op.moved_bytes), op.runs))
+    return out
+
+
+def dcn_bytes(text: str | hlo.Module, mesh: Any) -> int:
+    """Bytes each device sends over DCN in one execution of the program."""
+    return sum(op.runs * op.bytes for op in dcn_ops(text, mesh))
