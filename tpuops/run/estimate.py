@@ -13,7 +13,7 @@ GB = 1e9
 
 
 def saved(target: str, runs_home: Path | None = None) -> dict[str, Any] | None:
-    """The fit estimate a run saved in its result.json (a VM run's preflight), for a run id or run folder."""
+    """The fit estimate a VM run's preflight saved (run.json, and result.json), for a run id or run folder."""
     path = Path(target).expanduser()
     if not path.is_dir():
         if runs_home is None:
@@ -21,11 +21,14 @@ def saved(target: str, runs_home: Path | None = None) -> dict[str, Any] | None:
 
             runs_home = state_home() / "runs"
         path = runs_home / target
-    try:
-        est = json.loads((path / "result.json").read_text()).get("estimate")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return est if isinstance(est, dict) else None
+    for name in ("result.json", "run.json"):  # a detached run has no result yet
+        try:
+            est = json.loads((path / name).read_text()).get("estimate")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(est, dict):
+            return est
+    return None
 
 
 def compare(estimate: dict[str, Any] | None, log: LogReport) -> dict[str, Any]:

@@ -255,6 +255,7 @@ def _execute(
         prepare.runs_dir(sop, values),
         _worker_env_files(sop, values, cwd),
         None if sop.scan is None else {**sop.scan.model_dump(), "step_pattern": values.get("step_pattern")},
+        estimate,
     )
     from tpuops.run.store import OffsetWriter, save_result
 
@@ -373,6 +374,7 @@ def _record(
     runs_dir: str,
     worker_env_files: list[str],
     scan: dict | None = None,
+    estimate: dict | None = None,
 ) -> None:
     """Remember how to reach a run again (`tpuops runs`, attach, logs); holds no secret (only where they are)."""
     d = user_config.run_folder(run_id)
@@ -389,5 +391,6 @@ def _record(
         "secret_digests": {**_secret_digests(secret_files), "worker_files": worker_env_files},
         "runs_dir": runs_dir,
         "scan": scan,  # how the run's logs are judged (attach judges them the same way)
+        "estimate": estimate,  # the fit's cost and predicted peak HBM: `tpuops report RUN_ID` sets the run beside it
     }
     write_atomic(d / "run.json", jsonout.dumps(record, indent=1))  # never half a record

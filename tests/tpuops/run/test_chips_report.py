@@ -46,9 +46,8 @@ def make_run(home: Path, name: str, predicted_gb: float) -> Path:
             "per_run": {"on_demand": 0.054, "spot": 0.0162}, "price": price}  # fmt: skip
     estimate = {"config": "qwen2.5-3b-v6e-8", "accelerator": "v6e-8", "cost": cost,
                 "peak_bytes": predicted_gb * 1e9, "tightest_phase": "update"}  # fmt: skip
-    (run / "run.json").write_text(
-        json.dumps({"run_id": name, "sop": "grpo", "workers": [0, 1], "values": {}})
-    )
+    record = {"run_id": name, "sop": "grpo", "workers": [0, 1], "values": {}, "estimate": estimate}
+    (run / "run.json").write_text(json.dumps(record))
     (run / "result.json").write_text(json.dumps({"ok": True, "exit_code": 0, "estimate": estimate}))
     return run
 
@@ -83,6 +82,13 @@ def test_json_has_each_workers_chips_over_time_and_the_run_against_its_fit(
     assert "chips w1 at step 5: HBM 23.00-24.00 GB, duty 50-55% over 6 samples" in text
     assert "cost: estimated $0.0540 on demand" in text and "HBM: measured peak 24.00 GB" in text
     assert "warning" in text and "MORE than predicted" in text
+    # A detached run has no result.json yet: the estimate its run.json kept is used.
+    (tpuops_home / "runs" / "20261126-chips-a" / "result.json").unlink()
+    detached = json.loads(tpuops("report", "20261126-chips-a", "--json", cwd=tmp_path).stdout)
+    assert (
+        detached["against_fit"]["hbm"]["over"] is True
+        and detached["against_fit"]["cost"]["actual"]["steps"] == 6
+    )
 
 
 def test_old_logs_and_cpu_runs_have_no_chip_fields_and_the_report_says_so(tmp_path: Path) -> None:
