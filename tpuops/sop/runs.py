@@ -59,6 +59,8 @@ if [ -e "$rd"/worker-$k.pid ] && alive "$(pid_of "$rd"/worker-$k.pid)"; then
 mkdir -p "$rd" || exit 1
 if ! err=$( {{ reserve "$rd"/worker-$k.pid && reserve "$rd"/worker-$k.exit.tmp && : > "$rd"/worker-$k.log; }} 2>&1 ); then
   rm -f "$rd"/worker-$k.pid "$rd"/worker-$k.exit.tmp; echo "$err" >&2; exit 1; fi
+# The claim's stand-in holder, read before the job starts (a quick job may end and give the lock back first).
+h=""; [ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ] && h=$(pid_of "$lock/pid")
 export rd rid lock TPUOPS_RUN_DIR="$rd"  # the job may keep files beside its log (the trainer's config.json)
 setsid nohup sh -c {shell.quote(job)} > "$rd"/worker-$k.log 2>&1 < /dev/null &
 pid=$!
@@ -66,8 +68,8 @@ put "$rd"/worker-$k.pid $pid 2>/dev/null || true
 if [ "$(pid_of "$rd"/worker-$k.pid)" != "$pid" ]; then
   stop_group $pid; put_exit "$rd" $k "143 {STOPPED}" 2>/dev/null
   echo "the pid file $rd/worker-$k.pid could not be written: the job was stopped" >&2; exit 1; fi
-if [ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ]; then
-  h=$(pid_of "$lock/pid"); put "$lock/pid" $pid; [ -n "$h" ] && kill "$h" 2>/dev/null; fi
+[ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ] && put "$lock/pid" $pid 2>/dev/null
+if [ -n "$h" ]; then kill "$h" 2>/dev/null; fi
 echo "tpuops: started pid=$pid"
 """
         # On a multislice the MEGASCALE_* variables join the SOP's own (jax.distributed's TRAINER_* among them).

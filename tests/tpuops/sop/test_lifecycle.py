@@ -51,6 +51,19 @@ def marked(marker: str) -> list[int]:
     return found
 
 
+def stand_ins(home: Path) -> list[int]:
+    """Live stand-in holders of the run lock (`sleep 7200`) started as the worker that owns `home`."""
+    uid = home.stat().st_uid
+    found = []
+    for p in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if p.read_bytes() == b"sleep\x007200\x00" and p.parent.stat().st_uid == uid:
+                found.append(int(p.parent.name))
+        except OSError:
+            continue
+    return [pid for pid in found if alive(pid)]
+
+
 def wait_until(check, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -126,6 +139,7 @@ def test_a_disk_that_fills_during_the_run_is_reported_as_such_with_the_exit_code
         assert follow.data["exit_code"] == 0
         assert (w.home / "runs/filled/worker-0.exit").read_text().split() == ["0", "nospace"]
         assert not (w.home / LOCK).exists()
+        assert stand_ins(w.home) == []  # the job ended before the start handed it the lock: no holder is left
     finally:
         t.close()
 
@@ -273,3 +287,27 @@ def test_git_sync_names_and_stashes_local_edits_before_the_reset(
         assert again.status == "nothing" and "discarded" not in again.data  # a clean checkout: nothing named
     finally:
         t.close()
+
+
+def test_a_job_that_ends_at_once_leaves_no_holder_of_the_lock(tmp_path: Path) -> None:
+    """A job may end (and give the lock back) before its start hands it the lock: the claim's stand-in holder
+    is stopped all the same. Ten quick jobs on the local transport, then no stand-in of theirs is left."""
+    from tpuops.transport.local import LocalTransport
+
+    t = LocalTransport(tmp_path / "vm")
+    for i in range(10):
+        report = Executor(t).execute(job("true", follow=True), {}, f"quick-{i}", [0])
+        assert report.ok, report.first_failure()
+    home = str(t.home(0)).encode()
+    left = []
+    for p in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if (
+                p.read_bytes() == b"sleep\x007200\x00"
+                and b"HOME=" + home + b"\x00" in (p.parent / "environ").read_bytes()
+            ):
+                left.append(int(p.parent.name))
+        except OSError:
+            continue
+    assert [pid for pid in left if alive(pid)] == []
+    assert not (t.home(0) / LOCK).exists()
