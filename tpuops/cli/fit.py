@@ -52,7 +52,8 @@ def fit(
     """Compile every program of a training step for a TPU, on this machine (no TPU needed), and judge it.
 
     Per phase (rollout: decode_cast, prefill, decode; update): per-device bytes against HBM, FLOPs, HBM bytes,
-    collectives and a roofline estimate of the step time, and what a step and the run cost (on demand and
+    collectives and the step time (a bound: every op at its roofline, collectives over their ICI links with 1 us
+    per hop, the host's work; and an expected range from published efficiencies), and what a step and the run cost (on demand and
     Spot, priced by the Cloud Billing Catalog when credentials allow, else by the table shipped with tpuops).
     Exit 0 when every phase keeps >= 10% of HBM free, 12 when not (with the cheapest override that fits).
     Needs libtpu: pip install -e '.[tpu]'.
@@ -60,6 +61,7 @@ def fit(
     \b
     Examples:
       tpuops fit qwen2.5-3b-v6e-8
+      tpuops fit qwen2.5-3b-v6e-8-seed --json
       tpuops fit qwen2.5-3b-v6e-8 --accelerator v5e-8 --set train.micro_batch=16 --json
       tpuops fit qwen2.5-3b-v6e-8 --region europe-west4
     """
