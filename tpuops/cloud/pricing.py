@@ -208,7 +208,9 @@ def cost(step_s: float, steps: int | None, accelerator_type: str, price: Price, 
 def dollars(x: float | None) -> str:
     if x is None:
         return "-"
-    return f"${x:,.2f}" if x >= 1 else f"${x:.4f}"
+    if x >= 1:
+        return f"${x:,.2f}"
+    return f"${x:.4f}" if x >= 0.0001 or x == 0 else "<$0.0001"  # a tiny config's step rounds to nothing
 
 
 def cost_line(c: dict[str, Any]) -> str:

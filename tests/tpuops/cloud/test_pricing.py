@@ -93,6 +93,12 @@ def test_cost_is_step_time_times_chips_times_the_price_per_chip_hour() -> None:
     assert c["per_step"]["on_demand"] == pytest.approx(4.5 / 3600 * 8 * 3.22, abs=1e-6)
     assert c["per_run"]["spot"] == pytest.approx(100 * 4.5 / 3600 * 8 * 0.97, abs=1e-6)
     assert pricing.cost(4.5, None, "v4-16", price, "bound_s")["per_run"] is None
+    assert [pricing.dollars(x) for x in (1234.5, 0.05625, 0.00002, None)] == [
+        "$1,234.50",
+        "$0.0563",
+        "<$0.0001",
+        "-",
+    ]
 
 
 def _cached_verdict(home: Path, config: str, accelerator: str, steps: int) -> None:
