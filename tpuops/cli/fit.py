@@ -53,8 +53,9 @@ def fit(
 
     Per phase (rollout: decode_cast, prefill, decode; update): per-device bytes against HBM, FLOPs, HBM bytes,
     collectives and the step time (a bound: every op at its roofline, collectives over their ICI links with 1 us
-    per hop, the host's work; and an expected range from published efficiencies), and what a step and the run cost (on demand and
-    Spot, priced by the Cloud Billing Catalog when credentials allow, else by the table shipped with tpuops).
+    per hop, the host's work; and an expected range from published efficiencies), and what a step and the run
+    cost (on demand and Spot, priced by the Cloud Billing Catalog when credentials allow, else by the table
+    shipped with tpuops).
     Exit 0 when every phase keeps >= 10% of HBM free, 12 when not (with the cheapest override that fits).
     Needs libtpu: pip install -e '.[tpu]'.
 
