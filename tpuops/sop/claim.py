@@ -49,16 +49,20 @@ def claim_script(run_id: str, rd: str, runs: str, worker: int, *, force: bool) -
     return f"""{HELPERS}
 rid={shell.quote(run_id)}; rd={rd}; k={worker}; force={f}
 busy() {{ echo "tpuops: active run=$1 pid=$2"; echo "run $1 (pid $2) is active" >&2; }}
-n=0
+n=0; ending=0
 while ! err=$(mkdir "$lock" 2>&1); do
-  [ -d "$lock" ] || {{ echo "$err" >&2; exit 1; }}  # not held: mkdir itself failed (its error says why)
+  if [ ! -d "$lock" ]; then  # given back meanwhile (retry), or mkdir itself failed (its error says why)
+    n=$((n+1)); [ $n -lt 5 ] && continue; echo "$err" >&2; exit 1; fi
   other=$(cat "$lock/run" 2>/dev/null); pid=$(pid_of "$lock/pid")
   if [ "$other" = "$rid" ]; then echo "tpuops: claimed again"; exit 0; fi
   if [ -z "$pid" ] && [ $(( $(date +%s) - $(stat -c %Y "$lock") )) -lt 30 ]; then
     busy "${{other:-?}}" starting; exit {BUSY_EXIT}; fi  # being claimed this very moment
   if [ -n "$pid" ] && running "$pid"; then
+    ord=$(cat "$lock/rd" 2>/dev/null)
+    if [ -n "$ord" ] && [ -e "$ord/worker-$k.exit" ] && [ $ending -lt 100 ]; then
+      ending=$((ending+1)); sleep 0.05; continue; fi  # its job has ended: it gives the lock back in a moment
     if [ $force != 1 ]; then busy "$other" "$pid"; exit {BUSY_EXIT}; fi
-    stop_group "$pid"; ord=$(cat "$lock/rd" 2>/dev/null)
+    stop_group "$pid"
     if [ -n "$ord" ] && [ -f "$ord/worker-$k.pid" ] && [ ! -e "$ord/worker-$k.exit" ]; then
       put_exit "$ord" $k "143 {STOPPED}"; fi
     echo "tpuops: stopped run=$other pid=$pid"

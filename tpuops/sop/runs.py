@@ -68,7 +68,7 @@ put "$rd"/worker-$k.pid $pid 2>/dev/null || true
 if [ "$(pid_of "$rd"/worker-$k.pid)" != "$pid" ]; then
   stop_group $pid; put_exit "$rd" $k "143 {STOPPED}" 2>/dev/null
   echo "the pid file $rd/worker-$k.pid could not be written: the job was stopped" >&2; exit 1; fi
-[ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ] && put "$lock/pid" $pid 2>/dev/null
+[ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ] && [ -f "$lock/pid" ] && put "$lock/pid" $pid 2>/dev/null
 if [ -n "$h" ]; then kill "$h" 2>/dev/null; fi
 echo "tpuops: started pid=$pid"
 """
