@@ -81,10 +81,13 @@ def make_mesh(
         if hasattr(devices[0], "slice_index"):
             from jax.experimental import mesh_utils
 
-            hybrid = mesh_utils.create_hybrid_device_mesh(
-                (dp // num_slices, fsdp, tp), (num_slices, 1, 1), devices
-            )
-            return Mesh(hybrid, AXES)
+            try:
+                hybrid = mesh_utils.create_hybrid_device_mesh(
+                    (dp // num_slices, fsdp, tp), (num_slices, 1, 1), devices
+                )
+                return Mesh(hybrid, AXES)
+            except AssertionError:  # TPU v4 shows a device per TensorCore: JAX lays out only one per chip
+                devices = sorted(devices, key=lambda d: d.slice_index)  # each slice in its own dp rows
     return Mesh(np.asarray(devices).reshape(dp, fsdp, tp), AXES)
 
 

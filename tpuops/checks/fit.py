@@ -78,6 +78,7 @@ def check(
     cwd: Path | None = None,
     use_cache: bool = True,
     on_progress: Callable[[str], None] | None = None,
+    slices: int = 1,
 ) -> dict[str, Any]:
     """The fit result (JSON of trainer.fit, plus `cached`); FitUnavailableError without libtpu, UsageError for a
     bad config or target. `on_progress` hears trainer.fit's `fit: ...` lines as they come (compiling X)."""
@@ -85,7 +86,10 @@ def check(
         raise UsageError("--accelerator and --topology name the same thing: pass one")
     cwd = cwd or Path.cwd()
     sets = [s.removeprefix("--set=") for s in sets or []]
+    if slices < 1:
+        raise UsageError(f"--slices must be 1 or more, received {slices}")
     target = f"topology={topology}" if topology else f"accelerator={accelerator or ''}"
+    target += f",slices={slices}" if slices > 1 else ""
     entry = state_home() / "fit" / f"{cache_key(config, sets, target, cwd)}.json"
     if use_cache and entry.is_file():
         try:
@@ -95,6 +99,7 @@ def check(
     argv = [sys.executable, "-m", "trainer.fit", "--config", config, "--json"]
     argv += [f"--set={s}" for s in sets]
     argv += ["--topology", topology] if topology else (["--accelerator", accelerator] if accelerator else [])
+    argv += ["--slices", str(slices)] if slices > 1 else []
     r = _run(argv, cwd, on_progress)
     if r.returncode == EXIT_NO_LIBTPU:
         raise FitUnavailableError(json.loads(r.stdout.strip().splitlines()[-1])["message"])

@@ -27,6 +27,14 @@ def fit(
     topology: Annotated[
         str | None, typer.Option("--topology", help="JAX topology instead, e.g. v6e:2x4.")
     ] = None,
+    slices: Annotated[
+        int,
+        typer.Option(
+            "--slices",
+            metavar="N",
+            help="Compile for N slices joined over DCN (a multislice): DCN bytes and time per step reported too.",
+        ),
+    ] = 1,
     no_cache: Annotated[
         bool, typer.Option("--no-cache", help="Compile again even when a verdict is cached.")
     ] = False,
@@ -65,6 +73,7 @@ def fit(
       tpuops fit qwen2.5-3b-v6e-8-seed --json
       tpuops fit qwen2.5-3b-v6e-8 --accelerator v5e-8 --set train.micro_batch=16 --json
       tpuops fit qwen2.5-3b-v6e-8 --region europe-west4
+      tpuops fit qwen2.5-7b-v6e-16 --slices 2 --json
     """
     from tpuops import console
     from tpuops.checks import fit as fitlib
@@ -76,7 +85,7 @@ def fit(
     watch = fitlib.FitProgress(config) if console.live_wanted(json) else None
     with console.Live(watch):
         result = fitlib.check(
-            config, sets, accelerator=accelerator, topology=topology, use_cache=not no_cache,
+            config, sets, accelerator=accelerator, topology=topology, use_cache=not no_cache, slices=slices,
             on_progress=watch.feed if watch is not None else None,
         )  # fmt: skip
     if region is None:

@@ -222,6 +222,7 @@ def _execute(
     fit_line, estimate = prepare.fit_preflight(
         sop, values, target.accelerator, skip=req.skip_fit, cwd=cwd, zone=vm.zone if vm else None,
         endpoint=os.environ.get("TPUOPS_BILLING_API") or target.spec.api_endpoint,
+        slices=max(1, len(vm.slices)) if vm else 1,  # a multislice is judged as one (its DCN bytes too)
     )  # fmt: skip
     workers = select_workers(req.worker, len(transport.workers))
     executor = Executor(

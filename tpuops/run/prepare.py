@@ -54,6 +54,7 @@ def fit_preflight(
     cwd: Path,
     zone: str | None = None,
     endpoint: str | None = None,
+    slices: int = 1,
 ) -> tuple[str | None, dict[str, Any] | None]:
     """On a VM, before any SSH: the trainer config compiled for the VM's TPU type (cached). A config that
     does not fit stops here (exit 11); without libtpu on this machine one warning line and the run goes on.
@@ -69,7 +70,7 @@ def fit_preflight(
     given = values.get(sop.fit.sets.strip("{}"), []) if sop.fit.sets else []
     sets = [str(s) for s in given] if isinstance(given, list | tuple) else []
     try:
-        result = fit.check(config, sets, accelerator=accelerator, cwd=cwd)
+        result = fit.check(config, sets, accelerator=accelerator, cwd=cwd, slices=slices)
     except fit.FitUnavailableError as e:
         note(f"fit: not checked ({e.message}); the run goes on (--skip-fit silences this)")
         return f"not checked: {e.message}", None

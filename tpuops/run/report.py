@@ -390,6 +390,14 @@ def fit_report(result: dict[str, Any], as_json: bool) -> None:
     else:  # a verdict cached before the expected range
         err.print(f"estimate: {est['step_s']:.2f} s per step at 100% of the roofline (a lower bound, not a promise); "
                   f"largest phase: {est['largest_phase']}")  # fmt: skip
+    if dcn := result.get("dcn"):
+        err.print(
+            f"DCN ({dcn['slices']} slices): {dcn['bytes_per_device'] / GB:.3f} GB per device, "
+            f"{dcn['bytes_per_host'] / GB:.3f} GB per host per step, {dcn['seconds']:.3f} s at "
+            f"{dcn['bandwidth_per_host'] / 1e9:.0f} GB/s per host; "
+            + ("[bold red]dominates[/]: longer than the step's bound" if dcn["dominates"]
+               else f"under the step's bound of {dcn['step_bound_s']:.3f} s")
+        )  # fmt: skip
     style = "green" if result["fits"] else "bold red"
     err.print(f"[{style}]{escape(summary(result))}[/]" + (" (cached)" if result.get("cached") else ""))
     if result.get("cost"):

@@ -58,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         "--accelerator", help="TPU accelerator type, e.g. v6e-8 (default: the config's mesh.accelerator)"
     )
     target.add_argument("--topology", help="JAX topology, e.g. v6e:2x4")
+    ap.add_argument(
+        "--slices", type=int, default=1, metavar="N",
+        help="compile for N slices of the target joined over DCN (a multislice); default 1",
+    )  # fmt: skip
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     ap.add_argument("--no-fix", action="store_true", help="do not search for overrides that would fit")
     ap.add_argument(
@@ -81,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         if not spec:
             raise config.ConfigError("no target TPU: pass --accelerator (e.g. v6e-8) or set mesh.accelerator")
         tgt = tpus.from_topology(spec) if ":" in spec else tpus.from_accelerator(spec)
+        if args.slices < 1:
+            raise config.ConfigError(f"--slices must be 1 or more, received {args.slices}")
     except (config.ConfigError, tpus.UnknownAcceleratorError) as e:
         print(f"config: {e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -98,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             only=only,
             breakdown=args.breakdown,
             host=not args.no_host,
+            slices=args.slices,
         )
     except config.ConfigError as e:
         print(f"config: {e}", file=sys.stderr)
@@ -112,15 +119,34 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_FITS if result["fits"] else EXIT_NO_FIT
 
 
-def topology_devices(topology: str) -> list[Any]:
-    """The devices of a JAX TPU topology; slices smaller than one host's 2x2 chips say so to libtpu."""
+def topology_devices(topology: str, slices: int = 1) -> list[Any]:
+    """The devices of a JAX TPU topology (`slices` of it: each device's `slice_index` says which); slices smaller
+    than one host's 2x2 chips say so to libtpu."""
     from jax.experimental import topologies
 
     shape = [int(d) for d in topology.split(":")[1].split("x")]
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {"num_slices": slices} if slices > 1 else {}
     if len(shape) == 2 and shape[0] * shape[1] < 4:
         kwargs["chips_per_host_bounds"] = (*shape, 1)
     return list(topologies.get_topology_desc(platform="tpu", topology_name=topology, **kwargs).devices)
+
+
+def dcn_verdict(result: dict[str, Any], devices: list[Any], slices: int) -> dict[str, Any]:
+    """What one step sends between slices: bytes per device and per host (the phases' megascale transfers), their
+    time at tpus.DCN_BYTES_PER_S_PER_HOST, and whether that time exceeds the rest of the step's bound."""
+    from trainer.fit import tpus
+
+    first = [d for d in devices if getattr(d, "slice_index", 0) == 0]
+    per_host = len([d for d in first if d.process_index == first[0].process_index])
+    per_device = sum(p.get("dcn_bytes", 0) for p in result["phases"].values())
+    seconds = per_device * per_host / tpus.DCN_BYTES_PER_S_PER_HOST
+    bound = result["estimate"]["bound_s"]
+    return {
+        "slices": slices, "bytes_per_device": per_device, "bytes_per_host": per_device * per_host,
+        "devices_per_host": per_host, "bandwidth_per_host": tpus.DCN_BYTES_PER_S_PER_HOST, "seconds": seconds,
+        "step_bound_s": bound, "dominates": seconds > bound,
+        "phases": {k: p.get("dcn_bytes", 0) for k, p in result["phases"].items() if p.get("dcn_bytes")},
+    }  # fmt: skip
 
 
 def run(
@@ -132,6 +158,7 @@ def run(
     only: tuple[str, ...] | None = None,
     breakdown: int = 0,
     host: bool = True,
+    slices: int = 1,
 ) -> dict[str, Any]:
     """Compile and judge every phase at the model's depth (the layer scan compiles one layer body, so depth
     costs no compile time); when only the update does not fit, the first override list that does
@@ -141,8 +168,8 @@ def run(
     from trainer.fit import host as host_work
     from trainer.kernels.logprob.blocks import compile_target
 
-    devices = list(topology_devices(tgt.topology))
-    per_device = tgt.per_device(len(devices))
+    devices = list(topology_devices(tgt.topology, slices))
+    per_device = tgt.per_device(len(devices) // slices)  # the chips' figures are per slice
     geo = estimate.Geometry(tuple(tuple(d.coords) for d in devices), tgt.chip.wrap_from)
     layers = programs.model_config(cfg).num_hidden_layers
 
@@ -166,8 +193,10 @@ def run(
                         "peak_bytes": max(p["peak_bytes"] for p in tried["phases"].values()),
                     }
                     break
+    if slices > 1:
+        result["dcn"] = dcn_verdict(result, devices, slices)
     return {
-        "accelerator": tgt.accelerator, "topology": tgt.topology, "devices": len(devices),
+        "accelerator": tgt.accelerator, "topology": tgt.topology, "devices": len(devices), "slices": slices,
         "device_kind": devices[0].device_kind, "hbm_bytes_per_device": per_device["hbm_bytes"],
         "usable_bytes_per_device": (1 - analyze.HEADROOM) * per_device["hbm_bytes"], "per_device": per_device,
         "sets": sets, "layers": layers, "method": "compiled", "host": host_result, "steps": cfg.train.steps,

@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-from trainer.fit import estimate, flops, hlo, traffic
+from trainer.fit import dcn, estimate, flops, hlo, traffic
 from trainer.fit.programs import Program
 
 HEADROOM = 0.10
@@ -65,7 +65,7 @@ def measure(
         )
         return {**raw, "argument_bytes": 0, "output_bytes": 0, "alias_bytes": 0, "temp_bytes": temp, "flops": 0.0,
                 "xla_flops": 0.0, "bytes_accessed": 0.0, "hbm_bytes": 0,
-                "collective_bytes": dict.fromkeys((*hlo.KINDS, "moved"), 0), "costs": None,
+                "collective_bytes": dict.fromkeys((*hlo.KINDS, "moved"), 0), "costs": None, "dcn_bytes": 0,
                 "compile_s": time.perf_counter() - t0, "error": str(e).splitlines()[0][:300]}  # fmt: skip
     compile_s = program.compile_s + time.perf_counter() - t0
     print(f"fit: compiled {program.name} in {compile_s:.1f} s", file=sys.stderr, flush=True)
@@ -79,6 +79,7 @@ def measure(
         raw["breakdown"] = traffic.by_source(ops, breakdown)
     if rates is not None:
         raw["costs"] = estimate.phase_costs(module, rates, geo or estimate.line(devices))
+    raw["dcn_bytes"] = dcn.dcn_bytes(module)  # 0 on one slice: nothing leaves it over DCN
     return {**raw, "flops": float(flops.flops(module)), **_xla_cost(compiled),
             "collective_bytes": hlo.collectives(module, devices), "compile_s": compile_s}  # fmt: skip
 

@@ -26,7 +26,8 @@ def slice_of_partition(mesh: Any) -> list[int]:
     return [int(getattr(d, "slice_index", 0)) for d in mesh.devices.reshape(-1)]
 
 
-def dcn_ops(text: str | hlo.Module, mesh: Any) -> list[DcnOp]:
+def dcn_ops(text: str | hlo.Module, mesh: Any = None) -> list[DcnOp]:
+    """The program's DCN transfers: megascale sends, and (given the mesh) collectives whose group spans slices."""
     mod = hlo.module(text)
     out = []
     for name, body in mod.computations.items():
@@ -34,13 +35,13 @@ def dcn_ops(text: str | hlo.Module, mesh: Any) -> list[DcnOp]:
             if ins.op == "send" and MEGASCALE in ins.line:
                 data = hlo._array_bytes(ins.type)[:1]  # (data, u32[] context, token[])
                 out.append(DcnOp(ins.name, "megascale-send", sum(data), mod.counts[name]))
-    slices = slice_of_partition(mesh)
-    for op in hlo.collective_ops(mod, len(slices)):
+    slices = slice_of_partition(mesh) if mesh is not None else []
+    for op in hlo.collective_ops(mod, len(slices)) if slices else []:
         if len({slices[p] for p in op.group if p < len(slices)}) > 1:
             out.append(DcnOp(op.name, op.kind, int(op.moved_bytes), op.runs))
     return out
 
 
-def dcn_bytes(text: str | hlo.Module, mesh: Any) -> int:
+def dcn_bytes(text: str | hlo.Module, mesh: Any = None) -> int:
     """Bytes each device sends over DCN in one execution of the program."""
     return sum(op.runs * op.bytes for op in dcn_ops(text, mesh))

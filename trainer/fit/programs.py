@@ -76,10 +76,13 @@ def _batch(mesh: Mesh, shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStru
 
 
 def training_mesh(cfg: Config, devices: list[Any]) -> Mesh:
-    """The mesh train.start_up builds (fsdp 0 = every remaining device)."""
+    """The mesh train.start_up builds (fsdp 0 = every remaining device); on a multislice topology (devices with
+    several `slice_index`) mesh.dp is per slice and the slices multiply it, as in train.start_up."""
     devices = devices[: cfg.mesh.devices or None]
-    fsdp = cfg.mesh.fsdp or len(devices) // (cfg.mesh.dp * cfg.mesh.tp)
-    return make_mesh(cfg.mesh.dp, fsdp, cfg.mesh.tp, devices)
+    slices = len({getattr(d, "slice_index", 0) for d in devices})
+    dp = cfg.mesh.dp * slices
+    fsdp = cfg.mesh.fsdp or len(devices) // (dp * cfg.mesh.tp)
+    return make_mesh(dp, fsdp, cfg.mesh.tp, devices, slices)
 
 
 def state(cfg: Config, mconf: Qwen2Config, mesh: Mesh) -> tuple[Any, Any, Any]:

@@ -24,6 +24,10 @@ import re
 from dataclasses import dataclass
 
 GIB = 1 << 30
+# Multislice: slices talk over the data-center network. "DCN bandwidth is typically around 2.5e10 bytes / second
+# per host" (jax-ml scaling book, "How to Think About TPUs", tpus.md, commit 04d8de5). One figure for every
+# generation: Google's docs give no per-host DCN figure per TPU type (v5e's page gives 6.4 Tbps per 256-chip pod).
+DCN_BYTES_PER_S_PER_HOST = 2.5e10
 
 
 @dataclass(frozen=True)

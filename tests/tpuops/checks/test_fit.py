@@ -116,3 +116,29 @@ def test_an_oversized_micro_batch_gets_the_cheapest_override_that_fits(tmp_path:
     assert f"--set {fix['set'][0]}" in line and "fits (peak" in line
     fixed = tpuops("fit", str(cfg), *(a for s in fix["set"] for a in ("--set", s)))
     assert fixed.returncode == 0, fixed.stderr[-2000:]  # the named fix really fits
+
+
+@pytest.mark.slow
+def test_two_slices_report_the_bytes_that_cross_dcn_and_their_time(tmp_path: Path) -> None:
+    """tiny on 2 x v5e-4 (libtpu's multislice topology): the mesh's dp spans the slices, the update's gradients
+    cross DCN (at least their bytes per device), and the time is those bytes per host at the cited bandwidth."""
+    sets = ["--set", "train.micro_batch=8", "--set", "train.prompts_per_step=4"]
+    r = tpuops("fit", "tiny", "--accelerator", "v5e-4", "--slices", "2", *sets, "--json", "--no-cache")
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads(r.stdout)
+    assert (result["slices"], result["devices"], result["mesh"]["dp"]) == (2, 8, 2)
+    dcn = result["dcn"]
+    assert dcn["bytes_per_device"] == sum(dcn["phases"].values()) > 0
+    assert (
+        dcn["phases"]["update"] >= result["params_bytes"]
+    )  # every device's gradient shard is reduced over DCN
+    assert (
+        dcn["bytes_per_host"]
+        == dcn["bytes_per_device"] * dcn["devices_per_host"]
+        == dcn["bytes_per_device"] * 4
+    )
+    assert dcn["seconds"] == pytest.approx(dcn["bytes_per_host"] / 2.5e10)
+    assert dcn["dominates"] == (dcn["seconds"] > dcn["step_bound_s"])
+    assert "DCN (2 slices)" in r.stderr
+    bad = tpuops("fit", "tiny", "--accelerator", "v5e-4", "--slices", "0")
+    assert bad.returncode == 2 and "--slices must be 1 or more, received 0" in bad.stderr
