@@ -78,7 +78,8 @@ def make_mesh(
                 f"mesh dp must be a multiple of the {num_slices} slices (only {DCN_AXIS} crosses slices; fsdp "
                 f"and tp stay inside one), received dp={dp}"
             )
-        if hasattr(devices[0], "slice_index"):
+        # TPU devices say their slice; gloo's CPU devices all say 0 (their processes come in slice order).
+        if len({getattr(d, "slice_index", 0) for d in devices}) == num_slices:
             from jax.experimental import mesh_utils
 
             try:

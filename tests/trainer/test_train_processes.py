@@ -195,3 +195,38 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint_to_resume_from(tmp_p
 
     again = _run(_argv(tmp_path, f"train.steps={last + 1}", f"checkpoint.dir={tmp_path / 'c'}"), _env())
     assert f"resumed step={last + 1} from={tmp_path / 'c'}" in again and "\nstep=" not in again
+
+
+@pytest.mark.slow
+def test_two_slices_of_two_processes_give_the_loss_of_one(tmp_path: Path) -> None:
+    """2 slices x 2 processes (gloo standing in for DCN; MEGASCALE_* as tpuops' run step sets them): the mesh's
+    dp spans the slices, the forward equals the one-process run's exactly, the gradient within the two-process
+    test's tolerance (same cause)."""
+    sets = (*SAME, "train.prompts_per_step=4")  # a multiple of the 4 processes
+    one_steps, one = _parse(_run(_argv(tmp_path, *sets), _env()))
+    port = _free_port()
+    megascale = {
+        "MEGASCALE_COORDINATOR_ADDRESS": "127.0.0.1",
+        "MEGASCALE_NUM_SLICES": "2",
+        "MEGASCALE_PORT": "8081",
+    }
+    envs = [
+        _env(
+            TRAINER_COORDINATOR=f"127.0.0.1:{port}",
+            TRAINER_NUM_PROCESSES="4",
+            TRAINER_PROCESS_ID=str(i),
+            MEGASCALE_SLICE_ID=str(i // 2),
+            **megascale,
+        )
+        for i in range(4)
+    ]
+    procs = [_start(_argv(tmp_path, *sets), env) for env in envs]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, "\n---\n".join(o[0][-1500:] + o[1][-2500:] for o in outs)
+    assert "process_count=4" in outs[0][0] and "mesh=dp:2,fsdp:2,tp:1,slices:2" in outs[0][0]
+    four_steps, four = _parse(outs[0][0])
+    assert abs(one["loss_last"]) > 1e-3
+    for key in ("reward_mean", "loss", "entropy"):
+        assert four_steps[0][key] == one_steps[0][key], key
+    assert float(four_steps[0]["grad_norm"]) == pytest.approx(float(one_steps[0]["grad_norm"]), rel=2e-2)
+    assert four["param_norm"] == pytest.approx(one["param_norm"], rel=1e-4)
