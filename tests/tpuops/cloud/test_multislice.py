@@ -4,11 +4,16 @@ target in slice order, MEGASCALE_* on every worker, and a preemption of any slic
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
+from tests.data import DATA
 from tests.tpuops.cloud.conftest import Cloud
 from tests.tpuops.cloud.test_recovery import ZONE, _preempt_after, _recover_smoke
+from tpuops.cloud.emulator.sshd import free_port
 from tpuops.sop.model import MEGASCALE_PORT, PlanContext
 
 
@@ -93,3 +98,33 @@ def test_a_preempted_slice_recreates_the_whole_multislice_and_the_run_finishes(
     assert cloud.emu.model.qrs[f"{parent}/queuedResources/{vm_name}"]["state"] == {"state": "ACTIVE"}
     assert cloud.emu.model.nodes[f"{parent}/nodes/{vm_name}-0"] is not slice0_before
     assert "step=29 " in "\n".join(lines)
+
+
+def test_the_default_job_runs_across_two_slices_of_two_workers(
+    cloud: Cloud, vm_name: str, worker_python: str, committed_repo: Path, tmp_path: Path
+) -> None:
+    """`run grpo` on 2 x v4-16: 4 trainer processes in one jax.distributed group, the mesh's dp over the slices
+    (MEGASCALE_NUM_SLICES from the run step), exit 0 on every worker."""
+    _create(cloud, vm_name)
+    head = subprocess.run(
+        ["git", "-C", str(committed_repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    sets = {
+        "repo_url": str(committed_repo), "branch": head, "venv": "none", "python": worker_python,
+        "data_dir": str(DATA), "steps": "1", "lockfile": "~/libtpu_lockfile", "coordinator_port": str(free_port()),
+        "config": "tiny", "train.prompts_per_step": "4", "log.output_dir": "~/trainer-out",
+    }  # fmt: skip
+    args = ["run", "grpo", "--vm", vm_name, "--zone", ZONE, "--identity", str(cloud.identity), "--json"]
+    args.append("--skip-fit")  # the emulated workers run the trainer on CPU
+    for k, v in sets.items():
+        args += ["--set", f"{k}={v}"]
+    r = cloud.cli(*args, cwd=tmp_path)
+    if r.returncode != 0:  # the workers' own logs say why
+        run_dir = Path(os.environ["TPUOPS_HOME"]) / "runs"
+        tails = [f"{p.name}: {p.read_text()[-1500:]}" for p in sorted(run_dir.glob("*/worker-*.log"))]
+        pytest.fail(f"exit {r.returncode}: {r.stderr[-1500:]}\n" + "\n".join(tails))
+    log = json.loads(r.stdout)["log"]
+    assert log["steps"] == 1 and not log["failures"]
+    assert log["start"]["process_count"] == "4"
+    assert log["start"]["mesh"] == "dp:2,fsdp:2,tp:1,slices:2"
+    assert log["exit_codes"] == {str(w): 0 for w in range(4)}
