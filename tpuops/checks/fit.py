@@ -225,7 +225,7 @@ def with_cost(result: dict[str, Any], region: str | None, endpoint: str | None =
     step_s, basis = step_seconds(result)
     steps = result.get("steps")
     return {**result, "cost": pricing.cost(step_s, steps if isinstance(steps, int) else None,
-                                           result["accelerator"], price, basis)}  # fmt: skip
+                                           result["accelerator"], price, basis, result.get("slices", 1))}  # fmt: skip
 
 
 def require_fit(result: dict[str, Any]) -> None:

@@ -188,9 +188,14 @@ def lookup(accelerator_type: str, region: str | None = None, endpoint: str | Non
     return from_table(family, region)
 
 
-def cost(step_s: float, steps: int | None, accelerator_type: str, price: Price, basis: str) -> dict[str, Any]:
-    """Dollars per step and per run, on demand and Spot: step seconds x chips x price per chip-hour."""
-    chips = accelerators.chips(accelerator_type)
+def cost(
+    step_s: float, steps: int | None, accelerator_type: str, price: Price, basis: str, slices: int = 1
+) -> dict[str, Any]:
+    """Dollars per step and per run, on demand and Spot: step seconds x chips x price per chip-hour (a multislice:
+    every slice's chips)."""
+    chips = accelerators.chips(accelerator_type) * slices
+    if slices > 1:
+        accelerator_type = f"{slices} x {accelerator_type}"
 
     def money(per_hour: float | None, n: float) -> float | None:
         return None if per_hour is None else round(step_s * n / 3600 * chips * per_hour, 6)

@@ -140,5 +140,8 @@ def test_two_slices_report_the_bytes_that_cross_dcn_and_their_time(tmp_path: Pat
     assert dcn["seconds"] == pytest.approx(dcn["bytes_per_host"] / 2.5e10)
     assert dcn["dominates"] == (dcn["seconds"] > dcn["step_bound_s"])
     assert "DCN (2 slices)" in r.stderr
+    assert (
+        result["cost"]["chips"] == 8 and result["cost"]["accelerator"] == "2 x v5e-4"
+    )  # both slices paid for
     bad = tpuops("fit", "tiny", "--accelerator", "v5e-4", "--slices", "0")
     assert bad.returncode == 2 and "--slices must be 1 or more, received 0" in bad.stderr
