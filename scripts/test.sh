@@ -16,4 +16,6 @@ cd "$(dirname "$0")/.."
   fi
   python3 -m pip install -q -e '.[trainer,test,tpu]'
 ) 9>"${TMPDIR:-/tmp}/tpuops-test-install-$(id -u).lock"
+# CI (.ci/run) type-checks before the tests, so the test runner's summary is the last line it prints.
+if [ "${TPUOPS_TYPECHECK:-0}" = 1 ]; then python3 -m mypy; fi
 exec python3 -m pytest "$@"
