@@ -351,7 +351,9 @@ def test_bench_rollout_compares_two_variants(vm2: Vm, tmp_path: Path) -> None:
     runs = Path(os.environ["TPUOPS_HOME"]) / "runs"
     for row, tokens in ((base, 8), (short, 4)):
         log = (runs / row["run_id"] / "worker-0.log").read_text().splitlines()
-        (config,) = [json.loads(ln.removeprefix("config: ")) for ln in log if ln.startswith("config: ")]
+        # The log's `config:` line is a short summary; the full JSON is fetched beside the log (config.json).
+        assert len([ln for ln in log if ln.startswith("config: ")]) == 1
+        config = json.loads((runs / row["run_id"] / "config.json").read_text())
         assert config["rollout"]["max_new_tokens"] == tokens
         (start,) = [ln for ln in log if ln.startswith("start: ")]
         assert f"process_count={workers} " in start  # one jax.distributed job over every worker
