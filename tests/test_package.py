@@ -80,7 +80,11 @@ def test_the_cli_s_imports_are_base_dependencies() -> None:
     for path in (REPO / "tpuops").rglob("*.py"):
         for line in path.read_text().splitlines():
             words = line.split()
-            if len(words) >= 2 and words[0] in ("import", "from") and not line.startswith((" " * 8 + "#", "#")):
+            if (
+                len(words) >= 2
+                and words[0] in ("import", "from")
+                and not line.startswith((" " * 8 + "#", "#"))
+            ):
                 found.add(words[1].split(".")[0].rstrip(","))
     third_party = {m for m in found if m not in sys.stdlib_module_names and m not in ("tpuops", "__future__")}
     missing = sorted(m for m in third_party if provides.get(m, m).lower() not in declared)

@@ -394,4 +394,6 @@ def test_json_rows_carry_the_learning_signals(tmp_path: Path) -> None:
     rows = json.loads(r.stdout)["report"]["rows"]
     assert r.returncode == 0 and [row["step"] for row in rows] == [0, 1, 2]
     assert rows[2]["entropy"] == 1.95 and rows[2]["grad_norm"] == 1.2 and rows[2]["kl_old"] == 0.002
-    assert rows[2]["clip_frac"] == 0.04 and rows[2]["reward_delta"] == 0.01 and rows[2]["tokens_per_s"] == 1520.0
+    assert (
+        rows[2]["clip_frac"] == 0.04 and rows[2]["reward_delta"] == 0.01 and rows[2]["tokens_per_s"] == 1520.0
+    )

@@ -33,7 +33,10 @@ def test_the_command_after_the_dashes_reaches_every_worker_word_for_word(tmp_pat
     dry = plan(tmp_path, "job", words, env='XLA_FLAGS="--a --b" DEBUG=1', args="--set 'name=my run'")
     text = render_plan(dry.plan)
     assert dry.values["cmd"] == list(words) and dry.values["env"] == ["XLA_FLAGS=--a --b", "DEBUG=1"]
-    quoted = """env  '"'"'XLA_FLAGS=--a --b'"'"' DEBUG=1 python -c '"'"'print("a b"); $(reboot)'"'"' --set lr=1e-4 --set '"'"'name=my run'"'"';"""
+    quoted = (
+        """env  '"'"'XLA_FLAGS=--a --b'"'"' DEBUG=1 python -c '"'"'print("a b"); $(reboot)'"'"' """
+        """--set lr=1e-4 --set '"'"'name=my run'"'"';"""
+    )
     assert text.count(quoted) == 2  # on w0 and w1, inside the detached job's own quoting
     assert (
         "s3cr3t" not in text
