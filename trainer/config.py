@@ -133,9 +133,8 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class MeshConfig:
-    dp: int = (
-        1  # data parallelism; on a multislice (MEGASCALE_NUM_SLICES) inside each slice, times the slices
-    )
+    # data parallelism; on a multislice (MEGASCALE_NUM_SLICES) this is inside each slice, times the slices
+    dp: int = 1
     fsdp: int = 0  # 0: every remaining device
     tp: int = 1
     devices: int = 0  # use the first N devices (0: all); tests compare 1 device with 8
