@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 # Sharding tests need 8 devices; everything else runs on device 0 of the same 8. These must be set before
 # the first `import jax` anywhere in the session, so they live at the top of the root conftest.
@@ -20,6 +22,17 @@ for _name, _value in {
 }.items():
     os.environ.setdefault(_name, _value)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# One persistent JAX compilation cache for the whole session, shared by every process the tests start (the
+# trainer, xdist workers inherit the environment; emulated sshd workers get it by SetEnv): the tiny model's programs are compiled once, not in
+# every test. A cache hit still logs `Compiling ...` under JAX_LOG_COMPILES, so the recompile checks see the same
+# lines. The controller (no PYTEST_XDIST_WORKER) makes it and removes it at the end; a caller's own dir is kept.
+_OWN_JAX_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ and "PYTEST_XDIST_WORKER" not in os.environ:
+    _OWN_JAX_CACHE = tempfile.mkdtemp(prefix="tpuops-tests-jax-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_JAX_CACHE
+    os.chmod(_OWN_JAX_CACHE, 0o777)  # emulated workers are other Unix users (tpuops/cloud/emulator/sshd.py)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
@@ -76,6 +89,11 @@ SLOW_MODULES = (
     "tests/trainer/test_tokenizer.py::test_the_fast_tokenizer_matches_autotokenizer_and_imports_no_torch",
     "tests/trainer/grpo/test_rewards.py::test_correctness_format_and_tags",
 )
+
+
+def pytest_unconfigure(config: object) -> None:
+    if _OWN_JAX_CACHE is not None:
+        shutil.rmtree(_OWN_JAX_CACHE, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: object, items: list) -> None:

@@ -34,10 +34,24 @@ AllowUsers {user}{allow_users}
 PrintMotd no
 PrintLastLog no
 AcceptEnv NONE
-MaxSessions 200
+{set_env}MaxSessions 200
 MaxStartups 200:30:400
 LogLevel ERROR
 """
+
+
+# The host's JAX compilation-cache settings reach every worker session (as a fleet sharing one cache bucket
+# would), so emulated workers reuse what the host or another worker compiled instead of each compiling again.
+SHARED_ENV = (
+    "JAX_COMPILATION_CACHE_DIR",
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES",
+)
+
+
+def _set_env_line() -> str:
+    shared = [f"{k}={os.environ[k]}" for k in SHARED_ENV if os.environ.get(k, "").strip()]
+    return f"SetEnv {' '.join(shared)}\n" if shared and all(" " not in v for v in shared) else ""
 
 
 def sshd_available() -> bool:
@@ -287,6 +301,7 @@ def start_worker(
                 authorized_keys=auth,
                 extra_listen="".join(f"ListenAddress {a}\n" for a in extra_listen),
                 allow_users="".join(f" {u}" for u in allow_users),
+                set_env=_set_env_line(),
                 keys_command=(
                     f"AuthorizedKeysCommand /bin/cat {keys_dir}/%u\nAuthorizedKeysCommandUser root\n"
                     if keys_dir is not None and os.geteuid() == 0
