@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Annotated
 
@@ -10,7 +11,7 @@ from typer.core import TyperCommand
 
 from tpuops.cli import options as o
 from tpuops.cli.command import App, SopCommand, sop_command
-from tpuops.cli.state import finish_json, run_sop
+from tpuops.cli.state import detach_on_sigint, finish_json, interrupted_line, run_sop
 
 SopNameArg = Annotated[
     str,
@@ -177,7 +178,9 @@ def attach(
     ] = False,
     raw: o.RawOpt = False,
 ) -> None:
-    """Resume following a detached run from where the last follow stopped; then fetch logs and report."""
+    """Resume following a detached run from where the last follow stopped; then fetch logs and report.
+
+    Ctrl-C detaches again (exit 130): the job goes on, and the line printed says how to reach it."""
     from tpuops import console
     from tpuops.logs.progress import Progress
     from tpuops.run import logreport
@@ -185,10 +188,21 @@ def attach(
 
     finish_json(json)
     console.raw_output(raw)
-    with console.Live(Progress.following() if console.live_wanted(json) else None) as live:
+    detach = threading.Event()  # the first Ctrl-C: stop following, the job goes on
+    with (
+        detach_on_sigint(detach),
+        console.Live(Progress.following() if console.live_wanted(json) else None) as live,
+    ):
         attached = library.attach(
-            run_id, on_line=live.line, stream="all" if all_workers else "first", from_start=from_start
+            run_id,
+            on_line=live.line,
+            stream="all" if all_workers else "first",
+            from_start=from_start,
+            detach=detach,
         )
+    if attached.detached:
+        console.event(interrupted_line(attached.run_id, "detached"))
+        raise typer.Exit(attached.code)
     for w, why in attached.lost.items():
         console.event(f"w{w}: could not follow the run: {why}")
     logreport.render(attached.log, attached.code, json, None, None)

@@ -22,7 +22,7 @@ from tpuops.run.target import open_transport, resolve, select_workers
 from tpuops.shell import Redactor
 from tpuops.sop.actions import Fetch, Follow
 from tpuops.sop.runs import run_dir
-from tpuops.transport.base import CmdResult, LineSink, Transport
+from tpuops.transport.base import CmdResult, Kind, LineSink, Transport
 
 
 @dataclass(frozen=True)
@@ -134,6 +134,7 @@ class Attached:
     code: int
     lost: dict[int, str]
     hint: str | None = None  # what to do about it (a recompile check that saw nothing: exit 13)
+    detached: bool = False  # Ctrl-C stopped following: the job goes on, nothing was fetched or recorded
 
 
 def attach(
@@ -143,8 +144,12 @@ def attach(
     stream: str = "first",
     timeout: float = 86400.0,
     from_start: bool = False,
+    detach: threading.Event | None = None,
 ) -> Attached:
-    """Follow a detached run from the byte offset already shown, fetch its logs, judge and record its end."""
+    """Follow a detached run from the byte offset already shown, fetch its logs, judge and record its end.
+
+    `detach`, set from outside (Ctrl-C), stops following at once: the job goes on, the offsets shown so far
+    are kept for the next attach, and nothing is fetched, judged or recorded (`Attached.detached`)."""
     rec = load(run_id)
     redact = rec.redactor()
     exits: dict[int, int | None] = {}
@@ -162,9 +167,12 @@ def attach(
         on_event=ended,
         offsets={} if from_start else saved_offsets(run_id),
         on_offset=None if from_start else OffsetWriter(run_id),
+        detach=detach or threading.Event(),
     )
     try:
         results = follower.follow_all(rec.workers, Follow(rec.remote_dir, stream=stream, timeout=timeout))
+        if follower.detach.is_set() or any(r.kind is Kind.DETACHED for r in results.values()):
+            return Attached(run_id, LogReport(), int(ExitCode.INTERRUPTED), {}, detached=True)
         for w in rec.workers:
             follower.fetch(w, Fetch(rec.remote_dir), user_config.state_home() / "runs")
     finally:

@@ -77,6 +77,19 @@ def test_ctrl_c_detaches_attach_resumes_and_runs_says_each_state(
         f"tpuops: detached: run {run_id} is still running on the workers; "
         f"follow it again with `tpuops attach {run_id}`, stop it with `tpuops stop {run_id}`"
     )
+    # Ctrl-C during `attach` detaches again, with the same line: the job goes on.
+    env = {**os.environ, "COLUMNS": "200"}
+    attaching = subprocess.Popen([sys.executable, "-m", "tpuops", "attach", run_id], cwd=tmp_path,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    shown += _wait_for_steps(attaching, 2)
+    t0 = time.monotonic()
+    attaching.send_signal(signal.SIGINT)
+    assert attaching.wait(timeout=30) == 130
+    assert time.monotonic() - t0 < 2.0
+    rest = attaching.stderr.read() if attaching.stderr else ""
+    shown += [ln.split("] ", 1)[1] for ln in rest.splitlines() if ln.startswith("[w0] step=")]
+    assert [ln for ln in rest.splitlines() if "detached:" in ln] == [line], rest
+    assert _states(tmp_path)[run_id]["status"] == "running"
     # `attach` resumes where the follow stopped: every line once.
     attached = _tpuops(tmp_path, "attach", run_id)
     assert attached.returncode == 0, attached.stderr

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -137,19 +139,66 @@ def test_a_conda_env_is_used_as_it_is_through_a_link_at_the_venv_path(tmp_path: 
     assert unknown.status == "failed" and unknown.detail.startswith("conda env nope not found on this worker")
 
 
-def test_uv_lock_without_uv_says_what_to_do_and_an_interpreter_path_is_used_as_it_is(tmp_path: Path) -> None:
+def test_uv_lock_without_uv_says_what_to_do_and_an_interpreter_path_is_used_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     t = LocalTransport(tmp_path / "vm")
     proj = t.home(0) / "proj"
     proj.mkdir(parents=True)
     (proj / "pyproject.toml").write_text(PYPROJECT.format(version="0.1"))
     (proj / "uv.lock").write_text("version = 1\n")
-    if subprocess.run(["sh", "-c", "command -v uv"], capture_output=True, check=False).returncode == 0:
-        pytest.skip("uv is installed here: the message for a worker without it cannot be seen")
+    # A worker without uv: this machine's PATH less every folder that has one (the test extra installs uv).
+    path = [d for d in os.environ["PATH"].split(os.pathsep) if not (Path(d) / "uv").exists()]
+    monkeypatch.setenv("PATH", os.pathsep.join(path))
     got = _env_step(t, "u1", min_python="")
     assert got.status == "failed"
     assert got.detail.startswith("the repository has uv.lock but uv is not on the worker's PATH"), got.detail
     as_is = _env_step(t, "u2", venv="none")
     assert as_is.status == "nothing" and as_is.data["env"] == "python" and not (t.home(0) / "venv").exists()
+
+
+UV_PROJECT = """[project]
+name = "proj"
+version = "0.1"
+requires-python = ">=3.10"
+dependencies = []
+
+[project.optional-dependencies]
+tools = []
+
+[tool.uv]
+package = false
+"""
+
+
+@pytest.mark.slow
+def test_a_repository_with_uv_lock_gets_its_venv_from_uv_sync_and_keeps_it_while_the_lock_is_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uv = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
+    assert Path(uv).exists(), "uv is in the test extra (pyproject.toml)"
+    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(uv).parent), os.environ["PATH"]]))
+    monkeypatch.setenv("UV_OFFLINE", "1")  # nothing downloads: the project has no dependencies to fetch
+    t = LocalTransport(tmp_path / "vm")
+    proj = t.home(0) / "proj"
+    proj.mkdir(parents=True)
+    (proj / "pyproject.toml").write_text(UV_PROJECT)
+    subprocess.run([uv, "lock", "-q"], cwd=proj, check=True, capture_output=True)  # the user's own lock
+    assert 'source = { virtual = "." }' in (proj / "uv.lock").read_text()
+
+    first = _env_step(t, "v1", extras="tools", min_python="")
+    assert first.status == "changed" and first.data["env"] == "uv", first.detail
+    assert first.data["versions"]["python"] == platform.python_version()
+    venv = t.home(0) / "venv"
+    assert (venv / "pyvenv.cfg").read_text().count("uv = ") == 1  # made by uv sync, not python -m venv
+    ran = subprocess.run([venv / "bin" / "python", "-c", "import sys; print(sys.prefix)"],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    assert Path(ran.stdout.strip()) == venv
+    again = _env_step(t, "v2", extras="tools", min_python="")
+    assert again.status == "nothing" and again.data["env"] == "uv", again.detail  # the same lock: reused
+    (proj / "pyproject.toml").write_text(UV_PROJECT.replace('version = "0.1"', 'version = "0.2"'))
+    subprocess.run([uv, "lock", "-q"], cwd=proj, check=True, capture_output=True)
+    assert _env_step(t, "v3", extras="tools", min_python="").status == "changed"  # a new lock: synced again
 
 
 def test_empty_extras_install_the_project_itself() -> None:
