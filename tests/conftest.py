@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 # Sharding tests need 8 devices; everything else runs on device 0 of the same 8. These must be set before
 # the first `import jax` anywhere in the session, so they live at the top of the root conftest.
@@ -23,14 +24,15 @@ for _name, _value in {
     os.environ.setdefault(_name, _value)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # One persistent JAX compilation cache for the whole session, shared by every process the tests start (the
-# trainer, xdist workers inherit the environment; emulated sshd workers get it by SetEnv): the tiny model's programs are compiled once, not in
-# every test. A cache hit still logs `Compiling ...` under JAX_LOG_COMPILES, so the recompile checks see the same
-# lines. The controller (no PYTEST_XDIST_WORKER) makes it and removes it at the end; a caller's own dir is kept.
+# trainer, xdist workers inherit the environment; emulated sshd workers get it by SetEnv): the tiny model's
+# programs are compiled once, not in every test. A cache hit still logs `Compiling ...` under JAX_LOG_COMPILES,
+# so the recompile checks see the same lines. The controller (no PYTEST_XDIST_WORKER) makes it and removes it at
+# the end; a caller's own dir is kept.
 _OWN_JAX_CACHE = None
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ and "PYTEST_XDIST_WORKER" not in os.environ:
     _OWN_JAX_CACHE = tempfile.mkdtemp(prefix="tpuops-tests-jax-cache-")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_JAX_CACHE
-    os.chmod(_OWN_JAX_CACHE, 0o777)  # emulated workers are other Unix users (tpuops/cloud/emulator/sshd.py)
+    Path(_OWN_JAX_CACHE).chmod(0o777)  # emulated workers are other Unix users (tpuops/cloud/emulator/sshd.py)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

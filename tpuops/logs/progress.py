@@ -69,6 +69,8 @@ class Progress:
                 self.phases[worker] = PHASES.get(kind, title)
                 if kind == "follow":  # a job started: its first step line is awaited from now
                     self.waiting_since = time.monotonic()
+            elif state.startswith("doing "):  # what a step is doing now (pip: the package it collects)
+                self.phases[worker] = f"{PHASES.get(kind, title)}: {state.removeprefix('doing ')}"
             elif state in ("ok", "changed", "nothing", "skipped"):
                 self.phases[worker] = (
                     "job ended" if kind == "follow" else f"{PHASES.get(kind, title)}: {DONE}"

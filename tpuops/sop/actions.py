@@ -7,6 +7,8 @@ from pathlib import Path
 
 from tpuops.logs.actions import Fetch, Follow
 
+DOING = "tpuops-doing: "  # a progress line of a Command with `progress` (not kept in the step's detail)
+
 
 @dataclass(frozen=True)
 class Command:
@@ -18,6 +20,9 @@ class Command:
     timeout: float | None = None
     stream: bool = False  # show each output line live, prefixed by its worker
     cancellable: bool = True  # False: runs to its end even when another worker failed (a job's start)
+    # Lines `tpuops-doing: WHAT` it prints say what it is doing now (the live status line shows them):
+    # `preparing venv: collecting jax>=0.4.35` while pip works.
+    progress: bool = False
 
     def render(self) -> str:
         names = [*self.env, *self.secret_env]

@@ -16,7 +16,7 @@ from tpuops.logs.events import Event
 from tpuops.logs.follow import Follower
 from tpuops.shell import MIN_SECRET_CHARS, Redactor
 from tpuops.sop import claim, secrets
-from tpuops.sop.actions import Action, Command, Fetch, Follow, Upload
+from tpuops.sop.actions import DOING, Action, Command, Fetch, Follow, Upload
 from tpuops.sop.loader import Sop
 from tpuops.sop.model import Outcome, PlanContext, Step
 from tpuops.sop.status import FAILED
@@ -383,7 +383,14 @@ class Executor:
                 self.on_phase(w, step.title, step.kind, "begin")
             try:
                 actions = step.plan(self._ctx(sop, w, n, run_id, values))
-                results = self._run_actions(w, actions, cancel)
+                doing = None
+                if self.on_phase is not None:
+                    on_phase = self.on_phase
+
+                    def doing(what: str, w: int = w) -> None:
+                        on_phase(w, step.title, step.kind, f"doing {self.redact(what)}")
+
+                results = self._run_actions(w, actions, cancel, doing)
                 outcome = step.outcome(results) if results or not actions else Outcome("ok")
                 sr.results[w] = results
             except TpuopsError as e:
@@ -401,12 +408,16 @@ class Executor:
         sr.duration_s = time.monotonic() - t0
         return sr
 
-    def _run_actions(self, w: int, actions: list[Action], cancel: Any) -> list[CmdResult]:
+    def _run_actions(
+        self, w: int, actions: list[Action], cancel: Any, doing: Callable[[str], None] | None = None
+    ) -> list[CmdResult]:
         results: list[CmdResult] = []
         for action in actions:
             if isinstance(action, Command):
                 env = {**action.env, **self._secret_values(action.secret_env)}
-                show = self._show if action.stream and self.on_line else None
+                show: LineSink | None = self._show if action.stream and self.on_line else None
+                if action.progress and doing is not None and show is None:
+                    show = _progress_sink(doing)
                 r = self.transport.run(
                     w,
                     action.script,
@@ -550,3 +561,13 @@ def _short(v: object) -> str:
     if isinstance(v, dict):
         return " ".join(f"{k}={x}" for k, x in v.items())
     return str(v)
+
+
+def _progress_sink(doing: Callable[[str], None]) -> LineSink:
+    """A command's `tpuops-doing: WHAT` lines, as they come, to the live status; other lines stay unshown."""
+
+    def sink(w: int, text: str) -> None:
+        if text.startswith(DOING):
+            doing(text[len(DOING) :].strip()[:80])
+
+    return sink

@@ -121,7 +121,7 @@ class PythonEnv(Step):
             if venv == "none":
                 lines.append("echo 'tpuops: env=python'")
         lines.append(f"{python_of(venv, py)} -c {shell.quote(_VERSIONS)}")
-        return [Command("\n".join(lines), timeout=self.timeout)]
+        return [Command("\n".join(lines), timeout=self.timeout, progress=True)]
 
     def _conda(self, name: str, venv: str) -> list[str]:
         v, n = shell.path(venv), shell.quote(name)
@@ -155,6 +155,7 @@ class PythonEnv(Step):
         )
         no_reqs = "no requirements file: pass --set requirements=FILE (relative to the repository)"
         return [
+            *_PIP_NAMED,
             f"mode={shell.quote(install)}",
             f"reqs={shell.quote(reqs)}",
             f"extras={shell.quote(extras)}",
@@ -182,9 +183,9 @@ class PythonEnv(Step):
             f"    {q} -m venv {v}",
             '    case "$mode" in',
             '    pyproject) if [ -n "$extras" ]; then spec=".[$extras]"; else spec=.; fi',
-            f'      {v}/bin/python -m pip install -q -e "$spec" ;;',
+            f'      pip_named {v}/bin/python -m pip install -e "$spec" ;;',
             '    requirements) set --; for f in $reqs; do set -- "$@" -r "$f"; done',
-            f'      {v}/bin/python -m pip install -q "$@" ;;',
+            f'      pip_named {v}/bin/python -m pip install "$@" ;;',
             "    *) echo 'tpuops: nothing to install (no pyproject.toml, uv.lock or requirements*.txt)' ;;",
             "    esac ;;",
             "  esac",
@@ -208,6 +209,24 @@ class PythonEnv(Step):
             detail if env is None else f"{detail} env={env}",
             {"versions": data, **({"env": env} if env else {})},
         )
+
+
+# pip install that names each package on stdout as pip collects it (`tpuops-doing: ...`, the live status line:
+# `preparing venv: collecting jax>=0.4.35`); pip's other lines go to stderr, its exit code is the function's.
+_PIP_NAMED = (
+    "pip_named() {",
+    '  rcf="$(mktemp)"',
+    '  { "$@" --progress-bar off 2>&1 && echo 0 > "$rcf" || echo $? > "$rcf"; } | while IFS= read -r l; do',
+    '    case "$l" in',
+    '      "Collecting "*|"Processing "*|"Obtaining "*) n="${l#* }"; n="${n%% *}"',
+    '        echo "tpuops-doing: collecting ${n##*/}" ;;',
+    '      "Installing collected packages: "*) echo "tpuops-doing: installing ${l#*: }" ;;',
+    "      *) printf '%s\\n' \"$l\" >&2 ;;",
+    "    esac",
+    "  done",
+    '  rc="$(cat "$rcf")"; rm -f "$rcf"; return "$rc"',
+    "}",
+)
 
 
 def _version_check(min_python: str) -> str:

@@ -81,11 +81,13 @@ def test_an_interpreter_older_than_the_project_needs_is_named_before_any_venv_is
     assert not (t.home(0) / "venv").exists()
 
 
-def _env_step(t: LocalTransport, run_id: str, **fields: str):
+def _env_step(t: LocalTransport, run_id: str, phases: list[str] | None = None, **fields: str):
     sop = Sop.model_validate({"name": "env", "steps": [
         {"kind": "python_env", "repo_dir": "~/proj", "venv": "~/venv", "python": sys.executable, **fields},
     ]})  # fmt: skip
-    return Executor(t).execute(sop, {}, run_id, [0]).steps[0].outcomes[0]
+    seen = phases if phases is not None else []
+    executor = Executor(t, on_phase=lambda w, title, kind, state: seen.append(state))
+    return executor.execute(sop, {}, run_id, [0]).steps[0].outcomes[0]
 
 
 @pytest.mark.slow
@@ -101,8 +103,14 @@ def test_a_repository_with_only_requirements_files_gets_a_venv_from_the_one_name
     (proj / "requirements-tpu.txt").write_text("./vendored/tinyreq\n")
     auto = _env_step(t, "r1", min_python="")  # no pyproject at the top: requirements.txt, as found
     assert auto.status == "changed" and auto.data["env"] == "requirements", auto.detail
-    named = _env_step(t, "r2", min_python="", install="requirements", requirements="requirements-tpu.txt")
+    phases: list[str] = []
+    named = _env_step(
+        t, "r2", phases, min_python="", install="requirements", requirements="requirements-tpu.txt"
+    )
     assert named.status == "changed" and named.detail.endswith("env=requirements"), named.detail
+    # The live status line hears what pip is doing, package by package, then the step's end.
+    assert phases[0] == "begin" and phases[-1] == "changed", phases
+    assert "doing collecting tinyreq" in phases and "doing installing tinyreq" in phases, phases
     venv_python = t.home(0) / "venv" / "bin" / "python"
     got = subprocess.run(
         [venv_python, "-c", "import tinyreq; print(tinyreq.ANSWER)"],
