@@ -7,6 +7,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
+
 # Sharding tests need 8 devices; everything else runs on device 0 of the same 8. These must be set before
 # the first `import jax` anywhere in the session, so they live at the top of the root conftest.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -33,6 +35,12 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ and "PYTEST_XDIST_WORKER" not i
     _OWN_JAX_CACHE = tempfile.mkdtemp(prefix="tpuops-tests-jax-cache-")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_JAX_CACHE
     Path(_OWN_JAX_CACHE).chmod(0o777)  # emulated workers are other Unix users (tpuops/cloud/emulator/sshd.py)
+# Where the shipped presets' background compiles (tests/fits.py) leave their results: one folder per session.
+if "TPUOPS_TESTS_SHIPPED_FITS" not in os.environ:
+    os.environ["TPUOPS_TESTS_SHIPPED_FITS"] = tempfile.mkdtemp(prefix="tpuops-tests-fits-")
+    _OWN_FITS: str | None = os.environ["TPUOPS_TESTS_SHIPPED_FITS"]
+else:
+    _OWN_FITS = None
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -93,14 +101,67 @@ SLOW_MODULES = (
 )
 
 
+class _ShippedFitsStarter:
+    """Starts the shipped presets' compiles (tests/fits.py) once per session when the test that reads them will
+    run: after -k/-m deselection, in this process when there are no xdist workers, else in the xdist controller
+    when a worker's collection has it. Each process moves that test last (the compiles get the whole session)."""
+
+    def __init__(self) -> None:
+        self.started: list = []
+
+    def start(self, ids: list[str]) -> None:
+        from tests import fits
+
+        if self.started or not any(i.endswith("::" + fits.TEST_NAME) for i in ids):
+            return
+        self.started.append(fits.ShippedFits(Path(os.environ["TPUOPS_TESTS_SHIPPED_FITS"]), dict(os.environ)))
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        from tests import fits
+
+        chosen = [item for item in items if item.name == fits.TEST_NAME]
+        for item in chosen:
+            items.remove(item)
+            items.append(item)
+        if chosen and not config.option.collectonly and not _xdist(config):  # else the controller starts them
+            self.start([item.nodeid for item in chosen])
+
+    def stop(self) -> None:
+        for started in self.started:
+            started.stop()
+
+
+class _XdistController:
+    def __init__(self, starter: _ShippedFitsStarter) -> None:
+        self.starter = starter
+
+    def pytest_xdist_node_collection_finished(self, node: object, ids: list[str]) -> None:
+        self.starter.start(ids)
+
+
+_STARTER = _ShippedFitsStarter()
+
+
+def _xdist(config: pytest.Config) -> bool:
+    """A pytest-xdist run: this process is one of its workers or its controller."""
+    return "PYTEST_XDIST_WORKER" in os.environ or getattr(config.option, "dist", "no") != "no"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_STARTER, "tpuops-shipped-fits")
+    if _xdist(config) and "PYTEST_XDIST_WORKER" not in os.environ:  # the controller
+        config.pluginmanager.register(_XdistController(_STARTER), "tpuops-shipped-fits-xdist")
+
+
 def pytest_unconfigure(config: object) -> None:
-    if _OWN_JAX_CACHE is not None:
-        shutil.rmtree(_OWN_JAX_CACHE, ignore_errors=True)
+    _STARTER.stop()
+    for own in (_OWN_JAX_CACHE, _OWN_FITS):
+        if own is not None:
+            shutil.rmtree(own, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: object, items: list) -> None:
-    import pytest
-
     slow = pytest.mark.slow
     for item in items:
         if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.nodeid.startswith(

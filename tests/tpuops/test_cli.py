@@ -278,7 +278,15 @@ def test_default_code_is_this_checkouts_pushed_head(git_remote: tuple[Path, str]
     bare, first = git_remote
     work = tmp_path / "work"
     subprocess.run(["git", "clone", "-q", str(bare), str(work)], check=True)
-    target = ["--host", "me@192.0.2.1:22", "--hostkey", "SHA256:" + "A" * 43, "--dry-run", "--json"]
+    target = [
+        "--host",
+        "me@192.0.2.1:22",
+        "--hostkey",
+        "SHA256:" + "A" * 43,
+        "--dry-run",
+        "--offline",
+        "--json",
+    ]
     pushed = tpuops("sop", "run", "sync", *target, cwd=work)
     assert pushed.returncode == 0, pushed.stderr
     values = json.loads(pushed.stdout)["values"]

@@ -83,7 +83,7 @@ def test_a_value_of_the_wrong_type_names_file_line_key_and_type(
 def test_a_bad_config_file_is_exit_2_with_one_line_on_the_command_line(tmp_path: Path) -> None:
     (tmp_path / "tpuops.toml").write_text('zone = "us-east1-d"\nparallel = "many"\n')
     r = subprocess.run(
-        [sys.executable, "-m", "tpuops", "sop", "run", "sync", "--host", "me@10.0.0.2", "--dry-run"],
+        [sys.executable, "-m", "tpuops", "sop", "run", "sync", "--host", "me@10.0.0.2", "--dry-run", "--offline"],
         cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert r.returncode == 2, r.stderr

@@ -110,7 +110,17 @@ RawOpt = Annotated[
         help="Workers' lines as they are, terminal control sequences included (shown escaped otherwise).",
     ),
 ]
-DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the exact per-worker plan; touch nothing.")]
+DryRunOpt = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="Print the exact per-worker plan; change nothing. It reads each worker (read-only) for the local "
+        "edits a git sync would discard, unless --offline.",
+    ),
+]
+OfflineOpt = Annotated[
+    bool, typer.Option("--offline", help="With --dry-run: the plan only, never connect to a worker.")
+]
 ForceOpt = Annotated[
     bool, typer.Option("--force", help="Stop processes holding the TPU before clearing its lock.")
 ]
@@ -199,6 +209,7 @@ class RunOptions:
     set_: SetOpt = None
     worker: WorkerOpt = "all"
     dry_run: DryRunOpt = False
+    offline: OfflineOpt = False
     json: JsonOpt = False
     force: ForceOpt = False
     keep_going: KeepGoingOpt = False

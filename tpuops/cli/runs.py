@@ -44,6 +44,7 @@ def run_named(
         command=tuple(command or ()),
         worker=opts.worker,
         dry_run=opts.dry_run,
+        offline=opts.offline,
         json=opts.json,
         force=opts.force,
         keep_going=opts.keep_going,
@@ -371,7 +372,7 @@ def bench_rollout(
     req = launch.RunRequest(
         sop="job" if cmd and sop == "grpo" else sop, sets=opts.sets(), target=target.spec(), worker=opts.worker,
         force=opts.force, keep_going=opts.keep_going, parallel=opts.parallel, skip_fit=skip_fit,
-        command=tuple(cmd or ()),
+        command=tuple(cmd or ()), inspect=opts.dry_run and not opts.offline,
     )  # fmt: skip
     if opts.dry_run:
         report.dry_runs(bench.plans(req, list(variant or [])), opts.json)

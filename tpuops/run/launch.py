@@ -21,7 +21,7 @@ from tpuops.run.result import RunResult, exit_code, unverified
 from tpuops.run.target import Target, connect_all, open_transport, resolve, select_workers
 from tpuops.shell import Redactor
 from tpuops.sop import loader
-from tpuops.sop.executor import Executor, Plan, SopReport, StepReport
+from tpuops.sop.executor import Executor, Plan, Preview, SopReport, StepReport
 from tpuops.transport.base import LineSink
 
 DRY_RUN_ID = "DRY-RUN"
@@ -34,6 +34,9 @@ class RunRequest:
     target: TargetSpec = field(default_factory=TargetSpec)
     worker: str = "all"
     dry_run: bool = False
+    # With dry_run: read each worker (read-only) for what the steps would change beyond the plan: the local edits
+    # a git sync would discard. The CLI's --dry-run does unless --offline; off, a dry run never connects.
+    inspect: bool = False
     force: bool = False
     keep_going: bool = False
     parallel: int | None = None
@@ -52,6 +55,7 @@ class DryRun:
     fit: str | None = None  # the fit preflight's verdict line
     target: Target | None = None  # what was resolved: a later run of the same request may reuse it
     estimate: dict[str, object] | None = None  # the fit's cost and predicted peak HBM (prepare.fit_preflight)
+    preview: list[Preview] = field(default_factory=list)  # what the workers were read to have (inspect)
 
 
 def new_run_id(sop: str) -> str:
@@ -244,7 +248,11 @@ def _execute(
         executor.detach = detach
     if req.dry_run:
         plan = executor.plan(sop, values, DRY_RUN_ID, workers)
-        return DryRun(sop.name, transport.name, workers, values, plan, fit_line, target, estimate)
+        try:  # read-only: what the steps would change beyond the plan (git sync's local edits)
+            preview = executor.preview(sop, values, DRY_RUN_ID, workers) if req.inspect else []
+        finally:
+            transport.close()
+        return DryRun(sop.name, transport.name, workers, values, plan, fit_line, target, estimate, preview)
     run_id = req.run_id or new_run_id(sop.name)
     _record(
         run_id,

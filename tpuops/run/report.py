@@ -109,6 +109,11 @@ def _dry_run_dict(dr: DryRun) -> dict[str, Any]:
             {"step": title, "workers": {str(w): [a.render() for a in acts] for w, acts in per.items()}}
             for title, per in dr.plan
         ],
+        # What the workers were read to have (unless --offline): git sync's files it would discard.
+        "preview": [
+            {"step": p.step, "worker": p.worker, "says": p.words[0], "found": p.found, "error": p.error}
+            for p in dr.preview
+        ],
     }
 
 
@@ -132,6 +137,8 @@ def dry_run(dr: DryRun, as_json: bool) -> None:
 
         err.print(escape(cost_line(cost)), highlight=False)
     out.out(render_plan(dr.plan), end="", highlight=False)
+    for p in dr.preview:  # after the plan, where the eye ends: what the run would discard on each worker
+        err.print(escape(p.line()), highlight=False)
 
 
 def dry_runs(labelled: list[tuple[str, DryRun]], as_json: bool) -> None:

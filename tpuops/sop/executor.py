@@ -101,6 +101,29 @@ class SopReport:
         return None
 
 
+@dataclass(frozen=True)
+class Preview:
+    """What a dry run read, read-only, on one worker for one step (git sync: the files it would discard)."""
+
+    step: str
+    worker: int
+    found: list[str]
+    error: str | None = None  # the worker could not be read: why (the plan stands; this part is unknown)
+    words: tuple[str, str] = ("found", "nothing found")  # the step's preview_words
+
+    def line(self) -> str:
+        if self.error is not None:
+            return f"w{self.worker} {self.step}: not read ({self.error})"
+        shown = ", ".join(f.strip() for f in self.found[:20]) + (
+            f" and {len(self.found) - 20} more" if len(self.found) > 20 else ""
+        )
+        return (
+            f"w{self.worker} {self.step}: {self.words[0]}: {shown}"
+            if self.found
+            else (f"w{self.worker} {self.step}: {self.words[1]}")
+        )
+
+
 @dataclass
 class Executor:
     transport: Transport
@@ -137,6 +160,40 @@ class Executor:
             (step.title, {w: step.plan(self._ctx(sop, w, n, run_id, values)) for w in workers})
             for step in sop.steps
         ]
+
+    def preview(self, sop: Sop, values: dict[str, object], run_id: str, workers: list[int]) -> list[Preview]:
+        """Each step's read-only preview on every worker, in parallel (a dry run's look at what it would change:
+        git sync's local edits). Nothing is written; a worker that cannot be read says why."""
+        n = len(self.transport.workers)
+        asks = [
+            (step, w, actions)
+            for step in sop.steps
+            for w in workers
+            if (actions := step.preview(self._ctx(sop, w, n, run_id, values)))
+        ]
+
+        def one(ask: tuple[Step, int, list[Action]]) -> Preview:
+            step, w, actions = ask
+            try:
+                results = self._run_actions(w, actions, threading.Event())
+            except TpuopsError as e:
+                return Preview(step.title, w, [], self.redact(e.line()), step.preview_words)
+            last = results[-1] if results else None
+            if last is None or not last.ok:
+                why = (
+                    "nothing ran"
+                    if last is None
+                    else last.error or last.stderr.strip() or f"exit {last.exit_code}"
+                )
+                return Preview(step.title, w, [], self.redact(why), step.preview_words)
+            return Preview(
+                step.title, w, [self.redact(x) for x in step.previewed(results)], None, step.preview_words
+            )
+
+        if not asks:
+            return []
+        with ThreadPoolExecutor(max_workers=max(1, min(self.parallel, len(asks)))) as pool:
+            return list(pool.map(one, asks))
 
     def _ctx(self, sop: Sop, worker: int, n: int, run_id: str, values: dict[str, object]) -> PlanContext:
         paths = frozenset(k for k, p in sop.params.items() if p.type == "path")

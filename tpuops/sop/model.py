@@ -200,6 +200,8 @@ class Step(Frozen):
     name: str | None = None
     always: bool = False  # run even after an earlier step failed (e.g. fetch the logs of a failed run)
     template_fields: ClassVar[tuple[str, ...]] = ()
+    # How a dry run names what preview() found, and says it found nothing.
+    preview_words: ClassVar[tuple[str, str]] = ("found", "nothing found")
 
     @property
     def title(self) -> str:
@@ -211,6 +213,15 @@ class Step(Frozen):
     def check(self, ctx: PlanContext) -> list[Action]:
         """Read-only commands that must pass on every worker before any step changes one (the executor runs
         every step's checks first: a refused start leaves each worker as it was). None by default."""
+        return []
+
+    def preview(self, ctx: PlanContext) -> list[Action]:
+        """Read-only commands a dry run may send to see what this step would change on a worker beyond what
+        its plan says (git sync: the local edits it would discard). None by default."""
+        return []
+
+    def previewed(self, results: list[CmdResult]) -> list[str]:
+        """What the preview found, a line per item (git sync: `git status --porcelain` lines)."""
         return []
 
     def check_outcome(self, results: list[CmdResult]) -> Outcome:

@@ -36,6 +36,10 @@ class GitSync(Step):
     stash: str = "~/tpuops/stash"
     timeout: float = 600.0
     template_fields: ClassVar[tuple[str, ...]] = ("repo", "ref", "dir", "keep", "stash")
+    preview_words: ClassVar[tuple[str, str]] = (
+        "would discard (copied to the stash first)",
+        "no local changes to discard",
+    )
 
     def plan(self, ctx: PlanContext) -> list[Action]:
         keep = [ctx.raw(k) for k in self.keep]
@@ -76,6 +80,20 @@ changed=1; [ "$cloned" = 0 ] && [ "$before" = "$after" ] && [ "$dirty" = 0 ] && 
 echo "tpuops: sha=$(git rev-parse --short HEAD) changed=$changed"
 """
         return [Command(script, timeout=self.timeout)]
+
+    def preview(self, ctx: PlanContext) -> list[Action]:
+        """`git status` of the checkout, read-only: each modified tracked and untracked file the reset and clean
+        would discard (and stash first), as the run would name them."""
+        kept = " ".join(shell.quote(f":(exclude){ctx.raw(k)}") for k in self.keep)
+        script = f"""dir={shell.path(ctx.raw(self.dir))}
+if [ -d "$dir/.git" ]; then cd "$dir" && git status --porcelain --untracked-files=all -- . {kept} | sed 's/^/tpuops: discard /'
+else echo "tpuops: absent"; fi
+"""
+        return [Command(script, timeout=30)]
+
+    def previewed(self, results: list[CmdResult]) -> list[str]:
+        out = results[-1].stdout.splitlines() if results else []
+        return [line.removeprefix("tpuops: discard ") for line in out if line.startswith("tpuops: discard ")]
 
     def outcome(self, results: list[CmdResult]) -> Outcome:
         if results and results[-1].kind is Kind.EXIT and results[-1].exit_code == UNKNOWN_REF_EXIT:

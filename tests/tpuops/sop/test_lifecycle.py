@@ -4,7 +4,10 @@ start, a full disk said as such, and local edits on a worker kept before a git s
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -269,6 +272,34 @@ def test_git_sync_names_and_stashes_local_edits_before_the_reset(
         assert Executor(t).execute(sop, {}, "sync-1", [0]).ok
         (w.home / "repo" / "train.py").write_text("print('edited on the VM')\n")
         (w.home / "repo" / "notes.txt").write_text("typed on the VM\n")
+        # A dry run reads (never writes) the same list first: the CLI's --dry-run, --json, and --offline.
+        before = _tree(w.home)
+        (sop_file := tmp_path / "s.yaml").write_text(json.dumps(sop.model_dump(exclude_none=True)))
+        argv = [
+            sys.executable,
+            "-m",
+            "tpuops",
+            "sop",
+            "run",
+            str(sop_file),
+            *sshd_pool.host_args([w]),
+            "--dry-run",
+        ]
+        dry = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path)
+        assert dry.returncode == 0, dry.stderr
+        assert dry.stderr.splitlines()[-1] == (
+            "w0 git_sync: would discard (copied to the stash first): M train.py, ?? notes.txt"
+        ), dry.stderr
+        as_json = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=120, check=False)
+        assert json.loads(as_json.stdout)["preview"] == [{
+            "step": "git_sync", "worker": 0, "says": "would discard (copied to the stash first)",
+            "found": [" M train.py", "?? notes.txt"], "error": None,
+        }]  # fmt: skip
+        offline = subprocess.run(
+            [*argv, "--offline", "--json"], capture_output=True, text=True, timeout=120, check=False
+        )
+        assert json.loads(offline.stdout)["preview"] == [] and offline.returncode == 0
+        assert _tree(w.home) == before  # read, not written: no stash, no fetch, no file touched
         report = Executor(t).execute(sop, {}, "sync-2", [0])
         outcome = report.steps[0].outcomes[0]
         assert outcome.status == "changed"
@@ -285,8 +316,19 @@ def test_git_sync_names_and_stashes_local_edits_before_the_reset(
         assert not (w.home / "repo" / "notes.txt").exists()
         again = Executor(t).execute(sop, {}, "sync-3", [0]).steps[0].outcomes[0]
         assert again.status == "nothing" and "discarded" not in again.data  # a clean checkout: nothing named
+        clean = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path)
+        assert clean.stderr.splitlines()[-1] == "w0 git_sync: no local changes to discard", clean.stderr
     finally:
         t.close()
+
+
+def _tree(home: Path) -> dict[str, tuple[int, str]]:
+    """Every file under a worker's home with its mtime and content hash (git's own index refresh excepted)."""
+    return {
+        str(p.relative_to(home)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in sorted(home.rglob("*"))
+        if p.is_file() and p.name != "index"
+    }
 
 
 def test_a_job_that_ends_at_once_leaves_no_holder_of_the_lock(tmp_path: Path) -> None:
