@@ -63,7 +63,7 @@ def test_sshd_killed_mid_run_loses_and_repeats_no_line(sshd_pool: SshdPool) -> N
     )
     thread.start()
     _until(lambda: len(seen) >= 5, "5 lines followed")
-    w.kill_sessions()  # every SSH session of the worker dies (the detached job does not)
+    w.drop_connections()  # every SSH session of the worker dies (the detached job does not)
     cut_at = len(seen)
     log = w.home / "runs" / "cut" / "worker-0.log"
     # The job goes on writing while the follower is cut off: lines it must later show, once and in order.

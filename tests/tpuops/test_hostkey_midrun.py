@@ -38,7 +38,7 @@ def test_a_host_key_changed_mid_run_ends_the_follow_with_exit_3_naming_both_keys
         while time.monotonic() < deadline:
             if proc.stderr.readline().startswith("[w0] step=3"):
                 break
-        workers[1].kill_sessions()  # the restart drops every session; the detached jobs go on
+        workers[1].drop_connections()  # the restart drops every session; the detached jobs go on
         workers[1].regenerate_host_key()
         new = workers[1].fingerprint
         t0 = time.monotonic()

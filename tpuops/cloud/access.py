@@ -26,7 +26,7 @@ def project_metadata(api: Api, notify: Notify) -> dict[str, str]:
     """The project's common instance metadata (Compute API `projects.get`); {} with a note when unreadable."""
     url = f"{api.endpoint or 'https://compute.googleapis.com'}/compute/v1/projects/{api.project}"
     try:
-        resp = http_session(api).get(url, timeout=30)
+        resp = authorized_http(api).get(url, timeout=30)
     except Exception as e:  # the network: decide from the VM's own metadata, as below
         notify(f"project metadata unreadable ({type(e).__name__}); deciding from the VM's metadata alone")
         return {}
@@ -43,7 +43,7 @@ def project_metadata(api: Api, notify: Notify) -> dict[str, str]:
     return {it["key"]: it.get("value", "") for it in items}
 
 
-def http_session(api: Api) -> Any:
+def authorized_http(api: Api) -> Any:
     """A requests session for the one Compute API read tpuops makes by hand (anonymous for an emulator)."""
     if api.endpoint:
         import requests

@@ -84,7 +84,7 @@ class Tunnels:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            start_new_session=True,  # its own group: close() stops gcloud and whatever it started
+            process_group=0,  # its own group: close() stops gcloud and whatever it started
         )
         with self._lock:
             self.procs.append(proc)

@@ -57,7 +57,7 @@ class LocalTransport:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            start_new_session=True,  # so a timeout can kill the whole process group
+            process_group=0,  # its own process group, so a timeout can kill the whole group
         )
         out: list[str] = []
         err: list[str] = []

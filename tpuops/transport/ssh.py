@@ -182,7 +182,7 @@ class SshTransport:
             connection = self._client(worker).get_transport()
             if connection is None:
                 raise paramiko.SSHException("the connection has no transport")
-            chan = connection.open_session(timeout=self.connect_timeout)
+            chan = connection.open_channel("session", timeout=self.connect_timeout)
             chan.exec_command(shell.with_stdin_env(command))
             chan.sendall(shell.env_script(env or {}))
             chan.shutdown_write()

@@ -183,7 +183,7 @@ def test_detached_run_survives_closing_the_connection(
     assert first.ok, first.first_failure()
     transport.close()  # the laptop goes away
     for w in workers:  # and every SSH session of the worker is dropped too
-        w.kill_sessions()
+        w.drop_connections()
         w.start()
     follow = sop.model_copy(update={"steps": sop.steps[4:]})
     seen: list[tuple[int, str]] = []

@@ -147,6 +147,6 @@ def _trust_local_repos(w: SshdWorker) -> None:
 
 def _power_off(w: SshdWorker) -> None:
     """What a preemption or deletion does to a worker: sshd and every process of the worker's user die."""
-    w.kill_sessions()
+    w.drop_connections()
     if os.geteuid() == 0:
         subprocess.run(["pkill", "-KILL", "-u", w.user], check=False, capture_output=True)

@@ -100,7 +100,7 @@ class SshdWorker:
             stdout=log,
             stderr=log,
             stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            process_group=0,  # its own group: stopping it never signals the tests
         )
         _wait_listening(self.port, self.proc)
 
@@ -127,7 +127,7 @@ class SshdWorker:
         self.host_public_key = " ".join(Path(f"{key}.pub").read_text().split()[:2])
         self.start()
 
-    def kill_sessions(self) -> None:
+    def drop_connections(self) -> None:
         """Drop every live SSH connection of this worker, as a network cut or an sshd crash would.
 
         Connection processes run in their own sessions, so this kills the listener's descendants by
