@@ -33,7 +33,7 @@ class TargetSettings(BaseModel):
     internal_ip: bool | None = None  # connect to the workers' internal IPs
     tunnel_through_iap: bool | None = None
     key_push: bool | None = None  # False: never change a VM's ssh-keys metadata (default True)
-    key_ttl_s: float | None = Field(default=None, gt=0)  # OS Login: the imported key expires after this
+    key_ttl: float | None = Field(default=None, gt=0)  # OS Login: the imported key expires after this (s)
 
 
 class UserConfig(TargetSettings):
@@ -80,11 +80,25 @@ def load(cwd: Path | None = None) -> UserConfig:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise UsageError(f"{path}: invalid TOML: {e}") from None
+        _spellings(path, text, data)
         _check(path, text, data)
         params = {**merged["params"], **data.get("params", {})}
         merged.update(data)
         merged["params"] = params
     return UserConfig(**merged)
+
+
+def _spellings(path: Path, text: str, data: dict[str, Any]) -> None:
+    """`key_ttl` as the --key-ttl flag takes it (seconds, or `30m`, `12h`, `7d`); `key_ttl_s`, its older name,
+    still read (in seconds)."""
+    if "key_ttl_s" in data:
+        if "key_ttl" in data:
+            raise UsageError(
+                f"{path}:{_line(text, 'key_ttl_s')}: key_ttl_s is the older name of key_ttl: keep one"
+            )
+        data["key_ttl"] = data.pop("key_ttl_s")
+    if isinstance(data.get("key_ttl"), str):
+        data["key_ttl"] = float(parse_duration(f"{path}:{_line(text, 'key_ttl')}: key_ttl", data["key_ttl"]))
 
 
 _TYPES = {
@@ -156,8 +170,8 @@ def _check_values(path: Path, text: str, data: dict[str, Any]) -> None:
         validators.number(data["parallel"], where("parallel"), minimum=1, above=False, integer=True)
     if "unreachable_s" in data:
         validators.number(data["unreachable_s"], where("unreachable_s"), minimum=1, above=False)
-    if "key_ttl_s" in data:
-        validators.number(data["key_ttl_s"], where("key_ttl_s"))
+    if "key_ttl" in data:
+        validators.number(data["key_ttl"], where("key_ttl"))
 
 
 @dataclass(frozen=True)
@@ -168,7 +182,7 @@ class TargetSpec:
     local: bool = False
     local_workers: int = 1
     hosts: tuple[str, ...] = ()
-    hostkeys: tuple[str, ...] = ()
+    hostkey: tuple[str, ...] = ()  # --hostkey, one fingerprint per host
     user: str | None = None
     identity: str | None = None
     vm: str | None = None
@@ -181,7 +195,7 @@ class TargetSpec:
     key_push: bool | None = (
         None  # False: never change a VM's ssh-keys metadata (fail when the key is missing)
     )
-    key_ttl_s: float | None = None  # OS Login: the imported key expires after this long
+    key_ttl: float | None = None  # OS Login: the imported key expires after this long
 
     @property
     def kind(self) -> str:
@@ -197,7 +211,7 @@ class TargetSpec:
             local=self.local,
             local_workers=self.local_workers,
             hosts=self.hosts,
-            hostkeys=self.hostkeys,
+            hostkey=self.hostkey,
             user=self.user or cfg.user,
             identity=self.identity or cfg.identity,
             vm=vm,
@@ -208,7 +222,7 @@ class TargetSpec:
             connect_timeout=self.connect_timeout,
             tunnel_through_iap=_given(self.tunnel_through_iap, cfg.tunnel_through_iap, default=False),
             key_push=_given(self.key_push, cfg.key_push, default=True),
-            key_ttl_s=self.key_ttl_s or cfg.key_ttl_s,
+            key_ttl=self.key_ttl or cfg.key_ttl,
         )
 
 
@@ -282,7 +296,7 @@ def target_from_options(
         local=local,
         local_workers=local_workers,
         hosts=tuple(host or ()),
-        hostkeys=tuple(hostkey or ()),
+        hostkey=tuple(hostkey or ()),
         user=user,
         identity=identity,
         vm=vm,
@@ -292,7 +306,7 @@ def target_from_options(
         api_endpoint=api_endpoint,
         tunnel_through_iap=tunnel_through_iap,
         key_push=key_push,
-        key_ttl_s=parse_duration("--key-ttl", key_ttl) if key_ttl else None,
+        key_ttl=parse_duration("--key-ttl", key_ttl) if key_ttl else None,
     )
 
 

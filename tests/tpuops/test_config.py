@@ -61,7 +61,8 @@ def test_unknown_key_names_the_closest(tmp_path: Path) -> None:
             "tpuops.toml:3: internal_ip = 'no'",
             "internal_ip takes true or false",
         ),
-        ('key_ttl_s = "12h"\n', "tpuops.toml:1: key_ttl_s", "received '12h'"),
+        ('key_ttl = "12 parsecs"\n', "tpuops.toml:1: key_ttl '12 parsecs' is not a duration", ""),
+        ("key_ttl = 60\nkey_ttl_s = 60\n", "tpuops.toml:2: key_ttl_s is the older name of key_ttl", ""),
         (
             'vm = "x"\ntunnel_through_iap = 1\n',
             "tpuops.toml:2: tunnel_through_iap = 1",
@@ -78,6 +79,13 @@ def test_a_value_of_the_wrong_type_names_file_line_key_and_type(
     with pytest.raises(UsageError) as e:
         config.load(tmp_path)
     assert line in e.value.line() and expected in e.value.line() and e.value.exit_code == 2
+
+
+def test_key_ttl_reads_as_the_flag_does_and_its_older_name_still_reads(tmp_path: Path) -> None:
+    (tmp_path / "tpuops.toml").write_text('key_ttl = "12h"\n')
+    assert config.load(tmp_path).key_ttl == 43200 == TargetOptions(vm="v", key_ttl="12h").spec().key_ttl
+    (tmp_path / "tpuops.toml").write_text("key_ttl_s = 600\n")
+    assert config.load(tmp_path).key_ttl == 600
 
 
 def test_a_bad_config_file_is_exit_2_with_one_line_on_the_command_line(tmp_path: Path) -> None:

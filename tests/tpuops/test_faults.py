@@ -116,7 +116,7 @@ def test_32_workers_one_unreachable_fail_fast_names_it_keep_going_finishes(
     workers[17].stop()
     spec = TargetSpec(
         hosts=tuple(f"{w.user}@127.0.0.1:{w.port}" for w in workers),
-        hostkeys=tuple(w.fingerprint for w in workers),
+        hostkey=tuple(w.fingerprint for w in workers),
         identity=str(sshd_pool.key),
         connect_timeout=2.0,
     )

@@ -49,7 +49,7 @@ def test_bad_names_and_numbers_on_the_command_line(argv: list[str], says: str, t
         ("parallel = 2.5", "parallel must be a finite whole number >= 1, received 2.5"),
         ('unreachable_s = "soon"', "unreachable_s must be a finite number >= 1, received 'soon'"),
         ("unreachable_s = nan", "unreachable_s must be a finite number >= 1, received nan"),
-        ("key_ttl_s = -5", "key_ttl_s must be a finite number > 0, received -5"),
+        ("key_ttl = -5", "key_ttl must be a finite number > 0, received -5"),
         ('zone = "us/east1"', "zone 'us/east1' is not a valid zone name"),
         ('vm = "a b"', "vm 'a b' is not a valid vm name"),
     ],

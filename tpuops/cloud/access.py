@@ -78,7 +78,7 @@ def authorize(
     *,
     user: str | None,
     key_push: bool,
-    key_ttl_s: float | None,
+    key_ttl: float | None,
     notify: Notify,
 ) -> Authorized:
     """Make the VM accept `identity`; says in one line which way was used."""
@@ -86,7 +86,7 @@ def authorize(
     if oslogin_enabled(project_md, vm.metadata):
         from tpuops.cloud.oslogin import import_key
 
-        posix, who = import_key(api.project, api.endpoint, identity.public, key_ttl_s, user)
+        posix, who = import_key(api.project, api.endpoint, identity.public, key_ttl, user)
         if user and user != posix:
             notify(f"OS Login: using the POSIX user {posix} instead of --user {user}")
         notify(

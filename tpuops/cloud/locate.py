@@ -193,11 +193,11 @@ def workers_of(
     vm: VmInfo, attrs: list[dict[str, dict[str, str]]], spec: TargetSpec, notify: Notify
 ) -> list[Worker]:
     """Workers in index order, each with its internal IP (the multi-host coordinator's address). A user-given
-    fingerprint (spec.hostkeys) overrides the guest attributes; with an emulator endpoint the emulator's
+    fingerprint (spec.hostkey) overrides the guest attributes; with an emulator endpoint the emulator's
     namespace supplies each worker's sshd port (and, for metadata keys, its Unix user)."""
-    if spec.hostkeys and len(spec.hostkeys) != len(vm.workers):
-        raise UsageError(f"got {len(spec.hostkeys)} host keys for {vm.name}'s {len(vm.workers)} workers")
-    pins = list(spec.hostkeys) if spec.hostkeys else pinned_fingerprints(attrs)
+    if spec.hostkey and len(spec.hostkey) != len(vm.workers):
+        raise UsageError(f"got {len(spec.hostkey)} host keys for {vm.name}'s {len(vm.workers)} workers")
+    pins = list(spec.hostkey) if spec.hostkey else pinned_fingerprints(attrs)
     pins += [None] * (len(vm.workers) - len(pins))
     workers = []
     for w, pin in zip(vm.workers, pins, strict=True):
@@ -280,7 +280,7 @@ class Reach:
             identity,
             user=self.spec.user,
             key_push=self.spec.key_push is not False,  # None: not given, the default is to push
-            key_ttl_s=self.spec.key_ttl_s,
+            key_ttl=self.spec.key_ttl,
             notify=self.notify,
         )
         workers = []

@@ -101,7 +101,7 @@ def resolve(
     if spec.kind == "local":
         return Target(spec, cfg)
     if spec.kind == "ssh":
-        return Target(spec, cfg, tuple(parse_hosts(spec.hosts, spec.hostkeys, spec.user)))
+        return Target(spec, cfg, tuple(parse_hosts(spec.hosts, spec.hostkey, spec.user)))
     from tpuops.cloud.locate import reach
 
     found = reach(spec, notify, api)

@@ -132,14 +132,14 @@ def test_user_fingerprint_overrides_guest_attributes(cloud: Cloud, vm_name: str)
     rec = next(r for k, r in cloud.emu.model.nodes.items() if k.endswith(f"/{vm_name}"))
     wrong = "SHA256:" + "A" * 43
     with pytest.raises(HostKeyError, match="expected SHA256:AAAA"):
-        _transport(cloud, _spec(cloud, vm_name, hostkeys=(wrong,))).connect(0)
-    t = _transport(cloud, _spec(cloud, vm_name, hostkeys=(rec.workers[0].fingerprint,)))
+        _transport(cloud, _spec(cloud, vm_name, hostkey=(wrong,))).connect(0)
+    t = _transport(cloud, _spec(cloud, vm_name, hostkey=(rec.workers[0].fingerprint,)))
     try:
         assert t.run(0, "echo ok").stdout == "ok\n"
     finally:
         t.close()
     with pytest.raises(UsageError, match=r"got 2 host keys for .*'s 1 workers"):
-        locate.locate_workers(_spec(cloud, vm_name, hostkeys=(wrong, wrong)))
+        locate.locate_workers(_spec(cloud, vm_name, hostkey=(wrong, wrong)))
 
 
 def test_internal_ip_on_request(cloud: Cloud, vm_name: str) -> None:

@@ -122,7 +122,7 @@ def test_os_login_project_imports_the_key_and_logs_in_as_the_posix_user(
     create_vm(api, CreateRequest(vm_name, "v4-8", RUNTIME, (ZONE,), ssh_keys=f"alice:{cloud.public}"))
     before = get_vm(api, ZONE, vm_name).metadata
     n = len(cloud.emu.model.requests)
-    t, _ = _transport(cloud, _spec(cloud, project, vm_name, key_ttl_s=3600.0))
+    t, _ = _transport(cloud, _spec(cloud, project, vm_name, key_ttl=3600.0))
     try:
         posix = t.run(0, "whoami").stdout.strip()
     finally:
@@ -287,7 +287,7 @@ def test_key_ttl_and_route_options_are_checked() -> None:
     from tpuops.config import target_from_options as target
     from tpuops.errors import UsageError
 
-    assert target(vm="v", key_ttl="12h").key_ttl_s == 43200
+    assert target(vm="v", key_ttl="12h").key_ttl == 43200
     with pytest.raises(UsageError, match="--key-ttl '12 parsecs' is not a duration"):
         target(vm="v", key_ttl="12 parsecs")
     with pytest.raises(UsageError, match="--tunnel-through-iap and --internal-ip were both given"):

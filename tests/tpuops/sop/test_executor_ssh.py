@@ -20,7 +20,7 @@ from tpuops.run.launch import RunRequest
 def spec_for(pool: SshdPool, workers: list) -> TargetSpec:
     return TargetSpec(
         hosts=tuple(f"{w.user}@127.0.0.1:{w.port}" for w in workers),
-        hostkeys=tuple(w.fingerprint for w in workers),
+        hostkey=tuple(w.fingerprint for w in workers),
         identity=str(pool.key),
     )
 
@@ -224,7 +224,7 @@ def test_hostile_set_value_is_inert(
 def test_host_key_mismatch_is_refused_before_any_step(sshd_pool: SshdPool, tmp_path: Path) -> None:
     a, b = sshd_pool.take(2)
     spec = TargetSpec(
-        hosts=(f"{a.user}@127.0.0.1:{a.port}",), hostkeys=(b.fingerprint,), identity=str(sshd_pool.key)
+        hosts=(f"{a.user}@127.0.0.1:{a.port}",), hostkey=(b.fingerprint,), identity=str(sshd_pool.key)
     )
     with pytest.raises(HostKeyError) as e:
         launch.start(RunRequest(sop="exec", sets={"cmd": "touch ~/ran"}, target=spec), cwd=tmp_path)
