@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tpuops.cloud.client import Api, ApiNotFoundError, api_error
-from tpuops.errors import CloudError, CommandTimeoutError, PreemptedError
+from tpuops.errors import CloudError, CommandTimeoutError
 
 ZONE_SEARCH_WIDTH = (
     10  # zones listed at once: requests' connection pool size (no socket opened to be dropped)
@@ -234,35 +233,6 @@ def wait_op(api: Api, op: Any, what: str, timeout: float) -> Any:
         if not op.operation.done:  # the poll itself failed (a 403...), not the operation
             raise api_error(f"poll {what}", e) from None
     return op.operation  # done; an operation that failed carries its `error` (the caller reads it)
-
-
-def wait_vm(api: Api, zone: str, name: str, state: str, timeout: float) -> VmInfo | None:
-    """Poll until the VM is in `state` (DELETED: gone), reporting each change; PREEMPTED ends a wait for
-    READY; the wait is bounded by `timeout` and the error names the state it was last seen in."""
-    start = time.monotonic()
-    deadline, interval, seen = start + timeout, 0.05, ""
-    while True:
-        try:
-            vm: VmInfo | None = get_vm(api, zone, name)
-        except ApiNotFoundError:
-            if state != "DELETED":
-                raise
-            vm = None
-        now = vm.state if vm else "DELETED"
-        if now != seen:
-            api.notify(f"{name}: {now} after {time.monotonic() - start:.1f}s")
-            seen = now
-        if now == state:
-            return vm
-        if now == "PREEMPTED" and state == "READY":
-            raise PreemptedError(
-                f"{name} in {zone} was preempted",
-                hint=f"recreate it: tpuops vm delete {name} && tpuops vm create {name} ...",
-            )
-        if time.monotonic() > deadline:
-            raise CommandTimeoutError(f"{name} still {now} after {timeout:.0f}s (waiting for {state})")
-        time.sleep(interval)
-        interval = min(5.0, interval * 1.5)
 
 
 def delete_vm(api: Api, zone: str, name: str, timeout: float) -> None:

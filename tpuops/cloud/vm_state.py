@@ -34,11 +34,9 @@ class _NotYetError(Exception):
 
 
 def wait_state(api: Api, zone: str, name: str, kind: str, state: str, timeout: float) -> VmInfo | None:
-    """Poll until the VM is in `state` (DELETED: gone), saying each change; PREEMPTED ends a wait for READY.
-    Cloud TPU nodes: tpu_api.wait_vm. Compute Engine: google.api_core's Retry does the polling (backoff 0.05 s
-    x1.5 up to 5 s, bounded by `timeout`); the error names the state last seen."""
-    if kind == "node":
-        return tpu_api.wait_vm(api, zone, name, state, timeout)
+    """Poll until the VM (of either API) is in `state` (DELETED: gone), saying each change; PREEMPTED ends a
+    wait for READY. google.api_core's Retry does the polling (backoff 0.05 s x1.5 up to 5 s, bounded by
+    `timeout`); the error names the state last seen."""
     from google.api_core import exceptions as gexc
     from google.api_core import retry as gretry
 

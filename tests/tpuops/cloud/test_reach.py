@@ -17,7 +17,8 @@ from tpuops.cloud.client import Api, connect
 from tpuops.cloud.create import CreateRequest, create_vm
 from tpuops.cloud.emulator.sshd import client_keypair
 from tpuops.cloud.keys import default_user, ensure_identity
-from tpuops.cloud.tpu_api import get_vm, wait_vm
+from tpuops.cloud.tpu_api import get_vm
+from tpuops.cloud.vm_state import wait_state
 from tpuops.config import TargetSpec
 from tpuops.errors import ConnectError, PermissionDeniedError
 from tpuops.run.result import RunResult
@@ -161,7 +162,7 @@ def test_instance_metadata_overrides_the_project_os_login(
             "metadata": {"enable-oslogin": "false"},
         },
     )
-    wait_vm(api, ZONE, vm_name, "READY", 60)
+    wait_state(api, ZONE, vm_name, "node", "READY", 60)
     t, _ = _transport(cloud, _spec(cloud, project, vm_name))
     try:
         assert t.run(0, "true").ok
@@ -179,7 +180,7 @@ def _internal_only(cloud: Cloud, project: str, name: str) -> None:
         "network_config": {"network": "default", "enable_external_ips": False},
     }
     api.call("create", api.client.create_node, parent=api.parent(ZONE), node_id=name, node=node)
-    wait_vm(api, ZONE, name, "READY", 60)
+    wait_state(api, ZONE, name, "node", "READY", 60)
 
 
 def test_internal_only_vm_is_reached_through_the_iap_tunnel(

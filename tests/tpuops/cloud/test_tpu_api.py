@@ -9,6 +9,7 @@ import pytest
 from tests.tpuops.cloud.conftest import Cloud
 from tpuops.cloud import tpu_api
 from tpuops.cloud.create import CreateRequest, create_vm
+from tpuops.cloud.vm_state import wait_state
 from tpuops.errors import CloudError, CommandTimeoutError, PreemptedError, UsageError
 
 
@@ -115,12 +116,12 @@ def test_wait_reports_preemption_and_deletion(cloud: Cloud, vm_name: str) -> Non
     cloud.emu.admin("preempt", node=vm_name)
     assert tpu_api.get_vm(api, "us-east1-d", vm_name).state == "PREEMPTED"
     with pytest.raises(PreemptedError, match="was preempted") as e:
-        tpu_api.wait_vm(api, "us-east1-d", vm_name, "READY", timeout=5)
+        wait_state(api, "us-east1-d", vm_name, "node", "READY", timeout=5)
     assert "recreate" in (e.value.hint or "")
     with pytest.raises(CommandTimeoutError, match="still PREEMPTED after 0s"):
-        tpu_api.wait_vm(api, "us-east1-d", vm_name, "STOPPED", timeout=0.2)
+        wait_state(api, "us-east1-d", vm_name, "node", "STOPPED", timeout=0.2)
     cloud.emu.model.delete_node(tpu_api.node_name(api, "us-east1-d", vm_name))
-    assert tpu_api.wait_vm(api, "us-east1-d", vm_name, "DELETED", timeout=10) is None
+    assert wait_state(api, "us-east1-d", vm_name, "node", "DELETED", timeout=10) is None
     assert any("DELETED" in n for n in cloud.notes)
 
 
@@ -143,5 +144,5 @@ def test_queued_without_wait_returns_the_queue_state_then_the_node_comes_up(
     while not any(n.endswith(f"/nodes/{vm_name}") for n in cloud.emu.model.nodes):
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    ready = tpu_api.wait_vm(cloud.api(), "us-east5-a", vm_name, "READY", timeout=10)
+    ready = wait_state(cloud.api(), "us-east5-a", vm_name, "node", "READY", timeout=10)
     assert ready is not None and len(ready.workers) == 1
