@@ -42,7 +42,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def project(cloud: Cloud) -> Iterator[str]:
     """A project of this test's own (its metadata, e.g. enable-oslogin, touches no other test)."""
-    name = f"p{os.getpid() % 1000}-{next(_projects)}"
+    name = f"proj-{os.getpid() % 1000:03d}-{next(_projects)}"  # a valid project id: 6-30 characters
     yield name
     model = cloud.emu.model
     with model.lock:
