@@ -4,6 +4,7 @@ a bare clone of this checkout's HEAD."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -54,6 +55,20 @@ class Cloud:
             timeout=120,
             stdin=subprocess.DEVNULL,
         )
+
+    def run_grpo(self, vm: str, zone: str, sets: dict[str, str], cwd: Path) -> dict:
+        """`tpuops run grpo --vm VM --json` with these --set values; its JSON report, or the test fails with
+        the workers' own log tails. --skip-fit: emulated workers run the trainer on CPU (fit: test_fit.py)."""
+        args = ["run", "grpo", "--vm", vm, "--zone", zone, "--identity", str(self.identity), "--json"]
+        args.append("--skip-fit")
+        for k, v in sets.items():
+            args += ["--set", f"{k}={v}"]
+        r = self.cli(*args, cwd=cwd)
+        if r.returncode != 0:  # the workers' own logs say why
+            run_dir = Path(os.environ["TPUOPS_HOME"]) / "runs"
+            tails = [f"{p.name}: {p.read_text()[-1500:]}" for p in sorted(run_dir.glob("*/worker-*.log"))]
+            pytest.fail(f"exit {r.returncode}: {r.stderr[-1500:]}\n" + "\n".join(tails))
+        return json.loads(r.stdout)
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -40,27 +39,7 @@ def test_run_grpo_on_an_emulated_vm(
         "data_dir": str(DATA), "steps": "2", "lockfile": "~/libtpu_lockfile", "coordinator_port": str(free_port()),
         "config": "tiny", "train.prompts_per_step": "2", "log.output_dir": "~/trainer-out",
     }  # fmt: skip
-    # --skip-fit: the emulated workers run the trainer on CPU (the fit preflight is tested in test_fit.py).
-    args = [
-        "run",
-        "grpo",
-        "--vm",
-        vm_name,
-        "--zone",
-        ZONE,
-        "--identity",
-        str(cloud.identity),
-        "--json",
-        "--skip-fit",
-    ]
-    for k, v in sets.items():
-        args += ["--set", f"{k}={v}"]
-    r = cloud.cli(*args, cwd=tmp_path)
-    if r.returncode != 0:  # the workers' own logs say why
-        run_dir = Path(os.environ["TPUOPS_HOME"]) / "runs"
-        tails = [f"{p.name}: {p.read_text()[-1500:]}" for p in sorted(run_dir.glob("*/worker-*.log"))]
-        pytest.fail(f"exit {r.returncode}: {r.stderr[-1500:]}\n" + "\n".join(tails))
-    data = json.loads(r.stdout)
+    data = cloud.run_grpo(vm_name, ZONE, sets, tmp_path)
     assert data["workers"] == list(range(workers))
     log = data["log"]
     assert log["steps"] == 2 and not log["failures"]

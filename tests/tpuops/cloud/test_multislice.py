@@ -4,11 +4,8 @@ target in slice order, MEGASCALE_* on every worker, and a preemption of any slic
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
-
-import pytest
 
 from tests.data import DATA
 from tests.tpuops.cloud.conftest import Cloud
@@ -114,16 +111,7 @@ def test_the_default_job_runs_across_two_slices_of_two_workers(
         "data_dir": str(DATA), "steps": "1", "lockfile": "~/libtpu_lockfile", "coordinator_port": str(free_port()),
         "config": "tiny", "train.prompts_per_step": "4", "log.output_dir": "~/trainer-out",
     }  # fmt: skip
-    args = ["run", "grpo", "--vm", vm_name, "--zone", ZONE, "--identity", str(cloud.identity), "--json"]
-    args.append("--skip-fit")  # the emulated workers run the trainer on CPU
-    for k, v in sets.items():
-        args += ["--set", f"{k}={v}"]
-    r = cloud.cli(*args, cwd=tmp_path)
-    if r.returncode != 0:  # the workers' own logs say why
-        run_dir = Path(os.environ["TPUOPS_HOME"]) / "runs"
-        tails = [f"{p.name}: {p.read_text()[-1500:]}" for p in sorted(run_dir.glob("*/worker-*.log"))]
-        pytest.fail(f"exit {r.returncode}: {r.stderr[-1500:]}\n" + "\n".join(tails))
-    log = json.loads(r.stdout)["log"]
+    log = cloud.run_grpo(vm_name, ZONE, sets, tmp_path)["log"]
     assert log["steps"] == 1 and not log["failures"]
     assert log["start"]["process_count"] == "4"
     assert log["start"]["mesh"] == "dp:2,fsdp:2,tp:1,slices:2"
