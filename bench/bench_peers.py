@@ -49,7 +49,7 @@ def trainer_config(w: Mapping[str, Any], out: str) -> Any:
         "data.task=gsm8k", f"data.root={FIXTURES}", f"data.prompt_buckets={w['prompt_len']}",
         "data.fixed_bucket=true", f"rollout.samples_per_prompt={w['samples']}",
         f"rollout.max_new_tokens={w['new_tokens']}", f"rollout.temperature={w['temperature']}",
-        f"train.prompts_per_step={w['prompts']}", f"train.micro_batch={w['prompts'] * w['samples']}",
+        f"train.prompts_per_step={w['prompts']}", f"train.micro_batch={w['micro_batch'] or w['prompts'] * w['samples']}",
         f"train.steps={w['steps']}", f"train.learning_rate={w['learning_rate']}", "train.warmup_steps=0",
         "loss.beta=0", "log.wandb=disabled", f"log.output_dir={out}", "eval.every=0",
     ]  # fmt: skip
@@ -120,7 +120,9 @@ def run_tunix(python: Path, spec: dict[str, Any], platform: str) -> dict[str, An
     for line in proc.stdout.splitlines():
         if line.startswith("peers_tunix: "):
             return json.loads(line.removeprefix("peers_tunix: "))
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+    tail = [x for x in (proc.stderr or proc.stdout).strip().splitlines() if not x.lstrip().startswith("@")][
+        -25:
+    ]
     lines = "\n".join(tail)
     raise SystemExit(f"bench_peers: the tunix run gave no result (exit {proc.returncode}):\n{lines}")
 
@@ -135,9 +137,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument(
+        "--micro-batch",
+        type=int,
+        default=0,
+        help="sequences per gradient-accumulation micro-batch, both sides (0: the whole batch)",
+    )
     ap.add_argument("--steps", type=int, default=5, help="per run; the first (compiles) is not timed")
     ap.add_argument("--rounds", type=int, default=2, help="runs of each side, in ABBA order")
     ap.add_argument("--platform", default="cpu", help="JAX_PLATFORMS for both sides ('' = JAX's choice)")
+    ap.add_argument(
+        "--only", choices=["trainer", "tunix"], help="run one side (no ratio): e.g. one at a time on a GPU"
+    )
     ap.add_argument("--json", type=Path, help="also write the result here")
     args = ap.parse_args(argv)
     if args.setup:
@@ -154,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.model.config import preset
 
     w = {"prompts": args.prompts, "samples": args.samples, "prompt_len": args.prompt_len,
-         "new_tokens": args.new_tokens, "steps": args.steps, "temperature": 1.0, "learning_rate": 1e-4,
+         "new_tokens": args.new_tokens, "micro_batch": args.micro_batch, "steps": args.steps, "temperature": 1.0,
+         "learning_rate": 1e-4,
          "preset": args.preset, "dtype": args.dtype}  # fmt: skip
     device = jax.devices()[0].device_kind
     rounds: list[dict[str, dict[str, Any]]] = []
@@ -174,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         ):  # ABBA: the order alternates, so a drift in the machine's load falls on both
             got: dict[str, dict[str, Any]] = {}
             for side in ("trainer", "tunix") if i % 2 == 0 else ("tunix", "trainer"):
+                if args.only and side != args.only:
+                    continue
                 got[side] = (
                     run_trainer(cfg)
                     if side == "trainer"
@@ -181,7 +195,11 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(f"bench_peers: round {i + 1} {side}: step {got[side]['step_s']:.3f} s", flush=True)
             rounds.append(got)
-    result = summarize(w, device, rounds)
+    if args.only:
+        result = {"workload": w, "device": device, "only": args.only, "rounds": rounds}
+        print(json.dumps(result))
+    else:
+        result = summarize(w, device, rounds)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0

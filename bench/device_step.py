@@ -11,9 +11,10 @@ Per size: the trainer's jitted programs (trainer.layout.decode_layout's cast, tr
 generate, trainer.loop.programs.make_update), one warm-up step (compiles), then up to DEVICE_STEP_STEPS timed
 steps (medians). Printed and written to $OUT (device_step.json, device_step.txt) when $OUT is set.
 
-Settings (environment): DEVICE_STEP_SIZES (tiny,0.5b,1.5b,3b), DEVICE_STEP_PROMPTS (16), DEVICE_STEP_SAMPLES
-(8), DEVICE_STEP_PROMPT_LEN (512), DEVICE_STEP_NEW_TOKENS (512), DEVICE_STEP_STEPS (3), DEVICE_STEP_MICRO
-(per size: 16, 16, 8; halved until the update's compiled memory fits), DEVICE_STEP_BUDGET_S (450).
+Settings (environment): DEVICE_STEP_SIZES (tiny,0.5b,1.5b,3b; also 3b-seed: the seed's preset, 1024 new
+tokens, its attention windows), DEVICE_STEP_PROMPTS (16), DEVICE_STEP_SAMPLES (8), DEVICE_STEP_PROMPT_LEN
+(512), DEVICE_STEP_NEW_TOKENS (512), DEVICE_STEP_STEPS (3), DEVICE_STEP_MICRO (per size: 16, 16, 8; halved
+until the update's compiled memory fits), DEVICE_STEP_BUDGET_S (450).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ SIZES: dict[str, tuple[str, str | None, int, float]] = {
     "0.5b": ("qwen2.5-0.5b-v4-8", "Qwen2.5-0.5B-Instruct.json", 16, 0.28),
     "1.5b": ("qwen2.5-1.5b-v6e-8", "Qwen2.5-1.5B-Instruct.json", 16, 0.32),
     "3b": ("qwen2.5-3b-v6e-8", "Qwen2.5-3B-Instruct.json", 8, 0.40),
+    # the seed's workload (issue 28): its preset's 1024 new tokens and attention windows (rollout.attention_block)
+    "3b-seed": ("qwen2.5-3b-v6e-8-seed", "Qwen2.5-3B-Instruct.json", 8, 1.0),
 }
 # tiny: a CPU check of the script, not a benchmark (2 prompts x 2 samples, 8 new tokens).
 TINY = {"prompts": 2, "samples": 2, "prompt_len": 256, "new_tokens": 8, "steps": 2}
@@ -58,7 +61,7 @@ def workload(size: str) -> dict[str, int]:
         "prompts": _env("DEVICE_STEP_PROMPTS", base["prompts"]),
         "samples": _env("DEVICE_STEP_SAMPLES", base["samples"]),
         "prompt_len": _env("DEVICE_STEP_PROMPT_LEN", base["prompt_len"]),
-        "new_tokens": _env("DEVICE_STEP_NEW_TOKENS", base["new_tokens"]),
+        "new_tokens": _env("DEVICE_STEP_NEW_TOKENS", 1024 if size == "3b-seed" else base["new_tokens"]),
         "steps": _env("DEVICE_STEP_STEPS", base["steps"]),
         "micro_batch": _env("DEVICE_STEP_MICRO", SIZES[size][2]),
     }
@@ -223,7 +226,9 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
 
     rmesh, to_decode = decode_layout(mesh, mconf, params, cfg.rollout.tp)
     impl = resolve_impl(cfg.train.loss_impl, jax.default_backend())
-    sampling = sampler.SamplingConfig(C, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p)
+    sampling = sampler.SamplingConfig(
+        C, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p, block=cfg.rollout.attention_block
+    )
     rng = np.random.default_rng(1)
 
     # The update, compiled ahead of time so its memory is known before it runs: halve the micro-batch until
