@@ -16,6 +16,7 @@ from tpuops import jsonout
 from tpuops.config import TargetSpec, UserConfig, write_atomic
 from tpuops.errors import ExitCode, TpuopsError, UsageError
 from tpuops.logs.events import Event, LogReport
+from tpuops.logs.follow import Readings
 from tpuops.run import prepare
 from tpuops.run.result import RunResult, exit_code, unverified
 from tpuops.run.target import Target, connect_all, open_transport, resolve, select_workers
@@ -269,6 +270,8 @@ def _execute(
     from tpuops.run.store import OffsetWriter, save_result
 
     executor.on_offset = OffsetWriter(run_id)
+    warmup, pattern = _scan_settings(sop, values)
+    executor.reads = Readings(warmup, pattern)  # the one parse of the logs: the follow and fetch feed it
     try:
         unreachable = connect_all(transport, workers, executor.parallel, keep_going=req.keep_going)
         reachable = [w for w in workers if w not in unreachable]
@@ -282,11 +285,8 @@ def _execute(
         return RunResult(report, ExitCode.INTERRUPTED, estimate=estimate)
     log = None
     if sop.scan is not None:
-        raw = values.get("warmup", sop.scan.warmup)
-        warmup = int(raw) if isinstance(raw, int | float | str) else sop.scan.warmup
-        pattern = values.get("step_pattern")
         local_run = user_config.state_home() / "runs" / run_id
-        log = _scan(sop, report, local_run, warmup, str(pattern) if pattern else None)
+        log = _scan(sop, report, executor.reads, local_run)
     fail_on_recompile = sop.scan is not None and sop.scan.fail_on_recompile
     code = exit_code(report, log, fail_on_recompile=fail_on_recompile)
     hint = (
@@ -307,22 +307,31 @@ def oom_hint(config: str, accelerator: str | None) -> str:
     )
 
 
-def _scan(
-    sop: loader.Sop, report: SopReport, local_run: Path, warmup: int, step_pattern: str | None = None
-) -> LogReport | None:
-    """Read what the run left (fetched logs, or each worker's stdout) with the log parser."""
+def _scan_settings(sop: loader.Sop, values: dict[str, object]) -> tuple[int, str | None]:
+    """How the run's logs are read: the warm-up (the SOP's `warmup` parameter, else its `scan:`), the step
+    lines' pattern (`--set step_pattern=...`, else the SOP's)."""
+    if sop.scan is None:
+        return 1, None
+    raw = values.get("warmup", sop.scan.warmup)
+    warmup = int(raw) if isinstance(raw, int | float | str) else sop.scan.warmup
+    pattern = values.get("step_pattern")
+    return warmup, str(pattern) if pattern else None
+
+
+def _scan(sop: loader.Sop, report: SopReport, reads: Readings, local_run: Path) -> LogReport | None:
+    """The run's log report: from the scanners its follow and fetch fed (`source: log`; the logs are not read
+    again), or from each worker's output of the steps (`source: stdout`, a SOP with no job log)."""
     from tpuops.run import scan
 
     assert sop.scan is not None
     if sop.scan.source == "log":
-        if not scan.run_logs(local_run):
-            return None
-        return scan.scan_run(local_run, warmup, step_pattern=step_pattern)
+        log = reads.report()  # the workers whose whole log was read; None: no log was
+        return None if log is None else scan.run_report(log, local_run)
     scanners: dict[int, scan.LogScanner] = {}
     for step in report.steps:
         for w, results in sorted(step.results.items()):
             scanner = scanners.setdefault(
-                w, scan.LogScanner(warmup=warmup, worker=w, step_pattern=step_pattern)
+                w, scan.LogScanner(warmup=reads.warmup, worker=w, step_pattern=reads.step_pattern)
             )
             for r in results:
                 for line in r.stdout.splitlines():
