@@ -18,11 +18,11 @@ from tpuops.errors import ExitCode, TpuopsError, UsageError
 from tpuops.logs.events import Event, LogReport
 from tpuops.logs.follow import Readings
 from tpuops.run import prepare
-from tpuops.run.result import RunResult, exit_code, unverified
+from tpuops.run.result import Planned, RunResult, exit_code, unverified
 from tpuops.run.target import Target, connect_all, open_transport, resolve, select_workers
 from tpuops.shell import Redactor
 from tpuops.sop import loader
-from tpuops.sop.executor import Executor, Plan, Preview, SopReport, StepReport
+from tpuops.sop.executor import Executor, SopReport, StepReport
 from tpuops.transport.base import LineSink
 
 DRY_RUN_ID = "DRY-RUN"
@@ -44,19 +44,6 @@ class RunRequest:
     run_id: str | None = None
     skip_fit: bool = False  # --skip-fit: start without the ahead-of-time fit check
     command: tuple[str, ...] = ()  # the words after `--`: the SOP's `cmd` list, verbatim
-
-
-@dataclass
-class DryRun:
-    sop: str
-    transport: str
-    workers: list[int]
-    values: dict[str, object]
-    plan: Plan
-    fit: str | None = None  # the fit preflight's verdict line
-    target: Target | None = None  # what was resolved: a later run of the same request may reuse it
-    estimate: dict[str, object] | None = None  # the fit's cost and predicted peak HBM (prepare.fit_preflight)
-    preview: list[Preview] = field(default_factory=list)  # what the workers were read to have (inspect)
 
 
 def new_run_id(sop: str) -> str:
@@ -89,10 +76,11 @@ def start(
     cwd: Path | None = None,
     target: Target | None = None,
     detach: threading.Event | None = None,
-) -> RunResult | DryRun:
+) -> RunResult:
     """The one library entry of every SOP run (the CLI's commands and bench alike): the config loaded once,
     the SOP and its values checked, the target resolved once (or `target`, resolved by an earlier call of
-    the same command: its config is the one used), then the plan (--dry-run) or the run. On a VM the run is
+    the same command: its config is the one used), then the plan (--dry-run: a RunResult whose `planned`
+    holds it, exit code 0) or the run. On a VM the run is
     always watched through the TPU API: a lost VM ends it at once (exit 8), or with `max_recoveries`
     (--recover) is recreated and the SOP runs again (see `recover.watched`). `notify` hears the TPU API's
     retries; `on_notice` tpuops' own notices (a recovery, a checkpoint warning). `detach`, set from outside
@@ -119,12 +107,10 @@ def start(
     def attempt(
         run_id: str, now: Target, abort: threading.Event, on_event: Callable[[Event], None]
     ) -> RunResult:
-        result = _execute(
+        return _execute(
             replace(req, run_id=run_id), checked, now, on_line=on_line, on_step=on_step, on_phase=on_phase, cwd=cwd,
             abort=abort, on_event=on_event, detach=detach,
         )  # fmt: skip
-        assert isinstance(result, RunResult)  # not a dry run
-        return result
 
     return recover.watched(
         target,
@@ -216,7 +202,7 @@ def _execute(
     abort: threading.Event | None = None,
     on_event: Callable[[Event], None] | None = None,
     detach: threading.Event | None = None,
-) -> RunResult | DryRun:
+) -> RunResult:
     """One attempt on a resolved target: the fit preflight, then the plan or the run and its one result."""
     sop, values = checked.sop, checked.values
     secret_files = prepare.secret_files(sop, values, cwd)
@@ -253,7 +239,9 @@ def _execute(
             preview = executor.preview(sop, values, DRY_RUN_ID, workers) if req.inspect else []
         finally:
             transport.close()
-        return DryRun(sop.name, transport.name, workers, values, plan, fit_line, target, estimate, preview)
+        planned = Planned(values, plan, fit_line, target, preview)
+        dry = SopReport(sop.name, DRY_RUN_ID, transport.name, workers)  # no step ran
+        return RunResult(dry, ExitCode.OK, estimate=estimate, planned=planned)
     run_id = req.run_id or new_run_id(sop.name)
     _record(
         run_id,
