@@ -80,12 +80,12 @@ def start(
     """The one library entry of every SOP run (the CLI's commands and bench alike): the config loaded once,
     the SOP and its values checked, the target resolved once (or `target`, resolved by an earlier call of
     the same command: its config is the one used), then the plan (--dry-run: a RunResult whose `planned`
-    holds it, exit code 0) or the run. On a VM the run is
-    always watched through the TPU API: a lost VM ends it at once (exit 8), or with `max_recoveries`
-    (--recover) is recreated and the SOP runs again (see `recover.watched`). `notify` hears the TPU API's
-    retries; `on_notice` tpuops' own notices (a recovery, a checkpoint warning). `detach`, set from outside
-    (the CLI's first Ctrl-C), stops following and leaves the job running (the report's `interrupted` says
-    "detached"), or, before any job started, cancels the start (nothing is left running)."""
+    holds it, exit code 0) or the run. On a VM the run is always watched through the TPU API: a lost VM ends
+    it at once (exit 8), or with `max_recoveries` (--recover) is recreated and the SOP runs again (see
+    `recover.watched`). `notify` hears the TPU API's retries; `on_notice` tpuops' own notices (a recovery, a
+    checkpoint warning). `detach`, set from outside (the CLI's first Ctrl-C), stops following and leaves the
+    job running (the report's `interrupted` says "detached"), or, before any job started, cancels the start
+    (nothing is left running)."""
     from tpuops.run import recover
 
     cwd = cwd or Path.cwd()
