@@ -33,7 +33,8 @@ def test_project_file_overrides_user_file_and_feeds_sop_defaults(tmp_path: Path)
         launch.RunRequest(sop="sync", target=launch.TargetSpec(hosts=("10.0.0.2",)), dry_run=True),
         cwd=project / "sub",
     )
-    plan = render_plan(result.plan)
+    assert result.planned is not None
+    plan = render_plan(result.planned.plan)
     assert "repo=https://x/y.git; ref=release" in plan
     assert 'dir="$HOME"/a;' in plan
     assert (

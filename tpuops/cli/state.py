@@ -72,7 +72,7 @@ def run_sop(
             notify=console.note,
             detach=detach,
         )
-    if isinstance(result, launch.DryRun):
+    if result.planned is not None:  # --dry-run: the plan, exit 0
         report.dry_run(result, json)
         return
     if result.report.interrupted:

@@ -21,7 +21,6 @@ class Follow:
     hang_min_s: float = 60.0
     on_hang: str = "stop"  # stop: fail the step; wait: report and keep following
     py_spy: bool = False  # on a hang, collect `py-spy dump` of the job's Python process
-    step_pattern: str | None = None  # the user's step-line regex (scan.step_pattern, --set step_pattern=...)
 
     def render(self) -> str:
         hang = (

@@ -1,4 +1,7 @@
-"""The one follower: reads each worker's log from a byte offset, shows it, feeds the log scanner, acts on its events."""
+"""The one follower: reads each worker's log from a byte offset, shows it, feeds the log scanner, acts on its events.
+
+Each worker's log is parsed once: one LogScanner per worker (`Readings`) is fed every line as the follow reads it,
+and the fetch feeds it only what the follow did not read; the run's LogReport is made from those scanners."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from tpuops import shell
 from tpuops.config import open_private, private_dir, write_private
 from tpuops.errors import HostKeyError, TpuopsError
 from tpuops.logs.actions import Fetch, Follow
-from tpuops.logs.events import Event, Failure, StepEvent, exit_status
+from tpuops.logs.events import Event, Failure, LogReport, StepEvent, exit_status, merge
 from tpuops.logs.scanner import LogScanner
 from tpuops.shell import Redactor
 from tpuops.transport.base import CmdResult, Kind, LineSink, Transport
@@ -26,13 +29,52 @@ READ_CHUNK = (
 MAX_PENDING = 1 << 20  # a partial line longer than this is shown cut (the scanner cuts lines at 1 MiB too)
 
 
-MAX_SEEN = 100_000  # step lines whose arrival time is kept per worker
+@dataclass
+class Reading:
+    """One worker's log as this process reads it: its scanner, fed each line once and in order."""
+
+    scanner: LogScanner
+    events: list[Event]  # what the scanner handed out and the follow has not passed on yet
+    fed: int = 0  # bytes of the log fed to the scanner (a line boundary, or a cut overlong line)
+    complete: bool = False  # read to its end: the follow saw the exit file, or a fetch read the whole log
+
+
+@dataclass
+class Readings:
+    """The logs of one run, one Reading per worker, made on first use with the run's scan settings (the
+    SOP's `scan:` warm-up, its step-line pattern): the follow and the fetch feed them, `report()` reads them."""
+
+    warmup: int = 1
+    step_pattern: str | None = None
+    workers: dict[int, Reading] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def of(self, w: int) -> Reading:
+        with self._lock:  # each worker's follow runs in its own thread
+            if w not in self.workers:
+                events: list[Event] = []
+                scanner = LogScanner(self.warmup, w, on_event=events.append, step_pattern=self.step_pattern)
+                self.workers[w] = Reading(scanner, events)
+            return self.workers[w]
+
+    @property
+    def complete(self) -> list[int]:
+        """The workers whose whole log was read (and so is in `report()`)."""
+        return sorted(w for w, r in self.workers.items() if r.complete)
+
+    def report(self) -> LogReport | None:
+        """The run's log report from the scanners of the workers read to their end (merged as `tpuops report`
+        merges a run's fetched logs); None when no worker's log was. A worker read only in part (its follow
+        ended early and its fetch failed) is left out, as its log file would be: it was never fetched."""
+        parts = [self.workers[w].scanner.close() for w in self.complete]
+        return merge(parts) if parts else None
 
 
 @dataclass
 class Follower:
     """Follows a run's logs over one transport. Consumers hear the scanner's typed events (`on_event`, every
-    worker), process 0's hang detection acts on its step events, `offsets` says how far each log was shown."""
+    worker), process 0's hang detection acts on its step events, `offsets` says how far each log was shown,
+    `reads` holds each worker's scanner (the run's one parse of its log)."""
 
     transport: Transport
     redact: Redactor = field(default_factory=Redactor)
@@ -42,12 +84,12 @@ class Follower:
     offsets: dict[int, int] = field(default_factory=dict)
     on_offset: Callable[[dict[int, int]], None] | None = None
     abort: threading.Event = field(default_factory=threading.Event)  # set from outside: stop following now
-    # When this follower saw each step line that prints no duration (worker -> step -> unix time): the fetch
-    # writes it beside the log (`worker-<k>.seen.json`), and the report's step time for those lines is the
-    # gap between them (None for lines one poll brought together).
-    seen: dict[int, dict[int, float]] = field(default_factory=dict)
     # Set from outside (Ctrl-C): stop following at once; the job goes on (`tpuops attach` resumes).
     detach: threading.Event = field(default_factory=threading.Event)
+    # Each worker's scanner. It also keeps when this follower saw each step line that prints no duration (its
+    # `seen`): the fetch writes that beside the log (`worker-<k>.seen.json`), and the report's step time for
+    # those lines is the gap between them (None for lines one poll brought together).
+    reads: Readings = field(default_factory=Readings)
 
     def follow(self, w: int, action: Follow, cancel: threading.Event) -> CmdResult:
         """Poll the log from the last byte seen; reconnects keep the offset, so no line is lost or repeated.
@@ -56,15 +98,19 @@ class Follower:
         (HUNG, the py-spy dump in stdout), a timeout (TIMEOUT), a lost connection (CONNECT), a dead job
         (DIED), `detach` (DETACHED: Ctrl-C, the job goes on), `cancel` (CANCELLED) or `abort` (ABORTED).
         The exit file's notes (`stopped`, `nospace`) come in `job_notes`.
+
+        The worker's scanner (`reads`) is fed from where it stopped: a follow in a new process (`attach`)
+        first feeds it, unshown and without events, the lines an earlier follow already showed.
         """
         log, exit_file = f"{action.run_dir}/worker-{w}.log", f"{action.run_dir}/worker-{w}.exit"
-        offset, pending, t0 = self.offsets.get(w, 0), b"", time.monotonic()
+        reading = self.reads.of(w)
+        scanner, polled = reading.scanner, reading.events
+        shown = self.offsets.get(w, 0)  # lines before this byte were shown by an earlier follow
+        offset, pending, t0 = reading.fed, b"", time.monotonic()
         backoff = Backoff(action.poll_s, 2.0, 10.0)  # between reads that failed (a reconnect each)
         delays = backoff.delays()
         show = action.stream == "all" or w == 0
         hang = HangWatch(action) if action.hang_factor and w == 0 else None
-        polled: list[Event] = []
-        scanner = LogScanner(worker=w, on_event=polled.append, step_pattern=action.step_pattern)
         polls = 0
         while True:
             polls += 1
@@ -86,24 +132,38 @@ class Follower:
             more = len(chunk) == READ_CHUNK  # the log goes on past this read: read again at once
             if more:
                 code = None  # the exit file counts once the whole log is read
+            start = offset - len(pending)  # where `block` starts in the log
             block, pending = _whole_lines(pending + chunk)
             offset += len(chunk)
-            if show and self.on_line:
-                self._show(w, block)
-            if block:
+            # Whole lines only (a partial one waits for the next chunk): shown and fed to the scanner redacted,
+            # as the fetched copy has them. Lines an earlier follow showed are only fed.
+            old, new = _split(block, shown - start)
+            if old:
+                scanner.feed_bytes(self.redact(old.decode(errors="replace")).encode())
+                polled.clear()  # their events went out when they were shown
+            if new:
+                text = self.redact(new.decode(errors="replace"))
+                if show:
+                    self._show(w, text)
+                scanner.feed_bytes(text.encode(), at=time.time())
                 # Saved after the lines were shown (never lose one), and only whole lines count:
                 # a reattach resumes at the start of a partial line.
                 self.offsets[w] = offset - len(pending)
                 if self.on_offset:
                     self.on_offset(self.offsets)
-            scanner.feed_bytes(chunk)  # whole lines are read now; a partial one waits for the next chunk
+            reading.fed = offset - len(pending)
             status, notes = exit_status(code)
+            fresh = reading.fed >= shown  # the partial line after the whole ones was never shown
+            last = self.redact(pending.decode(errors="replace")) if status is not None and pending else ""
+            if last:  # the job ended: its last line is whole
+                scanner.feed_bytes(last.encode() + b"\n", at=time.time() if fresh else None)
+                if not fresh:
+                    polled.clear()
             if status is not None:
-                if pending:
-                    scanner.feed_bytes(b"\n")  # the job ended: its last line is whole
-                scanner.exit(status)
+                if not reading.complete:
+                    scanner.exit(status)
+                reading.fed, reading.complete = offset, True
             events, polled[:] = list(polled), []
-            self._saw(w, events)
             self._hand_out(events)
             if hang is not None:
                 hung = hang.check([e for e in events if isinstance(e, StepEvent)])
@@ -116,9 +176,9 @@ class Follower:
                         for text in dump.splitlines():
                             self.on_line(w, f"tpuops: py-spy: {text}")
             if status is not None:
-                self.offsets[w] = offset
-                if show and self.on_line and pending:
-                    self.on_line(w, self.redact(pending.decode(errors="replace")))
+                if show and self.on_line and last and fresh:
+                    self.on_line(w, last)
+                self.offsets[w] = max(offset, shown)
                 return CmdResult(w, action.render(), 0, job_exit=status, offset=offset, job_notes=notes)
             if self.detach.is_set():
                 return self._ended(w, action, Kind.DETACHED, "detached: the job goes on")
@@ -133,11 +193,10 @@ class Follower:
             if not more:
                 self.detach.wait(action.poll_s)
 
-    def _show(self, w: int, block: bytes) -> None:
-        """Whole lines, redacted as one text (one search per secret form, not one per line), then shown."""
-        if not block or self.on_line is None:
+    def _show(self, w: int, text: str) -> None:
+        """Whole lines, already redacted as one text (one search per secret form, not one per line), shown."""
+        if not text or self.on_line is None:
             return
-        text = self.redact(block.decode(errors="replace"))
         lines = text.split("\n")
         if text.endswith("\n"):
             lines.pop()
@@ -150,9 +209,9 @@ class Follower:
         while chunk := self.transport.read_from(w, path, offset, READ_CHUNK):
             offset += len(chunk)
             block, pending = _whole_lines(pending + chunk)
-            self._show(w, block)
+            self._show(w, self.redact(block.decode(errors="replace")))
         if pending:
-            self._show(w, pending)
+            self._show(w, self.redact(pending.decode(errors="replace")))
 
     def follow_all(self, workers: list[int], action: Follow) -> dict[int, CmdResult]:
         """Follow several workers at once (one thread each) until each one's follow ends."""
@@ -179,7 +238,10 @@ class Follower:
     def fetch(self, w: int, action: Fetch, local_runs: Path | None) -> CmdResult:
         """Copy a worker's log (redacted) and its exit file into `<local_runs>/<run id>/`; None: only check.
 
-        Streamed: READ_CHUNK bytes at a time into a temporary 0600 file renamed into place when complete."""
+        Streamed: READ_CHUNK bytes at a time into a temporary 0600 file renamed into place when complete. The
+        worker's scanner is fed the lines its follow did not read (none after a follow to the exit file; the
+        rest of the log after a follow that ended early), so the whole log is read once, and the log is then
+        complete in `reads`."""
         log = f"{action.run_dir}/worker-{w}.log"
         data = self.transport.read_from(w, log, 0, READ_CHUNK)
         if data is None:
@@ -189,20 +251,30 @@ class Follower:
             dest = local_runs / action.run_dir.rstrip("/").rsplit("/", 1)[-1] / f"worker-{w}.log"
             private_dir(dest.parent)
             tmp = dest.with_name(f".{dest.name}.tmp")
+            reading = self.reads.of(w)
             with open_private(tmp) as out:
-                pending = b""
+                pending, start = b"", 0  # `start`: where the next block starts in the log
                 while data:
                     block, pending = _whole_lines(pending + data)
-                    out.write(self.redact(block.decode(errors="replace")).encode())
+                    text = self.redact(block.decode(errors="replace"))
+                    out.write(text.encode())
+                    _feed_unread(reading, block, start, text, self.redact)
+                    start += len(block)
                     data = self.transport.read_from(w, log, size, READ_CHUNK) or b""
                     size += len(data)
-                out.write(self.redact(pending.decode(errors="replace")).encode())
+                last = self.redact(pending.decode(errors="replace"))
+                out.write(last.encode())
+                _feed_unread(reading, pending, start, last, self.redact)  # the scanner's close() ends it
             tmp.replace(dest)
             code = self.transport.read_from(w, f"{action.run_dir}/worker-{w}.exit", 0)
             if code is not None:  # the report tells a finished job from a killed one by this file
                 write_private(dest.with_suffix(".exit"), code)
-            if self.seen.get(w):
-                write_private(dest.with_suffix(".seen.json"), json.dumps(self.seen[w]).encode())
+            if not reading.scanner.exited:  # read after the log, as the follow reads it
+                reading.scanner.exit(exit_status(code)[0])
+            reading.events.clear()  # a fetch hands out no event: the run's live consumers are done
+            reading.complete = True
+            if reading.scanner.seen:
+                write_private(dest.with_suffix(".seen.json"), json.dumps(reading.scanner.seen).encode())
             config = self.transport.read_from(w, f"{action.run_dir}/config.json", 0) if w == 0 else None
             if config is not None:  # the trainer's full config (its log has a one-line summary)
                 write_private(
@@ -224,12 +296,6 @@ class Follower:
             w, action.render(), codes.get(kind, 1), stdout=stdout, error=why, kind=kind,
             offset=self.offsets.get(w),
         )  # fmt: skip
-
-    def _saw(self, w: int, events: list[Event]) -> None:
-        now, seen = time.time(), self.seen.setdefault(w, {})
-        for e in events:
-            if isinstance(e, StepEvent) and e.dt is None and e.step is not None and len(seen) < MAX_SEEN:
-                seen.setdefault(e.step, now)
 
     def _hand_out(self, events: list[Event]) -> None:
         if not self.on_event:
@@ -272,6 +338,24 @@ done
 """
         r = self.transport.run(w, script, timeout=60)
         return r.stdout
+
+
+def _feed_unread(reading: Reading, raw: bytes, start: int, text: str, redact: Redactor) -> None:
+    """A fetched block (`raw`, from byte `start` of the log; `text`: it redacted) to the worker's scanner, but
+    only what its follow did not feed it: each line is parsed once."""
+    end = start + len(raw)
+    if end <= reading.fed:
+        return
+    if start < reading.fed:  # the follow stopped inside this block (at a line start): only the rest is new
+        text = redact(raw[reading.fed - start :].decode(errors="replace"))
+    reading.scanner.feed_bytes(text.encode())
+    reading.fed = end
+
+
+def _split(block: bytes, at: int) -> tuple[bytes, bytes]:
+    """`block` cut at byte `at` (clamped to it): (before, after)."""
+    at = min(max(at, 0), len(block))
+    return block[:at], block[at:]
 
 
 def _whole_lines(data: bytes) -> tuple[bytes, bytes]:

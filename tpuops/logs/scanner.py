@@ -97,6 +97,7 @@ WORKER_LOG = re.compile(r"^worker-(?P<k>\d+)\.log$")
 MAX_ROWS = 4096  # step rows kept for tables and plots: every 2^k-th step once a log has more
 MAX_DT_KEYS = 50_000  # distinct dt values before they are rounded to 4 significant digits
 MAX_LINE = 1 << 20  # longer lines are cut (a binary blob in a log must not blow the memory)
+MAX_SEEN = 100_000  # step lines whose arrival time a live reader keeps (`seen`)
 EXPLAIN_LINES = 40
 
 
@@ -238,8 +239,9 @@ class LogScanner:
 
     Step lines: the bundled trainer's `step=N ... dt=Ts`, and the common forms people print (STEP_ANY), or only
     `step_pattern` when given. A step line without a duration gets the gap since the previous step line: from
-    the timestamps of their logging prefixes, else from `seen` (when a follower saw each step's line), else from
-    `clock` (a live reader's own clock).
+    the timestamps of their logging prefixes, else from `seen` (step -> when a follower saw its line: a live
+    reader's `feed_bytes(..., at=)` writes it, a later read of the fetched file gets it from
+    `worker-<k>.seen.json`), else from `clock` (a live reader's own clock).
     """
 
     def __init__(
@@ -261,9 +263,11 @@ class LogScanner:
         groups = (step_pattern or STEP_ANY).groupindex
         self._dt_group, self._stamped = "dt" in groups, "date" in groups and "amd" in groups
         self.clock = clock
-        self.seen = (
-            seen or {}
-        )  # step -> when a follower saw its line (Follower.seen), for lines with no duration
+        # step -> when a follower saw its line, for lines with no duration (kept, not copied: the follower
+        # writes this very dict beside the fetched log)
+        self.seen = seen if seen is not None else {}
+        self._at: float | None = None  # when the lines being fed arrived (a live reader), else None
+        self._exit: tuple[int | None] | None = None  # the worker's exit code once told (`exit()`)
         self._last_seen: float | None = None  # the clock when the previous step line was seen
         self._last_match: re.Match[str] | None = None  # the previous step line (its timestamp, if needed)
         self.r = LogReport(source=source, workers=[worker], warmup=warmup)
@@ -286,19 +290,30 @@ class LogScanner:
         """One line (with or without its newline; several lines also work), e.g. from a live follow."""
         self._lines(line.removesuffix("\n").encode().split(b"\n"))
 
-    def feed_bytes(self, data: bytes) -> None:
-        """A chunk of a file; a trailing partial line waits for the next chunk or `close()`."""
+    def feed_bytes(self, data: bytes, at: float | None = None) -> None:
+        """A chunk of a file; a trailing partial line waits for the next chunk or `close()`. `at`: when a live
+        reader saw these lines (unix time): step lines without a duration are timed by it (`seen`)."""
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
         if len(self._partial) > MAX_LINE:
             self._partial = self._partial[:MAX_LINE]
-        self._lines(lines)
+        self._at = at
+        try:
+            self._lines(lines)
+        finally:
+            self._at = None
 
     def exit(self, code: int | None) -> None:
-        """The worker's exit code (None: no exit file, the job was killed or is still running)."""
-        apply_exit(self.r, self.worker, code)
+        """The worker's exit code (None: no exit file, the job was killed or is still running). It joins the
+        report after the last line (`close()` first, as a read of the log file and its exit file does)."""
+        self._exit = (code,)
         if code is not None and self.on_event:
             self.on_event(ExitEvent(self.worker, code))
+
+    @property
+    def exited(self) -> bool:
+        """The exit code (or its absence) was told."""
+        return self._exit is not None
 
     def close(self) -> LogReport:
         """End of input: the last partial line counts, and a traceback cut off by the end is reported."""
@@ -412,6 +427,9 @@ class LogScanner:
             if before is not None and now is not None and now >= before:
                 dt = round(now - before, 4)
         self._last_match = m
+        own = dt  # what the line itself says (its event's dt): a live consumer has its own clock
+        if dt is None and self._at is not None and len(self.seen) < MAX_SEEN:
+            self.seen.setdefault(step, self._at)
         if dt is None and self.seen and self.r.last_step is not None:
             before, now = self.seen.get(self.r.last_step), self.seen.get(step)
             if before is not None and now is not None and now > before:
@@ -419,7 +437,7 @@ class LogScanner:
         if self.clock is not None:
             seen = self.clock()
             if dt is None and self._last_seen is not None and seen >= self._last_seen:
-                dt = round(seen - self._last_seen, 4)
+                dt = own = round(seen - self._last_seen, 4)
             self._last_seen = seen
         self._close_window(step)
         if self.r.first_step is None:
@@ -434,7 +452,7 @@ class LogScanner:
         self._last_row = row
         self._trim()
         if event and self.on_event:
-            self.on_event(StepEvent(self.worker, step, dt, self.r.lines))
+            self.on_event(StepEvent(self.worker, step, own, self.r.lines))
 
     def _trim(self) -> None:
         while len(self._rows) > MAX_ROWS:  # keep every 2^k-th step: uniform, and the same in any chunking
@@ -620,4 +638,6 @@ class LogScanner:
         out.tokens_per_s_mean = mean([x.tokens_per_s for x in steady])
         out.rollout_generate_mean = mean([x.rollout_generate for x in steady])
         out.update_mean = mean([x.update for x in steady])
+        if self._exit is not None:
+            apply_exit(out, self.worker, self._exit[0])
         return out

@@ -70,15 +70,16 @@ def variant_request(req: launch.RunRequest, text: str) -> launch.RunRequest:
     return replace(req, sets=sets, command=(*req.command, *args))
 
 
-def plans(req: launch.RunRequest, variants: list[str]) -> list[tuple[str, launch.DryRun]]:
-    """Every variant validated (SOP values, the trainer's own overrides) and planned; nothing runs remotely."""
+def plans(req: launch.RunRequest, variants: list[str]) -> list[tuple[str, RunResult]]:
+    """Every variant validated (SOP values, the trainer's own overrides) and planned (dry runs, each with its
+    `planned`); nothing runs remotely."""
     out = []
     target = None  # resolved by the first plan, after its values were checked; reused by the others
     for text in variants or [""]:
         dry = launch.start(replace(variant_request(req, text), dry_run=True), target=target)
-        assert isinstance(dry, launch.DryRun)
+        assert dry.planned is not None  # a dry run
         out.append((text or "baseline", dry))
-        target = dry.target
+        target = dry.planned.target
     return out
 
 
@@ -97,7 +98,9 @@ def run(
     Every variant is validated before the first one starts: a typo in the last one costs no run. Each one
     runs through `launch.start`, so on a VM it is watched like any SOP: a lost VM ends the bench (exit 8)."""
     variants = variants or [""]
-    target = plans(req, variants)[0][1].target  # the target resolved once for every variant
+    first = plans(req, variants)[0][1].planned
+    assert first is not None
+    target = first.target  # the target resolved once for every variant
     results = []
     for text in variants:
         result = launch.start(
@@ -109,7 +112,6 @@ def run(
             notify=notify,
             target=target,
         )
-        assert isinstance(result, RunResult)
         results.append(_result(text or "baseline", result))
     return results
 

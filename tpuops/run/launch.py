@@ -16,12 +16,13 @@ from tpuops import jsonout
 from tpuops.config import TargetSpec, UserConfig, write_atomic
 from tpuops.errors import ExitCode, TpuopsError, UsageError
 from tpuops.logs.events import Event, LogReport
+from tpuops.logs.follow import Readings
 from tpuops.run import prepare
-from tpuops.run.result import RunResult, exit_code, unverified
+from tpuops.run.result import Planned, RunResult, exit_code, unverified
 from tpuops.run.target import Target, connect_all, open_transport, resolve, select_workers
 from tpuops.shell import Redactor
 from tpuops.sop import loader
-from tpuops.sop.executor import Executor, Plan, Preview, SopReport, StepReport
+from tpuops.sop.executor import Executor, SopReport, StepReport
 from tpuops.transport.base import LineSink
 
 DRY_RUN_ID = "DRY-RUN"
@@ -43,19 +44,6 @@ class RunRequest:
     run_id: str | None = None
     skip_fit: bool = False  # --skip-fit: start without the ahead-of-time fit check
     command: tuple[str, ...] = ()  # the words after `--`: the SOP's `cmd` list, verbatim
-
-
-@dataclass
-class DryRun:
-    sop: str
-    transport: str
-    workers: list[int]
-    values: dict[str, object]
-    plan: Plan
-    fit: str | None = None  # the fit preflight's verdict line
-    target: Target | None = None  # what was resolved: a later run of the same request may reuse it
-    estimate: dict[str, object] | None = None  # the fit's cost and predicted peak HBM (prepare.fit_preflight)
-    preview: list[Preview] = field(default_factory=list)  # what the workers were read to have (inspect)
 
 
 def new_run_id(sop: str) -> str:
@@ -88,15 +76,16 @@ def start(
     cwd: Path | None = None,
     target: Target | None = None,
     detach: threading.Event | None = None,
-) -> RunResult | DryRun:
+) -> RunResult:
     """The one library entry of every SOP run (the CLI's commands and bench alike): the config loaded once,
     the SOP and its values checked, the target resolved once (or `target`, resolved by an earlier call of
-    the same command: its config is the one used), then the plan (--dry-run) or the run. On a VM the run is
-    always watched through the TPU API: a lost VM ends it at once (exit 8), or with `max_recoveries`
-    (--recover) is recreated and the SOP runs again (see `recover.watched`). `notify` hears the TPU API's
-    retries; `on_notice` tpuops' own notices (a recovery, a checkpoint warning). `detach`, set from outside
-    (the CLI's first Ctrl-C), stops following and leaves the job running (the report's `interrupted` says
-    "detached"), or, before any job started, cancels the start (nothing is left running)."""
+    the same command: its config is the one used), then the plan (--dry-run: a RunResult whose `planned`
+    holds it, exit code 0) or the run. On a VM the run is always watched through the TPU API: a lost VM ends
+    it at once (exit 8), or with `max_recoveries` (--recover) is recreated and the SOP runs again (see
+    `recover.watched`). `notify` hears the TPU API's retries; `on_notice` tpuops' own notices (a recovery, a
+    checkpoint warning). `detach`, set from outside (the CLI's first Ctrl-C), stops following and leaves the
+    job running (the report's `interrupted` says "detached"), or, before any job started, cancels the start
+    (nothing is left running)."""
     from tpuops.run import recover
 
     cwd = cwd or Path.cwd()
@@ -118,12 +107,10 @@ def start(
     def attempt(
         run_id: str, now: Target, abort: threading.Event, on_event: Callable[[Event], None]
     ) -> RunResult:
-        result = _execute(
+        return _execute(
             replace(req, run_id=run_id), checked, now, on_line=on_line, on_step=on_step, on_phase=on_phase, cwd=cwd,
             abort=abort, on_event=on_event, detach=detach,
         )  # fmt: skip
-        assert isinstance(result, RunResult)  # not a dry run
-        return result
 
     return recover.watched(
         target,
@@ -215,7 +202,7 @@ def _execute(
     abort: threading.Event | None = None,
     on_event: Callable[[Event], None] | None = None,
     detach: threading.Event | None = None,
-) -> RunResult | DryRun:
+) -> RunResult:
     """One attempt on a resolved target: the fit preflight, then the plan or the run and its one result."""
     sop, values = checked.sop, checked.values
     secret_files = prepare.secret_files(sop, values, cwd)
@@ -252,7 +239,9 @@ def _execute(
             preview = executor.preview(sop, values, DRY_RUN_ID, workers) if req.inspect else []
         finally:
             transport.close()
-        return DryRun(sop.name, transport.name, workers, values, plan, fit_line, target, estimate, preview)
+        planned = Planned(values, plan, fit_line, target, preview)
+        dry = SopReport(sop.name, DRY_RUN_ID, transport.name, workers)  # no step ran
+        return RunResult(dry, ExitCode.OK, estimate=estimate, planned=planned)
     run_id = req.run_id or new_run_id(sop.name)
     _record(
         run_id,
@@ -269,6 +258,8 @@ def _execute(
     from tpuops.run.store import OffsetWriter, save_result
 
     executor.on_offset = OffsetWriter(run_id)
+    warmup, pattern = _scan_settings(sop, values)
+    executor.reads = Readings(warmup, pattern)  # the one parse of the logs: the follow and fetch feed it
     try:
         unreachable = connect_all(transport, workers, executor.parallel, keep_going=req.keep_going)
         reachable = [w for w in workers if w not in unreachable]
@@ -282,11 +273,8 @@ def _execute(
         return RunResult(report, ExitCode.INTERRUPTED, estimate=estimate)
     log = None
     if sop.scan is not None:
-        raw = values.get("warmup", sop.scan.warmup)
-        warmup = int(raw) if isinstance(raw, int | float | str) else sop.scan.warmup
-        pattern = values.get("step_pattern")
         local_run = user_config.state_home() / "runs" / run_id
-        log = _scan(sop, report, local_run, warmup, str(pattern) if pattern else None)
+        log = _scan(sop, report, executor.reads, local_run)
     fail_on_recompile = sop.scan is not None and sop.scan.fail_on_recompile
     code = exit_code(report, log, fail_on_recompile=fail_on_recompile)
     hint = (
@@ -307,22 +295,31 @@ def oom_hint(config: str, accelerator: str | None) -> str:
     )
 
 
-def _scan(
-    sop: loader.Sop, report: SopReport, local_run: Path, warmup: int, step_pattern: str | None = None
-) -> LogReport | None:
-    """Read what the run left (fetched logs, or each worker's stdout) with the log parser."""
+def _scan_settings(sop: loader.Sop, values: dict[str, object]) -> tuple[int, str | None]:
+    """How the run's logs are read: the warm-up (the SOP's `warmup` parameter, else its `scan:`), the step
+    lines' pattern (`--set step_pattern=...`, else the SOP's)."""
+    if sop.scan is None:
+        return 1, None
+    raw = values.get("warmup", sop.scan.warmup)
+    warmup = int(raw) if isinstance(raw, int | float | str) else sop.scan.warmup
+    pattern = values.get("step_pattern")
+    return warmup, str(pattern) if pattern else None
+
+
+def _scan(sop: loader.Sop, report: SopReport, reads: Readings, local_run: Path) -> LogReport | None:
+    """The run's log report: from the scanners its follow and fetch fed (`source: log`; the logs are not read
+    again), or from each worker's output of the steps (`source: stdout`, a SOP with no job log)."""
     from tpuops.run import scan
 
     assert sop.scan is not None
     if sop.scan.source == "log":
-        if not scan.run_logs(local_run):
-            return None
-        return scan.scan_run(local_run, warmup, step_pattern=step_pattern)
+        log = reads.report()  # the workers whose whole log was read; None: no log was
+        return None if log is None else scan.run_report(log, local_run)
     scanners: dict[int, scan.LogScanner] = {}
     for step in report.steps:
         for w, results in sorted(step.results.items()):
             scanner = scanners.setdefault(
-                w, scan.LogScanner(warmup=warmup, worker=w, step_pattern=step_pattern)
+                w, scan.LogScanner(warmup=reads.warmup, worker=w, step_pattern=reads.step_pattern)
             )
             for r in results:
                 for line in r.stdout.splitlines():

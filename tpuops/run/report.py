@@ -17,7 +17,6 @@ from tpuops.sop.actions import render_plan
 if TYPE_CHECKING:  # the renderers' inputs, named for the type checker (imported at use by the commands)
     from tpuops.checks.doctor import WorkerHealth
     from tpuops.run.bench import VariantResult
-    from tpuops.run.launch import DryRun
     from tpuops.run.store import RunState
     from tpuops.run.top import Top
     from tpuops.sop.executor import StepReport
@@ -90,61 +89,37 @@ def sop_report(report: RunResult, as_json: bool) -> None:
     err.print(f"done in {report.duration_s:.2f}s, run {report.run_id}, exit code {code}")
 
 
-def _vm_dict(vm: Any) -> dict[str, Any]:
-    """Which VM a plan is for and which API serves it (`api`: tpu or compute; `kind`: node, instance, mig)."""
-    return {"name": vm.name, "zone": vm.zone, "api": vm.api, "kind": vm.kind,
-            "accelerator_type": vm.accelerator_type, "workers": len(vm.workers)}  # fmt: skip
-
-
-def _dry_run_dict(dr: DryRun) -> dict[str, Any]:
-    return {
-        "sop": dr.sop,
-        "transport": dr.transport,
-        "workers": dr.workers,
-        "values": dr.values,
-        "fit": dr.fit,
-        **({"vm": _vm_dict(dr.target.vm)} if dr.target is not None and dr.target.vm is not None else {}),
-        "estimate": dr.estimate,
-        "plan": [
-            {"step": title, "workers": {str(w): [a.render() for a in acts] for w, acts in per.items()}}
-            for title, per in dr.plan
-        ],
-        # What the workers were read to have (unless --offline): git sync's files it would discard.
-        "preview": [
-            {"step": p.step, "worker": p.worker, "says": p.words[0], "found": p.found, "error": p.error}
-            for p in dr.preview
-        ],
-    }
-
-
-def dry_run(dr: DryRun, as_json: bool) -> None:
+def dry_run(dr: RunResult, as_json: bool) -> None:
+    """A dry run's plan (RunResult.planned): the plan on stdout, what it is for and what it found on stderr."""
+    planned = dr.planned
+    assert planned is not None, "not a dry run"
     if as_json:
-        emit_json(_dry_run_dict(dr))
+        emit_json(dr.to_dict())
         return
     err.print(f"[bold]plan for {dr.sop}[/] on {dr.transport} workers {dr.workers} (nothing was run)")
-    vm = getattr(dr.target, "vm", None)
+    vm = getattr(planned.target, "vm", None)
     if vm is not None:
         err.print(
             escape(
                 f"VM {vm.name} in {vm.zone}: {vm.api_words} ({vm.accelerator_type}, {len(vm.workers)} workers)"
             )
         )
-    if dr.fit:
-        err.print(f"fit: {escape(dr.fit)}")
+    if planned.fit:
+        err.print(f"fit: {escape(planned.fit)}")
     cost = (dr.estimate or {}).get("cost")
     if isinstance(cost, dict):
         from tpuops.cloud.pricing import cost_line
 
         err.print(escape(cost_line(cost)), highlight=False)
-    out.out(render_plan(dr.plan), end="", highlight=False)
-    for p in dr.preview:  # after the plan, where the eye ends: what the run would discard on each worker
+    out.out(render_plan(planned.plan), end="", highlight=False)
+    for p in planned.preview:  # after the plan, where the eye ends: what the run would discard on each worker
         err.print(escape(p.line()), highlight=False)
 
 
-def dry_runs(labelled: list[tuple[str, DryRun]], as_json: bool) -> None:
+def dry_runs(labelled: list[tuple[str, RunResult]], as_json: bool) -> None:
     """The plans of several runs of one command (bench variants), each under its label."""
     if as_json:
-        data = [{"variant": label, **_dry_run_dict(dr)} for label, dr in labelled]
+        data = [{"variant": label, **dr.to_dict()} for label, dr in labelled]
         emit_json(data)
         return
     for label, dr in labelled:

@@ -1,14 +1,16 @@
-"""What a run returns: one frozen RunResult, its exit code computed once from the steps and the log."""
+"""What a run returns: one frozen RunResult, its exit code computed once from the steps and the log (a dry run:
+the plan, exit code 0)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tpuops.errors import ExitCode
 from tpuops.logs.events import LogReport
 from tpuops.run.estimate import compare
-from tpuops.sop.executor import SopReport, StepReport
+from tpuops.run.target import Target
+from tpuops.sop.executor import Plan, Preview, SopReport, StepReport
 from tpuops.sop.model import Outcome
 
 # One VM recreation of a --recover run: when, why, how long, the last step seen, the step resumed at.
@@ -16,10 +18,24 @@ Recovery = dict[str, Any]
 
 
 @dataclass(frozen=True)
+class Planned:
+    """What a dry run (--dry-run) found instead of running: the SOP's values, every worker's plan, the fit
+    preflight's verdict, the target it resolved (a later run of the same request may reuse it), and what the
+    workers were read to have (git sync's local edits; empty with --offline)."""
+
+    values: dict[str, object]
+    plan: Plan
+    fit: str | None = None  # the fit preflight's verdict line
+    target: Target | None = None
+    preview: list[Preview] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class RunResult:
     """A finished run, built once at its end (run/launch) and never changed afterwards: the executor's step
     report, the run's log report, the VM recoveries (--recover), what to try next, and the exit code. The
-    CLI renders it; the run's saved result.json is its `to_dict()`."""
+    CLI renders it; the run's saved result.json is its `to_dict()`. A dry run is one too: `planned` set, no
+    step ran (the report has none), exit code 0."""
 
     report: SopReport
     code: ExitCode
@@ -27,6 +43,7 @@ class RunResult:
     recoveries: tuple[Recovery, ...] = ()
     hint: str | None = None  # what to try next, for failures with a known fix (an out-of-memory)
     estimate: dict[str, Any] | None = None  # the fit preflight's cost and predicted peak HBM (a VM run)
+    planned: Planned | None = None  # a dry run: the plan instead of a run
 
     @property
     def sop(self) -> str:
@@ -60,7 +77,10 @@ class RunResult:
         return self.report.first_failure()
 
     def to_dict(self) -> dict[str, Any]:
-        """The --json report and the run's saved result; holds no secret (details are redacted)."""
+        """The --json report and the run's saved result (a dry run's: its plan); holds no secret (details
+        are redacted, and secrets never reach a plan: they travel in .env files)."""
+        if self.planned is not None:
+            return self._plan_dict(self.planned)
         return {
             **self.report.to_dict(int(self.code)),
             "hint": self.hint,
@@ -69,6 +89,29 @@ class RunResult:
             "estimate": self.estimate,
             "against_fit": None if self.log is None else compare(self.estimate, self.log),
         }
+
+    def _plan_dict(self, p: Planned) -> dict[str, Any]:
+        vm = p.target.vm if p.target is not None else None
+        return {
+            "sop": self.sop,
+            "transport": self.transport,
+            "workers": self.workers,
+            "values": p.values,
+            "fit": p.fit,
+            # Which VM the plan is for and which API serves it (`api`: tpu or compute; `kind`: node, instance, mig).
+            **({"vm": {"name": vm.name, "zone": vm.zone, "api": vm.api, "kind": vm.kind,
+                       "accelerator_type": vm.accelerator_type, "workers": len(vm.workers)}} if vm else {}),
+            "estimate": self.estimate,
+            "plan": [
+                {"step": title, "workers": {str(w): [a.render() for a in acts] for w, acts in per.items()}}
+                for title, per in p.plan
+            ],
+            # What the workers were read to have (unless --offline): git sync's files it would discard.
+            "preview": [
+                {"step": x.step, "worker": x.worker, "says": x.words[0], "found": x.found, "error": x.error}
+                for x in p.preview
+            ],
+        }  # fmt: skip
 
 
 _LOG_FAILURE_CODES = {"oom": ExitCode.OOM, "tpu_busy": ExitCode.TPU_BUSY}

@@ -1,4 +1,7 @@
-"""Logs on disk into one LogReport: a log file, a run directory's worker logs with their exit files, a run id."""
+"""Logs on disk into one LogReport: a log file, a run directory's worker logs with their exit files, a run id.
+
+`tpuops report` reads logs here; a run that was followed does not: its report comes from the scanners its
+follower fed (logs/follow.Readings), finished by `run_report` as a read of its run directory would be."""
 
 from __future__ import annotations
 
@@ -10,7 +13,8 @@ from tpuops.logs.events import LogReport, apply_exit, exit_status, merge
 from tpuops.logs.scanner import WORKER_LOG, LogScanner
 
 __all__ = [
-    "LogReport", "LogScanner", "apply_exit", "merge", "read_exit", "run_logs", "scan_file", "scan_run", "scan_target",
+    "LogReport", "LogScanner", "apply_exit", "merge", "read_exit", "run_logs", "run_report", "scan_file", "scan_run",
+    "scan_target",
 ]  # fmt: skip
 
 
@@ -63,14 +67,21 @@ def scan_run(
     run_dir: Path, warmup: int = 1, *, check_exit: bool = True, step_pattern: str | None = None
 ) -> LogReport:
     """Every `worker-<k>.log` of a run directory (with its `worker-<k>.exit` unless told not to), merged."""
-    logs = run_logs(run_dir)
-    if not logs:
+    reports = [
+        scan_file(p, warmup, check_exit=check_exit, step_pattern=step_pattern) for p in run_logs(run_dir)
+    ]
+    return run_report(merge(reports) if reports else None, run_dir)
+
+
+def run_report(report: LogReport | None, run_dir: Path) -> LogReport:
+    """A run's merged worker reports as the report of its local run directory: named after it, with the
+    trainer's full config fetched beside the logs. None (no worker's log was read) is exit 2."""
+    if report is None:
         from tpuops.errors import UsageError
 
         raise UsageError(
             f"no worker-*.log in {run_dir}", hint="fetch the run's logs first, or pass a log file"
         )
-    report = merge([scan_file(p, warmup, check_exit=check_exit, step_pattern=step_pattern) for p in logs])
     report.source = str(run_dir)
     full = run_dir / "config.json"  # the trainer's resolved config, fetched beside the logs
     if report.config is None and full.is_file():

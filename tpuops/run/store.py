@@ -15,7 +15,7 @@ from tpuops import jsonout, shell
 from tpuops.config import TargetSpec, write_atomic
 from tpuops.errors import ExitCode, TpuopsError, UsageError
 from tpuops.logs.events import NOSPACE, STOPPED, Event, ExitEvent, LogReport, exit_status
-from tpuops.logs.follow import Follower
+from tpuops.logs.follow import Follower, Readings
 from tpuops.run import logreport, scan
 from tpuops.run.result import unverified
 from tpuops.run.target import open_transport, resolve, select_workers
@@ -148,11 +148,15 @@ def attach(
 ) -> Attached:
     """Follow a detached run from the byte offset already shown, fetch its logs, judge and record its end.
 
+    The lines shown before (by the run's own follow, in a process now gone) are not shown again, but this
+    follower's scanners read each log from its start: the report judges the whole log, each line once.
     `detach`, set from outside (Ctrl-C), stops following at once: the job goes on, the offsets shown so far
     are kept for the next attach, and nothing is fetched, judged or recorded (`Attached.detached`)."""
     rec = load(run_id)
     redact = rec.redactor()
     exits: dict[int, int | None] = {}
+    judged = rec.scan or {}
+    pattern = judged.get("step_pattern") or rec.values.get("step_pattern")
 
     def ended(event: Event) -> None:  # the scanner's exit events: which workers' jobs ended, and how
         if isinstance(event, ExitEvent):
@@ -168,6 +172,7 @@ def attach(
         offsets={} if from_start else saved_offsets(run_id),
         on_offset=None if from_start else OffsetWriter(run_id),
         detach=detach or threading.Event(),
+        reads=Readings(int(judged.get("warmup", 1)), pattern),
     )
     try:
         results = follower.follow_all(rec.workers, Follow(rec.remote_dir, stream=stream, timeout=timeout))
@@ -177,9 +182,7 @@ def attach(
             follower.fetch(w, Fetch(rec.remote_dir), user_config.state_home() / "runs")
     finally:
         transport.close()
-    judged = rec.scan or {}
-    pattern = judged.get("step_pattern") or rec.values.get("step_pattern")
-    log = scan.scan_run(rec.local_dir, int(judged.get("warmup", 1)), step_pattern=pattern)
+    log = scan.run_report(follower.reads.report(), rec.local_dir)  # what the follow and the fetch read
     lost = {
         w: r.error or r.stderr.strip() or f"exit {r.exit_code}"
         for w, r in sorted(results.items())

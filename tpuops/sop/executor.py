@@ -13,7 +13,7 @@ from typing import Any
 from tpuops import shell
 from tpuops.errors import TpuopsError, error_class
 from tpuops.logs.events import Event
-from tpuops.logs.follow import Follower
+from tpuops.logs.follow import Follower, Readings
 from tpuops.shell import MIN_SECRET_CHARS, Redactor
 from tpuops.sop import claim, secrets
 from tpuops.sop.actions import DOING, Action, Command, Fetch, Follow, Upload
@@ -141,7 +141,9 @@ class Executor:
     on_phase: Callable[[int, str, str, str], None] | None = None
     # Bytes of each worker's log already shown; the follower starts there and keeps it current (for attach).
     offsets: dict[int, int] = field(default_factory=dict)
-    seen: dict[int, dict[int, float]] = field(default_factory=dict)  # Follower.seen, shared as offsets is
+    # Each worker's log scanner, shared by every follow and fetch as `offsets` is: the run's one parse of its
+    # logs (launch sets the SOP's scan settings and makes the run's LogReport from it).
+    reads: Readings = field(default_factory=Readings)
     on_offset: Callable[[dict[int, int]], None] | None = None
     abort: threading.Event = field(default_factory=threading.Event)  # set from outside: stop following now
     # Set from outside (the first Ctrl-C): stop following and leave the job running, or, before any job
@@ -513,8 +515,8 @@ class Executor:
             offsets=self.offsets,
             on_offset=self.on_offset,
             abort=self.abort,
-            seen=self.seen,
             detach=self.detach,
+            reads=self.reads,
         )
 
     def _show(self, w: int, text: str) -> None:

@@ -52,6 +52,8 @@ def test_the_dry_run_plan_shows_the_fit_verdict(cloud: Cloud, vm_name: str, tmp_
                tmp_path, timeout=900)  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     dry = json.loads(r.stdout)
+    assert dry["vm"] == {"name": vm_name, "zone": ZONE, "api": "tpu", "kind": "node", "accelerator_type": "v4-8",
+                         "workers": 1}  # fmt: skip
     fit = dry["fit"]
     assert " on v4-8 fits: tightest phase" in fit, fit
     # The cost of the run before it starts: the VM's region priced by the (emulated) billing catalog.

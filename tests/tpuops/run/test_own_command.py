@@ -11,20 +11,21 @@ import pytest
 from tpuops.config import TargetSpec
 from tpuops.errors import UsageError
 from tpuops.run import bench, launch
+from tpuops.run.result import Planned
 from tpuops.sop.actions import render_plan
 
 HOSTS = TargetSpec(hosts=("me@10.0.0.2:22", "me@10.0.0.3:22"))
 
 
-def plan(tmp_path: Path, sop: str, command: tuple[str, ...] = (), **sets: str) -> launch.DryRun:
+def plan(tmp_path: Path, sop: str, command: tuple[str, ...] = (), **sets: str) -> Planned:
     """The plan of a run from `tmp_path`; the repository is "r" unless `tmp_path` is a checkout (its origin)."""
     own = (tmp_path / ".git").is_dir()
     req = launch.RunRequest(
         sop=sop, sets=sets if own else {"repo_url": "r", **sets}, target=HOSTS, dry_run=True, command=command
     )
     dry = launch.start(req, cwd=tmp_path)
-    assert isinstance(dry, launch.DryRun)
-    return dry
+    assert dry.planned is not None and dry.code == 0 and not dry.steps  # a dry run: nothing ran
+    return dry.planned
 
 
 def test_the_command_after_the_dashes_reaches_every_worker_word_for_word(tmp_path: Path) -> None:

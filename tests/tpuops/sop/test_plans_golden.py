@@ -25,8 +25,8 @@ def test_dry_run_plan_matches_golden(name: str, tmp_path: Path) -> None:
     result = launch.start(
         launch.RunRequest(sop=name, sets=sets, target=TargetSpec(hosts=HOSTS), dry_run=True), cwd=tmp_path
     )
-    assert isinstance(result, launch.DryRun)
-    text = render_plan(result.plan)
+    assert result.planned is not None and result.code == 0 and not result.steps  # a dry run: nothing ran
+    text = render_plan(result.planned.plan)
     golden = GOLDEN / f"{name}.txt"
     if os.environ.get("UPDATE_GOLDEN") == "1":
         golden.write_text(text)
@@ -40,7 +40,7 @@ def test_dry_run_touches_nothing(tmp_path: Path) -> None:
     result = launch.start(
         launch.RunRequest(sop="sync", sets={"repo_url": "x"}, target=spec, dry_run=True), cwd=tmp_path
     )
-    assert isinstance(result, launch.DryRun)
+    assert result.planned is not None
     assert not (Path(os.environ["TPUOPS_HOME"]) / "runs").exists()
 
 
@@ -50,6 +50,7 @@ def test_hostile_value_is_quoted_in_the_plan(tmp_path: Path) -> None:
         launch.RunRequest(sop="sync", sets=sets, target=TargetSpec(hosts=HOSTS[:1]), dry_run=True),
         cwd=tmp_path,
     )
-    text = render_plan(result.plan)
+    assert result.planned is not None
+    text = render_plan(result.planned.plan)
     assert "ref='x; rm -rf /'" in text
     assert "dir=\"$HOME\"/'$(reboot)'" in text

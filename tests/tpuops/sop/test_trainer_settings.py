@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tpuops.config import TargetSpec
 from tpuops.run import launch, prepare
+from tpuops.run.result import Planned
 from tpuops.sop import loader
 from tpuops.sop.actions import render_plan
 
@@ -18,16 +19,16 @@ HOSTS = ("me@10.0.0.2:22",)
 PRESET = "qwen2.5-1.5b-v6e-8"  # its YAML says train.steps: 200, checkpoint and eval every 50
 
 
-def _dry(sop: str, sets: dict[str, str], cwd: Path) -> launch.DryRun:
+def _dry(sop: str, sets: dict[str, str], cwd: Path) -> Planned:
     result = launch.start(
         launch.RunRequest(sop=sop, sets={**CODE, **sets}, target=TargetSpec(hosts=HOSTS), dry_run=True),
         cwd=cwd,
     )
-    assert isinstance(result, launch.DryRun)
-    return result
+    assert result.planned is not None  # a dry run
+    return result.planned
 
 
-def _trainer_argv(result: launch.DryRun) -> list[str]:
+def _trainer_argv(result: Planned) -> list[str]:
     """The words after `-m trainer.main` in the command the workers would start."""
     line = next(ln for ln in render_plan(result.plan).splitlines() if "-m trainer.main" in ln)
     inner = shlex.split(line.split("sh -c ", 1)[1])[0]  # the detached job's own shell text
@@ -35,7 +36,7 @@ def _trainer_argv(result: launch.DryRun) -> list[str]:
     return shlex.split(job)
 
 
-def _printed_config(sop: str, result: launch.DryRun) -> dict:
+def _printed_config(sop: str, result: Planned) -> dict:
     """What the preflight check (the trainer's --print-config, the same overrides list) resolves to."""
     argvs = prepare.preflight_argv(loader.load(loader.find(sop)), result.values)
     assert len(argvs) == 1 and argvs[0][-1] == "--print-config"

@@ -55,7 +55,7 @@ def test_the_nearest_sops_folder_wins_over_the_built_ins_and_sop_list_says_which
     assert origin["hello"] == "user" and origin["recompile-check"] == "user (shadows the built-in)"
     assert origin["grpo"] == "built-in" and origin["job"] == "built-in"
     dry = launch.start(launch.RunRequest(sop="hello", target=TargetSpec(local=True), dry_run=True), cwd=deep)
-    assert isinstance(dry, launch.DryRun) and dry.sop == "hello"
+    assert dry.planned is not None and dry.sop == "hello"
 
 
 def test_sops_dir_in_tpuops_toml_names_the_folder(tmp_path: Path) -> None:
