@@ -89,8 +89,11 @@ def test_completion_installs_and_completes(tmp_path: Path) -> None:
     assert script_bin, "the tpuops console script beside this interpreter (pip install -e .)"
     home = tmp_path / "home"
     home.mkdir()
+    # Typed in bash, as people do: typer finds the shell among the command's parent processes (shellingham), not
+    # in $SHELL, so a suite started with no shell above it (nohup, a service) still has one here.
     r = subprocess.run(
-        [script_bin, "--install-completion"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        ["bash", "-c", '"$0" --install-completion; exit $?', script_bin], capture_output=True, text=True, timeout=60,
+        cwd=tmp_path,
         env={**os.environ, "HOME": str(home), "SHELL": "/bin/bash"}, check=False,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr

@@ -43,7 +43,7 @@ class Cloud:
         return [r.line for r in self.emu.model.requests[since:]]
 
     def cli(
-        self, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+        self, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "tpuops", *args],
@@ -52,7 +52,7 @@ class Cloud:
             capture_output=True,
             text=True,
             env={**os.environ, "TPUOPS_TPU_API": self.url, **(env or {})},
-            timeout=120,
+            timeout=timeout,
             stdin=subprocess.DEVNULL,
         )
 
@@ -63,7 +63,8 @@ class Cloud:
         args.append("--skip-fit")
         for k, v in sets.items():
             args += ["--set", f"{k}={v}"]
-        r = self.cli(*args, cwd=cwd)
+        # A deadline, not a measure: a multi-host trainer job on a loaded 2-core machine took 77-130 s.
+        r = self.cli(*args, cwd=cwd, timeout=400)
         if r.returncode != 0:  # the workers' own logs say why
             run_dir = Path(os.environ["TPUOPS_HOME"]) / "runs"
             tails = [f"{p.name}: {p.read_text()[-1500:]}" for p in sorted(run_dir.glob("*/worker-*.log"))]

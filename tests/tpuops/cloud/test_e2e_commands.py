@@ -391,14 +391,33 @@ def test_gradcheck_and_microbench(vm2: Vm, tmp_path: Path) -> None:
         assert (m["B"], m["T"], m["V"]) == (1, 64, 1024) and m["iters"] == 2 and m["p50_ms"] > 0
 
 
+def pgrep(user: str, pattern: str) -> list[str]:
+    """The pids of `user`'s processes whose command line matches (the test's own worker users: unique names)."""
+    r = subprocess.run(["pgrep", "-u", user, "-f", pattern], capture_output=True, text=True, check=False)
+    return r.stdout.split()
+
+
 @pytest.mark.slow
 def test_detached_multihost_recompile_check_runs_logs_attach_report(vm2: Vm, tmp_path: Path) -> None:
+    steps = 6
     # Started and followed, then the follower is killed (the laptop goes away); the job goes on.
-    first = Follower(vm2.cloud, vm2.args("recompile-check", sets=vm2.trainer_sets(3)), tmp_path)
+    first = Follower(vm2.cloud, vm2.args("recompile-check", sets=vm2.trainer_sets(steps)), tmp_path)
     first.wait_for("[w0] step=0 ")
-    saved_past(vm2, "step=0 ")  # a line is shown, then its offset saved: a kill -9 between shows it again
-    shown = first.kill()
-    (record,) = ok_json(tpuops(vm2.cloud, ["runs", "--json"], tmp_path))
+    # Both trainer processes held (SIGSTOP) while the job is looked at: a tiny step takes well under a second,
+    # and `runs` asking the workers takes seconds, so without this the job may have ended already.
+    held = [
+        int(p) for user in vm2.users for p in pgrep(user, "trainer.main")
+    ]  # the trainers (and their shells)
+    assert len(held) >= 2, held
+    try:
+        for pid in held:
+            os.kill(pid, signal.SIGSTOP)
+        saved_past(vm2, "step=0 ")  # a line is shown, then its offset saved: a kill -9 between shows it again
+        shown = first.kill()
+        (record,) = ok_json(tpuops(vm2.cloud, ["runs", "--json"], tmp_path))
+    finally:
+        for pid in held:
+            os.kill(pid, signal.SIGCONT)
     assert record["status"] == "running"  # asked of the workers: the job goes on
     assert (record["sop"], record["target"], record["workers"]) == ("recompile-check", vm2.name, [0, 1])
     run_id = record["run_id"]
@@ -413,15 +432,15 @@ def test_detached_multihost_recompile_check_runs_logs_attach_report(vm2: Vm, tmp
     attached = tpuops(vm2.cloud, ["attach", run_id, "--json"], tmp_path)
     data = ok_json(attached)
     # Attach went on from where the follower stopped: every step once, none twice.
-    assert step_numbers(shown) + step_numbers(attached.stderr.splitlines()) == [0, 1, 2]
+    assert step_numbers(shown) + step_numbers(attached.stderr.splitlines()) == list(range(steps))
     log = data["report"]
-    assert data["exit_code"] == 0 and log["steps"] == 3 and log["workers"] == [0, 1]
+    assert data["exit_code"] == 0 and log["steps"] == steps and log["workers"] == [0, 1]
     assert log["start"]["process_count"] == "2"  # one jax.distributed job across both workers
     assert log["exit_codes"] == {"0": 0, "1": 0} and not log["failures"]
     assert log["compiles"]["after_warmup"] == 0 and log["compiles"]["warmup"] > 0
 
     report = ok_json(tpuops(vm2.cloud, ["report", run_id, "--json"], tmp_path))
-    assert report["report"]["steps"] == 3 and report["report"]["exit_codes"] == {"0": 0, "1": 0}
+    assert report["report"]["steps"] == steps and report["report"]["exit_codes"] == {"0": 0, "1": 0}
     (record,) = ok_json(tpuops(vm2.cloud, ["runs", "--json"], tmp_path))
     assert record["status"] == "ok"  # attach recorded how the run ended
 
@@ -442,9 +461,7 @@ def test_stop_a_detached_run_on_two_workers(vm2: Vm, tmp_path: Path) -> None:
         assert w["ok"] and w["detail"].startswith(("terminated", "killed")), w
         assert w["detail"].endswith("lock cleared"), w
     for user in vm2.users:  # nothing of the trainer is left on either worker
-        pgrep = ["pgrep", "-u", user, "-f", "trainer.main"]
-        left = subprocess.run(pgrep, check=False, capture_output=True, text=True)
-        assert left.returncode == 1, left.stdout
+        assert pgrep(user, "trainer.main") == []
     # Attaching to a stopped run fetches its logs at once and reports how it ended.
     attached = tpuops(vm2.cloud, ["attach", run_id, "--json"], tmp_path)
     log = json.loads(attached.stdout)["report"]
