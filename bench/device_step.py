@@ -190,6 +190,7 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
     from trainer.layout import decode_layout, init_opt_state
     from trainer.loop.programs import make_update, optimizer
     from trainer.sampling import sampler
+    from trainer.sharding import batch_devices
 
     w = workload(size)
     dev = jax.devices()[0]
@@ -239,7 +240,7 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
     micro, t0 = w["micro_batch"], time.perf_counter()
     while True:
         ucfg = config.with_sets(cfg, [f"train.micro_batch={micro}"])
-        ucfg.check_batch(1, mesh.shape["dp"] * mesh.shape["fsdp"])
+        ucfg.check_batch(1, batch_devices(mesh))
         update = make_update(ucfg, mconf, opt, P_len, impl, (params, opt_state)).lower(
             params, opt_state, glike
         )

@@ -133,9 +133,10 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class MeshConfig:
-    # data parallelism; on a multislice (MEGASCALE_NUM_SLICES) this is inside each slice, times the slices
+    # dp, fsdp and tp are inside one slice; on a multislice (MEGASCALE_NUM_SLICES) the slices are the mesh's
+    # own outermost axis `dcn` (data parallelism over DCN: trainer.sharding), so the mesh is slices x dp x fsdp x tp
     dp: int = 1
-    fsdp: int = 0  # 0: every remaining device
+    fsdp: int = 0  # 0: every remaining device of a slice
     tp: int = 1
     devices: int = 0  # use the first N devices (0: all); tests compare 1 device with 8
     accelerator: str = ""  # the TPU this config is made for (e.g. v6e-8): trainer.fit's default target

@@ -83,6 +83,7 @@ def evaluate(
 
     from trainer.distributed import global_array, to_host
     from trainer.sampling.sampler import SamplingConfig, generate
+    from trainer.sharding import batch_devices
     from trainer.tokenizer import decode, eos_ids, pad_batch, pad_id
 
     emit.eval_begin(step)
@@ -92,7 +93,7 @@ def evaluate(
         emit.line(
             f"warning: eval skipped {skipped} test prompts longer than {max(cfg.data.prompt_buckets)} tokens"
         )
-    B = eval_batch_size(cfg, mesh.shape["dp"] * mesh.shape["fsdp"])
+    B = eval_batch_size(cfg, batch_devices(mesh))
     P_len = max(cfg.data.prompt_buckets)
     r = cfg.rollout
     sampling = SamplingConfig(

@@ -18,7 +18,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from trainer.sharding import param_shardings, rollout_mesh
+from trainer.sharding import DCN_AXIS, param_shardings, rollout_mesh
 
 
 @dataclass(frozen=True)
@@ -38,8 +38,8 @@ class OnMesh:
 
 
 def rollout_tp(requested: int, kv_heads: int, devices: int) -> int:
-    """rollout.tp, or (0 = auto) the largest divisor of the kv-head count that divides the device count: the
-    KV cache then splits over heads without a replicated copy, and the weights over as many devices as that
+    """rollout.tp, or (0 = auto) the largest divisor of the kv-head count that divides `devices` (one slice's):
+    the KV cache then splits over heads without a replicated copy, and the weights over as many devices as that
     allows (docs/performance.md compares the alternatives by their fit estimates)."""
     if requested:
         return requested
@@ -48,7 +48,8 @@ def rollout_tp(requested: int, kv_heads: int, devices: int) -> int:
 
 def decode_layout(mesh: Mesh, mconf: Any, params_like: Any, tp: int) -> tuple[Mesh, OnMesh]:
     """(decode mesh, jitted params -> compute-dtype copy laid out for decode) over `mesh`'s devices."""
-    rmesh = rollout_mesh(mesh, rollout_tp(tp, mconf.num_key_value_heads, mesh.devices.size))
+    per_slice = mesh.devices.size // mesh.shape[DCN_AXIS]
+    rmesh = rollout_mesh(mesh, rollout_tp(tp, mconf.num_key_value_heads, per_slice))
     dtype = jnp.dtype(mconf.dtype)
     shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, dtype), params_like)
     cast = jax.jit(

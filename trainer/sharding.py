@@ -1,21 +1,23 @@
-"""Device mesh with axes (dp, fsdp, tp) and the partition rules for parameters, activations and KV cache.
+"""Device mesh with axes (dcn, dp, fsdp, tp) and the partition rules for parameters, activations and KV cache.
 
 Parameters: one table of (regex on the "/"-joined param path -> PartitionSpec). Matrices split their
 input dim over fsdp and their output (head/MLP/vocab) dim over tp. An axis that does not divide its dim is
 dropped (replicated) for that parameter, so tiny models and odd head counts still shard.
 Activations carry logical axis names (`batch`, `length`, `embed`, `heads`, `kv_heads`, `mlp`, `vocab`) and
 one table (LOGICAL) maps them to mesh axes; the model constrains them by name at every layer boundary
-(`constrain`), so the batch stays split over (dp, fsdp) and XLA all-gathers each layer's weights (FSDP)
+(`constrain`), so the batch stays split over (dcn, dp, fsdp) and XLA all-gathers each layer's weights (FSDP)
 instead of all-reducing whole-batch activations. Constraints apply under `jax.set_mesh(mesh)` and are no-ops
 without a mesh in context (single-device code and tests).
-KV cache, [L, B, S, K, H] for keys and for values: batch over (dp, fsdp), kv heads over tp.
-Decode uses its own layout of the same devices (`rollout_mesh`: batch over dp, heads over tp, no fsdp) with
-the weights cast to the compute dtype once per step: a decode loop over FSDP-split weights would all-gather
-every weight for every token (`tpuops fit` shows the difference).
+KV cache, [L, B, S, K, H] for keys and for values: batch over (dcn, dp, fsdp), kv heads over tp.
+Decode uses its own layout of the same devices (`rollout_mesh`: batch over dcn and dp, heads over tp, no fsdp)
+with the weights cast to the compute dtype once per step: a decode loop over FSDP-split weights would
+all-gather every weight for every token (`tpuops fit` shows the difference).
 The same code runs on 1 device, on forced CPU devices, and across processes with jax.distributed (the
 mesh then spans jax.devices(), i.e. every process's devices).
-Multislice: only `dp` may cross slices (DCN_AXIS): the slices are dp's outermost factor, so fsdp's all-gathers
-and tp's collectives stay on a slice's ICI and only the gradients' all-reduce over dp crosses DCN.
+Multislice: `dcn` (DCN_AXIS, the outermost axis, one row per slice; size 1 on one slice) is the only axis that
+crosses slices, and only the batch maps to it: every slice holds whole parameters (split over its own fsdp and
+tp), so fsdp's all-gathers and tp's collectives stay on a slice's ICI and the one collective over DCN is the
+update's gradient reduction (trainer.loop.programs.make_update: once per update, after the micro-batches).
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-AXES = ("dp", "fsdp", "tp")
-BATCH = ("dp", "fsdp")
-# The one mesh axis that may cross slices (data-center network, ~10x slower than ICI): data parallelism, whose
-# only collective in a step is the gradients' all-reduce. fsdp and tp stay inside one slice.
-DCN_AXIS = "dp"
+# The one mesh axis that crosses slices (data-center network, ~10x slower than ICI): data parallelism over
+# slices, whose only collective in a step is the gradients' reduction. dp, fsdp and tp stay inside one slice.
+DCN_AXIS = "dcn"
+AXES = (DCN_AXIS, "dp", "fsdp", "tp")
+BATCH = (DCN_AXIS, "dp", "fsdp")
 
-# Logical activation axis -> mesh axes (MaxText's logical_axis_rules, one table).
+# Logical activation axis -> mesh axes (MaxText's logical_axis_rules, one table). Only `batch` may name
+# DCN_AXIS; no rule in PARAM_RULES may (tests/trainer/test_multislice_mesh.py checks both).
 LOGICAL: dict[str, Any] = {
     "batch": BATCH,
     "length": None,
@@ -63,41 +66,39 @@ PARAM_RULES: tuple[tuple[str, P], ...] = (
 def make_mesh(
     dp: int, fsdp: int, tp: int, devices: Sequence[jax.Device] | None = None, num_slices: int = 1
 ) -> Mesh:
-    """A (dp, fsdp, tp) mesh over `devices` (default: all devices of all processes). With `num_slices` > 1 the
-    slices are dp's outermost factor (DCN_AXIS): on TPU by `create_hybrid_device_mesh` (devices grouped by
+    """A (dcn, dp, fsdp, tp) mesh over `devices` (default: all devices of all processes): dcn = `num_slices`,
+    and dp, fsdp and tp inside each slice. On TPU by `create_hybrid_device_mesh` (devices grouped by
     `slice_index`); elsewhere devices come in slice order already (process ids run slice by slice, as JAX numbers
-    them on a multislice), so the plain reshape puts slice s in dp rows [s*dp/n, (s+1)*dp/n)."""
+    them on a multislice), so the plain reshape puts slice s in dcn row s."""
     devices = list(jax.devices() if devices is None else devices)
-    if dp * fsdp * tp != len(devices):
-        raise ValueError(
-            f"mesh dp*fsdp*tp must equal the device count {len(devices)}, received {dp}x{fsdp}x{tp}"
-        )
-    if num_slices > 1:
-        if dp % num_slices:
-            raise ValueError(
-                f"mesh dp must be a multiple of the {num_slices} slices (only {DCN_AXIS} crosses slices; fsdp "
-                f"and tp stay inside one), received dp={dp}"
-            )
-        # TPU devices say their slice; gloo's CPU devices all say 0 (their processes come in slice order).
-        if len({getattr(d, "slice_index", 0) for d in devices}) == num_slices:
-            from jax.experimental import mesh_utils
+    if num_slices * dp * fsdp * tp != len(devices):
+        shape = f"{dp}x{fsdp}x{tp}" if num_slices == 1 else f"{num_slices} slices x {dp}x{fsdp}x{tp}"
+        raise ValueError(f"mesh dp*fsdp*tp must equal the device count {len(devices)}, received {shape}")
+    # TPU devices say their slice; gloo's CPU devices all say 0 (their processes come in slice order).
+    if num_slices > 1 and len({getattr(d, "slice_index", 0) for d in devices}) == num_slices:
+        from jax.experimental import mesh_utils
 
-            try:
-                hybrid = mesh_utils.create_hybrid_device_mesh(
-                    (dp // num_slices, fsdp, tp), (num_slices, 1, 1), devices
-                )
-                return Mesh(hybrid, AXES)
-            except AssertionError:  # TPU v4 shows a device per TensorCore: JAX lays out only one per chip
-                devices = sorted(devices, key=lambda d: d.slice_index)  # each slice in its own dp rows
-    return Mesh(np.asarray(devices).reshape(dp, fsdp, tp), AXES)
+        try:
+            hybrid = mesh_utils.create_hybrid_device_mesh((1, dp, fsdp, tp), (num_slices, 1, 1, 1), devices)
+            return Mesh(hybrid, AXES)
+        except AssertionError:  # TPU v4 shows a device per TensorCore: JAX lays out only one per chip
+            devices = sorted(devices, key=lambda d: d.slice_index)  # each slice in its own dcn row
+    return Mesh(np.asarray(devices).reshape(num_slices, dp, fsdp, tp), AXES)
+
+
+def batch_devices(mesh: Any) -> int:
+    """How many ways a batch splits: the devices along (dcn, dp, fsdp)."""
+    return int(np.prod([mesh.shape[a] for a in BATCH]))
 
 
 def _fit(spec: P, shape: tuple[int, ...], mesh: Any) -> P:
     """Drop mesh axes that do not divide their dimension: a tuple of axes keeps its longest prefix that
-    divides (the rest of that dimension is replicated)."""
+    divides (the rest of that dimension is replicated). Axes that are manual in the mesh in context (inside a
+    shard_map over them, as the update is over dcn) are dropped too: there each device sees its own part."""
+    manual = set(getattr(mesh, "manual_axes", ()))
     fitted: list[Any] = []
     for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec)), strict=True):
-        names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        names = tuple(a for a in ((axes,) if isinstance(axes, str) else tuple(axes or ())) if a not in manual)
         full = names
         while names and dim % int(np.prod([mesh.shape[a] for a in names])):
             names = names[:-1]
@@ -132,12 +133,12 @@ def shard_params(params: Any, mesh: Mesh) -> Any:
 
 
 def batch_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
-    """Activations/inputs [B, ...]: batch over (dp, fsdp), the rest replicated."""
+    """Activations/inputs [B, ...]: batch over (dcn, dp, fsdp), the rest replicated."""
     return NamedSharding(mesh, _fit(P(BATCH), shape, mesh))
 
 
 def kv_cache_sharding(mesh: Mesh, shape_LBSKH: tuple[int, ...]) -> NamedSharding:
-    """The stacked KV cache [L, B, S, K, H]: batch over (dp, fsdp), kv heads over tp."""
+    """The stacked KV cache [L, B, S, K, H]: batch over (dcn, dp, fsdp), kv heads over tp."""
     return NamedSharding(mesh, logical_spec((None, "batch", None, "kv_heads", None), shape_LBSKH, mesh))
 
 
@@ -154,9 +155,26 @@ def constrain(x: jax.Array, *names: str | None) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, logical_spec(names, tuple(x.shape), mesh))
 
 
+def lookup_layout(table_VD: jax.Array) -> jax.Array:
+    """The embedding table as the token lookup reads it: as it is, except inside a shard_map manual over some
+    axes (the update on a multislice, over dcn). There XLA's SPMD partitioner (jax 0.10.2, libtpu 0.0.42.1)
+    aborts on a CHECK (spmd_partitioner_util.cc:497) partitioning the gather of a table whose hidden dim is
+    split, once tp > 1 and the batch splits inside the slice; with the vocabulary split over (tp, fsdp) and the
+    hidden dim whole (the same bytes per device; an all-to-all inside the slice) it partitions."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not mesh.manual_axes:
+        return table_VD
+    return jax.lax.with_sharding_constraint(
+        table_VD, _fit(P(("tp", "fsdp"), None), tuple(table_VD.shape), mesh)
+    )
+
+
 def rollout_mesh(mesh: Mesh, tp: int) -> Mesh:
-    """The decode layout of `mesh`'s devices: (dp = devices / tp, fsdp = 1, tp)."""
-    devices = mesh.devices.reshape(-1)
-    if tp <= 0 or len(devices) % tp:
-        raise ValueError(f"rollout.tp must divide the device count {len(devices)}, received {tp}")
-    return Mesh(devices.reshape(len(devices) // tp, 1, tp), AXES)
+    """The decode layout of `mesh`'s devices: (dcn as in `mesh`, dp = a slice's devices / tp, fsdp = 1, tp); each
+    slice decodes its own rows with its own copy of the weights (tp groups never span slices)."""
+    slices = mesh.shape[DCN_AXIS]
+    devices = mesh.devices.reshape(slices, -1)  # dcn is the outermost axis: row s is slice s's devices
+    per_slice = devices.shape[1]
+    if tp <= 0 or per_slice % tp:
+        raise ValueError(f"rollout.tp must divide a slice's device count {per_slice}, received {tp}")
+    return Mesh(devices.reshape(slices, per_slice // tp, 1, tp), AXES)

@@ -60,15 +60,15 @@ def start_up(cfg: Config, emit: metrics.Emitter | None) -> tuple[metrics.Emitter
     process_index, process_count = distributed.init()
     emit = emit or metrics.Emitter(process_index)
     devices = jax.devices()[: cfg.mesh.devices or None]
-    # On a multislice mesh.dp is the data parallelism inside a slice and the slices multiply it (over DCN).
+    # mesh.dp, fsdp and tp are inside one slice; on a multislice the slices are the mesh's dcn axis.
     slices = distributed.num_slices()
-    dp = cfg.mesh.dp * slices
-    fsdp = cfg.mesh.fsdp or len(devices) // (dp * cfg.mesh.tp)
+    dp = cfg.mesh.dp
+    fsdp = cfg.mesh.fsdp or len(devices) // (slices * dp * cfg.mesh.tp)
     try:
         mesh = make_mesh(dp, fsdp, cfg.mesh.tp, devices, slices)
     except ValueError as e:
         raise ConfigError(f"mesh: {e}") from None
-    shape = f"dp:{dp},fsdp:{fsdp},tp:{cfg.mesh.tp}" + (f",slices:{slices}" if slices > 1 else "")
+    shape = (f"dcn:{slices}," if slices > 1 else "") + f"dp:{dp},fsdp:{fsdp},tp:{cfg.mesh.tp}"
     emit.start(
         backend=jax.default_backend(), process_count=process_count, process_index=process_index,
         device_count=len(devices), mesh=shape,

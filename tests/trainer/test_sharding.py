@@ -34,7 +34,7 @@ def _positions(mask: np.ndarray) -> np.ndarray:
 
 
 def test_rules_split_matrices_and_replicate_what_does_not_divide(mesh: jax.sharding.Mesh) -> None:
-    assert mesh.shape == {"dp": 1, "fsdp": 4, "tp": 2}
+    assert mesh.shape == {"dcn": 1, "dp": 1, "fsdp": 4, "tp": 2}
     assert sharding.param_spec("embed_tokens/embedding", (151936, 64), mesh) == P("tp", "fsdp")
     # Stacked layer parameters [L, ...]: the layer axis is never split (L = 4 here, as large as fsdp).
     assert sharding.param_spec("layers/self_attn/k_proj/kernel", (4, 64, 32), mesh) == P(None, "fsdp", "tp")
@@ -43,7 +43,7 @@ def test_rules_split_matrices_and_replicate_what_does_not_divide(mesh: jax.shard
     assert sharding.param_spec("layers/self_attn/q_proj/kernel", (4, 64, 3), mesh) == P(None, "fsdp", None)
     assert sharding.batch_sharding(mesh, (3, 8)).spec == P(None, None)
     assert sharding.kv_cache_sharding(mesh, (2, 4, 16, 2, 16)).spec == P(
-        None, ("dp", "fsdp"), None, "tp", None
+        None, ("dcn", "dp", "fsdp"), None, "tp", None
     )
     assert sharding.kv_cache_sharding(mesh, (2, 2, 16, 3, 16)).spec == P(None, None, None, None, None)
     with pytest.raises(KeyError, match="no partition rule"):

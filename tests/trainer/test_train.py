@@ -127,3 +127,14 @@ def test_same_losses_on_one_device_and_on_a_1_4_2_mesh(tmp_path: Path, one_devic
 def test_same_losses_with_4x2_accumulation_and_1x8(tmp_path: Path, one_device: Recorder) -> None:
     accumulated = run_toy(tmp_path, *SAME, "mesh.devices=1", "train.micro_batch=2")
     _assert_same(one_device, accumulated)
+
+
+@pytest.mark.slow
+def test_same_losses_on_two_slices_of_a_1_2_2_mesh_with_2_micro_batches(
+    tmp_path: Path, one_device: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """8 devices as 2 slices (MEGASCALE_NUM_SLICES, as the run step sets it): mesh dcn 2 x dp 1 x fsdp 2 x tp 2;
+    each slice sums its rows' gradients over 2 micro-batches, then one reduction over dcn."""
+    monkeypatch.setenv("MEGASCALE_NUM_SLICES", "2")
+    sliced = run_toy(tmp_path, *SAME, "mesh.tp=2", "train.micro_batch=4")
+    _assert_same(one_device, sliced)

@@ -200,8 +200,8 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint_to_resume_from(tmp_p
 @pytest.mark.slow
 def test_two_slices_of_two_processes_give_the_loss_of_one(tmp_path: Path) -> None:
     """2 slices x 2 processes (gloo standing in for DCN; MEGASCALE_* as tpuops' run step sets them): the mesh's
-    dp spans the slices, the forward equals the one-process run's exactly, the gradient within the two-process
-    test's tolerance (same cause)."""
+    dcn axis is the slices, the forward equals the one-process run's exactly, the gradient (2 micro-batches,
+    summed on each slice and reduced over dcn once) within the two-process test's tolerance (same cause)."""
     sets = (*SAME, "train.prompts_per_step=4")  # a multiple of the 4 processes
     one_steps, one = _parse(_run(_argv(tmp_path, *sets), _env()))
     port = _free_port()
@@ -223,7 +223,8 @@ def test_two_slices_of_two_processes_give_the_loss_of_one(tmp_path: Path) -> Non
     procs = [_start(_argv(tmp_path, *sets), env) for env in envs]
     outs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, "\n---\n".join(o[0][-1500:] + o[1][-2500:] for o in outs)
-    assert "process_count=4" in outs[0][0] and "mesh=dp:2,fsdp:2,tp:1,slices:2" in outs[0][0]
+    assert "process_count=4" in outs[0][0] and "mesh=dcn:2,dp:1,fsdp:2,tp:1" in outs[0][0]
+    assert "batch_devices=4 micro_batch_per_device=2 accumulation_steps=2" in outs[0][0]
     four_steps, four = _parse(outs[0][0])
     assert abs(one["loss_last"]) > 1e-3
     for key in ("reward_mean", "loss", "entropy"):

@@ -184,8 +184,7 @@ def run(
         failed = [k for k, p in result["phases"].items() if not p["fits"]]
         result["fix"] = None
         if fix and failed and all(k in programs.UPDATE for k in failed):
-            batch_devices = facts["mesh"]["dp"] * facts["mesh"]["fsdp"]
-            for extra in fix_candidates(cfg, batch_devices):
+            for extra in fix_candidates(cfg, facts["batch_devices"]):
                 tried = analyze.judge(measured(config.with_sets(cfg, extra), programs.UPDATE)[0], per_device)
                 if tried["fits"]:
                     result["fix"] = {

@@ -50,6 +50,7 @@ _DIRECTION = re.compile(r"\bdirection=(?P<d>[A-Z]+)")
 CONTROL = frozenset({"while", "conditional", "call"})
 # Single-operand ops that pass a scalar counter or bound through unchanged.
 _VIEWS = frozenset({"copy", "bitcast", "convert", "reshape"})
+_CONTEXT = re.compile(r"\bu32\[\]")  # an async permute's context scalar in its start's tuple
 _GROUPS_LIST = re.compile(r"replica_groups=\{\{(?P<first>[0-9,]*)\}")
 _GROUPS_IOTA = re.compile(
     r"replica_groups=\[(?P<groups>\d+),(?P<size>\d+)\]<=\[(?P<dims>[0-9,]+)\](?:T\((?P<perm>[0-9,]+)\))?"
@@ -297,8 +298,11 @@ def collective_ops(text: str | Module, devices: int) -> list[CollectiveOp]:
             kind = ins.op.removesuffix("-start")
             if kind not in KINDS or not (sizes := _array_bytes(ins.type)):
                 continue
-            # An async start's tuple holds (operands..., results...): the results are the second half.
+            # An async start's tuple holds (operands..., results...): the results are the second half. A permute's
+            # start also carries u32[] context scalars (libtpu: operand, result, u32[], u32[]), which are not data.
             start = ins.op.endswith("-start") and kind != "all-reduce"
+            if start and kind == "collective-permute":
+                sizes = sizes[: max(len(sizes) - len(_CONTEXT.findall(ins.type)), 2)]
             result = sum(sizes[len(sizes) // 2 :]) if start else sum(sizes)
             group = tuple(group_members(ins.line, devices))
             n = len(group)

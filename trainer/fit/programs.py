@@ -34,7 +34,7 @@ from trainer.loop.programs import make_ref_logp, make_update, optimizer
 from trainer.model.config import Qwen2Config, preset
 from trainer.model.qwen2 import Qwen2
 from trainer.sampling import sampler
-from trainer.sharding import BATCH, make_mesh, param_shardings
+from trainer.sharding import BATCH, batch_devices, make_mesh, param_shardings
 
 
 @dataclass
@@ -76,13 +76,12 @@ def _batch(mesh: Mesh, shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStru
 
 
 def training_mesh(cfg: Config, devices: list[Any]) -> Mesh:
-    """The mesh train.start_up builds (fsdp 0 = every remaining device); on a multislice topology (devices with
-    several `slice_index`) mesh.dp is per slice and the slices multiply it, as in train.start_up."""
+    """The mesh startup.start_up builds (fsdp 0 = every remaining device of a slice); on a multislice topology
+    (devices with several `slice_index`) the slices are the dcn axis and mesh.dp, fsdp and tp are per slice."""
     devices = devices[: cfg.mesh.devices or None]
     slices = len({getattr(d, "slice_index", 0) for d in devices})
-    dp = cfg.mesh.dp * slices
-    fsdp = cfg.mesh.fsdp or len(devices) // (dp * cfg.mesh.tp)
-    return make_mesh(dp, fsdp, cfg.mesh.tp, devices, slices)
+    fsdp = cfg.mesh.fsdp or len(devices) // (slices * cfg.mesh.dp * cfg.mesh.tp)
+    return make_mesh(cfg.mesh.dp, fsdp, cfg.mesh.tp, devices, slices)
 
 
 def state(cfg: Config, mconf: Qwen2Config, mesh: Mesh) -> tuple[Any, Any, Any]:
@@ -110,7 +109,7 @@ def step_programs(
     """Every program of one step (or those named in `only`), lowered; plus facts for the report."""
     mconf = model_config(cfg)
     mesh = training_mesh(cfg, devices)
-    cfg.check_batch(len({d.process_index for d in devices}), mesh.shape["dp"] * mesh.shape["fsdp"])
+    cfg.check_batch(len({d.process_index for d in devices}), batch_devices(mesh))
     params, opt_state, opt = state(cfg, mconf, mesh)
     N, P_len, C = cfg.sequences_per_step, max(cfg.data.prompt_buckets), cfg.rollout.max_new_tokens
     impl = resolve_impl(cfg.train.loss_impl, "tpu")
@@ -125,8 +124,8 @@ def step_programs(
     facts = {
         "impl": impl, "mesh": dict(mesh.shape), "rollout_mesh": dict(rmesh.shape),
         "params_bytes": device_bytes(params), "opt_state_bytes": device_bytes(opt_state),
-        "sequences": N, "prompt_len": P_len, "new_tokens": C, "micro_batch": cfg.train.micro_batch,
-        "accumulation": cfg.accumulation_steps, "remat": cfg.train.remat,
+        "batch_devices": batch_devices(mesh), "sequences": N, "prompt_len": P_len, "new_tokens": C,
+        "micro_batch": cfg.train.micro_batch, "accumulation": cfg.accumulation_steps, "remat": cfg.train.remat,
     }  # fmt: skip
     return [p for p in programs if p.name in only], facts
 

@@ -12,6 +12,8 @@ per-token losses are aggregated as TRL defines the four variants:
     dr_grpo token sum / (B × max_completion_len), a constant normaliser (Dr. GRPO);
     dapo    token sum / the number of active tokens in the whole step (across micro-batches), so
             gradient accumulation does not change the loss (DAPO's token-level loss).
+On a multislice each slice holds part of every micro-batch: given the whole micro-batch's rows and active
+tokens (`whole`), a slice's loss and statistics are its share, and the slices' shares sum to the micro-batch's.
 """
 
 from __future__ import annotations
@@ -52,19 +54,26 @@ def per_token_loss(
 
 
 def aggregate(
-    loss_BT: Array, mask_BT: Array, cfg: LossConfig, *, dapo_tokens: Array | float | None = None
+    loss_BT: Array,
+    mask_BT: Array,
+    cfg: LossConfig,
+    *,
+    dapo_tokens: Array | float | None = None,
+    whole: tuple[int, Array] | None = None,
 ) -> Array:
-    """One scalar from per-token losses; `dapo_tokens` is the step's active-token count per micro-batch."""
+    """One scalar from per-token losses; `dapo_tokens` is the step's active-token count per micro-batch.
+    `whole` = (rows, active tokens) of the micro-batch these rows are part of (default: these rows alone)."""
     m_BT = mask_BT.astype(jnp.float32)
+    rows, active = whole if whole is not None else (loss_BT.shape[0], m_BT.sum())
     total = (loss_BT * m_BT).sum()
     if cfg.loss_type == "grpo":
         per_seq_B = (loss_BT * m_BT).sum(axis=1) / jnp.maximum(m_BT.sum(axis=1), 1.0)
-        return per_seq_B.mean()
+        return per_seq_B.sum() / rows
     if cfg.loss_type == "bnpo":
-        return total / jnp.maximum(m_BT.sum(), 1.0)
+        return total / jnp.maximum(active, 1.0)
     if cfg.loss_type == "dr_grpo":
         width = cfg.max_completion_len or loss_BT.shape[1]
-        return total / (loss_BT.shape[0] * width)
+        return total / (rows * width)
     if cfg.loss_type == "dapo":
         tokens = m_BT.sum() if dapo_tokens is None else dapo_tokens
         return total / jnp.maximum(tokens, 1.0)
@@ -81,12 +90,14 @@ def grpo_objective(
     cfg: LossConfig,
     *,
     dapo_tokens: Array | float | None = None,
+    whole: tuple[int, Array] | None = None,
 ) -> tuple[Array, dict[str, Any]]:
-    """(loss, aux): the aggregated GRPO loss and masked means of ratio, clip fractions, KL and entropy."""
+    """(loss, aux): the aggregated GRPO loss and masked means of ratio, clip fractions, KL and entropy (with
+    `whole`, this part's shares of the micro-batch's: see `aggregate`)."""
     loss_BT, parts = per_token_loss(logp_BT, old_logp_BT, ref_logp_BT, adv_B, entropy_BT, cfg)
-    loss = aggregate(loss_BT, mask_BT, cfg, dapo_tokens=dapo_tokens)
+    loss = aggregate(loss_BT, mask_BT, cfg, dapo_tokens=dapo_tokens, whole=whole)
     m_BT = mask_BT.astype(jnp.float32)
-    n = jnp.maximum(m_BT.sum(), 1.0)
+    n = jnp.maximum(m_BT.sum() if whole is None else whole[1], 1.0)
 
     def mean(x_BT: Array) -> Array:
         return (x_BT.astype(jnp.float32) * m_BT).sum() / n

@@ -2,9 +2,10 @@
 
 Mosaic (Pallas TPU) kernels cannot be partitioned by XLA, and the chunked XLA loops would slice a global
 array; so under a mesh in context (`jax.set_mesh`) the per-device kernel runs inside `jax.shard_map` with the
-rows split over the batch axes (dp, fsdp) and the LM-head weight whole on every device (XLA all-gathers it,
-as FSDP does for every layer). The backward runs the kernel's own VJP per device and reduce-scatters dW
-over the batch axes (a psum where the hidden size does not divide), so the gradient is exact.
+rows split over the batch axes (dcn, dp, fsdp) and the LM-head weight whole on every device (XLA all-gathers
+it, as FSDP does for every layer). The backward runs the kernel's own VJP per device and reduce-scatters dW
+over the batch axes (a psum where the hidden size does not divide), so the gradient is exact. Inside a
+shard_map that is already manual over some of them (the update, over dcn), only the others are split here.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def active_mesh() -> jax.sharding.AbstractMesh | None:
 def batch_sharded(kernel: Kernel, h_BTD: Array, w_DV: Array, ids_BT: Array) -> tuple[Array, Array]:
     """`kernel` applied per device to its batch rows; differentiable w.r.t. h and w."""
     mesh = active_mesh()
-    axes = tuple(a for a in BATCH if mesh is not None and mesh.shape[a] > 1)
+    manual = set(mesh.manual_axes) if mesh is not None else set()
+    axes = tuple(a for a in BATCH if mesh is not None and mesh.shape[a] > 1 and a not in manual)
     if mesh is None or not axes:
         return kernel(h_BTD, w_DV, ids_BT)
     n_dev = int(np.prod([mesh.shape[a] for a in axes]))

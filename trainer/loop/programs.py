@@ -1,7 +1,7 @@
 """The jitted programs of a step: the optimizer, the GRPO loss of a micro-batch, the accumulated update and
 the reference log-probs (trainer.fit compiles the same ones for a TPU).
 
-Dims: B sequences of a micro-batch, S = P + C, C = rollout.max_new_tokens, D hidden.
+Dims: B sequences of a micro-batch, S = P + C, C = rollout.max_new_tokens, D hidden, K micro-batches.
 """
 
 from __future__ import annotations
@@ -11,12 +11,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import PartitionSpec as P
 
 from trainer.config import Config
 from trainer.grpo.loss import grpo_objective
 from trainer.kernels import token_logprob_entropy_from_hidden
 from trainer.layout import OnMesh
 from trainer.model.qwen2 import forward_hidden, lm_head_weight
+from trainer.sharding import DCN_AXIS
 
 
 def optimizer(cfg: Config) -> optax.GradientTransformation:
@@ -48,9 +50,12 @@ def completion_logp(
 
 
 def make_loss_fn(cfg: Config, mconf: Any, P_len: int, impl: str) -> Any:
-    """loss_fn(params, micro_batch, dapo_tokens) -> (loss, aux): the GRPO objective of one micro-batch."""
+    """loss_fn(params, micro_batch, dapo_tokens, whole=None) -> (loss, aux): the GRPO objective of one
+    micro-batch, or with `whole` = (rows, tokens) of the micro-batch, the share of its rows here (grpo_objective)."""
 
-    def loss_fn(params: Any, mb: dict[str, jax.Array], dapo_tokens: jax.Array) -> tuple[jax.Array, Any]:
+    def loss_fn(
+        params: Any, mb: dict[str, jax.Array], dapo_tokens: jax.Array, whole: Any = None
+    ) -> tuple[jax.Array, Any]:
         logp_BC, ent_BC = completion_logp(params, mconf, mb, P_len, cfg, impl)
         ref = mb.get("ref_logp") if cfg.loss.beta > 0 else None
         return grpo_objective(
@@ -62,6 +67,7 @@ def make_loss_fn(cfg: Config, mconf: Any, P_len: int, impl: str) -> Any:
             ent_BC,
             cfg.loss,
             dapo_tokens=dapo_tokens,
+            whole=whole,
         )
 
     return loss_fn
@@ -73,24 +79,56 @@ def make_update(
     """One jitted step: mean of the micro-batch gradients (lax.scan), applied once; traced on the params' mesh
     with each decoder layer rematerialised per train.remat.
 
+    The micro-batch loop runs inside a shard_map that is manual over the mesh's dcn axis only (dp, fsdp and tp
+    stay XLA's): each slice takes its own rows of every micro-batch, sums their gradients on its ICI, and the
+    sums cross DCN once, after the loop (left to XLA, the reduction over slices happens inside every
+    micro-batch's backward: K times the gradients' bytes over DCN). On one slice (dcn of size 1) the loop
+    runs as it is, without the shard_map.
+
     Outputs keep the inputs' shardings (`like` = (params, opt_state)): if XLA chose its own, the next step's
     inputs would differ and the update would compile again.
     """
     n_micro = cfg.accumulation_steps
     loss_fn = make_loss_fn(cfg, mconf.replace(remat=cfg.train.remat), P_len, impl)
+    shardings = jax.tree_util.tree_map(lambda x: x.sharding, like)
+    mesh = jax.tree_util.tree_leaves(shardings)[0].mesh
+    slices = mesh.shape[DCN_AXIS]
+
+    def over_slices(x: Any) -> Any:
+        """The sum over slices (one cross-DCN reduction); on one slice there is nothing to sum."""
+        return jax.lax.psum(x, DCN_AXIS) if slices > 1 else x
+
+    def accumulate(params: Any, batch: dict[str, jax.Array]) -> tuple[Any, jax.Array, Any]:
+        """One slice's rows: (gradient sum, [K] losses, [K] aux), each summed over the slices."""
+        micro = jax.tree_util.tree_map(lambda x: x.reshape(n_micro, -1, *x.shape[1:]), batch)
+        rows = micro["adv"].shape[1] * slices  # a micro-batch's rows, all slices together
+        tokens_K = over_slices(micro["comp_mask"].sum(axis=(1, 2)).astype(jnp.float32))
+        dapo_tokens = tokens_K.sum() / n_micro
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+
+        def body(acc: Any, xs: tuple[dict[str, jax.Array], jax.Array]) -> tuple[Any, Any]:
+            mb, tokens = xs
+            (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+                params, mb, dapo_tokens, (rows, tokens)
+            )
+            return jax.tree_util.tree_map(jnp.add, acc, grads), (loss, aux)
+
+        grads, (losses_K, auxes_K) = jax.lax.scan(body, zeros, (micro, tokens_K))
+        return over_slices((grads, losses_K, auxes_K))
 
     def update(
         params: Any, opt_state: Any, batch: dict[str, jax.Array]
     ) -> tuple[Any, Any, dict[str, jax.Array]]:
-        dapo_tokens = batch["comp_mask"].sum().astype(jnp.float32) / n_micro
-        micro = jax.tree_util.tree_map(lambda x: x.reshape(n_micro, -1, *x.shape[1:]), batch)
-        zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
-
-        def body(acc: Any, mb: dict[str, jax.Array]) -> tuple[Any, Any]:
-            (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, mb, dapo_tokens)
-            return jax.tree_util.tree_map(jnp.add, acc, grads), (loss, aux)
-
-        grads, (losses, auxes) = jax.lax.scan(body, zeros, micro)
+        per_slice = accumulate
+        if slices > 1:
+            # check_vma=False: with JAX's replication typing, the gradient of the slice-invariant params would
+            # be summed over dcn in every micro-batch's backward (and the model's loops, whose carries start
+            # from constants, would not type-check); unchecked, each slice's gradient is its own until the psum.
+            batch_specs = jax.tree_util.tree_map(lambda _: P(DCN_AXIS), batch)
+            per_slice = jax.shard_map(
+                accumulate, in_specs=(P(), batch_specs), out_specs=P(), axis_names={DCN_AXIS}, check_vma=False
+            )
+        grads, losses, auxes = per_slice(params, batch)
         grads = jax.tree_util.tree_map(lambda g: g / n_micro, grads)
         updates, opt_state = opt.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
@@ -98,8 +136,6 @@ def make_update(
         out.update({k: v.mean() for k, v in auxes.items()})
         return params, opt_state, out
 
-    shardings = jax.tree_util.tree_map(lambda x: x.sharding, like)
-    mesh = jax.tree_util.tree_leaves(shardings)[0].mesh
     return OnMesh(jax.jit(update, donate_argnums=(0, 1), out_shardings=(*shardings, None)), mesh)
 
 

@@ -16,6 +16,7 @@ from trainer.loop.programs import make_ref_logp, make_update, optimizer
 from trainer.loop.state import Run, State
 from trainer.loop.stop import StopNotice
 from trainer.sampling.sampler import SamplingConfig
+from trainer.sharding import batch_devices
 from trainer.startup import load_model, start_up
 from trainer.tokenizer import eos_ids, pad_id
 
@@ -23,9 +24,8 @@ from trainer.tokenizer import eos_ids, pad_id
 def setup(cfg: Config, emit: metrics.Emitter | None) -> tuple[Run, State]:
     """Everything before step 0; a config that cannot run here (mesh, batch) is a ConfigError."""
     emit, mesh, process_index, process_count = start_up(cfg, emit)
-    batch_devices = cfg.mesh.dp * mesh.shape["fsdp"]
-    cfg.check_batch(process_count, batch_devices)
-    emit.batch(cfg.batch_line(batch_devices))
+    cfg.check_batch(process_count, batch_devices(mesh))
+    emit.batch(cfg.batch_line(batch_devices(mesh)))
     wandb_run = init_wandb(cfg, emit)
     mconf, params, tokenizer = load_model(cfg, mesh, process_index)
     task = tasks.get(cfg.data.task)

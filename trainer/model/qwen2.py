@@ -31,7 +31,7 @@ import numpy as np
 from jax import Array
 
 from trainer.model.config import Qwen2Config
-from trainer.sharding import constrain, path_str
+from trainer.sharding import constrain, lookup_layout, path_str
 
 Params = dict[str, Any]
 # Logical axis names of the activations (trainer.sharding.LOGICAL maps them to mesh axes).
@@ -236,7 +236,8 @@ class Qwen2(nn.Module):
             )  # fmt: skip
 
     def __call__(self, input_ids_BT: Array, positions_BT: Array, mask_BTS: Array, cache: Any = None) -> Any:
-        x_BTD = constrain(self.embed_tokens(input_ids_BT), *_BTD)
+        table_VD = lookup_layout(self.embed_tokens.embedding).astype(_dt(self.config.dtype))
+        x_BTD = constrain(jnp.take(table_VD, input_ids_BT, axis=0), *_BTD)  # nn.Embed's lookup
         cos, sin = rope_cos_sin(positions_BT, self.config)
         layer_L = jnp.arange(self.config.num_hidden_layers, dtype=jnp.int32)
         if cache is None:  # prefill / training

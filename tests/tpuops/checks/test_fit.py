@@ -126,18 +126,20 @@ def test_an_oversized_micro_batch_gets_the_cheapest_override_that_fits(tmp_path:
 
 @pytest.mark.slow
 def test_two_slices_report_the_bytes_that_cross_dcn_and_their_time(tmp_path: Path) -> None:
-    """tiny on 2 x v5e-4 (libtpu's multislice topology): the mesh's dp spans the slices, the update's gradients
-    cross DCN (at least their bytes per device), and the time is those bytes per host at the cited bandwidth."""
+    """tiny on 2 x v5e-4 (libtpu's multislice topology): the mesh's dcn axis is the slices, the update's gradients
+    cross DCN once per update (their bytes per device, not once per micro-batch), and the time is those bytes per
+    host at the cited bandwidth."""
     sets = ["--set", "train.micro_batch=8", "--set", "train.prompts_per_step=4"]
     r = tpuops("fit", "tiny", "--accelerator", "v5e-4", "--slices", "2", *sets, "--json", "--no-cache")
     assert r.returncode == 0, r.stderr[-2000:]
     result = json.loads(r.stdout)
-    assert (result["slices"], result["devices"], result["mesh"]["dp"]) == (2, 8, 2)
+    assert (result["slices"], result["devices"], result["accumulation"]) == (2, 8, 2)
+    assert result["mesh"] == {"dcn": 2, "dp": 1, "fsdp": 4, "tp": 1}
     dcn = result["dcn"]
     assert dcn["bytes_per_device"] == sum(dcn["phases"].values()) > 0
-    assert (
-        dcn["phases"]["update"] >= result["params_bytes"]
-    )  # every device's gradient shard is reduced over DCN
+    # Every device's gradient shard is reduced over DCN once, after the 2 micro-batches (+ a few statistics);
+    # reduced inside each micro-batch's backward it was 4.0x (docs/performance.md).
+    assert result["params_bytes"] <= dcn["phases"]["update"] <= 1.1 * result["params_bytes"]
     assert (
         dcn["bytes_per_host"]
         == dcn["bytes_per_device"] * dcn["devices_per_host"]

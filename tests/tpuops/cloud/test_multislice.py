@@ -100,8 +100,8 @@ def test_a_preempted_slice_recreates_the_whole_multislice_and_the_run_finishes(
 def test_the_default_job_runs_across_two_slices_of_two_workers(
     cloud: Cloud, vm_name: str, worker_python: str, committed_repo: Path, tmp_path: Path
 ) -> None:
-    """`run grpo` on 2 x v4-16: 4 trainer processes in one jax.distributed group, the mesh's dp over the slices
-    (MEGASCALE_NUM_SLICES from the run step), exit 0 on every worker."""
+    """`run grpo` on 2 x v4-16: 4 trainer processes in one jax.distributed group, the mesh's dcn axis over the
+    slices (MEGASCALE_NUM_SLICES from the run step), exit 0 on every worker."""
     _create(cloud, vm_name)
     head = subprocess.run(
         ["git", "-C", str(committed_repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
@@ -114,5 +114,5 @@ def test_the_default_job_runs_across_two_slices_of_two_workers(
     log = cloud.run_grpo(vm_name, ZONE, sets, tmp_path)["log"]
     assert log["steps"] == 1 and not log["failures"]
     assert log["start"]["process_count"] == "4"
-    assert log["start"]["mesh"] == "dp:2,fsdp:2,tp:1,slices:2"
+    assert log["start"]["mesh"] == "dcn:2,dp:1,fsdp:2,tp:1"
     assert log["exit_codes"] == {str(w): 0 for w in range(4)}

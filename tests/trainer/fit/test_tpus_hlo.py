@@ -56,6 +56,7 @@ HLO = """
   %rs = f32[256,64]{1,0} reduce-scatter(f32[2048,64]{1,0} %g), channel_id=2, replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}
   %ar = f32[] all-reduce(f32[] %x), channel_id=3, replica_groups={{0,1},{2,3},{4,5},{6,7}}, to_apply=%add
   %ags = (bf16[16,8]{1,0}, bf16[64,8]{1,0}) all-gather-start(bf16[16,8]{1,0} %q), replica_groups=[2,4]<=[8], dimensions={0}
+  %cps = (bf16[224,512]{1,0}, bf16[224,512]{1,0}, u32[], u32[]) collective-permute-start(%w), source_target_pairs={{0,1},{1,0}}
   %add.7 = f32[8]{0} add(f32[8]{0} %a, f32[8]{0} %b)
 """
 
@@ -65,7 +66,9 @@ def test_collectives_read_result_bytes_group_sizes_and_async_starts() -> None:
     assert got["all-gather"] == 1024 * 2048 * 2 + 64 * 8 * 2  # the async start's result, not its operand
     assert got["reduce-scatter"] == 256 * 64 * 4
     assert got["all-reduce"] == 4
-    moved = 1024 * 2048 * 2 * 7 / 8 + 256 * 64 * 4 * 7 + 2 * 4 * 1 / 2 + 64 * 8 * 2 * 3 / 4
+    # libtpu's permute start is (operand, result, u32[] contexts): the result's bytes, not the contexts'
+    assert got["collective-permute"] == 224 * 512 * 2
+    moved = 1024 * 2048 * 2 * 7 / 8 + 256 * 64 * 4 * 7 + 2 * 4 * 1 / 2 + 64 * 8 * 2 * 3 / 4 + 224 * 512 * 2
     assert got["moved"] == int(moved)
 
 

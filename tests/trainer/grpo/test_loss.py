@@ -98,6 +98,23 @@ def test_dapo_normaliser_makes_accumulation_exact(inputs: dict[str, np.ndarray])
     np.testing.assert_allclose(np.mean(halves), whole, rtol=1e-6)
 
 
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_the_slices_shares_sum_to_the_micro_batch_loss(inputs: dict[str, np.ndarray], loss_type: str) -> None:
+    """A micro-batch split over slices (rows 0-1 and 2-5: unequal parts, unequal token counts): given the whole
+    micro-batch's rows and tokens, the parts' losses and statistics sum to the whole's (the update psums them)."""
+    cfg = LossConfig(loss_type=loss_type, beta=0.04, entropy_coef=0.01)
+    x = {k: np.asarray(v, np.float32) for k, v in inputs.items()}
+    args = lambda s: (x["logp"][s], x["old"][s], x["ref"][s], x["adv"][s], x["mask"][s], x["ent"][s], cfg)  # noqa: E731
+    loss, aux = grpo_objective(*args(slice(None)), dapo_tokens=20.0)
+    whole = (B, jnp.float32(x["mask"].sum()))
+    parts = [grpo_objective(*args(s), dapo_tokens=20.0, whole=whole) for s in (slice(0, 2), slice(2, 6))]
+    np.testing.assert_allclose(sum(float(p[0]) for p in parts), float(loss), rtol=1e-6)
+    for key in aux:
+        np.testing.assert_allclose(
+            sum(float(p[1][key]) for p in parts), float(aux[key]), rtol=1e-6, err_msg=key
+        )
+
+
 def test_clip_fractions_count_the_clipped_side(inputs: dict[str, np.ndarray]) -> None:
     x = {k: np.asarray(v, np.float32) for k, v in inputs.items()}
     cfg = dataclasses.replace(LossConfig(), loss_type="bnpo")

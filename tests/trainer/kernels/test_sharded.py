@@ -8,10 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from tests.trainer.kernels.conftest import TEMPERATURE, TOL, rel_err
+from trainer import sharding
 from trainer.kernels import token_logprob_entropy_from_hidden
 from trainer.kernels.logprob import pallas_lm_head, reference
 from trainer.kernels.logprob.blocks import BlockSizes
@@ -46,11 +47,13 @@ def _want(x: dict[str, jax.Array]) -> tuple:
     return jax.jit(_grads(ref, x))(x["h"], x["w"])
 
 
+@pytest.mark.parametrize("slices", [1, 2])
 @pytest.mark.parametrize("impl", ["pallas", "chunked", "fused_lm_head", "reference"])
-def test_batch_sharded_kernel_matches_single_device_reference(impl: str) -> None:
+def test_batch_sharded_kernel_matches_single_device_reference(impl: str, slices: int) -> None:
+    """8 devices as one slice (fsdp 8) or two (dcn 2 x fsdp 4): the rows split 8 ways over the batch axes."""
     x = _draw(11)
-    mesh = Mesh(np.asarray(jax.devices()[:8]).reshape(1, 8, 1), ("dp", "fsdp", "tp"))
-    rows = NamedSharding(mesh, P(("dp", "fsdp")))
+    mesh = sharding.make_mesh(1, 8 // slices, 1, jax.devices()[:8], num_slices=slices)
+    rows = NamedSharding(mesh, P(sharding.BATCH))
     h = jax.device_put(x["h"], rows)
     w = jax.device_put(x["w"], NamedSharding(mesh, P("fsdp", None)))  # FSDP-split like the real LM head
 
