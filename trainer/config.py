@@ -116,6 +116,9 @@ class TrainConfig:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     loss_impl: Literal["reference", "chunked", "pallas", "fused_lm_head", "auto"] = "auto"
+    # The update's self-attention: xla (`[S, S]` float32 scores per layer) | pallas (the splash kernel: no scores in
+    # HBM; S a multiple of 128) | auto (pallas on a TPU or a TPU compile target where S allows, else xla).
+    attention_impl: Literal["auto", "xla", "pallas"] = "auto"
     # Recompute each decoder layer in the backward pass: none | dots (keep matmul outputs) | full (keep inputs)
     remat: Literal["none", "dots", "full"] = "none"
     seed: int = 0
@@ -210,6 +213,12 @@ class Config:
             not (self.eval.every and task.eval_examples is None),
             f"eval.every needs a task with an eval split ({', '.join(with_eval)}): the {task.name} task has "
             "none; set eval.every=0",
+        )
+        lengths = sorted({p + self.rollout.max_new_tokens for p in self.data.prompt_buckets})
+        _check(
+            self.train.attention_impl != "pallas" or all(n % 128 == 0 for n in lengths),
+            "train.attention_impl=pallas needs every training length (prompt bucket + rollout.max_new_tokens) to "
+            f"be a multiple of 128, received {lengths}; set train.attention_impl=auto (xla where it cannot run)",
         )
 
     @property

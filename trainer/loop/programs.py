@@ -17,6 +17,7 @@ from trainer.config import Config
 from trainer.grpo.loss import grpo_objective
 from trainer.kernels import token_logprob_entropy_from_hidden
 from trainer.layout import OnMesh
+from trainer.model import flash
 from trainer.model.qwen2 import forward_hidden, lm_head_weight
 from trainer.sharding import DCN_AXIS
 
@@ -77,7 +78,7 @@ def make_update(
     cfg: Config, mconf: Any, opt: optax.GradientTransformation, P_len: int, impl: str, like: tuple[Any, Any]
 ) -> OnMesh:
     """One jitted step: mean of the micro-batch gradients (lax.scan), applied once; traced on the params' mesh
-    with each decoder layer rematerialised per train.remat.
+    with each decoder layer rematerialised per train.remat and its attention per train.attention_impl.
 
     The micro-batch loop runs inside a shard_map that is manual over the mesh's dcn axis only (dp, fsdp and tp
     stay XLA's): each slice takes its own rows of every micro-batch, sums their gradients on its ICI, and the
@@ -89,7 +90,8 @@ def make_update(
     inputs would differ and the update would compile again.
     """
     n_micro = cfg.accumulation_steps
-    loss_fn = make_loss_fn(cfg, mconf.replace(remat=cfg.train.remat), P_len, impl)
+    attention = flash.resolve(cfg.train.attention_impl, P_len + cfg.rollout.max_new_tokens)
+    loss_fn = make_loss_fn(cfg, mconf.replace(remat=cfg.train.remat, attention=attention), P_len, impl)
     shardings = jax.tree_util.tree_map(lambda x: x.sharding, like)
     mesh = jax.tree_util.tree_leaves(shardings)[0].mesh
     slices = mesh.shape[DCN_AXIS]

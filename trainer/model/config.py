@@ -15,6 +15,7 @@ from typing import Any
 _DTYPES = ("float32", "bfloat16", "float16")
 _ROPE_TYPES = ("default", "linear")
 _REMATS = ("none", "dots", "full")
+_ATTENTIONS = ("xla", "pallas")
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,9 @@ class Qwen2Config:
     dtype: str = "bfloat16"
     param_dtype: str = "float32"
     remat: str = "none"  # per decoder layer in the backward pass: none | dots (save matmuls) | full
+    # Self-attention without a cache (training, prefill): xla (`qwen2.attend`, [T, T] scores) | pallas (the splash
+    # kernel, trainer/model/flash.py: no [T, T] scores in HBM; T a multiple of 128). Decode always uses xla.
+    attention: str = "xla"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers"):
@@ -59,6 +63,8 @@ class Qwen2Config:
                 )
         if self.remat not in _REMATS:
             raise ValueError(f"remat must be one of {_REMATS}, received {self.remat!r}")
+        if self.attention not in _ATTENTIONS:
+            raise ValueError(f"attention must be one of {_ATTENTIONS}, received {self.attention!r}")
         if self.rope_type not in _ROPE_TYPES:
             raise ValueError(f"rope_scaling type must be one of {_ROPE_TYPES}, received {self.rope_type!r}")
 

@@ -31,6 +31,7 @@ import numpy as np
 from jax import Array
 
 from trainer.model.config import Qwen2Config
+from trainer.model.flash import attend_flash
 from trainer.sharding import constrain, lookup_layout, path_str
 
 Params = dict[str, Any]
@@ -108,7 +109,8 @@ class Attention(nn.Module):
 
     @nn.compact
     def __call__(self, x_BTD: Array, cos_BTH: Array, sin_BTH: Array, mask_BTS: Array, kv: Any) -> Any:
-        """`kv` None: attend over this call's own keys (mask_BTS is [B, T, T]) and return them; else
+        """`kv` None: attend over this call's own keys (mask_BTS is [B, T, T]; or the attention mask [B, T], which
+        selects the Pallas kernel: `self_mask`) and return them; else
         (keys_LBSKH, values_LBSKH, layer, slot, window): write the new keys/values at (`layer`, `slot`) of the
         whole stacked cache, in place, attend over this layer's first `window` slots (0: all S; mask_BTS is
         [B, T, S]) and return the updated stacked cache."""
@@ -138,7 +140,10 @@ class Attention(nn.Module):
             values = jax.lax.dynamic_slice(values_LBSKH, row, size)[0]
             mask_BTS = mask_BTS[..., : size[2]]
             new_kv = (constrain(keys_LBSKH, *_LBSKH), constrain(values_LBSKH, *_LBSKH))
-        out = constrain(attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS), *_BTNH)
+        if kv is None and mask_BTS.ndim == 2:  # the [B, T] attention mask: the Pallas kernel (self_mask)
+            out = constrain(attend_flash(q, keys, values, mask_BTS), *_BTNH)
+        else:
+            out = constrain(attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS), *_BTNH)
         return constrain(self._dense(c.hidden_size, False, "o_proj")(out.reshape(B, T, N * H)), *_BTD), new_kv
 
 
@@ -292,13 +297,21 @@ def causal_mask(attention_mask_BT: Array) -> Array:
     return tril_TT[None] & attention_mask_BT.astype(bool)[:, None, :]
 
 
+def self_mask(config: Qwen2Config, attention_mask_BT: Array) -> Array:
+    """What the layers of a forward without a cache take: the [B, T, T] causal mask (xla), or the [B, T]
+    attention mask itself (pallas: the kernel is causal and reads padding as segment ids)."""
+    if config.attention == "pallas":
+        return attention_mask_BT.astype(jnp.int32)
+    return causal_mask(attention_mask_BT)
+
+
 @functools.partial(jax.jit, static_argnames="config")
 def forward_hidden(
     params: Params, config: Qwen2Config, input_ids_BT: Array, positions_BT: Array, attention_mask_BT: Array
 ) -> Array:
     """Final-normed hidden states [B, T, D] in the compute dtype (causal, padding keys masked)."""
     hidden, _ = Qwen2(config).apply(
-        {"params": params}, input_ids_BT, positions_BT, causal_mask(attention_mask_BT)
+        {"params": params}, input_ids_BT, positions_BT, self_mask(config, attention_mask_BT)
     )
     return hidden
 
@@ -309,7 +322,7 @@ def forward_with_kv(
 ) -> tuple[Array, tuple[Array, Array]]:
     """Like forward_hidden, plus every layer's keys and values after RoPE (k_LBTKH, v_LBTKH): the prefill."""
     out = Qwen2(config, collect_kv=True).apply(
-        {"params": params}, input_ids_BT, positions_BT, causal_mask(attention_mask_BT)
+        {"params": params}, input_ids_BT, positions_BT, self_mask(config, attention_mask_BT)
     )
     return cast(tuple[Array, tuple[Array, Array]], out)  # apply() is typed loosely: (hidden, (k, v))
 
