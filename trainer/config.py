@@ -116,8 +116,10 @@ class TrainConfig:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     loss_impl: Literal["reference", "chunked", "pallas", "fused_lm_head", "auto"] = "auto"
-    # The update's self-attention: xla (`[S, S]` float32 scores per layer) | pallas (the splash kernel: no scores in
-    # HBM; S a multiple of 128) | auto (pallas on a TPU or a TPU compile target where S allows, else xla).
+    # Self-attention of the update and the rollout's prefill: xla (`[S, S]` float32 scores per layer) | pallas
+    # (trainer/model/flash.py, the splash kernel: no scores in HBM; the update's S = bucket + max_new_tokens must
+    # be a multiple of 128, a prefill bucket that is not one uses xla) | auto (pallas on a TPU or a TPU compile
+    # target where the length allows, else xla: CPU and GPU runs keep xla).
     attention_impl: Literal["auto", "xla", "pallas"] = "auto"
     # Recompute each decoder layer in the backward pass: none | dots (keep matmul outputs) | full (keep inputs)
     remat: Literal["none", "dots", "full"] = "none"

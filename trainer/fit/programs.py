@@ -31,6 +31,7 @@ from trainer.config import Config
 from trainer.kernels import resolve_impl
 from trainer.layout import OnMesh, decode_layout, opt_state_shardings
 from trainer.loop.programs import make_ref_logp, make_update, optimizer
+from trainer.model import flash
 from trainer.model.config import Qwen2Config, preset
 from trainer.model.qwen2 import Qwen2
 from trainer.sampling import sampler
@@ -126,6 +127,10 @@ def step_programs(
         "params_bytes": device_bytes(params), "opt_state_bytes": device_bytes(opt_state),
         "batch_devices": batch_devices(mesh), "sequences": N, "prompt_len": P_len, "new_tokens": C,
         "micro_batch": cfg.train.micro_batch, "accumulation": cfg.accumulation_steps, "remat": cfg.train.remat,
+        "attention": {  # what train.attention_impl resolves to on this TPU (trainer.model.flash)
+            "update": flash.resolve(cfg.train.attention_impl, P_len + C),
+            "prefill": flash.resolve(cfg.train.attention_impl, P_len, strict=False),
+        },
     }  # fmt: skip
     return [p for p in programs if p.name in only], facts
 
@@ -144,6 +149,8 @@ def _rollout(
     sampling = sampler.SamplingConfig(
         C, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p, block=cfg.rollout.attention_block
     )
+    # The prefill's attention as the run picks it for the largest bucket (trainer.loop.rollout).
+    mconf = mconf.replace(attention=flash.resolve(cfg.train.attention_impl, P_len, strict=False))
     static = sampler.static_args(mconf, sampling, (1,), 0, rmesh)
     rng = jax.eval_shape(lambda: jax.random.key(0))
     ids = _batch(rmesh, (N, P_len), jnp.int32)

@@ -13,6 +13,7 @@ from trainer.config import ConfigError
 from trainer.distributed import global_array, to_host
 from trainer.loop.programs import make_update
 from trainer.loop.state import Rollout, Run, State
+from trainer.model import flash
 from trainer.sampling.sampler import generate
 from trainer.tokenizer import chat_text, encode_chat
 
@@ -58,7 +59,8 @@ def rollout(run: Run, state: State, step: int) -> Rollout:
 
 def _generate(run: Run, rparams: Any, ids_NP: np.ndarray, mask_NP: np.ndarray, rng: jax.Array) -> Any:
     # A function of its own so the decode-layout weights are freed as it returns, before the update.
+    attention = flash.resolve(run.cfg.train.attention_impl, ids_NP.shape[1], strict=False)  # the prefill's
     return generate(
-        rparams, run.mconf, global_array(run.rmesh, ids_NP), global_array(run.rmesh, mask_NP), rng,
+        rparams, run.mconf.replace(attention=attention), global_array(run.rmesh, ids_NP), global_array(run.rmesh, mask_NP), rng,
         run.sampling, run.eos, run.pad, mesh=run.rmesh,
     )  # fmt: skip

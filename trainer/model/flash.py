@@ -15,19 +15,22 @@ float32 and normalises at the end (the reference rounds the probabilities to v's
 Under a mesh in context the kernel runs per device (`jax.shard_map`): rows split over the batch axes, heads
 over tp when tp divides the kv heads (query head n belongs to kv head n // (N / K), so contiguous head blocks
 keep their groups). Off TPU (and for no TPU compile target) it runs in Pallas interpret mode: the CPU tests.
-`train.attention_impl` (auto | xla | pallas) picks it for the update; `resolve` turns auto into a choice.
+`train.attention_impl` (auto | xla | pallas) picks it for the update and the rollout's prefill (the decode
+attends over its cache with `attend`); `resolve` turns auto into a choice.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
+from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_kernel import SplashAttentionKernel
 from jax.sharding import PartitionSpec as P
 
 from trainer.kernels.logprob.blocks import device_kind
@@ -53,7 +56,9 @@ class Blocks:
 
     def fitted(self, T: int) -> Blocks:
         """The largest blocks up to these that divide T (T a multiple of 128)."""
-        return Blocks(*(max(b for b in range(LANES, size + 1, LANES) if T % b == 0) for size in (self.q, self.kv)))
+        return Blocks(
+            *(max(b for b in range(LANES, size + 1, LANES) if T % b == 0) for size in (self.q, self.kv))
+        )
 
     def splash(self) -> splash.BlockSizes:
         q, kv = self.q, self.kv
@@ -79,20 +84,23 @@ def supported(T: int) -> str | None:
     return None
 
 
-def resolve(name: str, T: int, on_tpu: bool | None = None) -> str:
+def resolve(name: str, T: int, on_tpu: bool | None = None, strict: bool = True) -> str:
     """The attention `name` (auto | xla | pallas) stands for over T tokens: auto is pallas on a TPU (or a TPU
-    compile target) where T allows it, else xla; pallas where T does not allow it is an error."""
+    compile target) where T allows it, else xla; pallas where T does not allow it is an error (`strict`, the
+    update: the config check refuses it first) or xla (the prefill, whose prompt buckets the check leaves free)."""
     if name not in (*IMPLS, "auto"):
         raise ValueError(f"attention impl must be one of {(*IMPLS, 'auto')}, received {name!r}")
     tpu = _on_tpu() if on_tpu is None else on_tpu
     if name == "auto":
         return "pallas" if tpu and supported(T) is None else "xla"
     if name == "pallas" and (why := supported(T)):
-        raise ValueError(why)
+        if strict:
+            raise ValueError(why)
+        return "xla"
     return name
 
 
-def _kernel(N: int, T: int, blocks: Blocks, interpret: bool) -> splash.SplashAttentionKernel:
+def _kernel(N: int, T: int, blocks: Blocks, interpret: bool) -> SplashAttentionKernel:
     """The causal kernel for N heads over T tokens. Its block masks are computed in NumPy at trace time and
     become constants of the program (not cached across traces: the kernel holds them as arrays)."""
     mask = splash.MultiHeadMask([splash.CausalMask((T, T)) for _ in range(N)])
@@ -101,15 +109,17 @@ def _kernel(N: int, T: int, blocks: Blocks, interpret: bool) -> splash.SplashAtt
     )
 
 
-def _local(q_BTNH: Array, k_BTKH: Array, v_BTKH: Array, segment_BT: Array, blocks: Blocks, interpret: bool) -> Array:
+def _local(
+    q_BTNH: Array, k_BTKH: Array, v_BTKH: Array, segment_BT: Array, blocks: Blocks, interpret: bool
+) -> Array:
     """The kernel on one device's rows and heads."""
-    B, T, N, H = q_BTNH.shape
+    _, T, N, H = q_BTNH.shape
     kernel = _kernel(N, T, blocks.fitted(T), interpret)
     q_BNTH = (q_BTNH * jnp.asarray(1.0 / np.sqrt(H), q_BTNH.dtype)).transpose(0, 2, 1, 3)
     k_BKTH, v_BKTH = k_BTKH.transpose(0, 2, 1, 3), v_BTKH.transpose(0, 2, 1, 3)
     segments = splash.SegmentIds(q=segment_BT, kv=segment_BT)
-    out_BNTH = jax.vmap(kernel)(q_BNTH, k_BKTH, v_BKTH, segment_ids=segments)
-    return out_BNTH.transpose(0, 2, 1, 3)
+    out_BNTH = jax.vmap(kernel)(q_BNTH, k_BKTH, v_BKTH, segment_ids=segments)  # (no residuals asked for)
+    return cast(Array, out_BNTH).transpose(0, 2, 1, 3)
 
 
 def attend_flash(q_BTNH: Array, k_BTKH: Array, v_BTKH: Array, attention_mask_BT: Array) -> Array:

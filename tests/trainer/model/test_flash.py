@@ -23,6 +23,7 @@ import pytest
 from trainer import config as trainer_config
 from trainer.loop.programs import make_loss_fn
 from trainer.model import flash, qwen2
+from trainer.model.config import preset
 from trainer.sharding import make_mesh
 
 # Dims: B batch, T tokens (two 128-key blocks: the online softmax crosses a block), N query heads, K kv heads,
@@ -35,9 +36,7 @@ def _draw(seed: int, dtype: Any, b: int = B, t: int = T) -> tuple[jax.Array, ...
     """Fresh q, k, v; a left-padded row (its padding crosses the first block) and a left- and right-padded
     row (a completion that ended before the buffer did); a cotangent on real rows only, of both signs."""
     rng = np.random.default_rng(seed)
-    q, k, v = (
-        jnp.asarray(rng.normal(0.0, 1.0, (b, t, n, H)), dtype) for n in (N, K, K)
-    )
+    q, k, v = (jnp.asarray(rng.normal(0.0, 1.0, (b, t, n, H)), dtype) for n in (N, K, K))
     mask = np.ones((b, t), np.int32)
     mask[0, : t // 2 + 37] = 0
     mask[1 % b, :5] = 0
@@ -64,7 +63,9 @@ def _close(got: jax.Array, want: jax.Array, rows: np.ndarray, tol: float, what: 
 
 def _compare(dtype: Any, seed: int, b: int = B, t: int = T) -> None:
     q, k, v, mask, g = _draw(seed, dtype, b, t)
-    want_out, want_grads = _value_and_grads(lambda q, k, v: qwen2.attend(q, k, v, qwen2.causal_mask(mask)), q, k, v, g)
+    want_out, want_grads = _value_and_grads(
+        lambda q, k, v: qwen2.attend(q, k, v, qwen2.causal_mask(mask)), q, k, v, g
+    )
     got_out, got_grads = _value_and_grads(lambda q, k, v: flash.attend_flash(q, k, v, mask), q, k, v, g)
     real = np.asarray(mask, bool)
     assert np.isfinite(np.asarray(got_out, np.float32)).all(), "padding rows must stay finite"
@@ -96,7 +97,7 @@ def test_flash_under_a_mesh_matches_attend(dp: int, fsdp: int, tp: int) -> None:
 
 def test_wrong_shapes_are_refused_before_the_kernel() -> None:
     q, k, v, mask, _ = _draw(2, jnp.float32, t=128)
-    with pytest.raises(ValueError, match="multiple of 128 .*received 100"):
+    with pytest.raises(ValueError, match=r"multiple of 128 .*received 100"):
         flash.attend_flash(q[:, :100], k[:, :100], v[:, :100], mask[:, :100])
     with pytest.raises(ValueError, match=r"attention mask \[B, T\]"):
         flash.attend_flash(q, k, v, mask[:, :64])
@@ -110,7 +111,7 @@ def test_resolve_picks_pallas_only_on_a_tpu_where_the_length_allows() -> None:
     assert flash.resolve("auto", 1000, on_tpu=True) == "xla"
     assert flash.resolve("xla", 1536, on_tpu=True) == "xla"
     assert flash.resolve("pallas", 256, on_tpu=False) == "pallas"
-    with pytest.raises(ValueError, match="multiple of 128 .*received 1000"):
+    with pytest.raises(ValueError, match=r"multiple of 128 .*received 1000"):
         flash.resolve("pallas", 1000, on_tpu=True)
     with pytest.raises(ValueError, match="received 'splash'"):
         flash.resolve("splash", 1536)
@@ -123,14 +124,16 @@ def test_resolve_picks_pallas_only_on_a_tpu_where_the_length_allows() -> None:
 
 
 @pytest.mark.slow
-def test_tiny_model_grpo_loss_and_gradients_equal_with_pallas_attention(tiny_f32: tuple) -> None:
+def test_tiny_model_grpo_loss_and_gradients_equal_with_pallas_attention() -> None:
     """The update's loss function (forward, GRPO objective, backward through both decoder layers) over left-padded
-    prompts and completions that end early: the same loss and parameter gradients with either attention."""
-    mconf, params = tiny_f32
+    prompts and a completion that ends early: the same loss and parameter gradients with either attention. The
+    tiny preset's shapes with a 1,024-token vocabulary (the LM head is not what is compared; its 151,936 rows
+    would only add compile time). Gradients pass two layers, norms and the log-softmax: 1e-4 of each leaf's
+    largest gradient (float32 summation order, amplified)."""
+    mconf = preset("tiny").replace(vocab_size=1024, dtype="float32")
+    params = qwen2.init_params(mconf, jax.random.key(0))
     P_len, C = 64, 64
-    cfg = trainer_config.load(
-        "tiny", [f"rollout.max_new_tokens={C}", f"data.prompt_buckets=[{P_len}]", "train.attention_impl=pallas"]
-    )
+    cfg = trainer_config.load("tiny", [f"rollout.max_new_tokens={C}", f"data.prompt_buckets=[{P_len}]"])
     rng = np.random.default_rng(5)
     b = 2
     prompt_mask = np.ones((b, P_len), np.int32)
@@ -139,18 +142,18 @@ def test_tiny_model_grpo_loss_and_gradients_equal_with_pallas_attention(tiny_f32
     comp_mask = np.ones((b, C), np.int32)
     comp_mask[0, 20:] = 0
     mask = np.concatenate([prompt_mask, comp_mask], axis=1)
-    ids = rng.integers(0, 151_000, (b, P_len + C)).astype(np.int32)
+    ids = rng.integers(0, mconf.vocab_size, (b, P_len + C)).astype(np.int32)
     mb = {
         "ids": ids, "mask": mask, "pos": np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32),
         "comp": ids[:, P_len:], "comp_mask": comp_mask,
-        "old_logp": rng.normal(-3.0, 0.5, (b, C)).astype(np.float32),
+        "old_logp": rng.normal(-7.0, 0.5, (b, C)).astype(np.float32),  # ratios outside the clip range too
         "adv": np.array([1.3, -0.7], np.float32),  # both signs
     }  # fmt: skip
     batch = {key: jnp.asarray(x) for key, x in mb.items()}
     tokens = jnp.float32(comp_mask.sum())
 
     def run(attention: str) -> tuple[jax.Array, Any]:
-        loss_fn = make_loss_fn(cfg, mconf.replace(attention=attention), P_len, "chunked")
+        loss_fn = make_loss_fn(cfg, mconf.replace(attention=attention), P_len, "reference")
         (loss, _), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params, batch, tokens)
         return loss, grads
 
@@ -162,4 +165,27 @@ def test_tiny_model_grpo_loss_and_gradients_equal_with_pallas_attention(tiny_f32
         scale = float(np.abs(np.asarray(want)).max())
         assert scale > 0, f"{jax.tree_util.keystr(path)}: no gradient"
         err = float(np.abs(np.asarray(got) - np.asarray(want)).max()) / scale
-        assert err <= 1e-4, f"{jax.tree_util.keystr(path)}: error {err:.2e} of its largest gradient {scale:.3g}"
+        assert err <= 1e-4, (
+            f"{jax.tree_util.keystr(path)}: error {err:.2e} of its largest gradient {scale:.3g}"
+        )
+
+
+def test_prefill_with_pallas_attention_gives_the_same_hidden_states_and_cache() -> None:
+    """forward_with_kv (the rollout's prefill) over left-padded prompts: the hidden states and every layer's keys
+    and values at real positions are the XLA path's (the decode reads only those slots)."""
+    mconf = preset("tiny").replace(vocab_size=1024, dtype="float32")
+    params = qwen2.init_params(mconf, jax.random.key(1))
+    rng = np.random.default_rng(6)
+    mask = np.ones((2, 128), np.int32)
+    mask[0, :90] = 0
+    mask[1, :1] = 0
+    ids = jnp.asarray(rng.integers(0, mconf.vocab_size, mask.shape), jnp.int32)
+    pos = jnp.asarray(np.maximum(np.cumsum(mask, axis=1) - 1, 0), jnp.int32)
+    want_h, (want_k, want_v) = qwen2.forward_with_kv(params, mconf, ids, pos, jnp.asarray(mask))
+    got_h, (got_k, got_v) = qwen2.forward_with_kv(
+        params, mconf.replace(attention="pallas"), ids, pos, jnp.asarray(mask)
+    )
+    real = mask.astype(bool)
+    _close(got_h, want_h, real, 1e-5, "hidden")
+    for name, got, want in (("keys", got_k, want_k), ("values", got_v, want_v)):
+        _close(np.moveaxis(np.asarray(got), 0, 2), np.moveaxis(np.asarray(want), 0, 2), real, 1e-5, name)
