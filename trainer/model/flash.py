@@ -1,12 +1,13 @@
-"""Self-attention without [T, T] scores in HBM (training forward/backward): jax's Pallas TPU splash kernel.
+"""Self-attention without [T, T] scores in HBM (update and prefill): jax's Pallas TPU splash-attention kernel.
 
 Dims: B batch, T tokens (queries and keys alike: self-attention), N query heads, K key/value heads, H head dim.
 The reference is `qwen2.attend` over `qwen2.causal_mask(attention_mask_BT)`; `attend_flash` gives real tokens
 the same output and gradients (tests/trainer/model/test_flash.py). Left (and right) padding become segment ids
 (real tokens one segment, padding the other) under a causal mask: a real query sees exactly the real keys at
 or before it, as in the reference. A padding query sees the padding keys at or before it (at least itself), so
-its row is finite; the reference gives such a row the uniform mean of every value. Padding rows never reach a
-real token (no real query sees a padding key) and their positions carry no loss, so nothing real differs.
+its row is finite; the reference gives a left-padding row the uniform mean of every value and a right-padding
+row (after a completion's end) the real keys before it. Padding rows never reach a real token (no real query
+sees a padding key) and their positions carry no loss, so nothing real differs.
 
 Numerics: q @ k and the softmax in float32 as in the reference; q is scaled by 1/sqrt(H) in its own dtype
 before the kernel (the kernel has no scale), and the kernel multiplies float32 probabilities by v cast to
