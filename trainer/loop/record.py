@@ -68,7 +68,9 @@ def finish(run: Run, state: State) -> dict[str, Any]:
     """The `summary:` line (and W&B's end); returns the summary with the final "params"."""
     run.notice.close()
     out = summary(state.history, state.start)
-    out["param_norm"] = float(optax.global_norm(state.params))
+    out["param_norm"] = float(
+        jax.jit(optax.global_norm)(state.params)
+    )  # one program, not one per op and leaf
     if run.cfg.log.param_digest:
         out["param_digest"] = param_digest(state.params)
     run.emit.summary(out)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -11,6 +12,10 @@ from trainer.grpo.advantages import group_advantages
 from trainer.grpo.rewards import Sample, score
 from trainer.loop.state import Rollout, Run, Scores
 from trainer.tokenizer import decode
+
+# One program for the advantages (compiled at step 0 with the rollout's, reused every step): run eagerly, each
+# of its dozen ops compiled a program of its own in every new process.
+_group_advantages = jax.jit(group_advantages, static_argnums=(1, 2))
 
 
 def score_rollout(run: Run, ro: Rollout) -> Scores:
@@ -31,7 +36,7 @@ def score_rollout(run: Run, ro: Rollout) -> Scores:
     scores = score(samples, run.weights)
     for name, count in scores.errors.items():
         run.emit.reward_errors(ro.step, name, count)
-    adv_N = np.asarray(group_advantages(jnp.asarray(scores.total_N), G, cfg.loss.scale_rewards))
+    adv_N = np.asarray(_group_advantages(jnp.asarray(scores.total_N), G, cfg.loss.scale_rewards))
     if cfg.train.flip_advantages:
         adv_N = -adv_N
     return Scores(scores.total_N, dict(scores.per_name), adv_N, time.perf_counter() - t_start)

@@ -15,11 +15,12 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def too_big(folder: Path) -> Path:
-    """A config whose model alone (6.8 B float32 parameters: 4 wide layers, an untied 152k vocabulary) is
-    larger than one v5e chip's 16 GiB: nothing fits, and it compiles in seconds (4 layers, short sequences)."""
+    """A config whose model alone (10 B parameters: 8 wide layers, an untied 152k vocabulary) is larger than one
+    v5e chip's 16 GiB even in bf16: nothing fits, and every phase's compile stops at libtpu's memory check, in
+    seconds (with 4 layers the bf16 prefill fitted the chip's memory and compiled in full: ~40 s of CPU)."""
     model = {
         "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 151936, "hidden_size": 8192,
-        "intermediate_size": 32768, "num_hidden_layers": 4, "num_attention_heads": 64, "num_key_value_heads": 8,
+        "intermediate_size": 32768, "num_hidden_layers": 8, "num_attention_heads": 64, "num_key_value_heads": 8,
         "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
     }  # fmt: skip
     (folder / "wide").mkdir(parents=True, exist_ok=True)
@@ -90,13 +91,20 @@ def test_an_unknown_accelerator_is_one_line_exit_2() -> None:
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+# 128 sequences of 64 + 1984 tokens: the prompt is short, so the prefill compiles in seconds; the update trains on
+# 2048-token sequences, whose attention scores a 128-sequence micro-batch cannot hold on one v5e chip.
 UPDATE_TOO_BIG = """\
 model: {path: tiny, preset: tiny, dtype: float32}
-data: {task: gsm8k, prompt_buckets: [1024]}
-rollout: {samples_per_prompt: 8, max_new_tokens: 1024}
+data: {task: gsm8k, prompt_buckets: [64]}
+rollout: {samples_per_prompt: 8, max_new_tokens: 1984}
 train: {prompts_per_step: 16, micro_batch: 128}
 mesh: {accelerator: v5e-1}
 """
+
+
+# What `trainer.fit` tries for UPDATE_TOO_BIG (remat none, micro-batch 128 on one chip), in its order.
+CANDIDATES = [["train.remat=dots"], ["train.remat=full"], ["train.micro_batch=64"],
+              ["train.micro_batch=64", "train.remat=full"], ["train.micro_batch=32"]]  # fmt: skip
 
 
 @pytest.mark.slow
@@ -110,18 +118,15 @@ def test_an_oversized_micro_batch_gets_the_cheapest_override_that_fits(tmp_path:
     data = json.loads(r.stdout)
     assert not data["phases"]["update"]["fits"] and data["phases"]["prefill"]["fits"]
     fix = data["fix"]
-    assert fix and all(s.startswith(("train.remat=", "train.micro_batch=")) for s in fix["set"])
+    # Each candidate was compiled in this order until one fit; the peak is that compile's.
+    assert fix and fix["set"] in CANDIDATES
     assert fix["peak_bytes"] <= data["usable_bytes_per_device"]
     line = next(ln for ln in r.stderr.splitlines() if "does not fit" in ln)
     assert f"--set {fix['set'][0]}" in line and "fits (peak" in line
-    # The named fix really fits: the update compiled again with it (the other phases fit already, above).
-    fixed = subprocess.run(
-        [sys.executable, "-m", "trainer.fit", "--config", str(cfg), *(a for s in fix["set"] for a in ("--set", s)),
-         "--phases", "update", "--no-fix", "--no-host", "--json"],
-        capture_output=True, text=True, cwd=REPO, timeout=900, check=False, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    assert fixed.returncode == 0, fixed.stderr[-2000:]
-    assert json.loads(fixed.stdout)["phases"]["update"]["fits"]
+    # The candidates before the named one were compiled and did not fit (cheapest first: more remat, then
+    # smaller micro-batches); the named one's peak above is its own compile's.
+    tried = [ln for ln in r.stderr.splitlines() if ln.startswith("fit: update does not fit: ")]
+    assert fix["set"] in CANDIDATES and len(tried) == 1 + CANDIDATES.index(fix["set"]), r.stderr[-2000:]
 
 
 @pytest.mark.slow

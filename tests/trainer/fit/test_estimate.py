@@ -151,3 +151,22 @@ def test_host_work_is_timed_at_the_configs_shapes() -> None:
     got = host.measure(cfg, repeats=1)
     assert got["sequences"] == cfg.sequences_per_step and got["tokens"] == cfg.sequences_per_step * 64
     assert got["seconds"] > 0 and got["tokenizer"] in ("qwen2.5", "bundled")
+
+
+def test_fix_candidates_are_more_remat_first_then_halved_micro_batches() -> None:
+    """What `fit` compiles, in order, when only the update does not fit (the CLI test compiles up to the first
+    that fits): stronger remat, then each halved micro-batch that still splits the batch evenly, alone and with
+    full remat."""
+    from trainer.fit.__main__ import fix_candidates
+
+    cfg = config.load(
+        "tiny", ["train.prompts_per_step=16", "rollout.samples_per_prompt=8", "train.micro_batch=128"]
+    )
+    assert fix_candidates(cfg, 1)[:5] == [
+        ["train.remat=dots"], ["train.remat=full"], ["train.micro_batch=64"],
+        ["train.micro_batch=64", "train.remat=full"], ["train.micro_batch=32"],
+    ]  # fmt: skip
+    assert fix_candidates(config.with_sets(cfg, ["train.remat=full"]), 32) == [
+        ["train.micro_batch=64"],
+        ["train.micro_batch=32"],
+    ]
