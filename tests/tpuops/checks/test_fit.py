@@ -92,12 +92,13 @@ def test_an_unknown_accelerator_is_one_line_exit_2() -> None:
 
 
 # 128 sequences of 64 + 1984 tokens: the prompt is short, so the prefill compiles in seconds; the update trains on
-# 2048-token sequences, whose attention scores a 128-sequence micro-batch cannot hold on one v5e chip.
+# 2048-token sequences, whose [S, S] attention scores (the XLA attention: the Pallas kernel on a TPU holds none)
+# a 128-sequence micro-batch cannot hold on one v5e chip.
 UPDATE_TOO_BIG = """\
 model: {path: tiny, preset: tiny, dtype: float32}
 data: {task: gsm8k, prompt_buckets: [64]}
 rollout: {samples_per_prompt: 8, max_new_tokens: 1984}
-train: {prompts_per_step: 16, micro_batch: 128}
+train: {prompts_per_step: 16, micro_batch: 128, attention_impl: xla}
 mesh: {accelerator: v5e-1}
 """
 
@@ -123,10 +124,6 @@ def test_an_oversized_micro_batch_gets_the_cheapest_override_that_fits(tmp_path:
     assert fix["peak_bytes"] <= data["usable_bytes_per_device"]
     line = next(ln for ln in r.stderr.splitlines() if "does not fit" in ln)
     assert f"--set {fix['set'][0]}" in line and "fits (peak" in line
-    # The candidates before the named one were compiled and did not fit (cheapest first: more remat, then
-    # smaller micro-batches); the named one's peak above is its own compile's.
-    tried = [ln for ln in r.stderr.splitlines() if ln.startswith("fit: update does not fit: ")]
-    assert fix["set"] in CANDIDATES and len(tried) == 1 + CANDIDATES.index(fix["set"]), r.stderr[-2000:]
 
 
 @pytest.mark.slow
