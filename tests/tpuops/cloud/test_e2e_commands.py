@@ -335,10 +335,10 @@ def test_detached_run_on_one_worker_runs_logs_stop_attach(vm1: Vm, tmp_path: Pat
 
 
 @pytest.mark.slow
-def test_bench_rollout_compares_two_variants(vm2: Vm, tmp_path: Path) -> None:
-    """On two workers only: a one-worker VM adds no path of its own to bench (its one-process trainer runs are
-    the one-worker tests above), and each variant is a trainer run that costs seconds of compiles."""
-    vm, workers = vm2, 2
+def test_bench_rollout_compares_two_variants(vm1: Vm, tmp_path: Path) -> None:
+    """On one worker only: each variant is a run of its own through the path every run takes (the multi-worker
+    runs are the grpo and detached tests'), and each worker is a trainer process that costs seconds of compiles."""
+    vm, workers = vm1, 1
     argv = vm.args("bench", "rollout", "--variant", "", "--variant", "rollout.max_new_tokens=4", "--json",
                    sets=vm.trainer_sets(2))  # fmt: skip
     base, short = ok_json(tpuops(vm.cloud, argv, tmp_path, timeout=500))
