@@ -65,10 +65,12 @@ class Cloud:
             args += ["--set", f"{k}={v}"]
         # A deadline, not a measure: a multi-host trainer job on a loaded 2-core machine took 77-130 s.
         r = self.cli(*args, cwd=cwd, timeout=400)
-        if r.returncode != 0:  # the workers' own logs say why
+        if r.returncode != 0:  # the JSON's failed step and the workers' own logs say why
             run_dir = Path(os.environ["TPUOPS_HOME"]) / "runs"
             tails = [f"{p.name}: {p.read_text()[-1500:]}" for p in sorted(run_dir.glob("*/worker-*.log"))]
-            pytest.fail(f"exit {r.returncode}: {r.stderr[-1500:]}\n" + "\n".join(tails))
+            pytest.fail(
+                f"exit {r.returncode}: {r.stderr[-1500:]}\nstdout: {r.stdout[-3000:]}\n" + "\n".join(tails)
+            )
         return json.loads(r.stdout)
 
 
