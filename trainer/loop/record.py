@@ -68,9 +68,8 @@ def finish(run: Run, state: State) -> dict[str, Any]:
     """The `summary:` line (and W&B's end); returns the summary with the final "params"."""
     run.notice.close()
     out = summary(state.history, state.start)
-    out["param_norm"] = float(
-        jax.jit(optax.global_norm)(state.params)
-    )  # one program, not one per op and leaf
+    # Jitted: one program, where eagerly each op on each leaf compiled one of its own in every new process.
+    out["param_norm"] = float(jax.jit(optax.global_norm)(state.params))
     if run.cfg.log.param_digest:
         out["param_digest"] = param_digest(state.params)
     run.emit.summary(out)

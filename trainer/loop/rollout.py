@@ -59,8 +59,10 @@ def rollout(run: Run, state: State, step: int) -> Rollout:
 
 def _generate(run: Run, rparams: Any, ids_NP: np.ndarray, mask_NP: np.ndarray, rng: jax.Array) -> Any:
     # A function of its own so the decode-layout weights are freed as it returns, before the update.
-    attention = flash.resolve(run.cfg.train.attention_impl, ids_NP.shape[1], strict=False)  # the prefill's
+    mconf = run.mconf.replace(  # the prefill attends as train.attention_impl picks for this bucket
+        attention=flash.resolve(run.cfg.train.attention_impl, ids_NP.shape[1], strict=False)
+    )
     return generate(
-        rparams, run.mconf.replace(attention=attention), global_array(run.rmesh, ids_NP), global_array(run.rmesh, mask_NP), rng,
+        rparams, mconf, global_array(run.rmesh, ids_NP), global_array(run.rmesh, mask_NP), rng,
         run.sampling, run.eos, run.pad, mesh=run.rmesh,
     )  # fmt: skip
