@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -146,3 +147,27 @@ def test_queued_without_wait_returns_the_queue_state_then_the_node_comes_up(
         time.sleep(0.01)
     ready = wait_state(cloud.api(), "us-east5-a", vm_name, "node", "READY", timeout=10)
     assert ready is not None and len(ready.workers) == 1
+
+
+def test_a_deletion_waits_for_a_preemptions_power_off_and_hands_the_users_back_once(
+    cloud: Cloud, vm_name: str
+) -> None:
+    """The emulator's own ordering: a worker's Unix user goes to the next VM only after every power-off of its
+    old worker has ended (a recovery once lost its new worker 0 to the old one's late `pkill -u`), and a
+    deletion racing a second teardown (a test's clean-up) hands each user back once, never to two VMs."""
+    _create(cloud, vm_name, accel="v4-16", wait=True)
+    model, api = cloud.emu.model, cloud.api()
+    rec = model.nodes[tpu_api.node_name(api, "us-east1-d", vm_name)]
+    users = {w.user for w in rec.workers}
+    with rec.power:  # a preemption's power-off still under way
+        op = model.delete_node(rec.name)
+        time.sleep(0.5)
+        with model.lock:
+            assert not op.get("done") and not users & set(model.spare)
+    assert wait_state(api, "us-east1-d", vm_name, "node", "DELETED", timeout=30) is None
+    model._teardown(rec, None)  # the same node torn down again
+    with model.lock:
+        handed_back = [u for u in model.spare if u in users]
+        leased = {u for u in users if u in model.created}  # as root: this emulator's own users, kept for reuse
+    assert leased or os.geteuid() != 0
+    assert sorted(handed_back) == sorted(leased)

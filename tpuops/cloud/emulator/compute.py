@@ -8,6 +8,7 @@ import random
 import re
 import secrets
 import string
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -66,6 +67,9 @@ class InstanceRec:
     fingerprint: str = field(default_factory=lambda: secrets.token_urlsafe(8))
     created: str = field(default_factory=_now)
     generation: int = 0  # recreations so far (each gets a new sshd folder: a new host key)
+    # Held while its worker is powered off: two power-downs at once (a preemption and a deletion, a deletion
+    # and a test's clean-up) hand its user back once, and only after its processes are gone.
+    power: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def project(self) -> str:
@@ -234,11 +238,11 @@ class Compute:
         time.sleep(self.m.create_delay)
         with self.m.lock:
             gone = self.instances.get(rec.name) is not rec  # deleted (or torn down) while it booted
-            if gone:
-                self.m._release(user)
-        if gone:
+        if gone:  # its processes gone first, then its user handed back (never a user with a late kill to come)
             _power_off(worker)
             worker.stop()
+            with self.m.lock:
+                self.m._release(user)
             if op is not None:
                 self._done(op)
             return
@@ -261,13 +265,14 @@ class Compute:
         return op
 
     def _power_down(self, rec: InstanceRec) -> None:
-        for w in rec.workers:
-            _power_off(w)
-            w.stop()
-        with self.m.lock:
+        with rec.power:
             for w in rec.workers:
-                self.m._release(w.user)
-            rec.workers = []
+                _power_off(w)
+                w.stop()
+            with self.m.lock:
+                for w in rec.workers:
+                    self.m._release(w.user)
+                rec.workers = []
 
     def _remove(self, rec: InstanceRec, op: dict[str, Any] | None) -> None:
         self._power_down(rec)

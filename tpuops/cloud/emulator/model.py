@@ -216,12 +216,15 @@ class Model:
         return op
 
     def _teardown(self, rec: NodeRec, op: dict[str, Any] | None) -> None:
-        for w in rec.workers:
-            _power_off(w)
-        with self.lock:
+        with rec.power:  # after any preemption's power-off of these workers has ended
             for w in rec.workers:
-                self._release(w.user)
-            self.nodes.pop(rec.name, None)
+                _power_off(w)
+            with self.lock:
+                if not rec.released:  # a deletion racing a test's clean-up: the users go back once
+                    rec.released = True
+                    for w in rec.workers:
+                        self._release(w.user)
+                self.nodes.pop(rec.name, None)
         if op is not None:
             self._finish(op)
 
@@ -365,11 +368,17 @@ class Model:
     def preempt(self, name: str) -> None:
         with self.lock:
             rec = self.node(name)
-            rec.state = "PREEMPTED"
-            if rec.queued_resource in self.qrs:
-                self.qrs[rec.queued_resource]["state"] = {"state": "SUSPENDED"}
-        for w in rec.workers:
-            _power_off(w)
+        # The state and the power-off under the node's power lock: a deletion that sees PREEMPTED waits for
+        # this power-off before it hands the workers' users to the next VM.
+        with rec.power:
+            with self.lock:
+                if rec.released:
+                    return  # deleted meanwhile
+                rec.state = "PREEMPTED"
+                if rec.queued_resource in self.qrs:
+                    self.qrs[rec.queued_resource]["state"] = {"state": "SUSPENDED"}
+            for w in rec.workers:
+                _power_off(w)
 
     def swap_host_key(self, name: str, worker: int) -> None:
         """The worker's sshd gets a new host key while guest attributes keep the old one (a MITM stand-in)."""
@@ -380,7 +389,8 @@ class Model:
     def _release(self, user: str) -> None:
         """Hand a worker's user back (callers hold the lock)."""
         if user in self.created:
-            self.spare.append(user)  # still leased: only this emulator may delete it
+            if user not in self.spare:  # never twice: two VMs would share one user
+                self.spare.append(user)  # still leased: only this emulator may delete it
         else:
             self.users.give_back(user)
 

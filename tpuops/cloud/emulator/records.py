@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pwd
 import subprocess
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -98,6 +99,10 @@ class NodeRec:
     published_keys: list[str] = field(default_factory=list)  # what guest attributes say (may go stale)
     queued_resource: str = ""
     create_time: str = field(default_factory=_now)
+    # Held while the workers are powered off (a preemption, a deletion): a teardown hands the workers' users
+    # back only after every power-off of them has ended, so a user given to the next VM is never killed late.
+    power: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    released: bool = False  # the workers' users were handed back (once, however many teardowns race)
 
     @property
     def external(self) -> bool:
