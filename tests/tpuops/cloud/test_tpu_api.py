@@ -168,6 +168,7 @@ def test_a_deletion_waits_for_a_preemptions_power_off_and_hands_the_users_back_o
     model._teardown(rec, None)  # the same node torn down again
     with model.lock:
         handed_back = [u for u in model.spare if u in users]
-        leased = {u for u in users if u in model.created}  # as root: this emulator's own users, kept for reuse
+        # As root: this emulator's own users, kept for the next VM.
+        leased = {u for u in users if u in model.created}
     assert leased or os.geteuid() != 0
     assert sorted(handed_back) == sorted(leased)

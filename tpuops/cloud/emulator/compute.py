@@ -238,7 +238,8 @@ class Compute:
         time.sleep(self.m.create_delay)
         with self.m.lock:
             gone = self.instances.get(rec.name) is not rec  # deleted (or torn down) while it booted
-        if gone:  # its processes gone first, then its user handed back (never a user with a late kill to come)
+        # Its processes gone first, then its user handed back: never a user with a late kill still to come.
+        if gone:
             _power_off(worker)
             worker.stop()
             with self.m.lock:
