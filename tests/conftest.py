@@ -41,6 +41,10 @@ if "TPUOPS_TESTS_SHIPPED_FITS" not in os.environ:
     _OWN_FITS: str | None = os.environ["TPUOPS_TESTS_SHIPPED_FITS"]
 else:
     _OWN_FITS = None
+# libtpu's own logs (every TPU compile in `fit` writes a few files) in a folder of the session, not /tmp/tpu_logs.
+_OWN_TPU_LOGS = None
+if "TPU_LOG_DIR" not in os.environ:
+    _OWN_TPU_LOGS = os.environ["TPU_LOG_DIR"] = tempfile.mkdtemp(prefix="tpuops-tests-tpu-logs-")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -156,7 +160,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: object) -> None:
     _STARTER.stop()
-    for own in (_OWN_JAX_CACHE, _OWN_FITS):
+    for own in (_OWN_JAX_CACHE, _OWN_FITS, _OWN_TPU_LOGS):
         if own is not None:
             shutil.rmtree(own, ignore_errors=True)
 
