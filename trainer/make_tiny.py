@@ -98,6 +98,7 @@ def make_tiny(
         save_pretrained(config, params, tmp, every_process=True)
         # The special ids of this tokenizer (the preset's are Qwen2.5's, outside a small vocabulary).
         hf = json.loads((tmp / "config.json").read_text())
+        assert tok.eos_token_id is not None, f"the tokenizer in {tmp} names no eos_token"
         hf.update(bos_token_id=pad_id(tok), eos_token_id=int(tok.eos_token_id))
         (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
         marker = f"preset={preset} seed={seed} tokenizer={choice or 'qwen2.5'}\n"

@@ -7,6 +7,8 @@ at P - 1 for every row); training targets are right-padded. Nothing here touches
 from __future__ import annotations
 
 import bisect
+import functools
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,17 +18,106 @@ import numpy as np
 Messages = list[dict[str, str]]
 
 
-def load_tokenizer(path: str | Path) -> Any:
-    """The fast tokenizer of a local folder (tokenizer.json, and tokenizer_config.json: special tokens, chat
-    template). transformers' generic fast class, not AutoTokenizer: the auto classes import PyTorch where it is
-    installed (1.2 s of every trainer start-up) and give the same ids and template (tests/trainer/test_tokenizer.py)."""
-    from transformers import PreTrainedTokenizerFast
-
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """The tokenizer of a local folder (tokenizer.json, and tokenizer_config.json: special tokens, chat template)."""
     folder = Path(path)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         if not (folder / name).exists():
             raise FileNotFoundError(f"no {name} in {folder}")
-    return PreTrainedTokenizerFast.from_pretrained(str(folder), local_files_only=True)
+    return Tokenizer(folder)
+
+
+class Tokenizer:
+    """A Hugging Face tokenizer folder read with the Rust `tokenizers` library and jinja2, without importing
+    transformers (1 s of every trainer process's start-up): the ids, chat template, special ids and decoding
+    transformers' fast tokenizer gives for these folders (tests/trainer/test_tokenizer.py compares them with
+    AutoTokenizer). The part of its interface the trainer uses: `tok(text, add_special_tokens=...)["input_ids"]`,
+    `decode`, `apply_chat_template`, `convert_tokens_to_ids` (and back), `len(tok)`, the special ids."""
+
+    def __init__(self, folder: Path) -> None:
+        from tokenizers import Tokenizer as Backend
+
+        self.backend_tokenizer = Backend.from_file(str(folder / "tokenizer.json"))
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        self.clean_up_tokenization_spaces = bool(config.get("clean_up_tokenization_spaces", False))
+        self.chat_template: str | None = config.get("chat_template")
+        # Special tokens as their text (a config may give a token as {"content": ...}), for the template too.
+        self.special_tokens: dict[str, str] = {}
+        for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+            token = config.get(key)
+            token = token.get("content") if isinstance(token, dict) else token
+            if isinstance(token, str):
+                self.special_tokens[key] = token
+        self.eos_token_id = self._id("eos_token")
+        self.pad_token_id = self._id("pad_token")
+        self.unk_token_id = self._id("unk_token")
+
+    def _id(self, key: str) -> int | None:
+        token = self.special_tokens.get(key)
+        return None if token is None else self.backend_tokenizer.token_to_id(token)
+
+    def __len__(self) -> int:
+        return int(self.backend_tokenizer.get_vocab_size(with_added_tokens=True))
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids}
+
+    def convert_tokens_to_ids(self, token: str) -> int | None:
+        found = self.backend_tokenizer.token_to_id(token)
+        return self.unk_token_id if found is None else int(found)
+
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str | None]:
+        return [self.backend_tokenizer.id_to_token(int(i)) for i in ids]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        text = self.backend_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return _clean_up(text) if self.clean_up_tokenization_spaces else text
+
+    def apply_chat_template(
+        self, messages: Messages, tokenize: bool = False, add_generation_prompt: bool = False
+    ) -> str:
+        """The folder's chat template rendered as transformers renders it (a sandboxed jinja2 environment,
+        trim_blocks and lstrip_blocks, loop controls, `raise_exception`, a `tojson` that keeps non-ASCII)."""
+        if tokenize:
+            raise ValueError(
+                "apply_chat_template(tokenize=True) is not supported: tokenize the text it returns"
+            )
+        if not self.chat_template:
+            raise ValueError("this tokenizer folder has no chat_template in tokenizer_config.json")
+        return _template(self.chat_template).render(
+            messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt,
+            **self.special_tokens,
+        )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=8)
+def _template(source: str) -> Any:
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+               sort_keys: bool = False) -> str:  # fmt: skip
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(source)
+
+
+def _clean_up(text: str) -> str:
+    """transformers' `clean_up_tokenization` (for folders that ask for it; Qwen2.5's does not)."""
+    for a, b in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
+                 (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):  # fmt: skip
+        text = text.replace(a, b)
+    return text
 
 
 def pad_id(tokenizer: Any) -> int:

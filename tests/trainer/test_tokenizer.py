@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from trainer import tokenizer as tok
+from trainer.make_tokenizer import BUNDLED
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,11 +66,12 @@ def test_masked_decode_in_one_rust_call_equals_row_by_row(qwen_tok: object) -> N
     assert len(set(want)) == 16 and all("<|im_end|>" not in t for t in want)
 
 
-def test_the_fast_tokenizer_matches_autotokenizer_and_imports_no_torch(
+def test_the_tokenizer_matches_autotokenizer_and_imports_neither_transformers_nor_torch(
     qwen_tok: object, tokenizer_dir: Path
 ) -> None:
-    """The trainer loads transformers' generic fast class, not AutoTokenizer (whose auto classes import PyTorch
-    where it is installed): the same ids, chat template, special ids and decoding as AutoTokenizer gives."""
+    """The trainer reads the folder with `tokenizers` and jinja2 (transformers' import is 1 s of every trainer
+    start-up; its auto classes import PyTorch where it is installed): the same ids, chat template, special ids,
+    vocabulary size and decoding as AutoTokenizer gives, for Qwen2.5's folder and the bundled one."""
     from transformers import AutoTokenizer
 
     auto = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
@@ -87,7 +89,16 @@ def test_the_fast_tokenizer_matches_autotokenizer_and_imports_no_torch(
         assert qwen_tok.decode(ids, skip_special_tokens=skip) == auto.decode(ids, skip_special_tokens=skip)
     assert (tok.pad_id(qwen_tok), tok.eos_ids(qwen_tok)) == (tok.pad_id(auto), tok.eos_ids(auto))
     assert importlib.util.find_spec("torch") is not None  # installed (test extra): the check can fail
+    assert len(qwen_tok) == len(auto)  # type: ignore[arg-type]
+    bundled, bundled_auto = tok.load_tokenizer(BUNDLED), AutoTokenizer.from_pretrained(str(BUNDLED))
+    assert bundled.apply_chat_template(chat, add_generation_prompt=True) == bundled_auto.apply_chat_template(
+        chat, tokenize=False, add_generation_prompt=True
+    )
+    assert bundled("12 * 7 = 84<|im_end|>")["input_ids"] == bundled_auto("12 * 7 = 84<|im_end|>")["input_ids"]
+    assert (len(bundled), tok.pad_id(bundled), tok.eos_ids(bundled)) == (
+        len(bundled_auto), tok.pad_id(bundled_auto), tok.eos_ids(bundled_auto),
+    )  # fmt: skip
     load = f"from trainer import tokenizer; tokenizer.load_tokenizer({str(tokenizer_dir)!r})"
-    code = f"import sys; {load}; print('torch' in sys.modules)"
+    code = f"import sys; {load}; print('torch' in sys.modules, 'transformers' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
-    assert r.stdout.strip() == "False", r.stderr[-2000:]
+    assert r.stdout.strip() == "False False", r.stderr[-2000:]
