@@ -205,7 +205,8 @@ class SshTransport:
             elif cancel is not None and cancel.is_set():
                 error, kind = "cancelled: another worker failed", Kind.CANCELLED
             elif chan.closed or not chan.get_transport().is_active():
-                error, kind = "connection lost", Kind.CONNECT
+                cause = chan.get_transport().get_exception()  # why, when paramiko knows (EOF, reset, ...)
+                error, kind = f"connection lost: {cause}" if cause else "connection lost", Kind.CONNECT
             if error:
                 chan.close()
                 break

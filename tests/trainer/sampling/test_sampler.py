@@ -126,6 +126,29 @@ def test_early_exit_across_segments_gives_the_full_runs_outputs(
     assert int(out.steps) == max(stops) + 1 <= 2 < C
 
 
+@pytest.mark.parametrize("tp", [2, 4])
+def test_decode_layouts_up_to_twice_the_kv_heads_give_the_single_devices_tokens(
+    tiny_f32: tuple, prompts: tuple, greedy_out: object, tp: int
+) -> None:
+    """The decode layout over 8 devices with `rollout.tp` = the kv-head count (2, the automatic choice) and twice
+    it (4: each kv head's query heads split over two devices, the 3B presets' layout): the single device's
+    tokens, greedy, and its log-probs."""
+    from trainer.layout import decode_layout
+    from trainer.sharding import make_mesh, shard_params
+
+    config, params = tiny_f32
+    assert config.num_key_value_heads == 2 and config.num_attention_heads % tp == 0
+    mesh = make_mesh(dp=1, fsdp=8, tp=1)
+    rmesh, to_decode = decode_layout(mesh, config, params, tp)
+    assert dict(rmesh.shape) == {"dcn": 1, "dp": 8 // tp, "fsdp": 1, "tp": tp}
+    on_mesh = to_decode(shard_params(params, mesh))
+    sampling = SamplingConfig(C, greedy=True)
+    out = generate(on_mesh, config, *prompts, jax.random.key(0), sampling, NO_EOS, PAD, mesh=rmesh)
+    assert len(out.completion_ids_BC.sharding.device_set) == 8
+    np.testing.assert_array_equal(np.asarray(out.completion_ids_BC), np.asarray(greedy_out.completion_ids_BC))
+    np.testing.assert_allclose(np.asarray(out.logprobs_BC), np.asarray(greedy_out.logprobs_BC), atol=1e-5)
+
+
 @pytest.mark.parametrize("greedy", [True, False])
 def test_sampling_on_vocabulary_blocks_draws_what_whole_rows_draw(greedy: bool) -> None:
     """sample_split (the vocabulary left in tp blocks) against sample_token on whole rows: the same tokens and
