@@ -32,7 +32,7 @@ _SOURCE = re.compile(r'op_name="(?P<src>[^"]*)"')
 _FREE = frozenset({
     "get-tuple-element", "tuple", "bitcast", "parameter", "constant", "partition-id", "replica-id", "after-all",
     "opt-barrier", "copy-done", "slice-done", "all-gather-done", "all-reduce-done", "collective-permute-done",
-    "async-done", "while", "call", "conditional",
+    "async-done", "call-done", "while", "call", "conditional",
 })  # fmt: skip
 # Ops that read only their result's worth of their first operand.
 _PARTIAL_READS = frozenset({"gather", "dynamic-slice", "slice"})
@@ -78,26 +78,47 @@ def _source(line: str) -> str:
     return re.sub(r"jit\(([^)]*)\)", r"\1", src)
 
 
+def _in_place_relayouts(computations: dict[str, list[Instruction]], body: list[Instruction]) -> dict[str, str]:
+    """Result -> operand of each fusion in `body` that only copies its one operand and that XLA marks in place
+    (`output_to_operand_aliasing`). libtpu leaves these inside TPU7x programs: a change of tiling (bf16
+    T(16,128) -> T(8,128)) of a whole stacked weight or KV cache, nested in the fusion that slices one layer out
+    of it. A copy that writes into its own operand's buffer is applied as the consumer reads (the consumer here
+    reads one layer's window), so it is counted as a view: its uses are its operand's (docs/fit.md)."""
+    out: dict[str, str] = {}
+    for n, _, op, args, line in body:
+        callee = dict(hlo.callees(line)).get("calls") if op == "fusion" else None
+        inner = [o for _, _, o, _, _ in computations.get(callee or "", [])]
+        if sorted(inner) == ["copy", "parameter"] and "output_to_operand_aliasing={{}: (0, {})}" in line:
+            source = next(_OPERAND.finditer(args))["name"]
+            out[n] = out.get(source, source)
+    return out
+
+
 def _operand_reads(computations: dict[str, list[Instruction]], name: str) -> dict[int, int]:
     """For a fused computation: parameter index -> bytes it reads when it is only sliced or gathered from
     (every use a gather/slice, the in-place target of the root dynamic-update-slice, or such a parameter of a
-    nested fusion: a scan's stacked weights are sliced one layer at a time one fusion down)."""
+    nested fusion: a scan's stacked weights are sliced one layer at a time one fusion down; through an in-place
+    relayout, `_in_place_relayouts`)."""
     body = computations[name]
     params = {n: int(args) for n, _, op, args, _ in body if op == "parameter" and args.isdigit()}
+    views = _in_place_relayouts(computations, body)
     uses: dict[str, list[tuple[int, str]]] = defaultdict(list)  # operand -> (bytes it reads, how)
-    for _, typ, op, args, line in body:
+    for n, typ, op, args, line in body:
+        if n in views:
+            continue
         root = line.lstrip().startswith("ROOT")
         callee = dict(hlo.callees(line)).get("calls") if op == "fusion" else None
         nested = _operand_reads(computations, callee) if callee in computations else {}
-        for i, a in enumerate(_OPERAND.finditer(args)):
+        for i, m in enumerate(_OPERAND.finditer(args)):
+            src = views.get(m["name"], m["name"])
             if i == 0 and op == "dynamic-update-slice" and root:
-                uses[a["name"]].append((0, "in place"))
+                uses[src].append((0, "in place"))
             elif i == 0 and op in _PARTIAL_READS:  # the sliced operand, not the indices
-                uses[a["name"]].append((sum(b for b, _ in _arrays(typ)), "window"))
+                uses[src].append((sum(b for b, _ in _arrays(typ)), "window"))
             elif i in nested and (nested[i] or root):  # in place only as the result of this fusion too
-                uses[a["name"]].append((nested[i], "window" if nested[i] else "in place"))
+                uses[src].append((nested[i], "window" if nested[i] else "in place"))
             else:
-                uses[a["name"]].append((0, "whole"))
+                uses[src].append((0, "whole"))
     return {
         index: sum(b for b, _ in uses[name])
         for name, index in params.items()

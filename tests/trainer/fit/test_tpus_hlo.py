@@ -176,6 +176,55 @@ def test_traffic_reads_one_layer_of_a_stack_sliced_in_a_nested_fusion() -> None:
     assert y.bytes == 8 * 256 * 2 + 256 * 256 * 2 + 4 + 8 * 256 * 2  # x, one layer, the index, the result
 
 
+# The same on TPU7x: libtpu nests a change of tiling of the whole stack (bf16 T(16,128) -> T(8,128)) between the
+# stack and the slice, as a copy fusion written into its own operand's buffer (`output_to_operand_aliasing`).
+RELAYOUT_STACKED_HLO = """
+%relayout (r0: bf16[4,256,256]) -> bf16[4,256,256] {
+  %r0 = bf16[4,256,256]{2,1,0:T(16,128)(2,1)} parameter(0)
+  ROOT %c = bf16[4,256,256]{2,1,0:T(8,128)(2,1)} copy(%r0)
+}
+
+%slice_layer (s0: bf16[4,256,256], s1: s32[]) -> bf16[256,256] {
+  %s0 = bf16[4,256,256]{2,1,0:T(16,128)(2,1)} parameter(0)
+  %re = bf16[4,256,256]{2,1,0:T(8,128)(2,1)} fusion(%s0), kind=kLoop, ALIAS calls=%relayout
+  %s1 = s32[] parameter(1)
+  %z = s32[] constant(0)
+  %ds = bf16[1,256,256]{2,1,0:T(8,128)(2,1)} dynamic-slice(%re, %s1, %z, %z), dynamic_slice_sizes={1,256,256}
+  ROOT %layer = bf16[256,256]{1,0:T(8,128)(2,1)} bitcast(%ds)
+}
+
+%layer_matmul (m0: bf16[8,256], m1: bf16[4,256,256], m2: s32[]) -> bf16[8,256] {
+  %m0 = bf16[8,256]{1,0} parameter(0)
+  %m1 = bf16[4,256,256]{2,1,0:T(16,128)(2,1)} parameter(1)
+  %m2 = s32[] parameter(2)
+  %w = bf16[256,256]{1,0:T(8,128)(2,1)} fusion(%m1, %m2), kind=kLoop, calls=%slice_layer
+  ROOT %mm = bf16[8,256]{1,0} convolution(%m0, %w), dim_labels=bf_io->bf
+}
+
+ENTRY %main (x: bf16[8,256], stack: bf16[4,256,256], i: s32[]) -> (bf16[8,256], bf16[8,256]) {
+  %x = bf16[8,256]{1,0} parameter(0)
+  %stack = bf16[4,256,256]{2,1,0:T(16,128)(2,1)} parameter(1)
+  %i = s32[] parameter(2)
+  %y = bf16[8,256]{1,0} fusion(%x, %stack, %i), kind=kOutput, calls=%layer_matmul
+  %fmt = ((bf16[8,256]{1,0}, token[]), bf16[8,256]{1,0}) call-start(%y), async_execution_thread="sparsecore", to_apply=%relayout
+  %z = bf16[8,256]{1,0} call-done(%fmt)
+  ROOT %out = (bf16[8,256]{1,0}, bf16[8,256]{1,0}) tuple(%y, %z)
+}
+"""
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_a_relayout_written_in_place_is_read_as_the_slice_reads_it(in_place: bool) -> None:
+    """Marked in place, the nested copy is a view: one layer is read, as without it (the TPU7x decode's stacks:
+    docs/fit.md); a copy into a buffer of its own is a real one: the whole stack. An async call's `-done` half
+    moves nothing (its `-start` counted the call's operand and result)."""
+    text = RELAYOUT_STACKED_HLO.replace("ALIAS ", "output_to_operand_aliasing={{}: (0, {})}, " if in_place else "")
+    ops = {r.name: r for r in traffic.op_bytes(text)}
+    stack = 256 * 256 * 2 * (1 if in_place else 4)
+    assert ops["y"].bytes == 8 * 256 * 2 + stack + 4 + 8 * 256 * 2
+    assert ops["fmt"].bytes == 2 * 8 * 256 * 2 and "z" not in ops
+
+
 # A decode-like program: a while loop that also stops on data (trip count unknown: counted once, the caller
 # multiplies) around a scan over 3 layers (the JAX scan pattern libtpu leaves: counter from constant 0, +1,
 # compared LT with 3), whose body all-gathers a weight and multiplies in a fusion; then a loop whose trip
