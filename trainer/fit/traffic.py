@@ -78,7 +78,9 @@ def _source(line: str) -> str:
     return re.sub(r"jit\(([^)]*)\)", r"\1", src)
 
 
-def _in_place_relayouts(computations: dict[str, list[Instruction]], body: list[Instruction]) -> dict[str, str]:
+def _in_place_relayouts(
+    computations: dict[str, list[Instruction]], body: list[Instruction]
+) -> dict[str, str]:
     """Result -> operand of each fusion in `body` that only copies its one operand and that XLA marks in place
     (`output_to_operand_aliasing`). libtpu leaves these inside TPU7x programs: a change of tiling (bf16
     T(16,128) -> T(8,128)) of a whole stacked weight or KV cache, nested in the fusion that slices one layer out

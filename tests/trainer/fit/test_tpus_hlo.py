@@ -218,7 +218,9 @@ def test_a_relayout_written_in_place_is_read_as_the_slice_reads_it(in_place: boo
     """Marked in place, the nested copy is a view: one layer is read, as without it (the TPU7x decode's stacks:
     docs/fit.md); a copy into a buffer of its own is a real one: the whole stack. An async call's `-done` half
     moves nothing (its `-start` counted the call's operand and result)."""
-    text = RELAYOUT_STACKED_HLO.replace("ALIAS ", "output_to_operand_aliasing={{}: (0, {})}, " if in_place else "")
+    text = RELAYOUT_STACKED_HLO.replace(
+        "ALIAS ", "output_to_operand_aliasing={{}: (0, {})}, " if in_place else ""
+    )
     ops = {r.name: r for r in traffic.op_bytes(text)}
     stack = 256 * 256 * 2 * (1 if in_place else 4)
     assert ops["y"].bytes == 8 * 256 * 2 + stack + 4 + 8 * 256 * 2
