@@ -74,6 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         "--breakdown", type=int, default=0, metavar="N",
         help="per phase, the N sources of the most HBM bytes (e.g. --phases decode --breakdown 12)",
     )  # fmt: skip
+    ap.add_argument(
+        "--layouts", action="store_true",
+        help="compare the decode layouts: the rollout programs at every rollout.tp that splits a slice's devices "
+        "and the query heads evenly, fastest expected step first (the update does not depend on it)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
 
     from trainer import config
@@ -94,6 +99,20 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"error": "libtpu_missing", "message": missing}) if args.json else missing)
         return EXIT_NO_LIBTPU
     _quiet_libtpu(tgt.accelerator)
+    if args.layouts:
+        try:
+            compared = compare_layouts(cfg, tgt, args.set, slices=args.slices)
+        except config.ConfigError as e:
+            print(f"config: {e}", file=sys.stderr)
+            return EXIT_CONFIG
+        compared["config"] = args.config
+        if args.json:
+            print(json.dumps(compared, default=float))
+        else:
+            from trainer.fit.text import render_layouts
+
+            print(render_layouts(compared))
+        return EXIT_FITS if compared["best"] is not None else EXIT_NO_FIT
     try:
         only = tuple(args.phases.split(",")) if args.phases else None
         result = run(
@@ -146,6 +165,38 @@ def dcn_verdict(result: dict[str, Any], devices: list[Any], slices: int) -> dict
         "devices_per_host": per_host, "bandwidth_per_host": tpus.DCN_BYTES_PER_S_PER_HOST, "seconds": seconds,
         "step_bound_s": bound, "dominates": seconds > bound,
         "phases": {k: p.get("dcn_bytes", 0) for k, p in result["phases"].items() if p.get("dcn_bytes")},
+    }  # fmt: skip
+
+
+def compare_layouts(cfg: Any, tgt: Any, sets: list[str], *, slices: int = 1) -> dict[str, Any]:
+    """The rollout programs (decode_cast, prefill, decode) compiled and judged at every `rollout.tp` that divides a
+    slice's devices and the query heads: one row per layout (its mesh, fits, headroom, bound and expected range,
+    each phase's bound), fitting layouts by expected midpoint first (the bound breaks ties), `best` the first
+    one's tp (None when none fits) and `current` the config's own (rollout.tp, or the automatic choice)."""
+    from trainer import config
+    from trainer.fit import programs
+    from trainer.layout import rollout_tp
+
+    per_slice = len(topology_devices(tgt.topology))
+    model = programs.model_config(cfg)
+    rows = []
+    for tp in [
+        d for d in range(1, per_slice + 1) if per_slice % d == 0 and model.num_attention_heads % d == 0
+    ]:
+        print(f"fit: decode layout rollout.tp={tp}", file=sys.stderr, flush=True)
+        r = run(config.with_sets(cfg, [f"rollout.tp={tp}"]), tgt, [*sets, f"rollout.tp={tp}"], fix=False,
+                only=programs.ROLLOUT, host=False, slices=slices)  # fmt: skip
+        e = r["estimate"]
+        rows.append({
+            "tp": tp, "rollout_mesh": r["rollout_mesh"], "fits": r["fits"], "headroom": r["headroom"],
+            "bound_s": e["bound_s"], "expected_s": e["expected_s"], "expected_mid_s": e["expected_mid_s"],
+            "phases_s": e["phases_s"],
+        })  # fmt: skip
+    rows.sort(key=lambda row: (not row["fits"], row["expected_mid_s"], row["bound_s"]))
+    return {
+        "accelerator": tgt.accelerator, "topology": tgt.topology, "slices": slices, "phases": list(programs.ROLLOUT),
+        "current": rollout_tp(cfg.rollout.tp, model.num_key_value_heads, per_slice),
+        "best": rows[0]["tp"] if rows and rows[0]["fits"] else None, "layouts": rows,
     }  # fmt: skip
 
 

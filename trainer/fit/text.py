@@ -56,3 +56,28 @@ def estimate_lines(r: dict[str, Any]) -> list[str]:
     lines += [f"  {kind}: {e['low']:.0%}-{e['high']:.0%} of the roofline, {e['source']}"
               for kind, e in est["efficiency"].items()]  # fmt: skip
     return lines
+
+
+def render_layouts(r: dict[str, Any]) -> str:
+    """`python -m trainer.fit --layouts`: one row per decode layout, fastest expected first."""
+    head = (
+        f"{r['config']} on {r['accelerator']}: decode layouts (rollout.tp), the rollout programs "
+        f"({', '.join(r['phases'])}) per step; the update does not depend on rollout.tp"
+    )
+    rows = [
+        f"{'tp':>4}  {'rollout mesh':<22}{'fits':<6}{'headroom':>9}{'bound s':>9}{'expected s':>13}{'mid s':>8}"
+    ]
+    for x in r["layouts"]:
+        mesh = f"dp {x['rollout_mesh']['dp']} x tp {x['rollout_mesh']['tp']}"
+        mark = "  (current)" if x["tp"] == r["current"] else ""
+        rows.append(
+            f"{x['tp']:>4}  {mesh:<22}{'yes' if x['fits'] else 'no':<6}{x['headroom']:>9.0%}"
+            f"{x['bound_s']:>9.3f}{_range(x['expected_s']):>13}{x['expected_mid_s']:>8.2f}{mark}"
+        )
+    if r["best"] is None:
+        verdict = "no layout fits"
+    elif r["best"] == r["current"]:
+        verdict = f"fastest: rollout.tp={r['best']}, the config's own"
+    else:
+        verdict = f"fastest: --set rollout.tp={r['best']} (the config has rollout.tp={r['current']})"
+    return "\n".join([head, *rows, verdict])

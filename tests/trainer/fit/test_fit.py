@@ -13,7 +13,8 @@ import pytest
 from tests.trainer.fit.conftest import PRESETS, covered
 from trainer import config
 from trainer.fit import tpus
-from trainer.fit.__main__ import _quiet_libtpu, run
+from trainer.fit.__main__ import _quiet_libtpu, compare_layouts, run
+from trainer.fit.text import render_layouts
 from trainer.model.config import Qwen2Config
 
 
@@ -53,6 +54,34 @@ def test_update_is_fsdp_gathering_weights_not_reducing_activations(
     state = result["params_bytes"] + result["opt_state_bytes"]
     assert state <= update["argument_bytes"] <= state + 64 * 512 * 4 * 8
     assert result["impl"] == "pallas" and update["fits"]
+
+
+@pytest.mark.slow
+def test_layouts_compares_every_decode_layout_fastest_expected_first(
+    small_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--layouts`: the rollout programs at every rollout.tp dividing the 4 devices and the 8 query heads, judged
+    by the estimate; the fitting ones by expected midpoint, `best` the first, `current` the automatic choice
+    (the kv-head count)."""
+    for k in ("ALLOW_MULTIPLE_LIBTPU_LOAD", "TPU_SKIP_MDS_QUERY", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES",
+              "TF_CPP_MIN_LOG_LEVEL"):  # fmt: skip
+        monkeypatch.delenv(k, raising=False)  # restored after the test
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    _quiet_libtpu("v6e-4")
+    cfg = config.load("tiny", [
+        f"model.path={small_model}", "model.dtype=bfloat16", "data.prompt_buckets=128", "rollout.max_new_tokens=128",
+        "rollout.samples_per_prompt=8", "train.prompts_per_step=8", "train.micro_batch=64",
+    ])  # fmt: skip
+    r = compare_layouts(cfg, tpus.from_accelerator("v6e-4"), [])
+    rows = r["layouts"]
+    assert sorted(x["tp"] for x in rows) == [1, 2, 4] and r["current"] == 2
+    assert all(x["rollout_mesh"]["dp"] * x["tp"] == 4 and x["bound_s"] > 0 for x in rows)
+    fitting = [x for x in rows if x["fits"]]
+    assert fitting and r["best"] == fitting[0]["tp"] == rows[0]["tp"]
+    mids = [x["expected_mid_s"] for x in fitting]
+    assert mids == sorted(mids) and len({round(x["bound_s"], 6) for x in rows}) > 1  # the layouts differ
+    text = render_layouts({**r, "config": "small"})
+    assert "(current)" in text.splitlines()[2 + [x["tp"] for x in rows].index(2)]
 
 
 @pytest.mark.slow
