@@ -99,32 +99,21 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"error": "libtpu_missing", "message": missing}) if args.json else missing)
         return EXIT_NO_LIBTPU
     _quiet_libtpu(tgt.accelerator)
-    if args.layouts:
-        try:
-            compared = compare_layouts(cfg, tgt, args.set, slices=args.slices)
-        except config.ConfigError as e:
-            print(f"config: {e}", file=sys.stderr)
-            return EXIT_CONFIG
-        compared["config"] = args.config
-        if args.json:
-            print(json.dumps(compared, default=float))
-        else:
-            from trainer.fit.text import render_layouts
-
-            print(render_layouts(compared))
-        return EXIT_FITS if compared["best"] is not None else EXIT_NO_FIT
     try:
-        only = tuple(args.phases.split(",")) if args.phases else None
-        result = run(
-            cfg,
-            tgt,
-            args.set,
-            fix=not args.no_fix,
-            only=only,
-            breakdown=args.breakdown,
-            host=not args.no_host,
-            slices=args.slices,
-        )
+        if args.layouts:
+            result = compare_layouts(cfg, tgt, args.set, slices=args.slices)
+        else:
+            only = tuple(args.phases.split(",")) if args.phases else None
+            result = run(
+                cfg,
+                tgt,
+                args.set,
+                fix=not args.no_fix,
+                only=only,
+                breakdown=args.breakdown,
+                host=not args.no_host,
+                slices=args.slices,
+            )
     except config.ConfigError as e:
         print(f"config: {e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -132,10 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result, default=float))
     else:
-        from trainer.fit.text import render
+        from trainer.fit.text import render, render_layouts
 
-        print(render(result))
-    return EXIT_FITS if result["fits"] else EXIT_NO_FIT
+        print(render_layouts(result) if args.layouts else render(result))
+    fits = result["best"] is not None if args.layouts else result["fits"]
+    return EXIT_FITS if fits else EXIT_NO_FIT
 
 
 def topology_devices(topology: str, slices: int = 1) -> list[Any]:

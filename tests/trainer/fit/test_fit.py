@@ -28,15 +28,20 @@ def small_model(tmp_path: Path) -> Path:
     return tmp_path / "model"
 
 
+def _compile_for(accelerator: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """trainer.fit's environment for compiling on this CPU for `accelerator`, restored after the test."""
+    for k in ("ALLOW_MULTIPLE_LIBTPU_LOAD", "TPU_SKIP_MDS_QUERY", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES",
+              "TF_CPP_MIN_LOG_LEVEL"):  # fmt: skip
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    _quiet_libtpu(accelerator)
+
+
 @pytest.mark.slow
 def test_update_is_fsdp_gathering_weights_not_reducing_activations(
     small_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for k in ("ALLOW_MULTIPLE_LIBTPU_LOAD", "TPU_SKIP_MDS_QUERY", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES",
-              "TF_CPP_MIN_LOG_LEVEL"):  # fmt: skip
-        monkeypatch.delenv(k, raising=False)  # restored after the test
-    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-    _quiet_libtpu("v6e-8")
+    _compile_for("v6e-8", monkeypatch)
     cfg = config.load("tiny", [
         f"model.path={small_model}", "model.dtype=bfloat16", "data.prompt_buckets=256", "rollout.max_new_tokens=256",
         "rollout.samples_per_prompt=8", "train.prompts_per_step=8", "train.micro_batch=64", "train.loss_impl=pallas",
@@ -63,11 +68,7 @@ def test_layouts_compares_every_decode_layout_fastest_expected_first(
     """`--layouts`: the rollout programs at every rollout.tp dividing the 4 devices and the 8 query heads, judged
     by the estimate; the fitting ones by expected midpoint, `best` the first, `current` the automatic choice
     (the kv-head count)."""
-    for k in ("ALLOW_MULTIPLE_LIBTPU_LOAD", "TPU_SKIP_MDS_QUERY", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES",
-              "TF_CPP_MIN_LOG_LEVEL"):  # fmt: skip
-        monkeypatch.delenv(k, raising=False)  # restored after the test
-    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-    _quiet_libtpu("v6e-4")
+    _compile_for("v6e-4", monkeypatch)
     cfg = config.load("tiny", [
         f"model.path={small_model}", "model.dtype=bfloat16", "data.prompt_buckets=128", "rollout.max_new_tokens=128",
         "rollout.samples_per_prompt=8", "train.prompts_per_step=8", "train.micro_batch=64",
