@@ -107,6 +107,10 @@ def watched(
         say(f"{vm.name} {lost.why} {at_step(seen['last'])}; recreating it ({n + 1}/{max_recoveries})")
         t0 = time.monotonic()
         _recreate(target.api, vm, target.spec, ready_timeout)
+        if (
+            vm.kind == "mig"
+        ):  # the MIG recreated only its lost instances: the others still run this attempt's job
+            _stop_survivors(run_id, say)
         # The recreated VM has new host keys and addresses: the one legitimate second resolve.
         target = resolve(target.spec, target.config, notify, api=target.api)
         assert target.reach is not None
@@ -124,6 +128,20 @@ def watched(
         )
         say(f"{vm.name} is READY again after {time.monotonic() - t0:.1f}s; rerunning {sop}")
     raise AssertionError("unreachable")
+
+
+def _stop_survivors(run_id: str, say: Callable[[str], None]) -> None:
+    """Stop the lost attempt's job where its instance survived (its collectives wait for the lost peers), give
+    its run lock and the TPU back: else the rerun's claim finds the workers busy with this run's own past."""
+    from tpuops.run import store
+
+    try:
+        stopped = store.stop(run_id)
+    except TpuopsError as e:  # no record (nothing was started yet) or no worker reachable: the claim will say
+        say(f"could not stop what is left of {run_id}: {e.line()}")
+        return
+    if stopped.code:
+        say(f"stopping what is left of {run_id} failed on some worker; the rerun's checks will say where")
 
 
 def checkpoint_warnings(sets: dict[str, str]) -> list[str]:
