@@ -107,9 +107,8 @@ def watched(
         say(f"{vm.name} {lost.why} {at_step(seen['last'])}; recreating it ({n + 1}/{max_recoveries})")
         t0 = time.monotonic()
         _recreate(target.api, vm, target.spec, ready_timeout)
-        if (
-            vm.kind == "mig"
-        ):  # the MIG recreated only its lost instances: the others still run this attempt's job
+        # A MIG recreates only its lost instances: the others still run this attempt's job.
+        if vm.kind == "mig":
             _stop_survivors(run_id, say)
         # The recreated VM has new host keys and addresses: the one legitimate second resolve.
         target = resolve(target.spec, target.config, notify, api=target.api)
