@@ -123,6 +123,13 @@ class TrainConfig:
     attention_impl: Literal["auto", "xla", "pallas"] = "auto"
     # Recompute each decoder layer in the backward pass: none | dots (keep matmul outputs) | full (keep inputs)
     remat: Literal["none", "dots", "full"] = "none"
+    # On a TPU, let XLA split the update's FSDP weight all-gathers into a ring of pieces, each multiplied as it
+    # arrives ("collective matmul", libtpu's default): it overlaps the gather with compute, but a matmul whose
+    # contracted dim is the split one adds each piece's partial product into its [tokens, mlp] output in HBM
+    # (the 3B seed update: 1.8 TB of HBM traffic per step instead of 1.07). false: gather a layer's weight
+    # whole, then one matmul (docs/performance.md compares both). TPU compiler option
+    # xla_tpu_enable_windowed_einsum_for_all_gather; CPU and GPU compiles ignore this setting.
+    collective_matmul: bool = False
     seed: int = 0
     flip_advantages: bool = False  # a sanity switch: the update should then make rewards fall
 

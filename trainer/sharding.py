@@ -108,11 +108,22 @@ def _fit(spec: P, shape: tuple[int, ...], mesh: Any) -> P:
     return P(*fitted)
 
 
-def param_spec(path: str, shape: tuple[int, ...], mesh: Mesh) -> P:
-    """The PartitionSpec of one parameter, by the first matching rule."""
-    for pattern, spec in PARAM_RULES:
+# The attention projections' head dims ([qkv]_proj's output, o_proj's input): "q" counts query heads, "kv" kv heads.
+_HEAD_DIMS = re.compile(r"layers/self_attn/(?:(?P<q>[qo])|(?P<kv>[kv]))_proj/(?:kernel|bias)")
+
+
+def param_spec(path: str, shape: tuple[int, ...], mesh: Mesh, heads: tuple[int, int] | None = None) -> P:
+    """The PartitionSpec of one parameter, by the first matching rule. With `heads` (query heads, kv heads), an
+    attention projection splits its head dim over tp only in whole heads: 2 kv heads over tp = 4 would give each
+    device half a head, and every layer would all-gather its new keys and values (twice a layer and token in the
+    decode, where latency is most of a collective's cost); kept whole, each device computes both heads itself."""
+    for pattern, rule in PARAM_RULES:
         if re.fullmatch(pattern, path):
-            return _fit(spec, shape, mesh)
+            spec = _fit(rule, shape, mesh)
+            m = _HEAD_DIMS.fullmatch(path)
+            if heads and m and heads[0 if m["q"] else 1] % mesh.shape["tp"]:
+                return P(*(None if axes == "tp" else axes for axes in spec))
+            return spec
     raise KeyError(f"no partition rule for parameter {path!r}")
 
 
@@ -120,10 +131,15 @@ def path_str(key_path: Sequence[Any]) -> str:
     return "/".join(str(getattr(k, "key", k)) for k in key_path)
 
 
-def param_shardings(params: Any, mesh: Mesh) -> Any:
-    """A pytree of NamedSharding matching `params` (arrays or ShapeDtypeStructs)."""
+def heads(config: Any) -> tuple[int, int]:
+    """A model config's (query heads, kv heads): what `param_spec` keeps whole."""
+    return config.num_attention_heads, config.num_key_value_heads
+
+
+def param_shardings(params: Any, mesh: Mesh, heads: tuple[int, int] | None = None) -> Any:
+    """A pytree of NamedSharding matching `params` (arrays or ShapeDtypeStructs); `heads` as in `param_spec`."""
     return jax.tree_util.tree_map_with_path(
-        lambda kp, x: NamedSharding(mesh, param_spec(path_str(kp), tuple(x.shape), mesh)), params
+        lambda kp, x: NamedSharding(mesh, param_spec(path_str(kp), tuple(x.shape), mesh, heads)), params
     )
 
 

@@ -52,6 +52,25 @@ def test_rules_split_matrices_and_replicate_what_does_not_divide(mesh: jax.shard
         sharding.make_mesh(2, 2, 1)
 
 
+def test_attention_projections_split_over_tp_only_in_whole_heads() -> None:
+    """With the model's head counts, a tp that does not divide the kv heads keeps k/v_proj whole on each device
+    (the 3B's 2 kv heads at rollout.tp 4: no all-gather of each token's keys and values in every layer), while
+    the query side still splits; without them, the shapes alone decide, as before."""
+    mesh = sharding.make_mesh(2, 1, 4)  # (dcn, dp, fsdp, tp) = (1, 2, 1, 4): the 3B seed's decode layout
+    K, H, N = 2, 16, 8
+    kv_kernel, kv_bias, q_kernel = (4, 64, K * H), (4, K * H), (4, 64, N * H)
+    o_kernel = (4, N * H, 64)
+    assert sharding.param_spec("layers/self_attn/k_proj/kernel", kv_kernel, mesh) == P(None, "fsdp", "tp")
+    for path, shape in [("k_proj/kernel", kv_kernel), ("v_proj/kernel", kv_kernel), ("k_proj/bias", kv_bias)]:
+        spec = sharding.param_spec(f"layers/self_attn/{path}", shape, mesh, heads=(N, K))
+        assert "tp" not in spec, (path, spec)
+    assert sharding.param_spec("layers/self_attn/q_proj/kernel", q_kernel, mesh, (N, K)) == P(None, "fsdp", "tp")
+    assert sharding.param_spec("layers/self_attn/o_proj/kernel", o_kernel, mesh, (N, K)) == P(None, "tp", "fsdp")
+    # Query heads that tp does not divide are kept whole too; the MLP is untouched by head counts.
+    assert "tp" not in sharding.param_spec("layers/self_attn/o_proj/kernel", (4, 6 * H, 64), mesh, (6, 2))
+    assert sharding.param_spec("layers/mlp/down_proj/kernel", (4, 128, 64), mesh, (N, K)) == P(None, "tp", "fsdp")
+
+
 def test_sharded_forward_and_generate_equal_unsharded(
     mesh: jax.sharding.Mesh, tiny_model_dir: Path, tiny_f32: tuple, prompts: tuple
 ) -> None:

@@ -104,11 +104,12 @@ def _operand_reads(computations: dict[str, list[Instruction]], name: str) -> dic
     body = computations[name]
     params = {n: int(args) for n, _, op, args, _ in body if op == "parameter" and args.isdigit()}
     views = _in_place_relayouts(computations, body)
+    outputs = _outputs(body)
     uses: dict[str, list[tuple[int, str]]] = defaultdict(list)  # operand -> (bytes it reads, how)
     for n, typ, op, args, line in body:
         if n in views:
             continue
-        root = line.lstrip().startswith("ROOT")
+        root = n in outputs
         callee = dict(hlo.callees(line)).get("calls") if op == "fusion" else None
         nested = _operand_reads(computations, callee) if callee in computations else {}
         for i, m in enumerate(_OPERAND.finditer(args)):
@@ -126,6 +127,15 @@ def _operand_reads(computations: dict[str, list[Instruction]], name: str) -> dic
         for name, index in params.items()
         if uses[name] and all(how != "whole" for _, how in uses[name])
     }
+
+
+def _outputs(body: list[Instruction]) -> set[str]:
+    """The instructions a fused computation returns: its ROOT, or each element of a ROOT tuple (a multi-output
+    fusion, e.g. one that updates a scan's stacked keys and values in place together)."""
+    for n, _, op, args, line in body:
+        if line.lstrip().startswith("ROOT"):
+            return {m["name"] for m in _OPERAND.finditer(args)} if op == "tuple" else {n}
+    return set()
 
 
 def op_bytes(hlo_text: str | hlo.Module) -> list[OpBytes]:
@@ -155,9 +165,9 @@ def op_bytes(hlo_text: str | hlo.Module) -> list[OpBytes]:
             if op == "fusion" and callee in computations:
                 for i, b in _operand_reads(computations, callee).items():
                     if i < len(reads) and reads[i]:
+                        if b == 0:  # updated in place: that output is written only where the update lands
+                            result = max(result - reads[i], 0)
                         reads[i] = b
-                        if b == 0:  # updated in place: the result is written only where the update lands
-                            result = 0
             if op in ("dynamic-update-slice", "slice-start", "dynamic-slice", "slice", "gather"):
                 # In place, or reading a window: the moved bytes are the update's / the result's.
                 moved = reads[1] if op == "dynamic-update-slice" else sum(b for b, _ in arrays)

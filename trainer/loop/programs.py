@@ -138,7 +138,22 @@ def make_update(
         out.update({k: v.mean() for k, v in auxes.items()})
         return params, opt_state, out
 
-    return OnMesh(jax.jit(update, donate_argnums=(0, 1), out_shardings=(*shardings, None)), mesh)
+    return OnMesh(
+        jax.jit(
+            update, donate_argnums=(0, 1), out_shardings=(*shardings, None),
+            compiler_options=tpu_options(cfg, mesh),
+        ),
+        mesh,
+    )  # fmt: skip
+
+
+def tpu_options(cfg: Config, mesh: Any) -> dict[str, Any] | None:
+    """The compiler options of the programs on the training mesh (the update, the reference log-probs) when
+    its devices are TPUs (compile-only ones too: trainer.fit); None elsewhere, whose compilers know no TPU
+    option."""
+    if mesh.devices.flat[0].platform != "tpu":
+        return None
+    return {"xla_tpu_enable_windowed_einsum_for_all_gather": cfg.train.collective_matmul}
 
 
 def make_ref_logp(cfg: Config, mconf: Any, impl: str, mesh: Any) -> OnMesh:
@@ -148,4 +163,4 @@ def make_ref_logp(cfg: Config, mconf: Any, impl: str, mesh: Any) -> OnMesh:
         logp, _ = completion_logp(params, mconf, b, P_len, cfg, impl)
         return jax.lax.stop_gradient(logp)
 
-    return OnMesh(jax.jit(ref_logp, static_argnums=2), mesh)
+    return OnMesh(jax.jit(ref_logp, static_argnums=2, compiler_options=tpu_options(cfg, mesh)), mesh)

@@ -99,7 +99,9 @@ def load_pretrained(
             if mesh is None:
                 placement = SingleDeviceSharding(jax.local_devices()[0])
             else:
-                placement = jax.sharding.NamedSharding(mesh, sharding.param_spec(path, shape, mesh))
+                placement = jax.sharding.NamedSharding(
+                    mesh, sharding.param_spec(path, shape, mesh, sharding.heads(config))
+                )
 
             def read(index: tuple[slice, ...] | None, tensors: list[Any] = tensors, stacked: bool = stacked,
                      transpose: bool = transpose, rank: int = len(shape)) -> np.ndarray:  # fmt: skip
