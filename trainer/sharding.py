@@ -154,8 +154,41 @@ def batch_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
 
 
 def kv_cache_sharding(mesh: Mesh, shape_LBSKH: tuple[int, ...]) -> NamedSharding:
-    """The stacked KV cache [L, B, S, K, H]: batch over (dcn, dp, fsdp), kv heads over tp."""
-    return NamedSharding(mesh, logical_spec((None, "batch", None, "kv_heads", None), shape_LBSKH, mesh))
+    """The stacked KV cache [L, B, S, K, H]: batch over (dcn, dp, fsdp), kv heads over tp; `cache_spec`."""
+    return NamedSharding(mesh, cache_spec(shape_LBSKH, mesh))
+
+
+def cache_spec(shape_LBSKH: tuple[int, ...], mesh: Any) -> P:
+    """The KV cache's spec: kv heads over tp where tp divides them; else the batch over tp too (`heads_split`)."""
+    if heads_split(shape_LBSKH[3], mesh):
+        return logical_spec((None, "batch", None, "kv_heads", None), shape_LBSKH, mesh)
+    return _fit(P(None, (*BATCH, "tp")), shape_LBSKH, mesh)
+
+
+def heads_split(kv_heads: int, mesh: Any) -> bool:
+    """Whether the decode splits attention over tp by kv heads (tp divides them), or else by sequences: with 2 kv
+    heads over tp = 4 a head split would give each pair of devices one head's cache, held and read twice; split by
+    sequence, each device holds and reads only its own sequences' cache (both heads), half the bytes, and the
+    queries and attention outputs cross the tp group by two all-to-alls a layer (trainer.model.qwen2.Attention)."""
+    tp = int(dict(mesh.shape).get("tp", 1))
+    return tp == 1 or kv_heads % tp == 0
+
+
+def constrain_cache(x_LBSKH: jax.Array) -> jax.Array:
+    """Pin the stacked KV cache to `cache_spec` under the mesh in context (no mesh: unchanged)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return x_LBSKH
+    return jax.lax.with_sharding_constraint(x_LBSKH, cache_spec(tuple(x_LBSKH.shape), mesh))
+
+
+def constrain_sequences(x_BTNH: jax.Array) -> jax.Array:
+    """Queries or attention outputs [B, T, N, H] split by sequence over (dcn, dp, fsdp, tp), heads whole: the
+    decode's attention when the kv heads do not split over tp (`heads_split`)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return x_BTNH
+    return jax.lax.with_sharding_constraint(x_BTNH, _fit(P((*BATCH, "tp")), tuple(x_BTNH.shape), mesh))
 
 
 def logical_spec(names: Sequence[str | None], shape: tuple[int, ...], mesh: Any) -> P:

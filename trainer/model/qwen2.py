@@ -32,7 +32,14 @@ from jax import Array
 
 from trainer.model.config import Qwen2Config
 from trainer.model.flash import attend_flash
-from trainer.sharding import constrain, lookup_layout, path_str
+from trainer.sharding import (
+    constrain,
+    constrain_cache,
+    constrain_sequences,
+    heads_split,
+    lookup_layout,
+    path_str,
+)
 
 Params = dict[str, Any]
 # Logical axis names of the activations (trainer.sharding.LOGICAL maps them to mesh axes).
@@ -40,7 +47,6 @@ _BTD = ("batch", "length", "embed")
 _BTNH = ("batch", "length", "heads", "head_dim")
 _BTKH = ("batch", "length", "kv_heads", "head_dim")
 _BTF = ("batch", "length", "mlp")
-_LBSKH = (None, "batch", None, "kv_heads", None)  # the stacked KV cache
 _NEG = -1e30  # finite "minus infinity": a fully masked row (left padding) softmaxes to uniform, not NaN
 
 
@@ -120,6 +126,13 @@ class Attention(nn.Module):
         q = constrain(self._dense(N * H, True, "q_proj")(x_BTD).reshape(B, T, N, H), *_BTNH)
         k = constrain(self._dense(K * H, True, "k_proj")(x_BTD).reshape(B, T, K, H), *_BTKH)
         v = constrain(self._dense(K * H, True, "v_proj")(x_BTD).reshape(B, T, K, H), *_BTKH)
+        mesh = jax.sharding.get_abstract_mesh()
+        by_sequence = kv is not None and not mesh.empty and not heads_split(K, mesh)
+        if by_sequence:
+            # The cache is split by sequence over tp too (trainer.sharding.heads_split): each device attends
+            # for its own sequences with every head. The queries cross tp by one all-to-all in their own dtype,
+            # before RoPE (after it, XLA moved them as two float32 halves of RoPE's rotation); the output by one.
+            q = constrain_sequences(q)
         q, k = _apply_rope(q, cos_BTH, sin_BTH), _apply_rope(k, cos_BTH, sin_BTH)
         if kv is None:
             keys, values, new_kv = k, v, (k, v)
@@ -139,8 +152,12 @@ class Attention(nn.Module):
             keys = jax.lax.dynamic_slice(keys_LBSKH, row, size)[0]
             values = jax.lax.dynamic_slice(values_LBSKH, row, size)[0]
             mask_BTS = mask_BTS[..., : size[2]]
-            new_kv = (constrain(keys_LBSKH, *_LBSKH), constrain(values_LBSKH, *_LBSKH))
-        if kv is None and mask_BTS.ndim == 2:  # the [B, T] attention mask: the Pallas kernel (self_mask)
+            new_kv = (constrain_cache(keys_LBSKH), constrain_cache(values_LBSKH))
+        if by_sequence:
+            q = constrain_sequences(q)
+            out = constrain_sequences(attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS))
+            out = constrain(out, *_BTNH)
+        elif kv is None and mask_BTS.ndim == 2:  # the [B, T] attention mask: the Pallas kernel (self_mask)
             out = constrain(attend_flash(q, keys, values, mask_BTS), *_BTNH)
         else:
             out = constrain(attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS), *_BTNH)
