@@ -3,6 +3,7 @@ devices, and a 2-process jax.distributed forward that agrees with the single-pro
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import subprocess
@@ -55,7 +56,8 @@ def test_rules_split_matrices_and_replicate_what_does_not_divide(mesh: jax.shard
 def test_attention_projections_split_over_tp_only_in_whole_heads() -> None:
     """With the model's head counts, a tp that does not divide the kv heads keeps k/v_proj whole on each device
     (the 3B's 2 kv heads at rollout.tp 4: no all-gather of each token's keys and values in every layer), while
-    the query side still splits; without them, the shapes alone decide, as before."""
+    the query side still splits; without them, the shapes alone decide, as before. (The decode's tokens in this
+    layout: tests/trainer/sampling/test_sampler.py, tp 4 over 2 kv heads.)"""
     mesh = sharding.make_mesh(2, 1, 4)  # (dcn, dp, fsdp, tp) = (1, 2, 1, 4): the 3B seed's decode layout
     K, H, N = 2, 16, 8
     kv_kernel, kv_bias, q_kernel = (4, 64, K * H), (4, K * H), (4, 64, N * H)
@@ -64,11 +66,21 @@ def test_attention_projections_split_over_tp_only_in_whole_heads() -> None:
     for path, shape in [("k_proj/kernel", kv_kernel), ("v_proj/kernel", kv_kernel), ("k_proj/bias", kv_bias)]:
         spec = sharding.param_spec(f"layers/self_attn/{path}", shape, mesh, heads=(N, K))
         assert "tp" not in spec, (path, spec)
-    assert sharding.param_spec("layers/self_attn/q_proj/kernel", q_kernel, mesh, (N, K)) == P(None, "fsdp", "tp")
-    assert sharding.param_spec("layers/self_attn/o_proj/kernel", o_kernel, mesh, (N, K)) == P(None, "tp", "fsdp")
+    spec = functools.partial(sharding.param_spec, mesh=mesh, heads=(N, K))
+    assert spec("layers/self_attn/q_proj/kernel", q_kernel) == P(None, "fsdp", "tp")
+    assert spec("layers/self_attn/o_proj/kernel", o_kernel) == P(None, "tp", "fsdp")
     # Query heads that tp does not divide are kept whole too; the MLP is untouched by head counts.
     assert "tp" not in sharding.param_spec("layers/self_attn/o_proj/kernel", (4, 6 * H, 64), mesh, (6, 2))
-    assert sharding.param_spec("layers/mlp/down_proj/kernel", (4, 128, 64), mesh, (N, K)) == P(None, "tp", "fsdp")
+    assert spec("layers/mlp/down_proj/kernel", (4, 128, 64)) == P(None, "tp", "fsdp")
+    # The decode's KV cache then splits by sequence over tp too (each device: its own sequences, both heads);
+    # where tp divides the kv heads it splits by head, as before.
+    assert not sharding.heads_split(K, mesh) and sharding.heads_split(4, mesh)
+    by_sequence, by_head = (
+        (None, ("dcn", "dp", "fsdp", "tp"), None, None, None),
+        (None, sharding.BATCH, None, "tp", None),
+    )
+    assert sharding.kv_cache_sharding(mesh, (4, 16, 32, K, H)).spec == P(*by_sequence)
+    assert sharding.kv_cache_sharding(mesh, (4, 16, 32, 4, H)).spec == P(*by_head)
 
 
 def test_sharded_forward_and_generate_equal_unsharded(
