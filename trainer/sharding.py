@@ -8,7 +8,8 @@ one table (LOGICAL) maps them to mesh axes; the model constrains them by name at
 (`constrain`), so the batch stays split over (dcn, dp, fsdp) and XLA all-gathers each layer's weights (FSDP)
 instead of all-reducing whole-batch activations. Constraints apply under `jax.set_mesh(mesh)` and are no-ops
 without a mesh in context (single-device code and tests).
-KV cache, [L, B, S, K, H] for keys and for values: batch over (dcn, dp, fsdp), kv heads over tp.
+KV cache, [L, B, S, K, H] for keys and for values: batch over (dcn, dp, fsdp), kv heads over tp where tp divides them,
+else the batch over tp too (`heads_split`: each device its own sequences, whole heads).
 Decode uses its own layout of the same devices (`rollout_mesh`: batch over dcn and dp, heads over tp, no fsdp)
 with the weights cast to the compute dtype once per step: a decode loop over FSDP-split weights would
 all-gather every weight for every token (`tpuops fit` shows the difference).
