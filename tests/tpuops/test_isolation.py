@@ -6,6 +6,7 @@ import os
 import pwd
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,17 @@ def test_a_worker_user_another_live_run_holds_is_refused_not_shared(
         UserLeases("").lock_dir.joinpath(f"{prefix}w0.lock").unlink(missing_ok=True)  # the killed holder's
 
 
+def _wait_until_running_as(pid: int, uid: int, timeout: float = 10.0) -> None:
+    """Until process `pid` runs with real uid `uid` (its /proc status), or fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = Path(f"/proc/{pid}/status").read_text()
+        if int(next(ln for ln in status.splitlines() if ln.startswith("Uid:")).split()[1]) == uid:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not become uid {uid} within {timeout} s")
+
+
 def test_the_users_and_homes_a_session_made_are_deleted_with_their_processes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -69,8 +81,14 @@ def test_the_users_and_homes_a_session_made_are_deleted_with_their_processes(
     assert w.created_user and w.running and w.home.is_dir()
     uid = pwd.getpwnam(w.user).pw_uid
     job = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sleep", "60"])
-    remove_users([w])
-    assert job.wait(timeout=10) == -9  # the user's own leftover process (this session's) was stopped
+    try:
+        _wait_until_running_as(job.pid, uid)  # else remove_users may look before setpriv has become the user
+        remove_users([w])
+        assert job.wait(timeout=10) == -9  # the user's own leftover process (this session's) was stopped
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
     with pytest.raises(KeyError):
         pwd.getpwnam(w.user)
     assert not w.home.exists() and not w.running
