@@ -112,7 +112,7 @@ def random_params(mconf: Any, mesh: Any, seed: int) -> Any:
     import jax.numpy as jnp
 
     from trainer.model.qwen2 import Qwen2
-    from trainer.sharding import heads, param_shardings, path_str
+    from trainer.sharding import head_counts, param_shardings, path_str
 
     ids = jnp.zeros((1, 2), jnp.int32)
     shapes = jax.eval_shape(lambda: Qwen2(mconf).init(jax.random.key(0), ids, method=Qwen2.init_all))[
@@ -130,7 +130,9 @@ def random_params(mconf: Any, mesh: Any, seed: int) -> Any:
         ]
         return jax.tree_util.tree_unflatten(treedef, values)
 
-    return jax.jit(init, out_shardings=param_shardings(shapes, mesh, heads(mconf)))(jax.random.key(seed))
+    return jax.jit(init, out_shardings=param_shardings(shapes, mesh, head_counts(mconf)))(
+        jax.random.key(seed)
+    )
 
 
 def prompts(cfg: Any, n: int, length: int, vocab: int) -> tuple[Any, Any, tuple[int, ...], int, str]:

@@ -18,7 +18,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from trainer.sharding import DCN_AXIS, heads, param_shardings, rollout_mesh
+from trainer.sharding import DCN_AXIS, head_counts, param_shardings, rollout_mesh
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def decode_layout(mesh: Mesh, mconf: Any, params_like: Any, tp: int) -> tuple[Me
     shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, dtype), params_like)
     cast = jax.jit(
         lambda p: jax.tree_util.tree_map(lambda x: x.astype(dtype), p),
-        out_shardings=param_shardings(shapes, rmesh, heads(mconf)),
+        out_shardings=param_shardings(shapes, rmesh, head_counts(mconf)),
     )
     return rmesh, OnMesh(cast, rmesh)
 

@@ -24,7 +24,7 @@ update's gradient reduction (trainer.loop.programs.make_update: once per update,
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -122,7 +122,7 @@ def param_spec(path: str, shape: tuple[int, ...], mesh: Mesh, heads: tuple[int, 
         if re.fullmatch(pattern, path):
             spec = _fit(rule, shape, mesh)
             m = _HEAD_DIMS.fullmatch(path)
-            if heads and m and heads[0 if m["q"] else 1] % mesh.shape["tp"]:
+            if heads and m and not heads_split(heads[0 if m["q"] else 1], mesh):
                 return P(*(None if axes == "tp" else axes for axes in spec))
             return spec
     raise KeyError(f"no partition rule for parameter {path!r}")
@@ -132,7 +132,7 @@ def path_str(key_path: Sequence[Any]) -> str:
     return "/".join(str(getattr(k, "key", k)) for k in key_path)
 
 
-def heads(config: Any) -> tuple[int, int]:
+def head_counts(config: Any) -> tuple[int, int]:
     """A model config's (query heads, kv heads): what `param_spec` keeps whole."""
     return config.num_attention_heads, config.num_key_value_heads
 
@@ -166,30 +166,33 @@ def cache_spec(shape_LBSKH: tuple[int, ...], mesh: Any) -> P:
     return _fit(P(None, (*BATCH, "tp")), shape_LBSKH, mesh)
 
 
-def heads_split(kv_heads: int, mesh: Any) -> bool:
-    """Whether the decode splits attention over tp by kv heads (tp divides them), or else by sequences: with 2 kv
-    heads over tp = 4 a head split would give each pair of devices one head's cache, held and read twice; split by
-    sequence, each device holds and reads only its own sequences' cache (both heads), half the bytes, and the
-    queries and attention outputs cross the tp group by two all-to-alls a layer (trainer.model.qwen2.Attention)."""
+def heads_split(n_heads: int, mesh: Any) -> bool:
+    """Whether tp splits `n_heads` heads whole (tp divides them). For the kv heads: whether the decode splits its
+    attention and KV cache over tp by kv head, or else by sequence: with 2 kv heads over tp = 4 a head split would
+    give each pair of devices one head's cache, held and read twice; split by sequence, each device holds and
+    reads only its own sequences' cache (both heads), half the bytes, and the queries and attention outputs cross
+    the tp group by two all-to-alls a layer (trainer.model.qwen2.Attention)."""
     tp = int(dict(mesh.shape).get("tp", 1))
-    return tp == 1 or kv_heads % tp == 0
+    return n_heads % tp == 0
 
 
 def constrain_cache(x_LBSKH: jax.Array) -> jax.Array:
     """Pin the stacked KV cache to `cache_spec` under the mesh in context (no mesh: unchanged)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1:
-        return x_LBSKH
-    return jax.lax.with_sharding_constraint(x_LBSKH, cache_spec(tuple(x_LBSKH.shape), mesh))
+    return _pin(x_LBSKH, cache_spec)
 
 
 def constrain_sequences(x_BTNH: jax.Array) -> jax.Array:
     """Queries or attention outputs [B, T, N, H] split by sequence over (dcn, dp, fsdp, tp), heads whole: the
     decode's attention when the kv heads do not split over tp (`heads_split`)."""
+    return _pin(x_BTNH, lambda shape, mesh: _fit(P((*BATCH, "tp")), shape, mesh))
+
+
+def _pin(x: jax.Array, spec: Callable[[tuple[int, ...], Any], P]) -> jax.Array:
+    """`x` constrained to `spec(its shape, the mesh in context)`; unchanged without a mesh or on one device."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:
-        return x_BTNH
-    return jax.lax.with_sharding_constraint(x_BTNH, _fit(P((*BATCH, "tp")), tuple(x_BTNH.shape), mesh))
+        return x
+    return jax.lax.with_sharding_constraint(x, spec(tuple(x.shape), mesh))
 
 
 def logical_spec(names: Sequence[str | None], shape: tuple[int, ...], mesh: Any) -> P:
@@ -199,10 +202,7 @@ def logical_spec(names: Sequence[str | None], shape: tuple[int, ...], mesh: Any)
 
 def constrain(x: jax.Array, *names: str | None) -> jax.Array:
     """Pin an activation's layout by logical names under the mesh in context (no mesh: unchanged)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1:
-        return x
-    return jax.lax.with_sharding_constraint(x, logical_spec(names, tuple(x.shape), mesh))
+    return _pin(x, lambda shape, mesh: logical_spec(names, shape, mesh))
 
 
 def lookup_layout(table_VD: jax.Array) -> jax.Array:

@@ -35,7 +35,7 @@ from trainer.model import flash
 from trainer.model.config import Qwen2Config, preset
 from trainer.model.qwen2 import Qwen2
 from trainer.sampling import sampler
-from trainer.sharding import BATCH, batch_devices, heads, make_mesh, param_shardings
+from trainer.sharding import BATCH, batch_devices, head_counts, make_mesh, param_shardings
 
 
 @dataclass
@@ -90,7 +90,7 @@ def state(cfg: Config, mconf: Qwen2Config, mesh: Mesh) -> tuple[Any, Any, Any]:
     shapes = jax.eval_shape(
         lambda: Qwen2(mconf).init(jax.random.key(0), jnp.zeros((1, 2), jnp.int32), method=Qwen2.init_all)
     )["params"]
-    shardings = param_shardings(shapes, mesh, heads(mconf))
+    shardings = param_shardings(shapes, mesh, head_counts(mconf))
     params = jax.tree_util.tree_map(lambda x, s: _sds(x.shape, x.dtype, s), shapes, shardings)
     opt = optimizer(cfg)
     shapes = jax.eval_shape(opt.init, params)
@@ -144,7 +144,7 @@ def _rollout(
     programs.append(Program("decode_cast", to_decode.lower(params), device_bytes(opt_state)))
     rparams = jax.tree_util.tree_map(lambda x: _sds(x.shape, jnp.dtype(mconf.dtype), None), params)
     rparams = jax.tree_util.tree_map(
-        lambda x, s: _sds(x.shape, x.dtype, s), rparams, param_shardings(rparams, rmesh, heads(mconf))
+        lambda x, s: _sds(x.shape, x.dtype, s), rparams, param_shardings(rparams, rmesh, head_counts(mconf))
     )
     sampling = sampler.SamplingConfig(
         C, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p, block=cfg.rollout.attention_block

@@ -100,7 +100,7 @@ def load_pretrained(
                 placement = SingleDeviceSharding(jax.local_devices()[0])
             else:
                 placement = jax.sharding.NamedSharding(
-                    mesh, sharding.param_spec(path, shape, mesh, sharding.heads(config))
+                    mesh, sharding.param_spec(path, shape, mesh, sharding.head_counts(config))
                 )
 
             def read(index: tuple[slice, ...] | None, tensors: list[Any] = tensors, stacked: bool = stacked,

@@ -154,7 +154,6 @@ class Attention(nn.Module):
             mask_BTS = mask_BTS[..., : size[2]]
             new_kv = (constrain_cache(keys_LBSKH), constrain_cache(values_LBSKH))
         if by_sequence:
-            q = constrain_sequences(q)
             out = constrain_sequences(attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS))
             out = constrain(out, *_BTNH)
         elif kv is None and mask_BTS.ndim == 2:  # the [B, T] attention mask: the Pallas kernel (self_mask)
