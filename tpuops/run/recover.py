@@ -81,6 +81,13 @@ def watched(
         run_id = base_id if n == 0 else f"{base_id}-r{n}"
         try:
             result = attempt(run_id, target, abort, stepped)
+        except TpuopsError:
+            _check_now(target.api.for_purpose("watch"), vm, abort, watcher, watch_s, lost)
+            if not lost.event.is_set():
+                raise
+        else:
+            if not result.ok:
+                _check_now(target.api.for_purpose("watch"), vm, abort, watcher, watch_s, lost)
         finally:
             abort.set()  # also stops the watcher
             watcher.join(timeout=watch_s + 5)
@@ -195,6 +202,24 @@ def lost_reason(before: VmInfo, now: VmInfo) -> str | None:
         ]
         return f"had instances recreated (w{', w'.join(map(str, changed))}: new addresses and host keys)"
     return None
+
+
+def _check_now(api, vm, abort: threading.Event, watcher: threading.Thread, every: float, lost: Lost) -> None:
+    """An attempt that failed (a worker refused its connection, a step failed) may have failed because the VM
+    went: ask the API once more now, instead of reporting the symptom (exit 3) the watcher's next poll would
+    have explained (exit 8)."""
+    abort.set()
+    watcher.join(timeout=every + 5)
+    if lost.event.is_set() or lost.error is not None:
+        return
+    from tpuops.cloud.vm_state import refresh
+
+    try:
+        why = lost_reason(vm, refresh(api, vm))
+    except Exception:  # the API cannot say: the attempt's own failure stands
+        return
+    if why:
+        lost.set(why)
 
 
 def _watch(

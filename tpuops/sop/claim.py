@@ -59,7 +59,7 @@ while ! err=$(mkdir "$lock" 2>&1); do
     busy "${{other:-?}}" starting; exit {BUSY_EXIT}; fi  # being claimed this very moment
   if [ -n "$pid" ] && running "$pid"; then
     ord=$(cat "$lock/rd" 2>/dev/null)
-    if [ -n "$ord" ] && [ -e "$ord/worker-$k.exit" ] && [ $ending -lt 100 ]; then
+    if [ -n "$ord" ] && [ -e "$ord/worker-$k.exit" ] && [ $ending -lt 400 ]; then
       ending=$((ending+1)); sleep 0.05; continue; fi  # its job has ended: it gives the lock back in a moment
     if [ $force != 1 ]; then busy "$other" "$pid"; exit {BUSY_EXIT}; fi
     stop_group "$pid"

@@ -399,3 +399,25 @@ def test_a_403_during_the_watch_ends_the_run_with_exit_6_naming_the_role(
     assert e.value.exit_code == 6 and "permission denied" in e.value.message
     assert e.value.message.startswith(f"watching {vm_name}: ") and "roles/tpu.viewer" in (e.value.hint or "")
     assert time.monotonic() - t0 < 120  # not the follow's 600 s timeout
+
+
+def test_a_run_that_fails_because_its_vm_went_is_exit_8_before_the_watch_polls(
+    cloud: Cloud, vm_name: str, git_remote: tuple[Path, str], tmp_path: Path
+) -> None:
+    """The VM goes between two steps: the next step cannot connect (exit 3 on its own) before the watch's next
+    poll. The run asks the API once more before it reports, and says what happened (preempted, exit 8), not the
+    symptom. The watch here polls once an hour, so only that last question can tell."""
+    node = _vm(cloud, vm_name)
+    done: list[str] = []
+
+    def preempt_after_the_first_step(step: object) -> None:
+        done.append(str(getattr(step, "name", step)))
+        if len(done) == 1:
+            cloud.emu.model.preempt(node)
+
+    req = _request(cloud, vm_name, git_remote[0])
+    t0 = time.monotonic()
+    with pytest.raises(PreemptedError) as e:
+        launch.start(req, max_recoveries=0, watch_s=3600, on_step=preempt_after_the_first_step, cwd=tmp_path)
+    assert e.value.exit_code == 8 and f"{vm_name} was PREEMPTED" in e.value.message, e.value.message
+    assert len(done) >= 1 and time.monotonic() - t0 < 120, done

@@ -27,13 +27,26 @@ def _start(pool: SshdPool, workers: list, remote: Path, cwd: Path, steps: int) -
 def _wait_for_steps(proc: subprocess.Popen, n: int) -> list[str]:
     assert proc.stderr is not None
     shown: list[str] = []
+    seen: list[str] = []
     deadline = time.monotonic() + 90
     while len(shown) < n and time.monotonic() < deadline:
         line = proc.stderr.readline()
+        if not line:  # the run ended before its step lines: say how
+            break
+        seen.append(line)
         if line.startswith("[w0] step="):
             shown.append(line.strip().split("] ", 1)[1])
-    assert len(shown) == n, shown
+    assert len(shown) == n, (shown, proc.poll(), "".join(seen[-30:]))
     return shown
+
+
+def _wait_for_the_lock(workers: list) -> None:
+    """A finished job gives its workers' run lock back just after its exit file says it ended: a start in
+    between is refused (a run is active), so the next start waits for the lock."""
+    lock = [w.home / ".tpuops-run.lock" for w in workers]
+    deadline = time.monotonic() + 30
+    while any(p.exists() for p in lock) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def _tpuops(cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -99,15 +112,13 @@ def test_ctrl_c_detaches_attach_resumes_and_runs_says_each_state(
     assert _states(tmp_path)[run_id]["status"] == "ok"
 
     # 2. The client goes away (SIGKILL) and the job finishes: `runs` asks the workers: exited 0.
+    _wait_for_the_lock(workers)
     second = _start(sshd_pool, workers, bare, tmp_path, steps=8)
     _wait_for_steps(second, 1)
     second.send_signal(signal.SIGKILL)
     second.wait()
     (gone,) = set(_states(tmp_path)) - {run_id}
-    lock = [w.home / ".tpuops-run.lock" for w in workers]
-    deadline = time.monotonic() + 30
-    while any(p.exists() for p in lock) and time.monotonic() < deadline:
-        time.sleep(0.1)  # the job gives the lock back when it ends
+    _wait_for_the_lock(workers)  # the job gives the lock back when it ends
     assert _states(tmp_path)[gone]["status"] == "exited 0"
 
     # 3. Detached, then stopped: `runs` says stopped (and so do the workers' exit files).
