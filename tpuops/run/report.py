@@ -363,8 +363,8 @@ def fit_report(result: dict[str, Any], as_json: bool) -> None:
     if "expected_s" in est:
         low, high = est["expected_s"]
         err.print(f"bound: {est['bound_s']:.2f} s per step (every op at 100% of its roofline, collectives over the "
-                  f"links they use + 1 us per hop, host work {est['host_s']:.2f} s; not a promise); largest phase: "
-                  f"{est['largest_phase']}")  # fmt: skip
+                  "links they use + 1 us per hop, overlapped only as libtpu scheduled them, host work "
+                  f"{est['host_s']:.2f} s; not a promise); largest phase: {est['largest_phase']}")  # fmt: skip
         err.print(f"expected: {low:.2f}-{high:.2f} s per step (midpoint {est['expected_mid_s']:.2f} s) at documented "
                   "efficiencies:")  # fmt: skip
         for kind, e in est["efficiency"].items():

@@ -78,7 +78,7 @@ def measure(
     if breakdown:
         raw["breakdown"] = traffic.by_source(ops, breakdown)
     if rates is not None:
-        raw["costs"] = estimate.phase_costs(module, rates, geo or estimate.line(devices))
+        raw["costs"] = estimate.phase_costs(module, rates, geo or estimate.line(devices), program.name)
     raw["dcn_bytes"] = dcn.dcn_bytes(module)  # 0 on one slice: nothing leaves it over DCN
     return {**raw, "flops": float(flops.flops(module)), **_xla_cost(compiled),
             "collective_bytes": hlo.collectives(module, devices), "compile_s": compile_s}  # fmt: skip
@@ -99,7 +99,7 @@ def verdict(raw: dict[str, Any], per_device: dict[str, float], name: str = "") -
     if costs:
         terms = {"compute": costs["compute_s"], "hbm": costs["hbm_s"], "collectives": costs["collective_bw_s"],
                  "latency": costs["collective_latency_s"]}  # fmt: skip
-        seconds, expected = costs["bound_s"], estimate.expected(name, costs)
+        seconds, expected = costs["bound_s"], tuple(costs["expected_s"])
     else:  # nothing compiled (too big), or measured without rates: the per-program figure
         terms, seconds, expected = program, program_roofline, (program_roofline, program_roofline)
     return {**raw, "peak_bytes": peak, "fits": fits, "headroom": 1 - peak / per_device["hbm_bytes"],

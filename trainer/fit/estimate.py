@@ -10,18 +10,24 @@ Bound, per phase (one execution of its program; trainer.fit.hlo counts each loop
   dimension it uses one link (a line: no wraparound below a full pod axis) or two (a ring with wraparound), and
   needs extent - 1 hops (a line) or extent // 2 (a ring) to reach every member; an all-reduce (reduce-scatter
   then all-gather) twice that. The ICI figures and their sources are in trainer.fit.tpus.
-Collectives are added to the ops, not overlapped with them (the decode's per-layer all-reduces sit on its
-critical path); at 100% of every peak this is the figure no implementation of the same program can beat.
+Overlap as compiled: each computation's ops run in the order of the compiled schedule (the text order of a
+scheduled module). A collective libtpu left synchronous (an `all-reduce`, an `all-gather`: libtpu turns an async
+pair with nothing scheduled between its start and done back into one op) holds the TensorCore for its time;
+an async pair (`collective-permute-start` ... `-done`: the windowed einsum's pieces) runs while the ops
+scheduled between them run, and its `-done` waits only for what is left. Collectives of one computation use
+the links one after another. At 100% of every peak this is the figure no implementation of the same program
+can beat; `overlap_s` is the collective time the schedule hides behind ops.
 
-Expected range: the ops' roofline divided by the efficiency a published implementation of the same kind of
-program reaches (EFFICIENCY, by phase kind, with its source), collective bandwidth at the efficiency measured in
-the same source, latency between 1x and the measured multiple of the nominal per-hop figure.
+Expected range: the same schedule with each op's roofline divided by the efficiency a published
+implementation of the same kind of program reaches (EFFICIENCY, by phase kind, with its source), collective
+bandwidth at the efficiency measured in the same source, latency between 1x and the measured multiple of the
+nominal per-hop figure.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from trainer.fit import flops, hlo, traffic
 
@@ -99,8 +105,74 @@ def collective_seconds(op: hlo.CollectiveOp, rates: dict[str, float], geo: Geome
     return op.moved_bytes / (rates["link_bw"] * links), hops * rates["hop_latency_s"]
 
 
-def phase_costs(module: hlo.Module, rates: dict[str, float], geo: Geometry) -> dict[str, Any]:
-    """The bound's terms for one execution of a compiled program (see the module docstring)."""
+class Timeline(NamedTuple):
+    """One top-level computation's schedule: its runs per execution and its events in order, each ("op",
+    roofline_s, 0, ""), ("sync", bandwidth_s, latency_s, ""), ("start", bandwidth_s, latency_s, name) or
+    ("done", 0, 0, name of its start)."""
+
+    runs: int
+    events: list[tuple[str, float, float, str]]
+
+
+def timelines(module: hlo.Module, rates: dict[str, float], geo: Geometry) -> list[Timeline]:
+    """Every top-level computation's schedule (see the module docstring)."""
+    by_op = flops.op_flops(module)
+    rows = {r.name: r for r in traffic.op_bytes(module)}
+    colls = {c.name: c for c in hlo.collective_ops(module, len(geo.coords))}
+    out = []
+    for name, body in module.computations.items():
+        if name in module.nested:
+            continue
+        events: list[tuple[str, float, float, str]] = []
+        started: set[str] = set()
+        for ins in body:
+            if ins.name in colls:
+                bw, lat = collective_seconds(colls[ins.name], rates, geo)
+                is_start = ins.op.endswith("-start")
+                events.append(("start" if is_start else "sync", bw, lat, ins.name))
+                started |= {ins.name} if is_start else set()
+                continue
+            if ins.op.endswith("-done") and (ops := hlo.operands(ins)) and ops[0] in started:
+                events.append(("done", 0.0, 0.0, ops[0]))
+            if (r := rows.get(ins.name)) is not None:  # (a done's result bytes count as before)
+                c = by_op.get(ins.name, 0) / rates["flops"]
+                events.append(("op", max(c, (r.operand_bytes + r.result_bytes) / rates["hbm_bw"]), 0.0, ""))
+        out.append(Timeline(module.counts[name], events))
+    return out
+
+
+def simulate(
+    lines: list[Timeline], op_scale: float = 1.0, bw_scale: float = 1.0, latency_scale: float = 1.0
+) -> float:
+    """Seconds of one execution: each computation's schedule run through (ops one after another on the
+    TensorCore, collectives one after another on the links, an async collective beside the ops between its
+    start and its done), times its runs; each op's and collective's time scaled as given."""
+    total = 0.0
+    for runs, events in lines:
+        core = link = 0.0
+        pending: dict[str, float] = {}
+        for kind, a, b, name in events:
+            if kind == "op":
+                core += a * op_scale
+            elif kind == "done":
+                core = max(core, pending.pop(name, core))
+            else:
+                end = max(core, link) + a * bw_scale + b * latency_scale
+                link = end
+                if kind == "sync":
+                    core = end
+                else:
+                    pending[name] = end
+        total += runs * max(core, *pending.values()) if pending else runs * core
+    return total
+
+
+def phase_costs(
+    module: hlo.Module, rates: dict[str, float], geo: Geometry, phase: str = "update"
+) -> dict[str, Any]:
+    """The bound's terms for one execution of a compiled program, and its expected range as `phase`'s kind
+    (see the module docstring)."""
+    lines = timelines(module, rates, geo)
     by_op = flops.op_flops(module)
     collective_names = {c.name for c in hlo.collective_ops(module, len(geo.coords))}
     compute = hbm = roofline = 0.0
@@ -114,18 +186,12 @@ def phase_costs(module: hlo.Module, rates: dict[str, float], geo: Geometry) -> d
     for op in hlo.collective_ops(module, len(geo.coords)):
         b, lat = collective_seconds(op, rates, geo)
         bw, latency, count = bw + op.runs * b, latency + op.runs * lat, count + op.runs
+    bound = simulate(lines)
+    eff = EFFICIENCY[PHASE_KIND.get(phase, "train")]
+    expected = [simulate(lines, 1 / eff.high, 1 / ICI_EFFICIENCY), simulate(lines, 1 / eff.low, 1 / ICI_EFFICIENCY,
+                LATENCY_MEASURED_X)]  # fmt: skip
     return {
         "compute_s": compute, "hbm_s": hbm, "roofline_s": roofline, "collective_bw_s": bw,
-        "collective_latency_s": latency, "collectives": count, "bound_s": roofline + bw + latency,
+        "collective_latency_s": latency, "collectives": count,
+        "overlap_s": max(roofline + bw + latency - bound, 0.0), "bound_s": bound, "expected_s": expected,
     }  # fmt: skip
-
-
-def expected(phase: str, costs: dict[str, Any]) -> tuple[float, float]:
-    """(low, high) seconds of one execution: the roofline at the best and worst documented efficiency."""
-    eff = EFFICIENCY[PHASE_KIND.get(phase, "train")]
-    ici = costs["collective_bw_s"] / ICI_EFFICIENCY
-    lat = costs["collective_latency_s"]
-    return (
-        costs["roofline_s"] / eff.high + ici + lat,
-        costs["roofline_s"] / eff.low + ici + lat * LATENCY_MEASURED_X,
-    )
