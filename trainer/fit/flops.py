@@ -7,7 +7,12 @@ A dot: output elements x its contracted size. libtpu writes most matmuls as conv
 bf_io->bf`), batched and multi-axis ones with spatial dims that are really batch dims or contracted dims
 (windows with lhs_dilate, stride and padding): input features x output features x batch x, per spatial dim,
 the (output, kernel) position pairs that land on an input element. Custom calls (Pallas kernels) carry no
-matmul XLA can see, so they count nothing here either.
+matmul XLA can see; the one the trainer runs inside its update, splash attention
+(jax.experimental.pallas.ops.tpu.splash_attention, libtpu names its custom calls `splash_mha_fwd...`,
+`splash_mha_dq...`, `splash_mha_dkv...`), is counted from its operands' shapes: per (query, key) position pair of
+the causal triangle (the trainer's mask; the kernel computes whole blocks, so at least these), the matmuls each
+kernel runs (forward QK^T and PV; dq QK^T, dO V^T and dS K; dkv QK^T, P^T dO, dO V^T and dS^T Q) over the head
+dim. Other custom calls count nothing.
 """
 
 from __future__ import annotations
@@ -82,10 +87,29 @@ def _convolution(line: str, lhs: list[int], rhs: list[int], out: list[int]) -> i
     return features_in * out[labels["out"].index("f")] * batch * taps
 
 
+_SPLASH = re.compile(r"^splash_mha_(?P<kind>fwd|dq|dkv)")
+_SPLASH_MATMULS = {"fwd": 2, "dq": 3, "dkv": 4}
+COUNTED = ("dot", "convolution", "custom-call")  # the ops matmul_flops can count
+
+
+def _splash(ins: hlo.Instruction, operands: list[list[int]]) -> int:
+    """2 x multiply-adds of a splash attention kernel (see the module docstring): queries [B, H, Sq, D] are its
+    4-d operand with the most heads, keys the one with the fewest."""
+    m = _SPLASH.match(ins.name)
+    heads = [s for s in operands if len(s) == 4]
+    if m is None or len(heads) < 2:
+        return 0
+    (b, h, sq, d), skv = max(heads, key=lambda s: s[1]), min(heads, key=lambda s: s[1])[2]
+    pairs = sq * (sq + 1) // 2 if sq == skv else sq * skv
+    return _SPLASH_MATMULS[m["kind"]] * 2 * b * h * pairs * d
+
+
 def matmul_flops(ins: hlo.Instruction, types: dict[str, str]) -> int:
-    """2 x multiply-adds of one dot or convolution, as XLA counts them; `types` maps the operands' names
-    (instructions of the same computation) to their types."""
+    """2 x multiply-adds of one dot, convolution or splash attention kernel, as XLA counts a dot; `types` maps
+    the operands' names (instructions of the same computation) to their types."""
     operands = [_shape(types.get(name, "")) for name in hlo.operands(ins)]
+    if ins.op == "custom-call":
+        return _splash(ins, operands)
     if len(operands) < 2:
         return 0
     if ins.op == "dot":  # output elements x contracted size
@@ -106,7 +130,7 @@ def flops(hlo_text: str | hlo.Module) -> int:
     for name, body in module.computations.items():
         types = {i.name: i.type for i in body}
         runs = module.counts[name]
-        total += runs * sum(matmul_flops(i, types) for i in body if i.op in ("dot", "convolution"))
+        total += runs * sum(matmul_flops(i, types) for i in body if i.op in COUNTED)
     return total
 
 
@@ -119,7 +143,7 @@ def op_flops(hlo_text: str | hlo.Module) -> dict[str, int]:
     def inside(name: str) -> int:
         body = module.computations.get(name, [])
         types = {i.name: i.type for i in body}
-        own = sum(matmul_flops(i, types) for i in body if i.op in ("dot", "convolution"))
+        own = sum(matmul_flops(i, types) for i in body if i.op in COUNTED)
         return own + sum(
             inside(callee) for i in body for _, callee in hlo.callees(i.line) if callee in module.nested
         )
@@ -130,7 +154,7 @@ def op_flops(hlo_text: str | hlo.Module) -> dict[str, int]:
             continue
         types = {i.name: i.type for i in body}
         for i in body:
-            n = matmul_flops(i, types) if i.op in ("dot", "convolution") else 0
+            n = matmul_flops(i, types) if i.op in COUNTED else 0
             n += sum(inside(callee) for _, callee in hlo.callees(i.line) if callee in module.nested)
             if n:
                 out[i.name] = n
