@@ -119,6 +119,20 @@ def timelines(module: hlo.Module, rates: dict[str, float], geo: Geometry) -> lis
     by_op = flops.op_flops(module)
     rows = {r.name: r for r in traffic.op_bytes(module)}
     colls = {c.name: c for c in hlo.collective_ops(module, len(geo.coords))}
+    held: dict[
+        str, list[hlo.CollectiveOp]
+    ] = {}  # a nested computation -> the collectives it holds, nested too
+
+    def inside(computation: str) -> list[hlo.CollectiveOp]:
+        if computation not in held:
+            held[computation] = []
+            for i in module.computations.get(computation, []):
+                held[computation] += [colls[i.name]] if i.name in colls else []
+                held[computation] += [
+                    c for _, n in hlo.callees(i.line) if n in module.nested for c in inside(n)
+                ]
+        return held[computation]
+
     out = []
     for name, body in module.computations.items():
         if name in module.nested:
@@ -126,12 +140,18 @@ def timelines(module: hlo.Module, rates: dict[str, float], geo: Geometry) -> lis
         events: list[tuple[str, float, float, str]] = []
         started: set[str] = set()
         for ins in body:
-            if ins.name in colls:
-                bw, lat = collective_seconds(colls[ins.name], rates, geo)
+            # A collective of its own, or held inside the computation the op calls (libtpu's TPU7x programs wrap
+            # each in an async `call-start` ... `call-done`; a fusion may hold one): where it sits, it runs.
+            mine = [colls[ins.name]] if ins.name in colls else []
+            mine += [c for _, n in hlo.callees(ins.line) if n in module.nested for c in inside(n)]
+            if mine:
+                times = [collective_seconds(c, rates, geo) for c in mine]
                 is_start = ins.op.endswith("-start")
-                events.append(("start" if is_start else "sync", bw, lat, ins.name))
+                events.append(("start" if is_start else "sync", sum(t[0] for t in times), sum(t[1] for t in times),
+                               ins.name))  # fmt: skip
                 started |= {ins.name} if is_start else set()
-                continue
+                if ins.name in colls:
+                    continue
             if ins.op.endswith("-done") and (ops := hlo.operands(ins)) and ops[0] in started:
                 events.append(("done", 0.0, 0.0, ops[0]))
             if (r := rows.get(ins.name)) is not None:  # (a done's result bytes count as before)

@@ -187,6 +187,58 @@ def test_an_async_collective_runs_beside_the_ops_scheduled_between_its_start_and
     )  # hidden at every efficiency
 
 
+# libtpu's TPU7x form: the all-reduce inside a computation an async `call-start` runs on the SparseCore, waited for
+# by its `call-done`; and the same all-reduce held by a fusion the TensorCore runs (synchronous).
+CALLED = """
+%mm (a: bf16[4096,4096], b: bf16[4096,4096]) -> bf16[4096,4096] {
+  %a = bf16[4096,4096]{1,0} parameter(0)
+  %b = bf16[4096,4096]{1,0} parameter(1)
+  ROOT %d = bf16[4096,4096]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %s = f32[] add(%x, %y)
+}
+
+%called (p: f32[2000000]) -> f32[2000000] {
+  %p = f32[2000000]{0} parameter(0)
+  ROOT %ar = f32[2000000]{0} all-reduce(%p), channel_id=1, replica_groups={{0,1},{2,3},{4,5},{6,7}}, to_apply=%add
+}
+
+ENTRY %main (a: bf16[4096,4096], v: f32[2000000]) -> bf16[4096,4096] {
+  %a = bf16[4096,4096]{1,0} parameter(0)
+  %v = f32[2000000]{0} parameter(1)
+  %cs = ((f32[2000000]{0}), f32[2000000]{0}, u32[]) call-start(%v), async_execution_thread="sparsecore", to_apply=%called
+  %f = bf16[4096,4096]{1,0} fusion(%a, %a), kind=kOutput, calls=%mm
+  %cd = f32[2000000]{0} call-done(%cs)
+  ROOT %g = bf16[4096,4096]{1,0} fusion(%f, %a), kind=kOutput, calls=%mm
+}
+"""
+HELD = CALLED.replace(
+    '  %cs = ((f32[2000000]{0}), f32[2000000]{0}, u32[]) call-start(%v), async_execution_thread="sparsecore", '
+    "to_apply=%called\n",
+    "  %cs = f32[2000000]{0} fusion(%v), kind=kLoop, calls=%called\n",
+).replace("  %cd = f32[2000000]{0} call-done(%cs)\n", "")
+
+
+def test_a_collective_inside_an_async_call_overlaps_and_inside_a_fusion_holds_the_core() -> None:
+    rates = tpus.from_accelerator("v6e-8").per_device(8)
+    called = estimate.phase_costs(hlo.parse(CALLED), rates, V6E_2X4)
+    held = estimate.phase_costs(hlo.parse(HELD), rates, V6E_2X4)
+    all_reduce_s = 2 * 2_000_000 * 4 / 2 / 100e9 + 2 * 1e-6  # the tp pair: one link, 2 x 1 hop
+    matmul_s = 2 * 4096**3 / 918e12
+    for costs in (called, held):  # counted once either way, where it sits
+        assert costs["collectives"] == 1
+        assert costs["collective_bw_s"] + costs["collective_latency_s"] == pytest.approx(all_reduce_s)
+    assert all_reduce_s < matmul_s  # the first matmul hides all of it
+    assert called["overlap_s"] == pytest.approx(all_reduce_s)
+    assert called["bound_s"] == pytest.approx(called["roofline_s"])
+    assert held["overlap_s"] == pytest.approx(0, abs=1e-12)
+    assert held["bound_s"] == pytest.approx(held["roofline_s"] + all_reduce_s)
+
+
 def test_the_step_adds_the_host_work_to_the_bound_and_to_the_range() -> None:
     costs = {"compute_s": 0.5, "hbm_s": 1.0, "roofline_s": 1.2, "collective_bw_s": 0.1, "collective_latency_s": 0.05,
              "collectives": 3, "overlap_s": 0.0, "bound_s": 1.35, "expected_s": [2.0, 2.6]}  # fmt: skip
