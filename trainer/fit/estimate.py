@@ -13,9 +13,11 @@ Bound, per phase (one execution of its program; trainer.fit.hlo counts each loop
 Overlap as compiled: each computation's ops run in the order of the compiled schedule (the text order of a
 scheduled module). A collective libtpu left synchronous (an `all-reduce`, an `all-gather`: libtpu turns an async
 pair with nothing scheduled between its start and done back into one op) holds the TensorCore for its time;
-an async pair (`collective-permute-start` ... `-done`: the windowed einsum's pieces) runs while the ops
-scheduled between them run, and its `-done` waits only for what is left. Collectives of one computation use
-the links one after another. At 100% of every peak this is the figure no implementation of the same program
+an async pair (`collective-permute-start` ... `-done`: the windowed einsum's pieces; or a `call-start` ...
+`call-done` whose called computation holds the collective: TPU7x runs its all-reduces on the SparseCore this
+way) runs while the ops scheduled between them run, and its done waits only for what is left. A collective held
+inside a fusion holds the TensorCore like a synchronous one. Collectives of one computation use the links one
+after another. At 100% of every peak this is the figure no implementation of the same program
 can beat; `overlap_s` is the collective time the schedule hides behind ops.
 
 Expected range: the same schedule with each op's roofline divided by the efficiency a published
@@ -114,14 +116,20 @@ class Timeline(NamedTuple):
     events: list[tuple[str, float, float, str]]
 
 
-def timelines(module: hlo.Module, rates: dict[str, float], geo: Geometry) -> list[Timeline]:
-    """Every top-level computation's schedule (see the module docstring)."""
-    by_op = flops.op_flops(module)
-    rows = {r.name: r for r in traffic.op_bytes(module)}
-    colls = {c.name: c for c in hlo.collective_ops(module, len(geo.coords))}
-    held: dict[
-        str, list[hlo.CollectiveOp]
-    ] = {}  # a nested computation -> the collectives it holds, nested too
+def timelines(
+    module: hlo.Module,
+    rates: dict[str, float],
+    geo: Geometry,
+    by_op: dict[str, int],
+    rows: list[traffic.OpBytes],
+    collectives: list[hlo.CollectiveOp],
+) -> list[Timeline]:
+    """Every top-level computation's schedule (see the module docstring), from the program's matmul FLOPs per
+    op (trainer.fit.flops.op_flops), HBM bytes per op (trainer.fit.traffic.op_bytes) and collectives."""
+    by_name = {r.name: r for r in rows}
+    colls = {c.name: c for c in collectives}
+    # A nested computation -> the collectives it holds, nested ones included.
+    held: dict[str, list[hlo.CollectiveOp]] = {}
 
     def inside(computation: str) -> list[hlo.CollectiveOp]:
         if computation not in held:
@@ -154,7 +162,7 @@ def timelines(module: hlo.Module, rates: dict[str, float], geo: Geometry) -> lis
                     continue
             if ins.op.endswith("-done") and (ops := hlo.operands(ins)) and ops[0] in started:
                 events.append(("done", 0.0, 0.0, ops[0]))
-            if (r := rows.get(ins.name)) is not None:  # (a done's result bytes count as before)
+            if (r := by_name.get(ins.name)) is not None:  # (a done's result bytes count as before)
                 c = by_op.get(ins.name, 0) / rates["flops"]
                 events.append(("op", max(c, (r.operand_bytes + r.result_bytes) / rates["hbm_bw"]), 0.0, ""))
         out.append(Timeline(module.counts[name], events))
@@ -192,18 +200,19 @@ def phase_costs(
 ) -> dict[str, Any]:
     """The bound's terms for one execution of a compiled program, and its expected range as `phase`'s kind
     (see the module docstring)."""
-    lines = timelines(module, rates, geo)
-    by_op = flops.op_flops(module)
-    collective_names = {c.name for c in hlo.collective_ops(module, len(geo.coords))}
+    by_op, rows = flops.op_flops(module), traffic.op_bytes(module)
+    collectives = hlo.collective_ops(module, len(geo.coords))
+    lines = timelines(module, rates, geo, by_op, rows, collectives)
+    collective_names = {c.name for c in collectives}
     compute = hbm = roofline = 0.0
-    for r in traffic.op_bytes(module):
+    for r in rows:
         if r.name in collective_names:
             continue
         c, m = by_op.get(r.name, 0) * r.count / rates["flops"], r.bytes / rates["hbm_bw"]
         compute, hbm, roofline = compute + c, hbm + m, roofline + max(c, m)
     bw = latency = 0.0
     count = 0
-    for op in hlo.collective_ops(module, len(geo.coords)):
+    for op in collectives:
         b, lat = collective_seconds(op, rates, geo)
         bw, latency, count = bw + op.runs * b, latency + op.runs * lat, count + op.runs
     bound = simulate(lines)
