@@ -48,7 +48,9 @@ def watched(
     runs this way), instead of a follow that waits for workers that will not come back.
 
     Lost: the TPU API says PREEMPTED (or TERMINATED), or no worker has accepted a TCP connection on its SSH
-    port for `unreachable_s` while the API still says otherwise (a host gone without a state change yet).
+    port for `unreachable_s` while the API still says otherwise (a host gone without a state change yet). An
+    attempt that fails asks the API once more before it reports, so a VM lost since the watch's last poll is
+    exit 8, not the refused connection it caused.
     The watch polls with the target's own client, its calls marked `watch` (the emulator's request log
     tells them apart). `notify` hears the TPU API's retries of a re-resolve.
     The trainer resumes from its latest checkpoint, which must live off the VM (gs://..., or a shared
