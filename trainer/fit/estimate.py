@@ -29,6 +29,7 @@ nominal per-hop figure.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, NamedTuple
 
 from trainer.fit import flops, hlo, traffic
@@ -107,6 +108,11 @@ def collective_seconds(op: hlo.CollectiveOp, rates: dict[str, float], geo: Geome
     return op.moved_bytes / (rates["link_bw"] * links), hops * rates["hop_latency_s"]
 
 
+def _op_seconds(r: traffic.OpBytes, by_op: dict[str, int], rates: dict[str, float]) -> tuple[float, float]:
+    """One run of an op at peak: (its matmul FLOPs / peak FLOP/s, its HBM bytes / HBM bandwidth)."""
+    return by_op.get(r.name, 0) / rates["flops"], (r.operand_bytes + r.result_bytes) / rates["hbm_bw"]
+
+
 class Timeline(NamedTuple):
     """One top-level computation's schedule: its runs per execution and its events in order, each ("op",
     roofline_s, 0, ""), ("sync", bandwidth_s, latency_s, ""), ("start", bandwidth_s, latency_s, name) or
@@ -128,18 +134,16 @@ def timelines(
     op (trainer.fit.flops.op_flops), HBM bytes per op (trainer.fit.traffic.op_bytes) and collectives."""
     by_name = {r.name: r for r in rows}
     colls = {c.name: c for c in collectives}
-    # A nested computation -> the collectives it holds, nested ones included.
-    held: dict[str, list[hlo.CollectiveOp]] = {}
 
+    def held_by(ins: hlo.Instruction) -> list[hlo.CollectiveOp]:
+        """The op's own collective, or those held inside the computations it calls (libtpu's TPU7x programs wrap
+        each all-reduce in an async `call-start` ... `call-done`; a fusion may hold one): where it sits, they run."""
+        own = [colls[ins.name]] if ins.name in colls else []
+        return own + [c for _, n in hlo.callees(ins.line) if n in module.nested for c in inside(n)]
+
+    @cache
     def inside(computation: str) -> list[hlo.CollectiveOp]:
-        if computation not in held:
-            held[computation] = []
-            for i in module.computations.get(computation, []):
-                held[computation] += [colls[i.name]] if i.name in colls else []
-                held[computation] += [
-                    c for _, n in hlo.callees(i.line) if n in module.nested for c in inside(n)
-                ]
-        return held[computation]
+        return [c for i in module.computations.get(computation, []) for c in held_by(i)]
 
     out = []
     for name, body in module.computations.items():
@@ -148,11 +152,7 @@ def timelines(
         events: list[tuple[str, float, float, str]] = []
         started: set[str] = set()
         for ins in body:
-            # A collective of its own, or held inside the computation the op calls (libtpu's TPU7x programs wrap
-            # each in an async `call-start` ... `call-done`; a fusion may hold one): where it sits, it runs.
-            mine = [colls[ins.name]] if ins.name in colls else []
-            mine += [c for _, n in hlo.callees(ins.line) if n in module.nested for c in inside(n)]
-            if mine:
+            if mine := held_by(ins):
                 times = [collective_seconds(c, rates, geo) for c in mine]
                 is_start = ins.op.endswith("-start")
                 events.append(("start" if is_start else "sync", sum(t[0] for t in times), sum(t[1] for t in times),
@@ -163,8 +163,7 @@ def timelines(
             if ins.op.endswith("-done") and (ops := hlo.operands(ins)) and ops[0] in started:
                 events.append(("done", 0.0, 0.0, ops[0]))
             if (r := by_name.get(ins.name)) is not None:  # (a done's result bytes count as before)
-                c = by_op.get(ins.name, 0) / rates["flops"]
-                events.append(("op", max(c, (r.operand_bytes + r.result_bytes) / rates["hbm_bw"]), 0.0, ""))
+                events.append(("op", max(_op_seconds(r, by_op, rates)), 0.0, ""))
         out.append(Timeline(module.counts[name], events))
     return out
 
@@ -208,7 +207,7 @@ def phase_costs(
     for r in rows:
         if r.name in collective_names:
             continue
-        c, m = by_op.get(r.name, 0) * r.count / rates["flops"], r.bytes / rates["hbm_bw"]
+        c, m = (r.count * t for t in _op_seconds(r, by_op, rates))
         compute, hbm, roofline = compute + c, hbm + m, roofline + max(c, m)
     bw = latency = 0.0
     count = 0
