@@ -4,7 +4,9 @@ one model size, timed per token at several batch sizes, with one profiled run su
 Run (repository root, on the GPU machine): `python bench/device_decode.py` (part of bench/device_probe.sh).
 Settings (environment): DEVICE_DECODE_SIZE (3b; tiny on CPU), DEVICE_DECODE_BATCHES (128,32: sequences per
 rollout, 8 samples of each prompt), DEVICE_DECODE_PROMPT_LEN (512), DEVICE_DECODE_NEW_TOKENS (256),
-DEVICE_DECODE_REPEATS (2), DEVICE_DECODE_PROFILE (1: profile one rollout at the first batch size).
+DEVICE_DECODE_REPEATS (2), DEVICE_DECODE_PROFILE (1: profile one rollout at the first batch size),
+DEVICE_DECODE_HLO (1: save the compiled decode program; one more compile), DEVICE_DECODE_LAYERS (auto: the
+decode's layer loop, `rollout.decode_layers`; scan or unrolled).
 Output: stdout, and $OUT/device_decode.json when OUT is set (the compiled decode program's text too,
 gzipped, so its fusions can be read here).
 
@@ -34,7 +36,7 @@ import device_step  # noqa: E402  (the bench's helpers: shapes, random weights, 
 
 
 def _env(name: str, default: str) -> str:
-    return os.environ.get(name, default)
+    return os.environ.get(name) or default  # set but empty: the default
 
 
 def summarize_trace(trace_dir: Path, tokens: int, top: int = 30) -> dict[str, Any]:
@@ -97,6 +99,8 @@ def main() -> int:
     C = int(_env("DEVICE_DECODE_NEW_TOKENS", "8" if on_cpu else "256"))
     repeats = int(_env("DEVICE_DECODE_REPEATS", "2"))
     profile = _env("DEVICE_DECODE_PROFILE", "1") == "1"
+    hlo = _env("DEVICE_DECODE_HLO", "1") == "1"
+    layers = _env("DEVICE_DECODE_LAYERS", "auto")
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
     dtype = "float32" if on_cpu else "bfloat16"
     dev = jax.devices()[0]
@@ -110,7 +114,7 @@ def main() -> int:
     sets = [
         "model.path=tiny", f"model.dtype={dtype}", "data.task=gsm8k", f"data.root={device_step.FIXTURES}",
         f"data.prompt_buckets={P_len}", "data.fixed_bucket=true", f"rollout.max_new_tokens={C}",
-        "mesh.accelerator=", "log.wandb=disabled", "eval.every=0",
+        "mesh.accelerator=", "log.wandb=disabled", "eval.every=0", f"rollout.decode_layers={layers}",
     ]  # fmt: skip
     cfg = config.load(device_step.SIZES[size][0], sets)
     mconf = device_step.model_shapes(size, dtype)
@@ -123,10 +127,9 @@ def main() -> int:
         cfg, max(batches) // 8 or 1, P_len, mconf.vocab_size
     )
     result["prompts"] = source
-    sampling = sampler.SamplingConfig(
-        C, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p, block=cfg.rollout.attention_block
-    )
+    sampling = sampler.for_rollout(cfg.rollout, jax.default_backend())
     result["attention_block"] = getattr(sampling, "block", None)
+    result["decode_layers"] = sampling.layers
     static = sampler.static_args(mconf, sampling, eos, pad, rmesh)
 
     for bi, B in enumerate(batches):
@@ -148,7 +151,7 @@ def main() -> int:
         t0 = time.perf_counter()
         rollout(0)
         run["first_s"] = round(time.perf_counter() - t0, 2)
-        if bi == 0:
+        if bi == 0 and hlo:
             with jax.set_mesh(rmesh):
                 state = sampler._prefill(rparams, ids, mask, jax.random.key(0), **static)
                 text = sampler._decode.lower(rparams, state, **static).compile().as_text()
@@ -164,7 +167,10 @@ def main() -> int:
         run.update(prefill_s=round(pre, 4), decode_s=round(dec, 4), positions_fed=fed,
                    ms_per_token=round(1e3 * dec / max(fed, 1), 3),
                    tokens_per_s=round(B * fed / dec, 1))  # fmt: skip
-        print(f"device_decode {size} B={B}: " + " ".join(f"{k}={v}" for k, v in run.items()), flush=True)
+        print(
+            f"device_decode {size} {sampling.layers} B={B}: " + " ".join(f"{k}={v}" for k, v in run.items()),
+            flush=True,
+        )
         if profile and bi == 0:
             trace_dir = Path("/tmp/device_decode_trace")
             try:

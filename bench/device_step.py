@@ -14,7 +14,8 @@ steps (medians). Printed and written to $OUT (device_step.json, device_step.txt)
 Settings (environment): DEVICE_STEP_SIZES (tiny,0.5b,1.5b,3b; also 3b-seed: the seed's preset, 1024 new
 tokens, its attention windows), DEVICE_STEP_PROMPTS (16), DEVICE_STEP_SAMPLES (8), DEVICE_STEP_PROMPT_LEN
 (512), DEVICE_STEP_NEW_TOKENS (512), DEVICE_STEP_STEPS (3), DEVICE_STEP_MICRO (per size: 16, 16, 8; halved
-until the update's compiled memory fits), DEVICE_STEP_BUDGET_S (450).
+until the update's compiled memory fits), DEVICE_STEP_BUDGET_S (450), DEVICE_STEP_LAYERS (the decode's layer
+loop, `rollout.decode_layers`: auto, scan or unrolled; auto is unrolled on a GPU).
 """
 
 from __future__ import annotations
@@ -207,6 +208,7 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
         f"data.prompt_buckets={P_len}", "data.fixed_bucket=true", f"rollout.samples_per_prompt={w['samples']}",
         f"rollout.max_new_tokens={C}", f"train.prompts_per_step={w['prompts']}", "mesh.accelerator=",
         "log.wandb=disabled", "eval.every=0",
+        f"rollout.decode_layers={os.environ.get('DEVICE_STEP_LAYERS', 'auto')}",
     ]  # fmt: skip
     cfg = config.load(SIZES[size][0], sets)
     mconf = model_shapes(size, dtype)
@@ -229,9 +231,8 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
 
     rmesh, to_decode = decode_layout(mesh, mconf, params, cfg.rollout.tp)
     impl = resolve_impl(cfg.train.loss_impl, jax.default_backend())
-    sampling = sampler.SamplingConfig(
-        C, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p, block=cfg.rollout.attention_block
-    )
+    sampling = sampler.for_rollout(cfg.rollout, jax.default_backend())
+    rec.put(decode_layers=sampling.layers)
     rng = np.random.default_rng(1)
 
     # The update, compiled ahead of time so its memory is known before it runs: halve the micro-batch until

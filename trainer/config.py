@@ -70,9 +70,16 @@ class RolloutConfig:
     # attending over the cache slots its last position can see (0: every position reads the whole P + C cache).
     # Each segment is one more loop body to compile.
     attention_block: int = 0
+    # The decode's layer loop: scan (one layer body over the stacked weights), unrolled (one body per layer over
+    # per-layer buffers: XLA:GPU copies a stack's layer slice before each matmul), auto (unrolled on GPU only).
+    decode_layers: Literal["auto", "scan", "unrolled"] = "auto"
 
     def __post_init__(self) -> None:
         _check(self.tp >= 0, f"rollout.tp must be >= 0 (0 = auto), received {self.tp}")
+        _check(
+            self.decode_layers in ("auto", "scan", "unrolled"),
+            f"rollout.decode_layers must be auto, scan or unrolled, received {self.decode_layers!r}",
+        )
         _check(
             self.attention_block >= 0,
             f"rollout.attention_block must be >= 0 (0 = the whole cache), received {self.attention_block}",

@@ -82,7 +82,7 @@ def evaluate(
     import jax
 
     from trainer.distributed import global_array, to_host
-    from trainer.sampling.sampler import SamplingConfig, generate
+    from trainer.sampling.sampler import for_rollout, generate
     from trainer.sharding import batch_devices
     from trainer.tokenizer import decode, eos_ids, pad_batch, pad_id
 
@@ -96,9 +96,7 @@ def evaluate(
     B = eval_batch_size(cfg, batch_devices(mesh))
     P_len = max(cfg.data.prompt_buckets)
     r = cfg.rollout
-    sampling = SamplingConfig(
-        r.max_new_tokens, r.temperature, r.top_k, r.top_p, greedy=cfg.eval.greedy, block=r.attention_block
-    )
+    sampling = for_rollout(r, jax.default_backend(), greedy=cfg.eval.greedy)
     eos, pad = eos_ids(tokenizer), pad_id(tokenizer)
     # A stream of its own (not the rollouts'): sampled evals at the same step draw the same completions.
     key = jax.random.fold_in(jax.random.key(cfg.train.seed + 1), step)

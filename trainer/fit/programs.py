@@ -146,9 +146,7 @@ def _rollout(
     rparams = jax.tree_util.tree_map(
         lambda x, s: _sds(x.shape, x.dtype, s), rparams, param_shardings(rparams, rmesh, head_counts(mconf))
     )
-    sampling = sampler.SamplingConfig(
-        C, cfg.rollout.temperature, cfg.rollout.top_k, cfg.rollout.top_p, block=cfg.rollout.attention_block
-    )
+    sampling = sampler.for_rollout(cfg.rollout, "tpu")  # the layer loop the run picks on a TPU
     # The prefill's attention as the run picks it for the largest bucket (trainer.loop.rollout).
     mconf = mconf.replace(attention=flash.resolve(cfg.train.attention_impl, P_len, strict=False))
     static = sampler.static_args(mconf, sampling, (1,), 0, rmesh)

@@ -15,7 +15,7 @@ from trainer.layout import decode_layout, init_opt_state
 from trainer.loop.programs import make_ref_logp, make_update, optimizer
 from trainer.loop.state import Run, State
 from trainer.loop.stop import StopNotice
-from trainer.sampling.sampler import SamplingConfig
+from trainer.sampling.sampler import for_rollout
 from trainer.sharding import batch_devices
 from trainer.startup import load_model, start_up
 from trainer.tokenizer import eos_ids, pad_id
@@ -43,7 +43,7 @@ def setup(cfg: Config, emit: metrics.Emitter | None) -> tuple[Run, State]:
     run = Run(
         cfg=cfg, emit=emit, mesh=mesh, rmesh=rmesh, to_decode=to_decode, mconf=mconf, tokenizer=tokenizer,
         task=task, weights=task.weights(cfg), target_ids=target_ids,
-        sampling=SamplingConfig(r.max_new_tokens, r.temperature, r.top_k, r.top_p, block=r.attention_block),
+        sampling=for_rollout(r, jax.default_backend()),
         eos=eos_ids(tokenizer), pad=pad_id(tokenizer), opt=opt, impl=impl,
         updates={P_len: make_update(cfg, mconf, opt, P_len, impl, (params, opt_state))},
         ref_params=ref_params, ref_logp=make_ref_logp(cfg, mconf, impl, mesh) if ref_params is not None else None,

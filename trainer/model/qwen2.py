@@ -10,6 +10,7 @@ Public API (params is the dict under linen's "params" collection):
   forward_logits(params, config, input_ids_BT, positions_BT, attention_mask_BT) -> logits_BTV
   forward_with_kv(...)  prefill: hidden plus every layer's fresh keys/values ([L, B, T, K, H] each)
   decode_step(...)      one token per sequence against the stacked KV cache (trainer/sampling/kv_cache.py)
+  decode_step_layers(...)  the same with the layers unrolled over per-layer weights and caches (unstack_layers)
 The decoder layers run as one scan over stacked parameters (params["layers"], a leading [L] axis on every
 layer parameter): one compiled layer body, whatever the depth. trainer/model/params.py maps the stack to
 Hugging Face's per-layer tensors.
@@ -389,3 +390,43 @@ def decode_step(
     )
     hidden, (keys, values) = cast(tuple[Array, tuple[Array, Array]], out)  # apply() is typed loosely
     return logits_from_hidden(params, config, hidden), keys, values
+
+
+def unstack_layers(params: Params) -> Params:
+    """`params` with the layer stack as a tuple of per-layer trees (`params["layers"][l]`): what
+    `decode_step_layers` takes. One copy of the layers' weights, made once per rollout."""
+    stack = params["layers"]
+    L = jax.tree_util.tree_leaves(stack)[0].shape[0]
+    return {**params, "layers": tuple(jax.tree_util.tree_map(lambda x, i=i: x[i], stack) for i in range(L))}
+
+
+def decode_step_layers(
+    params: Params,
+    config: Qwen2Config,
+    input_ids_BT: Array,
+    positions_BT: Array,
+    caches: tuple[tuple[Array, Array], ...],
+    slot: Array,
+    slot_mask_BTS: Array,
+    window: int = 0,
+) -> tuple[Array, tuple[tuple[Array, Array], ...]]:
+    """`decode_step` with the layers unrolled: `params` from `unstack_layers`, `caches` one (keys, values) pair
+    [1, B, S, K, H] per layer. The same arithmetic layer for layer; each layer's matmuls and attention read its
+    own weight and cache buffers. (Inside the layer scan XLA:GPU copies each layer's weights and cache row out of
+    the stacks before using them, every position: docs/performance.md, "Second session on one NVIDIA H100".)
+
+    Returns (logits_BTV float32, caches) with each layer's cache updated in place."""
+    c = config
+    table_VD = lookup_layout(params["embed_tokens"]["embedding"]).astype(_dt(c.dtype))
+    x_BTD = constrain(jnp.take(table_VD, input_ids_BT, axis=0), *_BTD)
+    cos, sin = rope_cos_sin(positions_BT, c)
+    layer = DecoderLayer(c, window=window)
+    new: list[tuple[Array, Array]] = []
+    for p_l, kv_l in zip(params["layers"], caches, strict=True):
+        (x_BTD, *kv), _ = layer.apply(
+            {"params": p_l}, (x_BTD, *kv_l), jnp.int32(0), cos, sin, slot_mask_BTS, slot
+        )
+        new.append((kv[0], kv[1]))  # this layer's [1, B, S, K, H] keys and values, updated at `slot`
+    norm = RMSNorm(c.rms_norm_eps, _dt(c.dtype), _dt(c.param_dtype))
+    hidden_BTD = norm.apply({"params": params["norm"]}, x_BTD)
+    return logits_from_hidden(params, c, hidden_BTD), tuple(new)

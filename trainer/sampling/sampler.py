@@ -27,6 +27,9 @@ from trainer.model.config import Qwen2Config
 from trainer.sampling import kv_cache
 from trainer.sampling.kv_cache import KVCache
 
+if TYPE_CHECKING:
+    from trainer.config import RolloutConfig
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -38,6 +41,10 @@ class SamplingConfig:
     # Decode positions per attention window: the loop runs in segments of `block` positions, each attending over
     # the cache slots written by its last position only (0: every position attends over the whole cache).
     block: int = 0
+    # The decode's layer loop: "scan" (one layer body over the stacked weights and cache) or "unrolled" (one
+    # body per layer over per-layer buffers: what XLA:GPU needs to read weights and cache rows without copying
+    # them; `layers_for` picks by platform).
+    layers: str = "scan"
 
     def __post_init__(self) -> None:
         if self.max_new_tokens <= 0:
@@ -52,6 +59,31 @@ class SamplingConfig:
             raise ValueError(f"top_p must be in (0, 1], received {self.top_p}")
         if self.block < 0:
             raise ValueError(f"block must be >= 0 (0 = the whole cache), received {self.block}")
+        if self.layers not in LAYER_LOOPS:
+            raise ValueError(f"layers must be one of {', '.join(LAYER_LOOPS)}, received {self.layers!r}")
+
+
+LAYER_LOOPS = ("scan", "unrolled")
+
+
+def for_rollout(rollout: RolloutConfig, platform: str, greedy: bool = False) -> SamplingConfig:
+    """The sampling settings of the config's `rollout` section, its layer loop chosen for `platform`."""
+    r = rollout
+    return SamplingConfig(
+        r.max_new_tokens, r.temperature, r.top_k, r.top_p, greedy=greedy, block=r.attention_block,
+        layers=layers_for(r.decode_layers, platform),
+    )  # fmt: skip
+
+
+def layers_for(choice: str, platform: str) -> str:
+    """The decode's layer loop for `rollout.decode_layers` on `platform` (jax's backend name): "auto" is
+    "unrolled" on GPU (XLA:GPU copies each layer's slice of a stack before its matmuls) and "scan" elsewhere
+    (the TPU compiler reads the stack in place, and one layer body compiles L times faster)."""
+    if choice == "auto":
+        return "unrolled" if platform in ("gpu", "cuda", "rocm") else "scan"
+    if choice not in LAYER_LOOPS:
+        raise ValueError(f"rollout.decode_layers must be auto, scan or unrolled, received {choice!r}")
+    return choice
 
 
 @flax.struct.dataclass
@@ -207,6 +239,14 @@ def _decode(
     `sampling.block`, position t attends over the first P + end slots of its segment (slots P + t and before
     hold every token it may see; the rest are not written yet), so early positions read a short cache."""
     P = state.cache.length - sampling.max_new_tokens
+    stacked = state.cache
+    if sampling.layers == "unrolled":  # per-layer buffers for the whole loop: one copy of weights and cache
+        L = stacked.keys.shape[0]
+        params = qwen2.unstack_layers(params)
+        state = state.replace(cache=stacked.replace(
+            keys=tuple(stacked.keys[i : i + 1] for i in range(L)),
+            values=tuple(stacked.values[i : i + 1] for i in range(L)),
+        ))  # fmt: skip
     for start, end in segments(sampling.max_new_tokens, sampling.block):
         one = functools.partial(
             decode_one, params, config=config, eos_E=eos_E, pad_id=pad_id, sampling=sampling, mesh=mesh,
@@ -220,6 +260,10 @@ def _decode(
             return c[0] + 1, one(c[1])
 
         state = jax.lax.while_loop(cond, body, (jnp.int32(0), state))[1]
+    if sampling.layers == "unrolled":
+        state = state.replace(cache=state.cache.replace(
+            keys=jnp.concatenate(state.cache.keys, axis=0), values=jnp.concatenate(state.cache.values, axis=0)
+        ))  # fmt: skip
     return state
 
 
@@ -284,10 +328,17 @@ def decode_one(
     (attending over the first `window` cache slots, 0: all)."""
     cache = kv_cache.mark_written(s.cache)
     last_B1 = jax.lax.dynamic_slice_in_dim(s.tokens_BC, s.step, 1, axis=1)
-    logits_B1V, keys, values = qwen2.decode_step(
-        params, config, last_B1, s.positions_B[:, None], cache.keys, cache.values,
-        cache.index, cache.mask_BS[:, None, :], window=window,
-    )  # fmt: skip
+    if sampling.layers == "unrolled":  # cache.keys / values: one [1, B, S, K, H] buffer per layer
+        logits_B1V, caches = qwen2.decode_step_layers(
+            params, config, last_B1, s.positions_B[:, None], tuple(zip(cache.keys, cache.values, strict=True)),
+            cache.index, cache.mask_BS[:, None, :], window=window,
+        )  # fmt: skip
+        keys, values = tuple(k for k, _ in caches), tuple(v for _, v in caches)
+    else:
+        logits_B1V, keys, values = qwen2.decode_step(
+            params, config, last_B1, s.positions_B[:, None], cache.keys, cache.values,
+            cache.index, cache.mask_BS[:, None, :], window=window,
+        )  # fmt: skip
     rng, key = jax.random.split(s.rng)
     token_B, logprob_B = _sample(logits_B1V[:, 0], key, sampling, mesh)
     cache = cache.replace(keys=keys, values=values, index=cache.index + 1)

@@ -126,6 +126,65 @@ def test_early_exit_across_segments_gives_the_full_runs_outputs(
     assert int(out.steps) == max(stops) + 1 <= 2 < C
 
 
+@pytest.mark.parametrize("block", [0, 2])
+def test_the_unrolled_layer_loop_gives_the_scans_tokens_and_logprobs(
+    tiny_f32: tuple, prompts: tuple, greedy_out: object, block: int
+) -> None:
+    """The decode over per-layer weights and caches (`layers="unrolled"`, GPU's choice) against the layer scan:
+    the same tokens and log-probs, greedy and sampled, over the whole cache and in windowed segments, and with
+    an early exit (every row stops by position 2); the returned cache is stacked again, as the scan's."""
+    config, params = tiny_f32
+    greedy = np.asarray(greedy_out.completion_ids_BC)
+    eos = tuple(int(t) for t in greedy[:, 1])
+    for key, kw, eos_ids in ((0, {"greedy": True}, NO_EOS), (5, {"temperature": 0.8}, NO_EOS),
+                             (0, {"greedy": True}, eos)):  # fmt: skip
+        scan, unrolled = (
+            generate(params, config, *prompts, jax.random.key(key), sampling, eos_ids, PAD)
+            for sampling in (SamplingConfig(C, block=block, layers=lay, **kw) for lay in ("scan", "unrolled"))
+        )
+        np.testing.assert_array_equal(
+            np.asarray(unrolled.completion_ids_BC), np.asarray(scan.completion_ids_BC)
+        )
+        np.testing.assert_array_equal(
+            np.asarray(unrolled.completion_mask_BC), np.asarray(scan.completion_mask_BC)
+        )
+        np.testing.assert_allclose(np.asarray(unrolled.logprobs_BC), np.asarray(scan.logprobs_BC), atol=1e-5)
+        assert int(unrolled.steps) == int(scan.steps)
+    assert int(unrolled.steps) <= 2 < C  # the last pair stopped early
+    np.testing.assert_array_equal(greedy, np.asarray(
+        generate(params, config, *prompts, jax.random.key(0), SamplingConfig(C, greedy=True, layers="unrolled"),
+                 NO_EOS, PAD).completion_ids_BC))  # fmt: skip
+
+
+def test_the_unrolled_decode_hands_back_the_scans_stacked_cache(tiny_f32: tuple, prompts: tuple) -> None:
+    """After the loop the per-layer caches are stacked again: the same [L, B, S, K, H] keys and values as the
+    scan's, slot for slot."""
+    from trainer.sampling import sampler
+
+    config, params = tiny_f32
+    out = []
+    for layers in ("scan", "unrolled"):
+        static = sampler.static_args(config, SamplingConfig(C, greedy=True, layers=layers), NO_EOS, PAD, None)
+        ids, mask = (jnp.asarray(a, jnp.int32) for a in prompts)
+        state = sampler._prefill(params, ids, mask, jax.random.key(0), **static)
+        out.append(sampler._decode(params, state, **static).cache)
+    assert out[1].keys.shape == out[0].keys.shape == (config.num_hidden_layers, *out[0].keys.shape[1:])
+    np.testing.assert_allclose(np.asarray(out[1].keys), np.asarray(out[0].keys), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(out[1].values), np.asarray(out[0].values), atol=1e-6)
+
+
+def test_the_layer_loop_is_chosen_by_platform() -> None:
+    from trainer.sampling.sampler import layers_for
+
+    assert layers_for("auto", "gpu") == "unrolled"
+    assert layers_for("auto", "tpu") == layers_for("auto", "cpu") == "scan"
+    assert layers_for("unrolled", "tpu") == "unrolled" and layers_for("scan", "gpu") == "scan"
+    with pytest.raises(ValueError, match="auto, scan or unrolled, received 'loop'"):
+        layers_for("loop", "cpu")
+    with pytest.raises(ValueError, match="layers must be one of scan, unrolled, received 'auto'"):
+        SamplingConfig(4, layers="auto")
+
+
 @pytest.mark.parametrize("tp", [2, 4])
 def test_decode_layouts_up_to_twice_the_kv_heads_give_the_single_devices_tokens(
     tiny_f32: tuple, prompts: tuple, greedy_out: object, tp: int
@@ -142,11 +201,14 @@ def test_decode_layouts_up_to_twice_the_kv_heads_give_the_single_devices_tokens(
     rmesh, to_decode = decode_layout(mesh, config, params, tp)
     assert dict(rmesh.shape) == {"dcn": 1, "dp": 8 // tp, "fsdp": 1, "tp": tp}
     on_mesh = to_decode(shard_params(params, mesh))
-    sampling = SamplingConfig(C, greedy=True)
-    out = generate(on_mesh, config, *prompts, jax.random.key(0), sampling, NO_EOS, PAD, mesh=rmesh)
-    assert len(out.completion_ids_BC.sharding.device_set) == 8
-    np.testing.assert_array_equal(np.asarray(out.completion_ids_BC), np.asarray(greedy_out.completion_ids_BC))
-    np.testing.assert_allclose(np.asarray(out.logprobs_BC), np.asarray(greedy_out.logprobs_BC), atol=1e-5)
+    for layers in ("scan", "unrolled"):  # the unrolled loop keeps the layout: per-layer caches split alike
+        sampling = SamplingConfig(C, greedy=True, layers=layers)
+        out = generate(on_mesh, config, *prompts, jax.random.key(0), sampling, NO_EOS, PAD, mesh=rmesh)
+        assert len(out.completion_ids_BC.sharding.device_set) == 8
+        np.testing.assert_array_equal(
+            np.asarray(out.completion_ids_BC), np.asarray(greedy_out.completion_ids_BC)
+        )
+        np.testing.assert_allclose(np.asarray(out.logprobs_BC), np.asarray(greedy_out.logprobs_BC), atol=1e-5)
 
 
 @pytest.mark.parametrize("greedy", [True, False])
