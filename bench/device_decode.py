@@ -114,7 +114,7 @@ def main() -> int:
     sets = [
         "model.path=tiny", f"model.dtype={dtype}", "data.task=gsm8k", f"data.root={device_step.FIXTURES}",
         f"data.prompt_buckets={P_len}", "data.fixed_bucket=true", f"rollout.max_new_tokens={C}",
-        "mesh.accelerator=", "log.wandb=disabled", "eval.every=0", f"rollout.decode_layers={layers}",
+        "mesh.accelerator=", "log.wandb=disabled", "eval.every=0", f"rollout.decode_layers={layers}", "rollout.tp=0",
     ]  # fmt: skip
     cfg = config.load(device_step.SIZES[size][0], sets)
     mconf = device_step.model_shapes(size, dtype)

@@ -209,6 +209,7 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
         f"rollout.max_new_tokens={C}", f"train.prompts_per_step={w['prompts']}", "mesh.accelerator=",
         "log.wandb=disabled", "eval.every=0",
         f"rollout.decode_layers={os.environ.get('DEVICE_STEP_LAYERS', 'auto')}",
+        "rollout.tp=0",  # the layout for the devices at hand (the presets name a TPU slice's tp)
     ]  # fmt: skip
     cfg = config.load(SIZES[size][0], sets)
     mconf = model_shapes(size, dtype)
