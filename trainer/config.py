@@ -77,10 +77,6 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         _check(self.tp >= 0, f"rollout.tp must be >= 0 (0 = auto), received {self.tp}")
         _check(
-            self.decode_layers in ("auto", "scan", "unrolled"),
-            f"rollout.decode_layers must be auto, scan or unrolled, received {self.decode_layers!r}",
-        )
-        _check(
             self.attention_block >= 0,
             f"rollout.attention_block must be >= 0 (0 = the whole cache), received {self.attention_block}",
         )

@@ -45,6 +45,7 @@ def test_set_overrides_are_typed() -> None:
         ("loss.loss_type=ppo", "ppo"),
         ("rollout.samples_per_prompt=1", "received 1"),
         ("train.learning_rate=-1", "received -1"),
+        ("rollout.decode_layers=loop", "'auto', 'scan', 'unrolled'], received 'loop'"),
     ],
 )
 def test_bad_override_is_one_clear_error(override: str, needle: str) -> None:
