@@ -8,6 +8,8 @@ Fields:
   index             int32 scalar: the next slot to write. Prompts are left-padded to the same P, so
                     every sequence writes its t-th new token into the same slot P + t and one index serves
                     the whole batch (a single dynamic_update_slice per layer).
+(With `rollout.decode_layers` unrolled, the decode loop carries keys/values as one [1, B, S, K, H] buffer per
+layer instead, sampler._decode, and hands them back stacked.)
 Attention from a new token sees exactly the slots with mask_BS True, which after the write are the real
 prompt tokens and the tokens generated so far: causality comes from the unwritten slots being False.
 """

@@ -237,7 +237,10 @@ def _decode(
     One lax.while_loop per segment (`segments`), each counting its own positions from 0 so its trip count is in
     the program (trainer.fit.hlo reads it), each stopping too when every sequence is done. With
     `sampling.block`, position t attends over the first P + end slots of its segment (slots P + t and before
-    hold every token it may see; the rest are not written yet), so early positions read a short cache."""
+    hold every token it may see; the rest are not written yet), so early positions read a short cache.
+    With `sampling.layers` "unrolled" the loops carry the weights and the cache as per-layer buffers (`qwen2.
+    unstack_layers`; the cache as one [1, B, S, K, H] keys/values pair per layer), and the cache is stacked again
+    at the end: the returned state is the scan's, slot for slot."""
     P = state.cache.length - sampling.max_new_tokens
     stacked = state.cache
     if sampling.layers == "unrolled":  # per-layer buffers for the whole loop: one copy of weights and cache
