@@ -3,6 +3,7 @@ HBM bytes, collectives, roofline seconds and compile seconds as the markdown tab
 
     python bench/bench_fit.py                        # every trainer/configs/qwen2.5-*.yaml, full depth
     python bench/bench_fit.py qwen2.5-3b-v6e-8 --set rollout.tp=1   # one preset, an alternative layout
+    python bench/bench_fit.py --json-dir /tmp/fits  # and each preset's whole `--json` document
 """
 
 from __future__ import annotations
@@ -55,10 +56,16 @@ def main() -> None:
     ap.add_argument("presets", nargs="*")
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--phases", help="only these phases, e.g. decode_cast,prefill,decode")
+    ap.add_argument(
+        "--json-dir", type=Path, help="also write each preset's `tpuops fit --json` document here"
+    )
     args = ap.parse_args()
     presets = args.presets or sorted(p.stem for p in (REPO / "trainer" / "configs").glob("qwen2.5-*.yaml"))
     with ThreadPoolExecutor(max_workers=2) as pool:  # XLA compiles on one core: two presets at a time
         for result in pool.map(lambda p: fit(p, args.set, args.phases), presets):
+            if args.json_dir:
+                args.json_dir.mkdir(parents=True, exist_ok=True)
+                (args.json_dir / f"{result['config']}.json").write_text(json.dumps(result, indent=1))
             print(table(result), end="\n\n", flush=True)
 
 
