@@ -18,7 +18,7 @@ from tpuops.run import launch
 from tpuops.run.launch import RunRequest
 from tpuops.sop.executor import Executor
 from tpuops.sop.loader import Sop
-from tpuops.transport.base import Worker
+from tpuops.transport.base import Kind, Worker
 from tpuops.transport.ssh import SshTransport
 
 
@@ -160,3 +160,19 @@ def test_force_stops_a_stale_holder_and_every_process_of_its_group(sshd_pool: Ss
     new = next(s for s in forced.steps if s.kind == "run").outcomes[0].data["pid"]
     t.run(0, f'kill -KILL "-{new}"')
     t.close()
+
+
+def test_a_command_killed_on_the_worker_is_said_as_such_not_as_a_lost_connection(sshd_pool: SshdPool) -> None:
+    """The remote shell dies of SIGKILL: sshd sends no exit status (OpenSSH's exit-signal), the connection stays
+    up. The result says the command was killed (exit 255, as ssh's own), and the next command runs on the same
+    connection; a command that exits by itself still gives its own code."""
+    (w,) = sshd_pool.take(1)
+    t = sshd_pool.transport([w])
+    try:
+        killed = t.run(0, "echo before; kill -KILL $$")
+        assert (killed.kind, killed.exit_code, killed.stdout) == (Kind.EXIT, 255, "before\n"), killed
+        assert killed.error == "the command was killed on the worker (no exit status)"
+        after = t.run(0, "exit 7")
+        assert (after.kind, after.exit_code, after.error) == (Kind.EXIT, 7, None), after
+    finally:
+        t.close()

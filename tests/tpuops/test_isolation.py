@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,3 +108,43 @@ def test_the_os_login_users_an_emulator_made_are_deleted_when_it_stops(tmp_path:
     with pytest.raises(KeyError):
         pwd.getpwnam(user)
     assert not Path(f"/home/{user}").exists()
+
+
+def test_a_second_deletion_of_a_vm_never_reaches_the_next_vm_that_got_its_user(tmp_path: Path) -> None:
+    """A VM deleted twice (a delete racing a test's clean-up): the second deletion finds its users already given
+    back, and one of them now the worker user of a new VM of the same name. That VM's processes live on, and the
+    record of it stays."""
+    from tpuops.cloud.emulator.model import Model
+
+    _, public = client_keypair(tmp_path / "client")
+    model = Model(tmp_path / "state", ["us-east1-d"], user_prefix=f"tpt{os.getpid()}z-")
+    parent = "projects/p/locations/us-east1-d"
+
+    def create() -> Any:
+        model.create_node(
+            parent, "twice", {"acceleratorType": "v4-8", "metadata": {"ssh-keys": f"u:{public}"}}
+        )
+        for t in list(model._threads):
+            t.join(timeout=60)
+        return model.node(f"{parent}/nodes/twice")
+
+    job = None
+    try:
+        first = create()
+        model._teardown(first, None)
+        second = create()
+        assert second.workers[0].user == first.workers[0].user  # the user went back and was taken again
+        uid = pwd.getpwnam(second.workers[0].user).pw_uid
+        job = subprocess.Popen(
+            ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sleep", "60"]
+        )
+        _wait_until_running_as(job.pid, uid)
+        model._teardown(first, None)  # the racing second deletion
+        time.sleep(0.2)
+        assert job.poll() is None  # the new VM's process lives
+        assert model.node(f"{parent}/nodes/twice") is second and second.workers[0].running
+    finally:
+        if job is not None and job.poll() is None:
+            job.kill()
+            job.wait()
+        model.stop_all()

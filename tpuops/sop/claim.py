@@ -95,24 +95,35 @@ echo "tpuops: claimed pid=$h"
 """
 
 
-def release_script(run_id: str) -> str:
-    """Give the lock back when it is still this run's and held by the claim's stand-in (no job of the run
-    was started here): the stand-in ends, the lock directory goes."""
-    return f"""{HELPERS}
-rid={shell.quote(run_id)}
-[ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ] || {{ echo "tpuops: nothing to release"; exit 0; }}
-h=$(pid_of "$lock/pid"); [ -n "$h" ] && kill "$h" 2>/dev/null
-rm -rf "$lock"; echo "tpuops: released"
-"""
+def release_script(run_id: str, worker: int) -> str:
+    """Give the lock back at the end of a SOP that holds no job here: the run's job is stopped all the same
+    when one is found in the run directory the lock names (a start whose reply was lost may have started it;
+    never another run's: only a lock that is still this run's names it), the stand-in ends, the lock goes."""
+    rd = '""; [ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ] && rd=$(cat "$lock/rd" 2>/dev/null)'
+    return _give_back("give the run lock back", run_id, rd, worker)
 
 
-def stop_started_script(rd: str, worker: int) -> str:
-    """Stop a job this run started on a worker (all-or-none: its start failed elsewhere); the lock goes too."""
-    return f"""{HELPERS}
-rd={rd}; k={worker}
-pid=$(pid_of "$rd/worker-$k.pid")
+def stop_started_script(run_id: str, rd: str, worker: int) -> str:
+    """Stop a job this run started on a worker, or may have started there (all or none: its start failed
+    somewhere), write its exit file, and give the lock back."""
+    return _give_back("stop what this run started here", run_id, rd, worker)
+
+
+def _give_back(why: str, run_id: str, rd: str, worker: int) -> str:
+    """The job found by the worker's pid file in `rd` stopped (SIGTERM to its process group, SIGKILL after
+    10 s) and its exit file written ("143 stopped"); the lock, when it is still this run's, given back: its
+    holder, when that is the claim's stand-in and not the job, ends first."""
+    return f"""# tpuops: {why}
+{HELPERS}
+rid={shell.quote(run_id)}; k={worker}
+rd={rd}
+pid=""; [ -n "$rd" ] && pid=$(pid_of "$rd/worker-$k.pid")
 if [ -n "$pid" ] && running "$pid"; then stop_group "$pid"; echo "tpuops: stopped pid=$pid"; fi
-[ -e "$rd/worker-$k.exit" ] || put_exit "$rd" $k "143 {STOPPED}"
-[ "$(cat "$lock/rd" 2>/dev/null)" = "$rd" ] && rm -rf "$lock"
+if [ -n "$rd" ] && [ -f "$rd/worker-$k.pid" ] && [ ! -e "$rd/worker-$k.exit" ]; then
+  put_exit "$rd" $k "143 {STOPPED}"; fi
+if [ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ]; then
+  h=$(pid_of "$lock/pid"); if [ -n "$h" ] && [ "$h" != "$pid" ]; then kill "$h" 2>/dev/null; fi
+  rm -rf "$lock"; echo "tpuops: released"
+else echo "tpuops: nothing to release"; fi
 exit 0
 """

@@ -18,7 +18,7 @@ from tpuops.shell import MIN_SECRET_CHARS, Redactor
 from tpuops.sop import claim, secrets
 from tpuops.sop.actions import DOING, Action, Command, Fetch, Follow, Upload
 from tpuops.sop.loader import Sop
-from tpuops.sop.model import Outcome, PlanContext, Step
+from tpuops.sop.model import Outcome, PlanContext, Step, markers
 from tpuops.sop.status import FAILED
 from tpuops.transport.base import CmdResult, Kind, LineSink, Transport
 
@@ -267,7 +267,7 @@ class Executor:
             sr = self._run_step(pool, sop, step, values, run_id, active)
             if step.kind == "run":
                 holding.update(w for w, o in sr.outcomes.items() if "pid" in o.data)
-                if sr.failed and holding:
+                if sr.failed:
                     self._stop_started(pool, sr, step, sop, values, run_id, holding)
             self._add(report, sr)
             if sr.failed:
@@ -330,7 +330,7 @@ class Executor:
 
     def _release(self, w: int, run_id: str) -> None:
         try:
-            self.transport.run(w, claim.release_script(run_id), timeout=30)
+            self.transport.run(w, claim.release_script(run_id, w), timeout=30)
         except TpuopsError:
             pass  # unreachable now: the lock's stand-in holder ends by itself (CLAIM_TTL_S), or `tpuops stop`
 
@@ -383,21 +383,37 @@ class Executor:
         holding: set[int],
     ) -> None:
         """All or none: the start failed on some worker, so the jobs it started on the others are stopped
-        (SIGTERM to the process group, SIGKILL after 10 s) and their locks given back."""
+        (SIGTERM to the process group, SIGKILL after 10 s) and their locks given back. So is a job on a
+        worker whose start ended without its answer (a lost connection, a killed shell, a timeout): it may
+        have started there."""
         from tpuops.sop.runs import run_dir
 
         n = len(self.transport.workers)
         bad = ", ".join(f"w{w}" for w, o in sr.outcomes.items() if o.status in FAILED)
+        unsure = {w for w, o in sr.outcomes.items() if o.status in FAILED and not _start_refused(sr, w)}
 
         def one(w: int) -> None:
             ctx = self._ctx(sop, w, n, run_id, values)
             rd = shell.path(run_dir(ctx.raw(getattr(step, "runs_dir", "~/tpuops/runs")), run_id))
-            pid = sr.outcomes[w].data["pid"]
             try:
-                r = self.transport.run(w, claim.stop_started_script(rd, w), timeout=60)
-                ok = r.ok
+                r = self.transport.run(w, claim.stop_started_script(run_id, rd, w), timeout=60)
             except TpuopsError:
-                ok = False
+                r = None
+            ok = r is not None and r.ok
+            if w in unsure:
+                was = sr.outcomes[w]
+                said = markers(r.stdout) if r is not None and ok else []
+                stopped = [m["pid"] for m in said if m["_"].startswith("stopped")]
+                end = (
+                    f"its job had started (pid {stopped[0]}) and was stopped"
+                    if stopped
+                    else "no job of it runs there"
+                    if ok
+                    else f"whether its job started there is unknown: tpuops stop {run_id}"
+                )
+                sr.outcomes[w] = Outcome(was.status, f"{was.detail}; {end}", was.data)
+                return
+            pid = sr.outcomes[w].data["pid"]
             if ok:
                 detail = f"started pid {pid}, then stopped: the start failed on {bad}"
                 sr.outcomes[w] = Outcome("cancelled", detail, {"pid": pid, "stopped": True})
@@ -406,7 +422,7 @@ class Executor:
                 detail = f"started pid {pid}; the start failed on {bad} and stopping it failed: tpuops stop {run_id}"
                 sr.outcomes[w] = Outcome("failed", detail, {"pid": pid})
 
-        list(pool.map(one, sorted(holding)))
+        list(pool.map(one, sorted(holding | unsure)))
 
     def _env_hashes(
         self, pool: ThreadPoolExecutor, sop: Sop, step: Step, values: dict, run_id: str, workers: list[int]
@@ -562,7 +578,6 @@ def claims(sop: Sop) -> bool:
 
 def claim_outcome(r: CmdResult) -> Outcome:
     """The claim script's result on one worker, as the report shows it."""
-    from tpuops.sop.model import markers
     from tpuops.sop.steps import BUSY_EXIT
 
     found = markers(r.stdout)
@@ -630,3 +645,10 @@ def _progress_sink(doing: Callable[[str], None]) -> LineSink:
             doing(text[len(DOING) :].strip()[:80])
 
     return sink
+
+
+def _start_refused(sr: StepReport, w: int) -> bool:
+    """The start script's own failure (exit 1, having started nothing or stopped what it started), not a start
+    that ended without its answer."""
+    results = sr.results.get(w) or []
+    return bool(results) and results[-1].kind is Kind.EXIT and results[-1].exit_code == 1

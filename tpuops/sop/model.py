@@ -243,7 +243,8 @@ class Step(Frozen):
             )
             return Outcome(status, last.error or str(last.kind))
         if not last.ok:
-            return Outcome("failed", _last_line(last.stderr or last.stdout) or f"exit {last.exit_code}")
+            why = last.error or _last_line(last.stderr or last.stdout) or f"exit {last.exit_code}"
+            return Outcome("failed", why)
         return Outcome("ok", _last_line(last.stdout))
 
 

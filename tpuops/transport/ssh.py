@@ -205,6 +205,10 @@ class SshTransport:
             elif cancel is not None and cancel.is_set():
                 error, kind = "cancelled: another worker failed", Kind.CANCELLED
             elif chan.closed or not chan.get_transport().is_active():
+                # The server sends the exit status, then closes: both may have arrived since the check above
+                # (a closed channel's status is always ready; -1 when none came: see below).
+                if chan.exit_status_ready():
+                    break
                 cause = chan.get_transport().get_exception()  # why, when paramiko knows (EOF, reset, ...)
                 error, kind = f"connection lost: {cause}" if cause else "connection lost", Kind.CONNECT
             if error:
@@ -218,6 +222,14 @@ class SshTransport:
             err.feed(chan.recv_stderr(65536))
         codes = {Kind.TIMEOUT: TIMEOUT_EXIT, Kind.CANCELLED: CANCELLED_EXIT, Kind.CONNECT: 255}
         code = chan.recv_exit_status() if kind is None else codes[kind]
+        if kind is None and code == -1:  # paramiko's "closed without an exit status"
+            live = chan.get_transport()
+            if live is not None and live.is_active():  # the shell died of a signal (OpenSSH: exit-signal)
+                error, kind, code = "the command was killed on the worker (no exit status)", Kind.EXIT, 255
+            else:
+                cause = live.get_exception() if live is not None else None
+                error = f"connection lost: {cause}" if cause else "connection lost"
+                kind, code = Kind.CONNECT, 255
         chan.close()
         return CmdResult(
             worker=worker,

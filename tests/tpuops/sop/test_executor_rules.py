@@ -121,7 +121,8 @@ def test_an_unforeseen_command_fails_the_test() -> None:
 
 # -- a run's life: the lock and the checks before anything changes, all or none ----------------------------
 CLAIM = 'mkdir "\\$lock" 2>&1'  # the claim script (the release script has no mkdir)
-RELEASE = "nothing to release"
+RELEASE = "give the run lock back"  # the release script's first line
+STOP = "stop what this run started here"  # the all-or-none stop's
 
 
 def test_a_refused_claim_on_worker_0_stops_the_start_before_any_step_or_other_worker() -> None:
@@ -167,7 +168,7 @@ def test_a_start_that_fails_on_one_worker_stops_the_others_and_says_so() -> None
             stderr="mkdir: cannot create directory: Permission denied\n",
         )
         .expect("setsid nohup sh -c", worker=1, stdout="tpuops: started pid=4242\n")
-        .expect("tpuops: stopped pid=", worker=1, stdout="tpuops: stopped pid=4242\n")
+        .expect(STOP, worker=1, stdout="tpuops: stopped pid=4242\n")
         .expect(RELEASE)
     )
     report = Executor(t).execute(
@@ -179,6 +180,67 @@ def test_a_start_that_fails_on_one_worker_stops_the_others_and_says_so() -> None
         "cancelled",
         "started pid 4242, then stopped: the start failed on w0",
     )
-    assert [w for w, _ in t.ran("tpuops: stopped pid=")] == [1]
+    assert [w for w, _ in t.ran(STOP)] == [1]  # w0's start stopped itself: exit 1, nothing started
     assert sorted(w for w, _ in t.ran(RELEASE)) == [0, 1]  # w1's lock went with its job; w0's is given back
     assert report.first_failure()[1] == 0 and exit_code(report) == ExitCode.FAILED
+
+
+@pytest.mark.parametrize(
+    ("kind", "error"),
+    [
+        (Kind.CONNECT, "connection lost"),
+        (Kind.EXIT, "the command was killed on the worker"),
+        (Kind.TIMEOUT, "timed out"),
+    ],
+)
+def test_a_start_that_ends_without_its_answer_is_stopped_there_too(kind: Kind, error: str) -> None:
+    """Worker 0's start ended without saying whether it started the job (its connection dropped, its shell was
+    killed, it timed out): the job it may have started is looked for and stopped like worker 1's, and the report
+    says which it was. Never left running with its lock given back."""
+    t = (
+        MemoryTransport(2)
+        .expect(CLAIM, stdout="tpuops: claimed pid=1\n")
+        .expect("setsid nohup sh -c", worker=0, exit_code=255, kind=kind, error=error)
+        .expect("setsid nohup sh -c", worker=1, stdout="tpuops: started pid=4242\n")
+        .expect(STOP, worker=0, stdout="tpuops: stopped pid=4141\ntpuops: released\n")
+        .expect(STOP, worker=1, stdout="tpuops: stopped pid=4242\ntpuops: released\n")
+        .expect(RELEASE)
+    )
+    report = Executor(t).execute(
+        sop({"kind": "run", "command": "train", "runs_dir": "~/runs"}), {}, "r", [0, 1]
+    )
+    (run,) = report.steps
+    assert run.outcomes[0].status == ("timeout" if kind is Kind.TIMEOUT else "failed")
+    assert run.outcomes[0].detail.startswith(error)
+    assert run.outcomes[0].detail.endswith("; its job had started (pid 4141) and was stopped")
+    assert run.outcomes[1].status == "cancelled"
+    assert sorted(w for w, _ in t.ran(STOP)) == [0, 1]
+    assert exit_code(report) == (ExitCode.TIMEOUT if kind is Kind.TIMEOUT else ExitCode.FAILED)
+
+
+def test_a_start_without_its_answer_where_nothing_started_says_so() -> None:
+    t = (
+        MemoryTransport(1)
+        .expect(CLAIM, stdout="tpuops: claimed pid=1\n")
+        .expect("setsid nohup sh -c", exit_code=255, kind=Kind.CONNECT, error="connection lost")
+        .expect(STOP, stdout="tpuops: released\n")
+        .expect(RELEASE)
+    )
+    report = Executor(t).execute(sop({"kind": "run", "command": "train"}), {}, "r", [0])
+    (run,) = report.steps
+    assert run.outcomes[0].detail == "connection lost; no job of it runs there"
+
+
+def test_a_start_without_its_answer_on_a_worker_that_stays_unreachable_names_tpuops_stop() -> None:
+    t = (
+        MemoryTransport(1)
+        .expect(CLAIM, stdout="tpuops: claimed pid=1\n")
+        .expect("setsid nohup sh -c", exit_code=255, kind=Kind.CONNECT, error="connection lost")
+        .expect(STOP, exit_code=255, kind=Kind.CONNECT, error="connection lost")
+        .expect(RELEASE, exit_code=255, kind=Kind.CONNECT, error="connection lost")
+    )
+    report = Executor(t).execute(sop({"kind": "run", "command": "train"}), {}, "r9", [0])
+    (run,) = report.steps
+    assert (
+        run.outcomes[0].detail == "connection lost; whether its job started there is unknown: tpuops stop r9"
+    )

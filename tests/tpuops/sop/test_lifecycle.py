@@ -103,6 +103,32 @@ def test_a_start_that_fails_on_one_worker_stops_what_it_started_on_the_others(ss
         t.close()
 
 
+def test_a_start_killed_after_its_job_started_stops_that_job_too(sshd_pool: SshdPool) -> None:
+    """Worker 0's start script is killed (SIGKILL, so sshd sends no exit status) right after its job started and
+    its pid file was written: the executor cannot know the job runs, so it looks, finds it by the pid file, and
+    stops it with worker 1's. Nothing of the run is left on either worker: no job, no lock, no stand-in."""
+    workers = sshd_pool.take(2)
+    t = sshd_pool.transport(workers)
+    marker = f"lifecycle-{os.getpid()}-{time.monotonic_ns()}"
+    # The job's parent is the start script's shell ($PPID): on worker 0 it is killed once the pid file is there.
+    kill_start = 'until grep -qw "$$" "$rd"/worker-0.pid 2>/dev/null; do sleep 0.01; done; kill -KILL $PPID'
+    command = f"if [ {{worker}} = 0 ]; then {kill_start}; fi; sleep 60; : {marker}"
+    try:
+        report = Executor(t).execute(job(command), {}, "killed", [0, 1])
+        step = run_step(report)
+        w0, w1 = step.outcomes[0], step.outcomes[1]
+        assert w0.status == "failed", w0
+        assert w0.detail.startswith("the command was killed on the worker"), w0
+        assert "its job had started (pid " in w0.detail and w0.detail.endswith(") and was stopped"), w0
+        assert w1.status == "cancelled" and w1.detail.endswith("then stopped: the start failed on w0"), w1
+        assert not marked(marker)
+        for k, w in enumerate(workers):
+            assert (w.home / f"runs/killed/worker-{k}.exit").read_text().split() == ["143", "stopped"]
+            assert not (w.home / LOCK).exists() and not stand_ins(w.home)
+    finally:
+        t.close()
+
+
 def test_full_disk_before_the_start_starts_nothing_and_says_so(sshd_pool: SshdPool) -> None:
     """A write to worker 0's pid file fails with ENOSPC (it is /dev/full, as on a full disk): nothing runs on
     either worker, the report says "no space left on device", the lock is given back."""

@@ -217,14 +217,20 @@ class Model:
 
     def _teardown(self, rec: NodeRec, op: dict[str, Any] | None) -> None:
         with rec.power:  # after any preemption's power-off of these workers has ended
-            for w in rec.workers:
-                _power_off(w)
             with self.lock:
-                if not rec.released:  # a deletion racing a test's clean-up: the users go back once
+                first = not rec.released
+            # A deletion racing a test's clean-up: the users go back once, and a second power-off never runs
+            # (its pkill would reach the next VM that got these users back).
+            if first:
+                for w in rec.workers:
+                    _power_off(w)
+            with self.lock:
+                if first:
                     rec.released = True
                     for w in rec.workers:
                         self._release(w.user)
-                self.nodes.pop(rec.name, None)
+                if self.nodes.get(rec.name) is rec:  # not a new VM of the same name
+                    self.nodes.pop(rec.name)
         if op is not None:
             self._finish(op)
 
