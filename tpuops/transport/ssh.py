@@ -224,6 +224,8 @@ class SshTransport:
         code = chan.recv_exit_status() if kind is None else codes[kind]
         if kind is None and code == -1:  # paramiko's "closed without an exit status"
             live = chan.get_transport()
+            if live is not None:  # a dying transport closes its channels first, then goes inactive: a moment
+                live.join(0.1)
             if live is not None and live.is_active():  # the shell died of a signal (OpenSSH: exit-signal)
                 error, kind, code = "the command was killed on the worker (no exit status)", Kind.EXIT, 255
             else:
