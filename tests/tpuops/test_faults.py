@@ -178,7 +178,9 @@ def test_a_command_killed_on_the_worker_is_said_as_such_not_as_a_lost_connection
         t.close()
 
 
-def test_a_connection_cut_during_a_command_is_a_lost_connection_not_a_killed_command(sshd_pool: SshdPool) -> None:
+def test_a_connection_cut_during_a_command_is_a_lost_connection_not_a_killed_command(
+    sshd_pool: SshdPool,
+) -> None:
     """sshd's connection processes die while a command runs (a network cut): the channel closes without an
     exit status as a killed shell's does, but the connection is gone, and the result says so."""
     (w,) = sshd_pool.take(1)
