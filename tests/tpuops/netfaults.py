@@ -1,4 +1,5 @@
-"""A loopback TCP proxy that delays every chunk (network latency) or swallows connections (a black hole)."""
+"""A loopback TCP proxy that delays every chunk (network latency), swallows connections (a black hole) or cuts
+them."""
 
 from __future__ import annotations
 
@@ -48,6 +49,14 @@ class DelayProxy:
                     s.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+    def cut(self) -> None:
+        """Every connection through the proxy ends at once, as a network cut would (the client sees EOF)."""
+        for c in self.conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def close(self) -> None:
         self.closed = True

@@ -181,15 +181,21 @@ def test_a_command_killed_on_the_worker_is_said_as_such_not_as_a_lost_connection
 def test_a_connection_cut_during_a_command_is_a_lost_connection_not_a_killed_command(
     sshd_pool: SshdPool,
 ) -> None:
-    """sshd's connection processes die while a command runs (a network cut): the channel closes without an
-    exit status as a killed shell's does, but the connection is gone, and the result says so."""
+    """The network between tpuops and a worker is cut while a command runs: the channel closes without an exit
+    status as a killed shell's does, but the connection is gone, and the result says so."""
     (w,) = sshd_pool.take(1)
-    t = sshd_pool.transport([w])
+    link = DelayProxy(w.port)
+    t = SshTransport(
+        [Worker(0, "127.0.0.1", link.port, w.user, w.fingerprint)],
+        known_hosts=Path("/nonexistent"),
+        identity=sshd_pool.key,
+    )
     try:
         assert t.run(0, "true").ok  # connected
-        threading.Timer(0.5, w.drop_connections).start()
+        threading.Timer(0.5, link.cut).start()
         cut = t.run(0, "sleep 30")
         assert (cut.kind, cut.exit_code) == (Kind.CONNECT, 255), cut
         assert cut.error is not None and cut.error.startswith("connection lost"), cut
     finally:
-        t.close()  # (the next `take` starts the listener drop_connections stopped)
+        t.close()
+        link.close()
