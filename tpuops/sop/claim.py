@@ -99,8 +99,7 @@ def release_script(run_id: str, worker: int) -> str:
     """Give the lock back at the end of a SOP that holds no job here: the run's job is stopped all the same
     when one is found in the run directory the lock names (a start whose reply was lost may have started it;
     never another run's: only a lock that is still this run's names it), the stand-in ends, the lock goes."""
-    rd = '""; [ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ] && rd=$(cat "$lock/rd" 2>/dev/null)'
-    return _give_back("give the run lock back", run_id, rd, worker)
+    return _give_back("give the run lock back", run_id, None, worker)
 
 
 def stop_started_script(run_id: str, rd: str, worker: int) -> str:
@@ -109,19 +108,22 @@ def stop_started_script(run_id: str, rd: str, worker: int) -> str:
     return _give_back("stop what this run started here", run_id, rd, worker)
 
 
-def _give_back(why: str, run_id: str, rd: str, worker: int) -> str:
-    """The job found by the worker's pid file in `rd` stopped (SIGTERM to its process group, SIGKILL after
-    10 s) and its exit file written ("143 stopped"); the lock, when it is still this run's, given back: its
-    holder, when that is the claim's stand-in and not the job, ends first."""
+def _give_back(why: str, run_id: str, rd: str | None, worker: int) -> str:
+    """The job found by the worker's pid file in `rd` (None: the run directory the lock names, when the lock is
+    still this run's) stopped (SIGTERM to its process group, SIGKILL after 10 s) and its exit file written
+    ("143 stopped"); the lock, when it is still this run's, given back: its holder, when that is the claim's
+    stand-in and not the job, ends first."""
+    mine = '[ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ]'
+    where = f"rd={rd}" if rd is not None else f'rd=""; {mine} && rd=$(cat "$lock/rd" 2>/dev/null)'
     return f"""# tpuops: {why}
 {HELPERS}
 rid={shell.quote(run_id)}; k={worker}
-rd={rd}
+{where}
 pid=""; [ -n "$rd" ] && pid=$(pid_of "$rd/worker-$k.pid")
 if [ -n "$pid" ] && running "$pid"; then stop_group "$pid"; echo "tpuops: stopped pid=$pid"; fi
 if [ -n "$rd" ] && [ -f "$rd/worker-$k.pid" ] && [ ! -e "$rd/worker-$k.exit" ]; then
   put_exit "$rd" $k "143 {STOPPED}"; fi
-if [ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ]; then
+if {mine}; then
   h=$(pid_of "$lock/pid"); if [ -n "$h" ] && [ "$h" != "$pid" ]; then kill "$h" 2>/dev/null; fi
   rm -rf "$lock"; echo "tpuops: released"
 else echo "tpuops: nothing to release"; fi

@@ -209,8 +209,7 @@ class SshTransport:
                 # (a closed channel's status is always ready; -1 when none came: see below).
                 if chan.exit_status_ready():
                     break
-                cause = chan.get_transport().get_exception()  # why, when paramiko knows (EOF, reset, ...)
-                error, kind = f"connection lost: {cause}" if cause else "connection lost", Kind.CONNECT
+                error, kind = _lost(chan.get_transport()), Kind.CONNECT
             if error:
                 chan.close()
                 break
@@ -229,9 +228,7 @@ class SshTransport:
             if live is not None and live.is_active():  # the shell died of a signal (OpenSSH: exit-signal)
                 error, kind, code = "the command was killed on the worker (no exit status)", Kind.EXIT, 255
             else:
-                cause = live.get_exception() if live is not None else None
-                error = f"connection lost: {cause}" if cause else "connection lost"
-                kind, code = Kind.CONNECT, 255
+                error, kind, code = _lost(live), Kind.CONNECT, 255
         chan.close()
         return CmdResult(
             worker=worker,
@@ -301,6 +298,12 @@ class SshTransport:
             raise ConnectError(
                 f"connection to {self.workers[worker].label} lost: {e or type(e).__name__}"
             ) from e
+
+
+def _lost(connection: paramiko.Transport | None) -> str:
+    """A lost connection in words, with paramiko's cause when it kept one (EOF, reset, ...)."""
+    cause = connection.get_exception() if connection is not None else None
+    return f"connection lost: {cause}" if cause else "connection lost"
 
 
 def _makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
