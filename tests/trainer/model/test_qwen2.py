@@ -84,3 +84,26 @@ def test_init_params_is_seeded(tiny_f32: tuple) -> None:
     np.testing.assert_array_equal(get(a), get(b))
     assert not np.array_equal(get(a), get(c))
     assert abs(float(get(a).std()) - config.initializer_range) < 0.02
+
+
+def test_rope_half_by_half_gives_the_bits_and_gradients_of_rotate_half() -> None:
+    """`_apply_rope` is written half by half so that XLA fuses it in the input's dtype; it must stay HF's
+    `x * cos + rotate_half(x) * sin` in float32, bit for bit, forward and backward, in float32 and bfloat16."""
+
+    def rotate_half_form(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        half = x.shape[-1] // 2
+        rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+        return (x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]).astype(x.dtype)
+
+    config = qwen2.Qwen2Config(hidden_size=256, num_attention_heads=4)  # head_dim 64
+    cos, sin = qwen2.rope_cos_sin(jnp.arange(14).reshape(2, 7) * 37, config)
+    for dtype in (jnp.float32, jnp.bfloat16):
+        x = jax.random.normal(jax.random.key(0), (2, 7, 3, 64)).astype(dtype)
+        np.testing.assert_array_equal(
+            np.asarray(jax.jit(qwen2._apply_rope)(x, cos, sin)), np.asarray(jax.jit(rotate_half_form)(x, cos, sin))
+        )
+        weights = jax.random.normal(jax.random.key(1), x.shape)  # a cotangent that is not all ones
+        grads = [jax.grad(lambda x, fn=fn: (fn(x, cos, sin).astype(jnp.float32) * weights).sum())(x)
+                 for fn in (qwen2._apply_rope, rotate_half_form)]  # fmt: skip
+        np.testing.assert_array_equal(np.asarray(grads[0]), np.asarray(grads[1]))
