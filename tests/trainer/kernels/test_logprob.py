@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from tests.trainer.kernels.conftest import TEMPERATURE, TOL, rel_err
-from trainer.kernels.logprob import chunked, fused_lm_head, pallas_tpu, reference
-from trainer.kernels.logprob.blocks import BlockSizes
+from trainer.kernels.logprob import chunked, fused_lm_head, pallas_lm_head, pallas_tpu, reference
+from trainer.kernels.logprob.blocks import BlockSizes, compile_target
 
 # Small tiles so that 48 rows and 1000 columns split unevenly: the last row chunk overlaps, the last vocab
 # tile is ragged (1000 = 3 x 256 + 232 = 7 x 128 + 104).
@@ -171,3 +171,17 @@ def test_pallas_under_tpu_interpreter_with_nan_uninitialised_memory(monkeypatch:
     )
     assert rel_err(lp, want_lp) <= TOL["float32"] and rel_err(ent, want_ent) <= TOL["float32"]
     assert rel_err(dz, want_dz) <= TOL["bfloat16"]
+
+
+def test_pallas_lm_head_chunks_are_larger_on_a_tpu_and_never_padded_past_the_last_tile() -> None:
+    """Each chunk reads and writes the [D, V] float32 weight-gradient accumulator whole, so a TPU takes up to
+    TPU_CHUNK_ROWS rows a chunk: the most tiles that divide the rows' tiles (no padding beyond the last tile);
+    elsewhere CHUNK_TILES tiles, as before."""
+    plh = pallas_lm_head
+    blocks = BlockSizes(rows=256, vocab=2048)
+    assert plh._chunks(16384, blocks) == plh.CHUNK_TILES * 256  # this process: CPU
+    with compile_target("tpu TPU v6 lite"):
+        assert plh._chunks(16384, blocks) == plh.TPU_CHUNK_ROWS == 4096  # the seed's update: 4 chunks, not 16
+        assert plh._chunks(63 * 256, blocks) == 9 * 256  # 63 tiles: 7 chunks of 9, none padded
+        assert plh._chunks(61 * 256, blocks) == 256  # a prime count of tiles: one tile a chunk
+        assert plh._chunks(300, blocks) == 512  # fewer rows than a chunk: one chunk, padded to whole tiles

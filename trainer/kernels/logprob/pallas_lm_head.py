@@ -12,10 +12,15 @@ import jax.numpy as jnp
 from jax import Array, lax
 
 from trainer.kernels.logprob import pallas_tpu
-from trainer.kernels.logprob.blocks import BlockSizes, for_device
+from trainer.kernels.logprob.blocks import BlockSizes, device_kind, for_device
 from trainer.kernels.logprob.fused_lm_head import with_recompute_vjp
 
-CHUNK_TILES = 4  # rows per chunk = CHUNK_TILES x BlockSizes.rows
+CHUNK_TILES = 4  # rows per chunk = CHUNK_TILES x BlockSizes.rows, and at least TPU_CHUNK_ROWS on a TPU
+# Each chunk adds its [D, V] float32 weight gradient into the accumulator, which is read and written whole per
+# chunk (1.2 GB at D = 2048 and Qwen2.5's vocabulary): on a TPU fewer, larger chunks move fewer bytes (the
+# seed's update, 16 -> 4 chunks: 1,219 -> 1,160 GB of HBM, bound 1.042 -> 1.020 s; docs/performance.md). A
+# chunk's float32 logits are rows x V x 4 bytes: 2.5 GB at 4096 rows.
+TPU_CHUNK_ROWS = 4096
 
 
 def _logits(h_RD: Array, w_DV: Array) -> Array:
@@ -23,7 +28,13 @@ def _logits(h_RD: Array, w_DV: Array) -> Array:
 
 
 def _chunks(n: int, blocks: BlockSizes) -> int:
-    return min(CHUNK_TILES * blocks.rows, n)
+    """Rows per chunk for `n` rows (a multiple of blocks.rows once padded): CHUNK_TILES tiles; on a TPU the most
+    tiles up to TPU_CHUNK_ROWS that divide n's tiles, so no chunk is padded beyond the last tile."""
+    tiles = -(-n // blocks.rows)
+    if not device_kind().lower().startswith("tpu"):
+        return min(CHUNK_TILES * blocks.rows, tiles * blocks.rows)
+    most = max(TPU_CHUNK_ROWS // blocks.rows, 1)
+    return max(k for k in range(1, min(most, tiles) + 1) if tiles % k == 0) * blocks.rows
 
 
 def forward_stats(
@@ -93,7 +104,7 @@ def token_logprob_entropy_from_hidden(
     blocks = (blocks or for_device("pallas")).check_dtype(jnp.float32)
     h_ND, ids_N = hidden_BTD.reshape(-1, d), ids_BT.reshape(-1).astype(jnp.int32)
     n = h_ND.shape[0]
-    r = min(CHUNK_TILES * blocks.rows, -(-n // blocks.rows) * blocks.rows)
+    r = _chunks(n, blocks)
     pad = -n % r
     if pad:  # [N, D] rows are cheap to pad (the logits are never padded)
         h_ND, ids_N = jnp.pad(h_ND, ((0, pad), (0, 0))), jnp.pad(ids_N, (0, pad))
