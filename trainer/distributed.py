@@ -11,7 +11,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from trainer.sharding import BATCH
+from trainer.sharding import batch_axes
 
 ENV_COORDINATOR = "TRAINER_COORDINATOR"
 ENV_NUM = "TRAINER_NUM_PROCESSES"
@@ -73,7 +73,7 @@ def init(timeout_s: int | None = None) -> tuple[int, int]:
 
 def global_array(mesh: Mesh, host: np.ndarray) -> jax.Array:
     """A batch-sharded global array from data every process holds in full (each places only its shards)."""
-    spec = P(BATCH, *([None] * (host.ndim - 1)))
+    spec = P(batch_axes(mesh), *([None] * (host.ndim - 1)))
     sharding = NamedSharding(mesh, spec)
     return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
 

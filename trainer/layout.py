@@ -49,7 +49,8 @@ def rollout_tp(requested: int, kv_heads: int, devices: int) -> int:
 def decode_layout(mesh: Mesh, mconf: Any, params_like: Any, tp: int) -> tuple[Mesh, OnMesh]:
     """(decode mesh, jitted params -> compute-dtype copy laid out for decode) over `mesh`'s devices."""
     per_slice = mesh.devices.size // mesh.shape[DCN_AXIS]
-    rmesh = rollout_mesh(mesh, rollout_tp(tp, mconf.num_key_value_heads, per_slice))
+    kv = mconf.num_key_value_heads
+    rmesh = rollout_mesh(mesh, rollout_tp(tp, kv, per_slice), kv)
     dtype = jnp.dtype(mconf.dtype)
     shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, dtype), params_like)
     cast = jax.jit(

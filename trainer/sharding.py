@@ -9,10 +9,12 @@ one table (LOGICAL) maps them to mesh axes; the model constrains them by name at
 instead of all-reducing whole-batch activations. Constraints apply under `jax.set_mesh(mesh)` and are no-ops
 without a mesh in context (single-device code and tests).
 KV cache, [L, B, S, K, H] for keys and for values: batch over (dcn, dp, fsdp), kv heads over tp where tp divides them,
-else the batch over tp too (`heads_split`: each device its own sequences, whole heads).
-Decode uses its own layout of the same devices (`rollout_mesh`: batch over dcn and dp, heads over tp, no fsdp)
-with the weights cast to the compute dtype once per step: a decode loop over FSDP-split weights would
-all-gather every weight for every token (`tpuops fit` shows the difference).
+else the batch over tp too (`heads_split`: each device its own sequences, whole heads; a decode on a mesh
+`rollout_mesh` did not make).
+Decode uses its own layout of the same devices (`rollout_mesh`: batch over dcn and dp, heads over tp, no fsdp;
+a tp group wider than the kv heads as (TP_SEQ_AXIS, tp), kv heads x sequences) with the weights cast to the
+compute dtype once per step: a decode loop over FSDP-split weights would all-gather every weight for every token
+(`tpuops fit` shows the difference).
 The same code runs on 1 device, on forced CPU devices, and across processes with jax.distributed (the
 mesh then spans jax.devices(), i.e. every process's devices).
 Multislice: `dcn` (DCN_AXIS, the outermost axis, one row per slice; size 1 on one slice) is the only axis that
@@ -23,6 +25,7 @@ update's gradient reduction (trainer.loop.programs.make_update: once per update,
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,29 +40,40 @@ from jax.sharding import PartitionSpec as P
 DCN_AXIS = "dcn"
 AXES = (DCN_AXIS, "dp", "fsdp", "tp")
 BATCH = (DCN_AXIS, "dp", "fsdp")
+# Only in a decode mesh whose tp group is wider than the kv heads split (`rollout_mesh`: the 3B's 2 kv heads over
+# rollout.tp 4): the group's devices as (TP_SEQ_AXIS, "tp"), "tp" as many ways as whole kv heads allow. The
+# attention and the KV cache split by kv head over "tp" and by sequence over TP_SEQ_AXIS; the MLP and the
+# vocabulary over both, as one tp group. Names of axes a mesh does not have are dropped (`_fit`).
+TP_SEQ_AXIS = "tps"
+TP_GROUP = (TP_SEQ_AXIS, "tp")
 
-# Logical activation axis -> mesh axes (MaxText's logical_axis_rules, one table). Only `batch` may name
-# DCN_AXIS; no rule in PARAM_RULES may (tests/trainer/test_multislice_mesh.py checks both).
+# Logical activation axis -> mesh axes (MaxText's logical_axis_rules, one table). Only the batch's rows
+# (`batch`, `group_rows`) may name DCN_AXIS; no rule in PARAM_RULES may (tests/trainer/test_multislice_mesh.py
+# checks both). A mesh axis named by two dims of one activation stays with the other dim and leaves `batch`
+# (`logical_spec`): the MLP's [B, T, F] keeps F over the whole tp group and its rows whole within it.
 LOGICAL: dict[str, Any] = {
-    "batch": BATCH,
+    "batch": (*BATCH, TP_SEQ_AXIS),
+    # The rows of an input to a matmul split over the whole tp group (the MLP, the LM head): whole within the
+    # group, so that only the TP_SEQ_AXIS neighbours exchange them (left to XLA, it gathered the whole batch).
+    "group_rows": BATCH,
     "length": None,
     "embed": None,
     "heads": "tp",
     "kv_heads": "tp",
     "head_dim": None,
-    "mlp": "tp",
-    "vocab": "tp",
+    "mlp": TP_GROUP,
+    "vocab": TP_GROUP,
 }
 
 PARAM_RULES: tuple[tuple[str, P], ...] = (
-    (r"embed_tokens/embedding", P("tp", "fsdp")),  # [V, D]
+    (r"embed_tokens/embedding", P(TP_GROUP, "fsdp")),  # [V, D]
     # Decoder layers are stacked ([L, ...], the layer scan's input): the layer axis is never split.
     (r"layers/self_attn/[qkv]_proj/kernel", P(None, "fsdp", "tp")),  # [L, D, heads*H]
     (r"layers/self_attn/[qkv]_proj/bias", P(None, "tp")),
     (r"layers/self_attn/o_proj/kernel", P(None, "tp", "fsdp")),  # [L, N*H, D]
-    (r"layers/mlp/(gate|up)_proj/kernel", P(None, "fsdp", "tp")),  # [L, D, F]
-    (r"layers/mlp/down_proj/kernel", P(None, "tp", "fsdp")),  # [L, F, D]
-    (r"lm_head/kernel", P("fsdp", "tp")),  # [D, V]
+    (r"layers/mlp/(gate|up)_proj/kernel", P(None, "fsdp", TP_GROUP)),  # [L, D, F]
+    (r"layers/mlp/down_proj/kernel", P(None, TP_GROUP, "fsdp")),  # [L, F, D]
+    (r"lm_head/kernel", P("fsdp", TP_GROUP)),  # [D, V]
     (r".*(layernorm|norm)/scale", P()),
 )
 
@@ -88,18 +102,26 @@ def make_mesh(
 
 
 def batch_devices(mesh: Any) -> int:
-    """How many ways a batch splits: the devices along (dcn, dp, fsdp)."""
-    return int(np.prod([mesh.shape[a] for a in BATCH]))
+    """How many ways a batch splits: the devices along (dcn, dp, fsdp) and, in a decode mesh, TP_SEQ_AXIS."""
+    return int(np.prod([mesh.shape[a] for a in batch_axes(mesh)]))
+
+
+def batch_axes(mesh: Any) -> tuple[str, ...]:
+    """The mesh axes a batch splits over: (dcn, dp, fsdp), and TP_SEQ_AXIS where the mesh has it."""
+    return tuple(a for a in LOGICAL["batch"] if a in dict(mesh.shape))
 
 
 def _fit(spec: P, shape: tuple[int, ...], mesh: Any) -> P:
     """Drop mesh axes that do not divide their dimension: a tuple of axes keeps its longest prefix that
     divides (the rest of that dimension is replicated). Axes that are manual in the mesh in context (inside a
-    shard_map over them, as the update is over dcn) are dropped too: there each device sees its own part."""
+    shard_map over them, as the update is over dcn) are dropped too: there each device sees its own part; and
+    axes the mesh does not have (TP_SEQ_AXIS outside a decode mesh that has it)."""
     manual = set(getattr(mesh, "manual_axes", ()))
+    present = set(dict(mesh.shape))
     fitted: list[Any] = []
     for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec)), strict=True):
-        names = tuple(a for a in ((axes,) if isinstance(axes, str) else tuple(axes or ())) if a not in manual)
+        named = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        names = tuple(a for a in named if a not in manual and a in present)
         full = names
         while names and dim % int(np.prod([mesh.shape[a] for a in names])):
             names = names[:-1]
@@ -150,8 +172,9 @@ def shard_params(params: Any, mesh: Mesh) -> Any:
 
 
 def batch_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
-    """Activations/inputs [B, ...]: batch over (dcn, dp, fsdp), the rest replicated."""
-    return NamedSharding(mesh, _fit(P(BATCH), shape, mesh))
+    """Activations/inputs [B, ...]: batch over (dcn, dp, fsdp) (and TP_SEQ_AXIS in a decode mesh that has it),
+    the rest replicated."""
+    return NamedSharding(mesh, _fit(P(LOGICAL["batch"]), shape, mesh))
 
 
 def kv_cache_sharding(mesh: Mesh, shape_LBSKH: tuple[int, ...]) -> NamedSharding:
@@ -170,8 +193,10 @@ def heads_split(n_heads: int, mesh: Any) -> bool:
     """Whether tp splits `n_heads` heads whole (tp divides them). For the kv heads: whether the decode splits its
     attention and KV cache over tp by kv head, or else by sequence: with 2 kv heads over tp = 4 a head split would
     give each pair of devices one head's cache, held and read twice; split by sequence, each device holds and
-    reads only its own sequences' cache (both heads), half the bytes, and the queries and attention outputs cross
-    the tp group by two all-to-alls a layer (trainer.model.qwen2.Attention)."""
+    reads only its own sequences' cache (both heads), and the queries and attention outputs cross the tp group by
+    two all-to-alls a layer (trainer.model.qwen2.Attention). `rollout_mesh` never makes such a mesh (it splits
+    that group into kv heads x sequences, two collectives a layer fewer); a decode on a mesh of the caller's
+    own (`sampler.generate(..., mesh=...)`) still runs this way."""
     tp = int(dict(mesh.shape).get("tp", 1))
     return n_heads % tp == 0
 
@@ -196,8 +221,26 @@ def _pin(x: jax.Array, spec: Callable[[tuple[int, ...], Any], P]) -> jax.Array:
 
 
 def logical_spec(names: Sequence[str | None], shape: tuple[int, ...], mesh: Any) -> P:
-    """The PartitionSpec of an activation whose dims are named `names` (None: replicated)."""
-    return _fit(P(*[LOGICAL[n] if n else None for n in names]), shape, mesh)
+    """The PartitionSpec of an activation whose dims are named `names` (None: replicated). A mesh axis that
+    another dim also names leaves `batch` (in a decode mesh with TP_SEQ_AXIS, the MLP's and the LM head's rows
+    are whole within the tp group while F or the vocabulary split over all of it)."""
+    spec = _fit(P(*[LOGICAL[n] if n else None for n in names]), shape, mesh)
+    taken = {a for n, axes in zip(names, spec, strict=False) if n != "batch" for a in _names(axes)}
+    if "batch" not in names or not taken:
+        return spec
+    i = list(names).index("batch")
+    kept = tuple(a for a in _names(spec[i]) if a not in taken)
+    return P(*spec[:i], kept or None, *spec[i + 1 :])
+
+
+def vocab_ways(vocab: int, mesh: Any) -> int:
+    """How many blocks a vocabulary of `vocab` splits into under `mesh` (its tp group, as far as it divides)."""
+    axes = _names(logical_spec(("vocab",), (vocab,), mesh)[0])
+    return int(np.prod([mesh.shape[a] for a in axes]))
+
+
+def _names(axes: Any) -> tuple[str, ...]:
+    return (axes,) if isinstance(axes, str) else tuple(axes or ())
 
 
 def constrain(x: jax.Array, *names: str | None) -> jax.Array:
@@ -219,12 +262,21 @@ def lookup_layout(table_VD: jax.Array) -> jax.Array:
     )
 
 
-def rollout_mesh(mesh: Mesh, tp: int) -> Mesh:
+def rollout_mesh(mesh: Mesh, tp: int, kv_heads: int = 0) -> Mesh:
     """The decode layout of `mesh`'s devices: (dcn as in `mesh`, dp = a slice's devices / tp, fsdp = 1, tp); each
-    slice decodes its own rows with its own copy of the weights (tp groups never span slices)."""
+    slice decodes its own rows with its own copy of the weights (tp groups never span slices). When tp splits
+    more ways than the `kv_heads` whole heads allow, its group is (TP_SEQ_AXIS, tp) = (tp / h, h), h = the
+    largest split of the kv heads that divides tp: the attention and the KV cache split by kv head over h and
+    by sequence over tp / h, the MLP and the vocabulary over the whole group (the 3B's 2 kv heads over 4
+    devices: two collectives a layer fewer than splitting the cache by sequence over all four, whose queries
+    and attention outputs crossed the group by all-to-alls; docs/performance.md)."""
     slices = mesh.shape[DCN_AXIS]
     devices = mesh.devices.reshape(slices, -1)  # dcn is the outermost axis: row s is slice s's devices
     per_slice = devices.shape[1]
     if tp <= 0 or per_slice % tp:
         raise ValueError(f"rollout.tp must divide a slice's device count {per_slice}, received {tp}")
-    return Mesh(devices.reshape(slices, per_slice // tp, 1, tp), AXES)
+    heads = math.gcd(tp, kv_heads) if kv_heads else tp
+    if heads == tp:
+        return Mesh(devices.reshape(slices, per_slice // tp, 1, tp), AXES)
+    shape = (slices, per_slice // tp, 1, tp // heads, heads)
+    return Mesh(devices.reshape(shape), (*AXES[:3], TP_SEQ_AXIS, "tp"))

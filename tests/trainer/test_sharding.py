@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from trainer import sharding
@@ -81,6 +82,50 @@ def test_attention_projections_split_over_tp_only_in_whole_heads() -> None:
     )
     assert sharding.kv_cache_sharding(mesh, (4, 16, 32, K, H)).spec == P(*by_sequence)
     assert sharding.kv_cache_sharding(mesh, (4, 16, 32, 4, H)).spec == P(*by_head)
+
+
+def test_a_decode_group_wider_than_the_kv_heads_splits_them_by_head_and_by_sequence() -> None:
+    """rollout.tp 4 over 2 kv heads (the 3B presets): the decode mesh's tp group is (tps 2, tp 2). The attention
+    and the KV cache split by kv head over tp and by sequence over tps; the MLP, the vocabulary and their weights
+    over the whole group, their rows whole within it; the batch splits over dp and tps. (Tokens in this layout:
+    tests/trainer/sampling/test_sampler.py, tp 4.)"""
+    rmesh = sharding.rollout_mesh(sharding.make_mesh(1, 8, 1), 4, kv_heads=2)
+    assert dict(rmesh.shape) == {"dcn": 1, "dp": 2, "fsdp": 1, "tps": 2, "tp": 2}
+    plain = sharding.rollout_mesh(sharding.make_mesh(1, 8, 1), 2, kv_heads=2)
+    assert dict(plain.shape) == {"dcn": 1, "dp": 4, "fsdp": 1, "tp": 2}
+
+    def same(got: P, *want: object) -> bool:  # size-1 axes (fsdp here) split nothing
+        ndim = max(len(got), len(want))
+        return NamedSharding(rmesh, got).is_equivalent_to(NamedSharding(rmesh, P(*want)), ndim)
+
+    K, H, N, D, F, V = 2, 16, 8, 64, 128, 151936
+    spec = functools.partial(sharding.param_spec, mesh=rmesh, heads=(N, K))
+    group, batch = ("tps", "tp"), ("dp", "tps")
+    assert same(
+        spec("layers/self_attn/k_proj/kernel", (4, D, K * H)), None, None, "tp"
+    )  # one kv head a device
+    assert same(
+        spec("layers/self_attn/q_proj/kernel", (4, D, N * H)), None, None, "tp"
+    )  # and its query heads
+    assert same(spec("layers/self_attn/o_proj/kernel", (4, N * H, D)), None, "tp", None)
+    assert same(spec("layers/mlp/gate_proj/kernel", (4, D, F)), None, None, group)
+    assert same(spec("layers/mlp/down_proj/kernel", (4, F, D)), None, group, None)
+    assert same(spec("embed_tokens/embedding", (V, D)), group, None)
+    assert same(sharding.kv_cache_sharding(rmesh, (4, 16, 32, K, H)).spec, None, batch, None, "tp", None)
+    assert same(
+        sharding.logical_spec(("batch", "length", "heads", None), (16, 1, N, H), rmesh), batch, None, "tp"
+    )
+    # A dim over the whole group takes tps from the batch: the MLP's and the logits' rows are whole within it.
+    assert same(sharding.logical_spec(("batch", "length", "mlp"), (16, 1, F), rmesh), "dp", None, group)
+    assert same(sharding.logical_spec(("group_rows", "length", "embed"), (16, 1, D), rmesh), "dp")
+    assert sharding.vocab_ways(V, rmesh) == 4 and sharding.batch_devices(rmesh) == 4
+    # Meshes without tps are as before: the training mesh's rules do not name it.
+    mesh = sharding.make_mesh(1, 4, 2)
+    assert sharding.param_spec("layers/mlp/gate_proj/kernel", (4, D, F), mesh) == P(None, "fsdp", "tp")
+    assert sharding.logical_spec(("batch", "length", "mlp"), (16, 1, F), mesh) == P(
+        sharding.BATCH, None, "tp"
+    )
+    assert sharding.batch_axes(mesh) == sharding.BATCH and sharding.vocab_ways(V, mesh) == 2
 
 
 def test_sharded_forward_and_generate_equal_unsharded(

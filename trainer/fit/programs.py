@@ -35,7 +35,7 @@ from trainer.model import flash
 from trainer.model.config import Qwen2Config, preset
 from trainer.model.qwen2 import Qwen2
 from trainer.sampling import sampler
-from trainer.sharding import BATCH, batch_devices, head_counts, make_mesh, param_shardings
+from trainer.sharding import batch_axes, batch_devices, head_counts, make_mesh, param_shardings
 
 
 @dataclass
@@ -73,7 +73,7 @@ def _sds(shape: tuple[int, ...], dtype: Any, sharding: Any) -> jax.ShapeDtypeStr
 
 
 def _batch(mesh: Mesh, shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
-    return _sds(shape, dtype, NamedSharding(mesh, P(BATCH, *([None] * (len(shape) - 1)))))
+    return _sds(shape, dtype, NamedSharding(mesh, P(batch_axes(mesh), *([None] * (len(shape) - 1)))))
 
 
 def training_mesh(cfg: Config, devices: list[Any]) -> Mesh:

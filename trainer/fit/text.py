@@ -68,7 +68,11 @@ def render_layouts(r: dict[str, Any]) -> str:
         f"{'tp':>4}  {'rollout mesh':<22}{'fits':<6}{'headroom':>9}{'bound s':>9}{'expected s':>13}{'mid s':>8}"
     ]
     for x in r["layouts"]:
-        mesh = f"dp {x['rollout_mesh']['dp']} x tp {x['rollout_mesh']['tp']}"
+        m = x["rollout_mesh"]
+        pairs = (
+            f" ({m['tps']} x {m['tp']})" if m.get("tps", 1) > 1 else ""
+        )  # sequence splits x kv-head splits
+        mesh = f"dp {m['dp']} x tp {m.get('tps', 1) * m['tp']}{pairs}"
         mark = "  (current)" if x["tp"] == r["current"] else ""
         rows.append(
             f"{x['tp']:>4}  {mesh:<22}{'yes' if x['fits'] else 'no':<6}{x['headroom']:>9.0%}"

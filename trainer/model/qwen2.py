@@ -181,6 +181,7 @@ class MLP(nn.Module):
             "param_dtype": _dt(c.param_dtype),
             "kernel_init": nn.initializers.normal(c.initializer_range),
         }
+        x_BTD = constrain(x_BTD, "group_rows", "length", "embed")  # trainer.sharding.LOGICAL
         gate = constrain(nn.Dense(c.intermediate_size, name="gate_proj", **kw)(x_BTD), *_BTF)
         up = constrain(nn.Dense(c.intermediate_size, name="up_proj", **kw)(x_BTD), *_BTF)
         return constrain(nn.Dense(c.hidden_size, name="down_proj", **kw)(nn.silu(gate) * up), *_BTD)
@@ -359,6 +360,7 @@ def lm_head_weight(params: Params, config: Qwen2Config) -> Array:
 @functools.partial(jax.jit, static_argnames="config")
 def logits_from_hidden(params: Params, config: Qwen2Config, hidden_BTD: Array) -> Array:
     w_DV = lm_head_weight(params, config).astype(_dt(config.dtype))
+    hidden_BTD = constrain(hidden_BTD, "group_rows", "length", "embed")  # trainer.sharding.LOGICAL
     logits_BTV = jnp.einsum("btd,dv->btv", hidden_BTD, w_DV, preferred_element_type=jnp.float32)
     # Split over the vocabulary like W: left free, a consumer that wants whole rows (the sampler's draw) made
     # XLA all-gather W itself (3B: the 0.6 GB tied embedding, for every decoded token) instead of the logits.

@@ -199,7 +199,8 @@ def test_decode_layouts_up_to_twice_the_kv_heads_give_the_single_devices_tokens(
     assert config.num_key_value_heads == 2 and config.num_attention_heads % tp == 0
     mesh = make_mesh(dp=1, fsdp=8, tp=1)
     rmesh, to_decode = decode_layout(mesh, config, params, tp)
-    assert dict(rmesh.shape) == {"dcn": 1, "dp": 8 // tp, "fsdp": 1, "tp": tp}
+    pairs = {"tps": 2, "tp": 2} if tp == 4 else {"tp": tp}  # 2 kv heads: tp 4 is 2 heads x 2 sequence splits
+    assert dict(rmesh.shape) == {"dcn": 1, "dp": 8 // tp, "fsdp": 1, **pairs}
     on_mesh = to_decode(shard_params(params, mesh))
     for layers in ("scan", "unrolled"):  # the unrolled loop keeps the layout: per-layer caches split alike
         sampling = SamplingConfig(C, greedy=True, layers=layers)
