@@ -3,7 +3,7 @@
 Parameters: one table of (regex on the "/"-joined param path -> PartitionSpec). Matrices split their
 input dim over fsdp and their output (head/MLP/vocab) dim over tp. An axis that does not divide its dim is
 dropped (replicated) for that parameter, so tiny models and odd head counts still shard.
-Activations carry logical axis names (`batch`, `length`, `embed`, `heads`, `kv_heads`, `mlp`, `vocab`) and
+Activations carry logical axis names (`batch`, `group_rows`, `length`, `embed`, `heads`, `kv_heads`, `mlp`, `vocab`) and
 one table (LOGICAL) maps them to mesh axes; the model constrains them by name at every layer boundary
 (`constrain`), so the batch stays split over (dcn, dp, fsdp) and XLA all-gathers each layer's weights (FSDP)
 instead of all-reducing whole-batch activations. Constraints apply under `jax.set_mesh(mesh)` and are no-ops

@@ -68,10 +68,8 @@ def render_layouts(r: dict[str, Any]) -> str:
         f"{'tp':>4}  {'rollout mesh':<22}{'fits':<6}{'headroom':>9}{'bound s':>9}{'expected s':>13}{'mid s':>8}"
     ]
     for x in r["layouts"]:
-        m = x["rollout_mesh"]
-        pairs = (
-            f" ({m['tps']} x {m['tp']})" if m.get("tps", 1) > 1 else ""
-        )  # sequence splits x kv-head splits
+        m = x["rollout_mesh"]  # a tp group wider than the kv heads: (sequence splits x kv-head splits)
+        pairs = f" ({m['tps']} x {m['tp']})" if m.get("tps", 1) > 1 else ""
         mesh = f"dp {m['dp']} x tp {m.get('tps', 1) * m['tp']}{pairs}"
         mark = "  (current)" if x["tp"] == r["current"] else ""
         rows.append(
