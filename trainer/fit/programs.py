@@ -152,7 +152,8 @@ def _rollout(
     static = sampler.static_args(mconf, sampling, (1,), 0, rmesh)
     rng = jax.eval_shape(lambda: jax.random.key(0))
     ids = _batch(rmesh, (N, P_len), jnp.int32)
-    prefill = OnMesh(sampler._prefill, rmesh).lower(rparams, ids, ids, rng, **static)
+    G = cfg.rollout.samples_per_prompt  # the prefill runs each prompt once, as the run's does (trainer.loop.rollout)
+    prefill = OnMesh(sampler._prefill, rmesh).lower(rparams, ids, ids, rng, **static, samples=G)
     print("fit: compiling prefill", file=sys.stderr, flush=True)  # tpuops fit's status line shows it
     t0 = time.perf_counter()
     try:

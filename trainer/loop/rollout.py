@@ -48,7 +48,7 @@ def rollout(run: Run, state: State, step: int) -> Rollout:
         )
     ids_NP, mask_NP = np.repeat(ids_PP, G, axis=0), np.repeat(mask_PP, G, axis=0)
     rng = jax.random.fold_in(jax.random.key(cfg.train.seed), step)
-    out = _generate(run, run.to_decode(state.params), ids_NP, mask_NP, rng)
+    out = _generate(run, run.to_decode(state.params), ids_NP, mask_NP, rng, G)
     comp_NC, cmask_NC, old_NC = (
         to_host(out.completion_ids_BC),
         to_host(out.completion_mask_BC),
@@ -57,12 +57,14 @@ def rollout(run: Run, state: State, step: int) -> Rollout:
     return Rollout(step, t0, prompts, ids_NP, mask_NP, comp_NC, cmask_NC, old_NC, time.perf_counter() - t0)
 
 
-def _generate(run: Run, rparams: Any, ids_NP: np.ndarray, mask_NP: np.ndarray, rng: jax.Array) -> Any:
+def _generate(
+    run: Run, rparams: Any, ids_NP: np.ndarray, mask_NP: np.ndarray, rng: jax.Array, samples: int
+) -> Any:
     # A function of its own so the decode-layout weights are freed as it returns, before the update.
     mconf = run.mconf.replace(  # the prefill attends as train.attention_impl picks for this bucket
         attention=flash.resolve(run.cfg.train.attention_impl, ids_NP.shape[1], strict=False)
     )
     return generate(
         rparams, mconf, global_array(run.rmesh, ids_NP), global_array(run.rmesh, mask_NP), rng,
-        run.sampling, run.eos, run.pad, mesh=run.rmesh,
+        run.sampling, run.eos, run.pad, mesh=run.rmesh, samples=samples,
     )  # fmt: skip

@@ -2,7 +2,9 @@
 
 Dims: B batch, P prompt bucket (prompts LEFT-padded), C = max_new_tokens, V vocab, S = P + C.
 generate() dispatches two jitted functions, `_prefill` and `_decode`; both are cached on
-(batch, bucket, config, sampling), so a run compiles each once per bucket. There is no
+(batch, bucket, config, sampling), so a run compiles each once per bucket. With `samples` G > 1 the rows come
+in groups of G copies of one prompt (GRPO's samples per prompt): the prefill runs each prompt once and hands
+its KV cache and first-token logits to the group's G rows. There is no
 Python loop and no host sync per token; the loop stops early once every sequence has emitted an EOS id.
 `logprobs_BC` is the log-probability of each sampled token under the distribution that drew it: the
 temperature-scaled softmax after top-k/top-p filtering (greedy: the unfiltered temperature-scaled one).
@@ -181,19 +183,32 @@ def _record(state: DecodeState, token_B: Array, logprob_B: Array, eos_E: Array, 
 
 
 _STATIC = ("config", "sampling", "mesh")
+_PREFILL_STATIC = (*_STATIC, "samples")
 _EOS_SLOTS = 8
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC)
+@functools.partial(jax.jit, static_argnames=_PREFILL_STATIC)
 def _prefill(
     params: Any, prompt_ids_BP: Array, prompt_mask_BP: Array, rng: Array, *, config: Qwen2Config,
-    eos_E: Array, pad_id: Array, sampling: SamplingConfig, mesh: Mesh | None,
+    eos_E: Array, pad_id: Array, sampling: SamplingConfig, mesh: Mesh | None, samples: int = 1,
 ) -> DecodeState:  # fmt: skip
-    """Run the prompt once, seed the cache, sample completion token 0."""
+    """Run each prompt once, seed the cache, sample completion token 0.
+
+    Rows come in groups of `samples` copies of one prompt (`generate`): the model runs on the first row of each
+    group [U = B / samples, P] and its keys/values and last logits are repeated over the group's rows (a
+    broadcast: each device repeats its own prompts when U splits as B does), so a step with G samples per prompt
+    pays one G-th of the prefill's FLOPs."""
     B, P = prompt_ids_BP.shape
     C = sampling.max_new_tokens
+    if B % samples:
+        raise ValueError(f"{B} rows do not come in groups of samples={samples}")
+    U = B // samples
     positions_BP = jnp.maximum(jnp.cumsum(prompt_mask_BP, axis=1) - 1, 0)
-    hidden_BPD, kv = qwen2.forward_with_kv(params, config, prompt_ids_BP, positions_BP, prompt_mask_BP)
+    ids_UP, mask_UP, positions_UP = (
+        x.reshape(U, samples, P)[:, 0] for x in (prompt_ids_BP, prompt_mask_BP, positions_BP)
+    )
+    hidden_UPD, kv = qwen2.forward_with_kv(params, config, ids_UP, positions_UP, mask_UP)
+    kv = (_per_row(kv[0], samples, axis=1), _per_row(kv[1], samples, axis=1))
     cache = kv_cache.from_prefill(kv, prompt_mask_BP, P + C)
     if mesh is not None:
         spec = sharding.kv_cache_sharding(mesh, cache.keys.shape)
@@ -201,7 +216,7 @@ def _prefill(
             keys=jax.lax.with_sharding_constraint(cache.keys, spec),
             values=jax.lax.with_sharding_constraint(cache.values, spec),
         )
-    logits_BV = qwen2.logits_from_hidden(params, config, hidden_BPD[:, -1:])[:, 0]
+    logits_BV = _per_row(qwen2.logits_from_hidden(params, config, hidden_UPD[:, -1:])[:, 0], samples, axis=0)
     rng, key = jax.random.split(rng)
     token_B, logprob_B = _sample(logits_BV, key, sampling, mesh)
     state = DecodeState(
@@ -215,6 +230,11 @@ def _prefill(
         rng=rng,
     )
     return _record(state, token_B, logprob_B, eos_E, pad_id)
+
+
+def _per_row(x: Array, samples: int, axis: int) -> Array:
+    """x with each entry along `axis` repeated `samples` times in place (a group's rows next to each other)."""
+    return x if samples == 1 else jnp.repeat(x, samples, axis=axis)
 
 
 def segments(max_new_tokens: int, block: int) -> list[tuple[int, int]]:
@@ -375,16 +395,24 @@ def generate(
     pad_id: int,
     *,
     mesh: Mesh | None = None,
+    samples: int = 1,
 ) -> SampleOutput:
     """Sample up to sampling.max_new_tokens tokens after LEFT-padded prompts [B, P].
 
-    With `mesh`, both programs are traced with it in context: activations and the KV cache are constrained
-    to trainer.sharding's layouts (params and prompts should already be placed on that mesh)."""
+    `samples` G: the caller's promise that the rows come in groups of G identical prompts (rows g*G .. g*G + G - 1,
+    as `np.repeat(prompts, G, axis=0)` makes them): the prefill then runs each prompt once (`_prefill`); each row
+    still draws its own tokens. With `mesh`, both programs are traced with it in context: activations and the KV
+    cache are constrained to trainer.sharding's layouts (params and prompts should already be placed on that
+    mesh)."""
     static = static_args(config, sampling, eos_ids, pad_id, mesh)
     prompt_ids_BP = jnp.asarray(prompt_ids_BP, jnp.int32)
     prompt_mask_BP = jnp.asarray(prompt_mask_BP, jnp.int32)
+    if samples < 1 or prompt_ids_BP.shape[0] % samples:
+        raise ValueError(
+            f"samples must be >= 1 and divide the {prompt_ids_BP.shape[0]} rows, received {samples}"
+        )
     with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
-        state = _prefill(params, prompt_ids_BP, prompt_mask_BP, rng, **static)
+        state = _prefill(params, prompt_ids_BP, prompt_mask_BP, rng, **static, samples=samples)
         state = _decode(params, state, **static)
     return SampleOutput(
         completion_ids_BC=state.tokens_BC,
