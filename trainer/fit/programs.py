@@ -149,11 +149,12 @@ def _rollout(
     sampling = sampler.for_rollout(cfg.rollout, "tpu")  # the layer loop the run picks on a TPU
     # The prefill's attention as the run picks it for the largest bucket (trainer.loop.rollout).
     mconf = mconf.replace(attention=flash.resolve(cfg.train.attention_impl, P_len, strict=False))
-    static = sampler.static_args(mconf, sampling, (1,), 0, rmesh)
+    # Rows in groups of samples_per_prompt, as the run's (trainer.loop.rollout): the prefill runs each prompt
+    # once and the decode reads each group's prompt slots once.
+    static = sampler.static_args(mconf, sampling, (1,), 0, rmesh, cfg.rollout.samples_per_prompt)
     rng = jax.eval_shape(lambda: jax.random.key(0))
     ids = _batch(rmesh, (N, P_len), jnp.int32)
-    G = cfg.rollout.samples_per_prompt  # the prefill runs each prompt once, as the run's does (trainer.loop.rollout)
-    prefill = OnMesh(sampler._prefill, rmesh).lower(rparams, ids, ids, rng, **static, samples=G)
+    prefill = OnMesh(sampler._prefill, rmesh).lower(rparams, ids, ids, rng, **static)
     print("fit: compiling prefill", file=sys.stderr, flush=True)  # tpuops fit's status line shows it
     t0 = time.perf_counter()
     try:

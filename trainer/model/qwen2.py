@@ -94,6 +94,30 @@ def attend(q_BTNH: Array, k_BSKH: Array, v_BSKH: Array, mask_BTS: Array) -> Arra
     return out_BTKGH.reshape(B, T, N, H).astype(q_BTNH.dtype)
 
 
+def attend_shared_prompt(
+    q_BTNH: Array, kp_UPKH: Array, vp_UPKH: Array, kc_BWKH: Array, vc_BWKH: Array, mask_BTS: Array
+) -> Array:
+    """`attend` over [prompt slots, completion slots] when the B = U x G rows come in groups of G samples of one
+    prompt (rows u*G .. u*G + G - 1): the prompt's keys/values once per group [U, P, K, H], the completion's per
+    row [B, W, K, H]. The same scores, the same softmax over their concatenation (slot order as in the cache),
+    and probs @ v as the sum of the two parts; each group's prompt slots leave HBM once, not G times (cascade
+    attention over a shared prefix)."""
+    B, T, N, H = q_BTNH.shape
+    U, P, K, _ = kp_UPKH.shape
+    G, g = B // U, N // K
+    f32, scale = {"preferred_element_type": jnp.float32}, jnp.sqrt(jnp.float32(H))
+    q_UETKgH, q_BTKgH = q_BTNH.reshape(U, G, T, K, g, H), q_BTNH.reshape(B, T, K, g, H)
+    prompt_BKGTP = jnp.einsum("uetkgh,upkh->uekgtp", q_UETKgH, kp_UPKH, **f32).reshape(B, K, g, T, P)
+    own_BKGTW = jnp.einsum("btkgh,bskh->bkgts", q_BTKgH, kc_BWKH, **f32)
+    scores_BKGTS = jnp.concatenate([prompt_BKGTP, own_BKGTW], axis=-1) / scale
+    scores_BKGTS = jnp.where(mask_BTS[:, None, None, :, :], scores_BKGTS, _NEG)
+    probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(vc_BWKH.dtype)
+    probs_UEKGTP = probs_BKGTS[..., :P].reshape(U, G, K, g, T, P)
+    out_BTKGH = jnp.einsum("uekgtp,upkh->uetkgh", probs_UEKGTP, vp_UPKH, **f32).reshape(B, T, K, g, H)
+    out_BTKGH = out_BTKGH + jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS[..., P:], vc_BWKH, **f32)
+    return out_BTKGH.reshape(B, T, N, H).astype(q_BTNH.dtype)
+
+
 class RMSNorm(nn.Module):
     eps: float
     dtype: Any
@@ -123,9 +147,11 @@ class Attention(nn.Module):
     def __call__(self, x_BTD: Array, cos_BTH: Array, sin_BTH: Array, mask_BTS: Array, kv: Any) -> Any:
         """`kv` None: attend over this call's own keys (mask_BTS is [B, T, T]; or the attention mask [B, T], which
         selects the Pallas kernel: `self_mask`) and return them; else
-        (keys_LBSKH, values_LBSKH, layer, slot, window): write the new keys/values at (`layer`, `slot`) of the
-        whole stacked cache, in place, attend over this layer's first `window` slots (0: all S; mask_BTS is
-        [B, T, S]) and return the updated stacked cache."""
+        (keys_LBSKH, values_LBSKH, layer, slot, window, prompt, samples): write the new keys/values at (`layer`,
+        `slot`) of the whole stacked cache, in place, attend over this layer's first `window` slots (0: all S;
+        mask_BTS is [B, T, S]) and return the updated stacked cache. With `samples` G > 1 the rows come in groups
+        of G samples of one prompt whose first `prompt` slots are the same in each group (the prefill wrote them
+        so): those are read from each group's first row only (`attend_shared_prompt`)."""
         c = self.config
         B, T, _ = x_BTD.shape
         N, K, H = c.num_attention_heads, c.num_key_value_heads, c.head_dim
@@ -140,12 +166,13 @@ class Attention(nn.Module):
             # before RoPE (after it, XLA moved them as two float32 halves of RoPE's rotation); the output by one.
             q = constrain_sequences(q)
         q, k = _apply_rope(q, cos_BTH, sin_BTH), _apply_rope(k, cos_BTH, sin_BTH)
+        shared = None
         if kv is None:
             keys, values, new_kv = k, v, (k, v)
         else:
             # One small in-place update of the stacked cache per layer and decode step (the cache is the
             # layer loop's carry, so XLA updates its buffer in place), then this layer's slots are read.
-            keys_LBSKH, values_LBSKH, layer, slot, window = kv
+            keys_LBSKH, values_LBSKH, layer, slot, window, prompt, samples = kv
             at = (jnp.asarray(layer, jnp.int32), jnp.int32(0), jnp.asarray(slot, jnp.int32), jnp.int32(0),
                   jnp.int32(0))  # fmt: skip
             keys_LBSKH = jax.lax.dynamic_update_slice(keys_LBSKH, k[None].astype(keys_LBSKH.dtype), at)
@@ -155,11 +182,19 @@ class Attention(nn.Module):
             # whole layer row instead made XLA copy the row first: the same bytes as no window.)
             size = (1, *keys_LBSKH.shape[1:2], window or keys_LBSKH.shape[2], *keys_LBSKH.shape[3:])
             row = (at[0], *at[1:2], jnp.int32(0), *at[3:])  # (layer, 0, 0, 0, 0)
-            keys = jax.lax.dynamic_slice(keys_LBSKH, row, size)[0]
-            values = jax.lax.dynamic_slice(values_LBSKH, row, size)[0]
             mask_BTS = mask_BTS[..., : size[2]]
             new_kv = (constrain_cache(keys_LBSKH), constrain_cache(values_LBSKH))
-        if by_sequence:
+            if samples > 1 and 0 < prompt < size[2]:  # each group's prompt slots read once
+                parts = (*_group_prompt(keys_LBSKH, values_LBSKH, at[0], prompt, samples),
+                         *_completion(keys_LBSKH, values_LBSKH, at[0], prompt, size[2]))  # fmt: skip
+                kp, vp, kc, vc = (x.astype(q.dtype) for x in parts)
+                shared = attend_shared_prompt(q, kp, vp, kc, vc, mask_BTS)
+            else:
+                keys = jax.lax.dynamic_slice(keys_LBSKH, row, size)[0]
+                values = jax.lax.dynamic_slice(values_LBSKH, row, size)[0]
+        if shared is not None:
+            out = constrain(constrain_sequences(shared) if by_sequence else shared, *_BTNH)
+        elif by_sequence:
             out = constrain_sequences(attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS))
             out = constrain(out, *_BTNH)
         elif kv is None and mask_BTS.ndim == 2:  # the [B, T] attention mask: the Pallas kernel (self_mask)
@@ -167,6 +202,31 @@ class Attention(nn.Module):
         else:
             out = constrain(attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS), *_BTNH)
         return constrain(self._dense(c.hidden_size, False, "o_proj")(out.reshape(B, T, N * H)), *_BTD), new_kv
+
+
+def _group_prompt(
+    keys_LBSKH: Array, values_LBSKH: Array, layer: Array, prompt: int, samples: int
+) -> list[Array]:
+    """Layer `layer`'s first `prompt` slots of each group's first row: [U, P, K, H] keys and values (the stack's
+    rows seen as [U, G]: a view, so only U of the B rows are read)."""
+    L, B, S, K, H = keys_LBSKH.shape
+    U = B // samples
+    at = (layer, jnp.int32(0), jnp.int32(0), jnp.int32(0), jnp.int32(0), jnp.int32(0))
+    return [
+        jax.lax.dynamic_slice(x.reshape(L, U, samples, S, K, H), at, (1, U, 1, prompt, K, H))[0, :, 0]
+        for x in (keys_LBSKH, values_LBSKH)
+    ]
+
+
+def _completion(
+    keys_LBSKH: Array, values_LBSKH: Array, layer: Array, prompt: int, window: int
+) -> list[Array]:
+    """Layer `layer`'s slots [prompt, window) of every row: [B, window - prompt, K, H] keys and values."""
+    _, B, _, K, H = keys_LBSKH.shape
+    at = (layer, jnp.int32(0), jnp.int32(prompt), jnp.int32(0), jnp.int32(0))
+    return [
+        jax.lax.dynamic_slice(x, at, (1, B, window - prompt, K, H))[0] for x in (keys_LBSKH, values_LBSKH)
+    ]
 
 
 class MLP(nn.Module):
@@ -196,6 +256,8 @@ class DecoderLayer(nn.Module):
     config: Qwen2Config
     collect_kv: bool = False
     window: int = 0  # decode: attend over the first `window` cache slots (0: all)
+    prompt: int = 0  # decode: the cache's first `prompt` slots, the same in each group of `samples` rows
+    samples: int = 1
 
     @nn.compact
     def __call__(
@@ -206,7 +268,7 @@ class DecoderLayer(nn.Module):
             x_BTD, kv = carry, None
         else:
             x_BTD, keys_LBSKH, values_LBSKH = carry
-            kv = (keys_LBSKH, values_LBSKH, layer, slot, self.window)
+            kv = (keys_LBSKH, values_LBSKH, layer, slot, self.window, self.prompt, self.samples)
         norm: dict[str, Any] = {
             "eps": c.rms_norm_eps,
             "dtype": _dt(c.dtype),
@@ -242,6 +304,8 @@ class Qwen2(nn.Module):
     config: Qwen2Config
     collect_kv: bool = False
     window: int = 0  # decode: attend over the first `window` cache slots (0: all)
+    prompt: int = 0  # decode: the cache's first `prompt` slots, the same in each group of `samples` rows
+    samples: int = 1
 
     def setup(self) -> None:
         c = self.config
@@ -255,7 +319,7 @@ class Qwen2(nn.Module):
         self.layers = nn.scan(
             layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
             in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
-        )(c, self.collect_kv, self.window, name="layers")  # fmt: skip
+        )(c, self.collect_kv, self.window, self.prompt, self.samples, name="layers")  # fmt: skip
         self.norm = RMSNorm(c.rms_norm_eps, _dt(c.dtype), _dt(c.param_dtype))
         if not c.tie_word_embeddings:
             self.lm_head = nn.Dense(
@@ -376,7 +440,7 @@ def forward_logits(
     return logits_from_hidden(params, config, hidden_BTD)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "window"))
+@functools.partial(jax.jit, static_argnames=("config", "window", "prompt", "samples"))
 def decode_step(
     params: Params,
     config: Qwen2Config,
@@ -387,12 +451,15 @@ def decode_step(
     slot: Array,
     slot_mask_BTS: Array,
     window: int = 0,
+    prompt: int = 0,
+    samples: int = 1,
 ) -> tuple[Array, Array, Array]:
     """Write the new tokens' keys/values at cache `slot` of every layer and attend over the cache's first
-    `window` slots (0: all; `slot` must be below it).
+    `window` slots (0: all; `slot` must be below it). With `samples` G > 1: the rows come in groups of G whose
+    first `prompt` cache slots are the same (one prompt's, `sampler._prefill`), read once per group.
 
     Returns (logits_BTV float32, keys, values) with the cache updated."""
-    out = Qwen2(config, window=window).apply(
+    out = Qwen2(config, window=window, prompt=prompt, samples=samples).apply(
         {"params": params}, input_ids_BT, positions_BT, slot_mask_BTS, (keys_LBSKH, values_LBSKH, slot)
     )
     hidden, (keys, values) = cast(tuple[Array, tuple[Array, Array]], out)  # apply() is typed loosely
@@ -416,6 +483,8 @@ def decode_step_layers(
     slot: Array,
     slot_mask_BTS: Array,
     window: int = 0,
+    prompt: int = 0,
+    samples: int = 1,
 ) -> tuple[Array, tuple[tuple[Array, Array], ...]]:
     """`decode_step` with the layers unrolled: `params` from `unstack_layers`, `caches` one (keys, values) pair
     [1, B, S, K, H] per layer. The same arithmetic layer for layer; each layer's matmuls and attention read its
@@ -427,7 +496,7 @@ def decode_step_layers(
     table_VD = lookup_layout(params["embed_tokens"]["embedding"]).astype(_dt(c.dtype))
     x_BTD = constrain(jnp.take(table_VD, input_ids_BT, axis=0), *_BTD)
     cos, sin = rope_cos_sin(positions_BT, c)
-    layer = DecoderLayer(c, window=window)
+    layer = DecoderLayer(c, window=window, prompt=prompt, samples=samples)
     new: list[tuple[Array, Array]] = []
     for p_l, kv_l in zip(params["layers"], caches, strict=True):
         (x_BTD, *kv), _ = layer.apply(

@@ -182,12 +182,11 @@ def _record(state: DecodeState, token_B: Array, logprob_B: Array, eos_E: Array, 
     )
 
 
-_STATIC = ("config", "sampling", "mesh")
-_PREFILL_STATIC = (*_STATIC, "samples")
+_STATIC = ("config", "sampling", "mesh", "samples")
 _EOS_SLOTS = 8
 
 
-@functools.partial(jax.jit, static_argnames=_PREFILL_STATIC)
+@functools.partial(jax.jit, static_argnames=_STATIC)
 def _prefill(
     params: Any, prompt_ids_BP: Array, prompt_mask_BP: Array, rng: Array, *, config: Qwen2Config,
     eos_E: Array, pad_id: Array, sampling: SamplingConfig, mesh: Mesh | None, samples: int = 1,
@@ -197,7 +196,7 @@ def _prefill(
     Rows come in groups of `samples` copies of one prompt (`generate`): the model runs on the first row of each
     group [U = B / samples, P] and its keys/values and last logits are repeated over the group's rows (a
     broadcast: each device repeats its own prompts when U splits as B does), so a step with G samples per prompt
-    pays one G-th of the prefill's FLOPs."""
+    pays one G-th of the prefill's FLOPs (and the decode reads each group's prompt slots once: `_decode`)."""
     B, P = prompt_ids_BP.shape
     C = sampling.max_new_tokens
     if B % samples:
@@ -250,7 +249,7 @@ def segments(max_new_tokens: int, block: int) -> list[tuple[int, int]]:
 @functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("state",))
 def _decode(
     params: Any, state: DecodeState, *, config: Qwen2Config, eos_E: Array, pad_id: Array,
-    sampling: SamplingConfig, mesh: Mesh | None,
+    sampling: SamplingConfig, mesh: Mesh | None, samples: int = 1,
 ) -> DecodeState:  # fmt: skip
     """Feed the last sampled token and sample the next, until C tokens or every sequence hit EOS.
 
@@ -260,7 +259,8 @@ def _decode(
     hold every token it may see; the rest are not written yet), so early positions read a short cache.
     With `sampling.layers` "unrolled" the loops carry the weights and the cache as per-layer buffers (`qwen2.
     unstack_layers`; the cache as one [1, B, S, K, H] keys/values pair per layer), and the cache is stacked again
-    at the end: the returned state is the scan's, slot for slot."""
+    at the end: the returned state is the scan's, slot for slot. With `samples` G > 1 (the state from `_prefill`
+    with the same G) each group's prompt slots are read from its first row only (`qwen2.attend_shared_prompt`)."""
     P = state.cache.length - sampling.max_new_tokens
     stacked = state.cache
     if sampling.layers == "unrolled":  # per-layer buffers for the whole loop: one copy of weights and cache
@@ -273,7 +273,7 @@ def _decode(
     for start, end in segments(sampling.max_new_tokens, sampling.block):
         one = functools.partial(
             decode_one, params, config=config, eos_E=eos_E, pad_id=pad_id, sampling=sampling, mesh=mesh,
-            window=P + end if sampling.block else 0,
+            window=P + end if sampling.block else 0, prompt=P, samples=samples,
         )  # fmt: skip
 
         def cond(c: tuple[Array, DecodeState], n: int = end - start) -> Array:
@@ -345,22 +345,22 @@ def _whole_rows(logits_BV: Array, mesh: Mesh | None) -> Array:
 
 def decode_one(
     params: Any, s: DecodeState, *, config: Qwen2Config, eos_E: Array, pad_id: Array, sampling: SamplingConfig,
-    mesh: Mesh | None = None, window: int = 0,
+    mesh: Mesh | None = None, window: int = 0, prompt: int = 0, samples: int = 1,
 ) -> DecodeState:  # fmt: skip
     """One decode position: feed the last sampled token through the cache, sample and record the next
-    (attending over the first `window` cache slots, 0: all)."""
+    (attending over the first `window` cache slots, 0: all; the first `prompt` once per group of `samples`)."""
     cache = kv_cache.mark_written(s.cache)
     last_B1 = jax.lax.dynamic_slice_in_dim(s.tokens_BC, s.step, 1, axis=1)
     if sampling.layers == "unrolled":  # cache.keys / values: one [1, B, S, K, H] buffer per layer
         logits_B1V, caches = qwen2.decode_step_layers(
             params, config, last_B1, s.positions_B[:, None], tuple(zip(cache.keys, cache.values, strict=True)),
-            cache.index, cache.mask_BS[:, None, :], window=window,
+            cache.index, cache.mask_BS[:, None, :], window=window, prompt=prompt, samples=samples,
         )  # fmt: skip
         keys, values = tuple(k for k, _ in caches), tuple(v for _, v in caches)
     else:
         logits_B1V, keys, values = qwen2.decode_step(
             params, config, last_B1, s.positions_B[:, None], cache.keys, cache.values,
-            cache.index, cache.mask_BS[:, None, :], window=window,
+            cache.index, cache.mask_BS[:, None, :], window=window, prompt=prompt, samples=samples,
         )  # fmt: skip
     rng, key = jax.random.split(s.rng)
     token_B, logprob_B = _sample(logits_B1V[:, 0], key, sampling, mesh)
@@ -370,16 +370,18 @@ def decode_one(
 
 
 def static_args(
-    config: Qwen2Config, sampling: SamplingConfig, eos_ids: tuple[int, ...], pad_id: int, mesh: Mesh | None
-) -> dict[str, Any]:
-    """The keyword arguments `_prefill` and `_decode` take besides params and data (trainer.fit uses them too)."""
+    config: Qwen2Config, sampling: SamplingConfig, eos_ids: tuple[int, ...], pad_id: int, mesh: Mesh | None,
+    samples: int = 1,
+) -> dict[str, Any]:  # fmt: skip
+    """The keyword arguments `_prefill` and `_decode` take besides params and data (trainer.fit uses them too);
+    `samples`: the rows come in groups of that many copies of one prompt (`generate`)."""
     if not 0 < len(eos_ids) <= _EOS_SLOTS:
         raise ValueError(f"eos_ids must hold 1 to {_EOS_SLOTS} ids, received {eos_ids!r}")
     # eos ids and pad id are traced values, not static, and the eos list is padded (with -1, never a
     # token) to a fixed length: changing them does not recompile.
     eos = list(eos_ids) + [-1] * (_EOS_SLOTS - len(eos_ids))
     return {
-        "config": config, "sampling": sampling, "mesh": mesh,
+        "config": config, "sampling": sampling, "mesh": mesh, "samples": samples,
         "eos_E": jnp.asarray(eos, jnp.int32), "pad_id": jnp.int32(pad_id),
     }  # fmt: skip
 
@@ -404,15 +406,15 @@ def generate(
     still draws its own tokens. With `mesh`, both programs are traced with it in context: activations and the KV
     cache are constrained to trainer.sharding's layouts (params and prompts should already be placed on that
     mesh)."""
-    static = static_args(config, sampling, eos_ids, pad_id, mesh)
     prompt_ids_BP = jnp.asarray(prompt_ids_BP, jnp.int32)
     prompt_mask_BP = jnp.asarray(prompt_mask_BP, jnp.int32)
     if samples < 1 or prompt_ids_BP.shape[0] % samples:
         raise ValueError(
             f"samples must be >= 1 and divide the {prompt_ids_BP.shape[0]} rows, received {samples}"
         )
+    static = static_args(config, sampling, eos_ids, pad_id, mesh, samples)
     with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
-        state = _prefill(params, prompt_ids_BP, prompt_mask_BP, rng, **static, samples=samples)
+        state = _prefill(params, prompt_ids_BP, prompt_mask_BP, rng, **static)
         state = _decode(params, state, **static)
     return SampleOutput(
         completion_ids_BC=state.tokens_BC,
