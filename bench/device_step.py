@@ -275,7 +275,7 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
             return 0.0
         t0 = time.perf_counter()
         try:
-            static = sampler.static_args(mconf, sampling, eos, pad, rmesh)
+            static = sampler.static_args(mconf, sampling, eos, pad, rmesh, w["samples"])
             with jax.set_mesh(rmesh):
                 jax.block_until_ready(
                     sampler._prefill(rparams, ids, mask, jax.random.key(7), **static).tokens_BC
@@ -298,7 +298,9 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
         t["prefill_s"] = prefill(rparams, ids, mask)  # not part of the step: it only splits the rollout
         t0 = time.perf_counter()
         key = jax.random.fold_in(jax.random.key(cfg.train.seed), i)
-        out = sampler.generate(rparams, mconf, ids, mask, key, sampling, eos, pad, mesh=rmesh)
+        out = sampler.generate(
+            rparams, mconf, ids, mask, key, sampling, eos, pad, mesh=rmesh, samples=w["samples"]
+        )
         comp, cmask, old = (
             to_host(out.completion_ids_BC),
             to_host(out.completion_mask_BC),
@@ -335,7 +337,7 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
             break
         steps.append(step(len(steps) + 1))
         rec.say(" ".join(f"{k}={v:.3f}" for k, v in steps[-1].items() if k.endswith("_s")))
-        summarize(rec, mconf, n_params, prompt_lens, P_len, C, n_micro, gpu, steps, compile_s)
+        summarize(rec, mconf, n_params, prompt_lens, P_len, C, n_micro, gpu, steps, compile_s, w["samples"])
     if not steps:
         raise RuntimeError("no timed step fitted in the size's time cap (the warm-up step is in first_step)")
     rec.put(status="ok", wall_s=time.perf_counter() - t_start)
@@ -343,14 +345,14 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
 
 def summarize(
     rec: Recorder, mconf: Any, n_params: int, prompt_lens: list[int], P_len: int, C: int, n_micro: int,
-    gpu: Any, steps: list[dict[str, float]], compile_s: float,
+    gpu: Any, steps: list[dict[str, float]], compile_s: float, samples: int,
 ) -> None:  # fmt: skip
     """Medians of the timed steps, MBU and MFU against the needed work, and the roofline for the same work."""
     import step_roofline
 
     med = {k: statistics.median(s[k] for s in steps) for k in steps[0]}
     iters = round(med["decode_iters"])
-    counts = step_roofline.phase_counts(mconf, n_params, prompt_lens, P_len, C, iters, n_micro)
+    counts = step_roofline.phase_counts(mconf, n_params, prompt_lens, P_len, C, iters, n_micro, samples)
     bounds = {k: step_roofline.bound_s(v, gpu) for k, v in counts.items()}
     model_flops = sum(v["flops"] for v in counts.values())
     measured = {

@@ -1,7 +1,9 @@
 """Analytic roofline of one GRPO step (prefill, decode, update) on one GPU, and the table device_step prints.
 
 Counts are the work a step NEEDS, not what the code happens to do: causal attention over the tokens written so
-far (prompt's real tokens + completion so far), every bf16 weight read once per decode token, the update's
+far (prompt's real tokens + completion so far), each prompt run and its keys/values read once per group of
+`samples` rows that share it (as the sampler does since the eleventh pass), every bf16 weight read once per
+decode token, the update's
 matmuls forward + backward (3x the forward: the MFU convention, so `remat: full`'s recomputation and the
 dense-masked attention are the code's overhead, not the bound's). Each phase's bound is max(FLOPs / peak
 FLOP/s, bytes / HBM bandwidth) at 100% of the GPU's published peaks (dense bf16, no sparsity).
@@ -43,22 +45,30 @@ def layer_weights(m: Any) -> int:
 
 
 def phase_counts(
-    m: Any, n_params: int, prompt_lens: list[int], P: int, C: int, decode_iters: int, n_micro: int
-) -> dict[str, dict[str, float]]:
-    """{phase: {flops, bytes}} of the needed work. decode_iters: decode loop iterations run (all N rows each)."""
+    m: Any, n_params: int, prompt_lens: list[int], P: int, C: int, decode_iters: int, n_micro: int,
+    samples: int = 1,
+) -> dict[str, dict[str, float]]:  # fmt: skip
+    """{phase: {flops, bytes}} of the needed work. decode_iters: decode loop iterations run (all N rows each);
+    prompt_lens: one per row, the rows in groups of `samples` sharing a prompt."""
     N, L, D, V = len(prompt_lens), m.num_hidden_layers, m.hidden_size, m.vocab_size
     QH, KH = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
     body = L * layer_weights(m)
     kv_per_token = L * 2 * KH * 2  # bf16 keys + values, every layer
-    real = sum(prompt_lens)
-    # Prefill: every real prompt token through the layers, causal attention, the LM head for the last one.
-    prefill_flops = 2 * body * real + sum(4 * L * QH * n * (n + 1) / 2 for n in prompt_lens) + 2 * D * V * N
+    unique = prompt_lens[::samples]
+    real = sum(unique)
+    # Prefill: every real token of each distinct prompt through the layers, causal attention, the LM head for
+    # the last one.
+    prefill_flops = (
+        2 * body * real + sum(4 * L * QH * n * (n + 1) / 2 for n in unique) + 2 * D * V * len(unique)
+    )
     prefill_bytes = 2 * (body + D * V) + kv_per_token * real
-    # Decode iteration t (1..iters): one token per row, attention over its len + t written positions, the LM head,
-    # float32 logits written and read once by the sampler.
+    # Decode iteration t (1..iters): one token per row, attention over its len + t written positions (FLOPs per
+    # row; the prompt's keys/values read once per group), the LM head, float32 logits written and read once by
+    # the sampler.
     ctx = sum(n * decode_iters + decode_iters * (decode_iters + 1) / 2 for n in prompt_lens)
+    read = real * decode_iters + N * decode_iters * (decode_iters + 1) / 2
     decode_flops = decode_iters * N * 2 * (body + D * V) + 4 * L * QH * ctx
-    decode_bytes = decode_iters * (2 * (body + D * V) + 2 * N * V * 4) + kv_per_token * ctx
+    decode_bytes = decode_iters * (2 * (body + D * V) + 2 * N * V * 4) + kv_per_token * read
     # Update: N sequences of S = P + C through the layers forward and backward (3x), causal attention, the LM
     # head on the C completion positions; float32 master weights read forward and backward and the gradient
     # accumulated per micro-batch, then AdamW (read p, g, m, v; write p, m, v).

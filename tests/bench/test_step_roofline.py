@@ -53,6 +53,11 @@ def test_longer_prompts_cost_the_decode_more_bytes() -> None:
     long = step_roofline.phase_counts(m, 1, [500] * 8, 512, 64, 63, 1)["decode"]["bytes"]
     kv_per_token = m.num_hidden_layers * 2 * m.num_key_value_heads * m.head_dim * 2
     assert long - short == 8 * 400 * 63 * kv_per_token
+    # Rows in groups of 4 sharing a prompt: the prompt's keys/values read and its prefill run once per group.
+    grouped = step_roofline.phase_counts(m, 1, [500] * 8, 512, 64, 63, 1, samples=4)
+    assert long - grouped["decode"]["bytes"] == 6 * 500 * 63 * kv_per_token
+    alone = step_roofline.phase_counts(m, 1, [500] * 8, 512, 64, 63, 1)["prefill"]["flops"]
+    assert grouped["prefill"]["flops"] == pytest.approx(alone / 4)
 
 
 def test_gpu_peaks_by_device_kind() -> None:
