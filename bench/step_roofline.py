@@ -3,9 +3,8 @@
 Counts are the work a step NEEDS, not what the code happens to do: causal attention over the tokens written so
 far (prompt's real tokens + completion so far), each prompt run and its keys/values read once per group of
 `samples` rows that share it (as the sampler does since the eleventh pass), every bf16 weight read once per
-decode token, the update's
-matmuls forward + backward (3x the forward: the MFU convention, so `remat: full`'s recomputation and the
-dense-masked attention are the code's overhead, not the bound's). Each phase's bound is max(FLOPs / peak
+decode token, the update's matmuls forward + backward (3x the forward: the MFU convention, so `remat: full`'s
+recomputation and the dense-masked attention are the code's overhead, not the bound's). Each phase's bound is max(FLOPs / peak
 FLOP/s, bytes / HBM bandwidth) at 100% of the GPU's published peaks (dense bf16, no sparsity).
 Dims: N sequences, P prompt bucket, C max new tokens, L layers, D hidden, F MLP, Q query heads, K kv heads,
 H head dim, V vocabulary.
