@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 
 import jax
@@ -329,7 +328,8 @@ def test_each_prompt_is_prefilled_and_read_once_per_group_and_every_sample_draws
             SamplingConfig(C, temperature=1.0, block=2),
             SamplingConfig(C, temperature=1.0, layers="unrolled"),
         ]
-    for (n_prompts, G), sampling in itertools.product(((4, 4), (2, 4)), variants):
+    # 4 prompts x 4 in every variant; 2 x 4 (prompts that do not split over the batch's 4 ways) in the first
+    for (n_prompts, G), sampling in [((4, 4), v) for v in variants] + [((2, 4), variants[0])]:
         ids, mask = (np.repeat(x[:n_prompts], G, axis=0) for x in prompts)
         every = generate(on, config, ids, mask, jax.random.key(5), sampling, NO_EOS, PAD, **kw)
         once = generate(on, config, ids, mask, jax.random.key(5), sampling, NO_EOS, PAD, **kw, samples=G)
