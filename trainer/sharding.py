@@ -120,8 +120,7 @@ def _fit(spec: P, shape: tuple[int, ...], mesh: Any) -> P:
     present = set(dict(mesh.shape))
     fitted: list[Any] = []
     for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec)), strict=True):
-        named = (axes,) if isinstance(axes, str) else tuple(axes or ())
-        names = tuple(a for a in named if a not in manual and a in present)
+        names = tuple(a for a in _names(axes) if a not in manual and a in present)
         full = names
         while names and dim % int(np.prod([mesh.shape[a] for a in names])):
             names = names[:-1]

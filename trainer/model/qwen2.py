@@ -166,7 +166,7 @@ class Attention(nn.Module):
             # before RoPE (after it, XLA moved them as two float32 halves of RoPE's rotation); the output by one.
             q = constrain_sequences(q)
         q, k = _apply_rope(q, cos_BTH, sin_BTH), _apply_rope(k, cos_BTH, sin_BTH)
-        shared = None
+        out: Array | None = None  # the decode's attention over a shared prompt, else computed below
         if kv is None:
             keys, values, new_kv = k, v, (k, v)
         else:
@@ -188,19 +188,15 @@ class Attention(nn.Module):
                 parts = (*_group_prompt(keys_LBSKH, values_LBSKH, at[0], prompt, samples),
                          *_completion(keys_LBSKH, values_LBSKH, at[0], prompt, size[2]))  # fmt: skip
                 kp, vp, kc, vc = (x.astype(q.dtype) for x in parts)
-                shared = attend_shared_prompt(q, kp, vp, kc, vc, mask_BTS)
+                out = attend_shared_prompt(q, kp, vp, kc, vc, mask_BTS)
             else:
                 keys = jax.lax.dynamic_slice(keys_LBSKH, row, size)[0]
                 values = jax.lax.dynamic_slice(values_LBSKH, row, size)[0]
-        if shared is not None:
-            out = constrain(constrain_sequences(shared) if by_sequence else shared, *_BTNH)
-        elif by_sequence:
-            out = constrain_sequences(attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS))
-            out = constrain(out, *_BTNH)
-        elif kv is None and mask_BTS.ndim == 2:  # the [B, T] attention mask: the Pallas kernel (self_mask)
-            out = constrain(attend_flash(q, keys, values, mask_BTS), *_BTNH)
-        else:
-            out = constrain(attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS), *_BTNH)
+        if out is None and kv is None and mask_BTS.ndim == 2:  # the [B, T] attention mask: the Pallas kernel
+            out = attend_flash(q, keys, values, mask_BTS)
+        elif out is None:
+            out = attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS)
+        out = constrain(constrain_sequences(out) if by_sequence else out, *_BTNH)
         return constrain(self._dense(c.hidden_size, False, "o_proj")(out.reshape(B, T, N * H)), *_BTD), new_kv
 
 

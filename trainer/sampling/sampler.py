@@ -199,8 +199,8 @@ def _prefill(
     pays one G-th of the prefill's FLOPs (and the decode reads each group's prompt slots once: `_decode`)."""
     B, P = prompt_ids_BP.shape
     C = sampling.max_new_tokens
-    if B % samples:
-        raise ValueError(f"{B} rows do not come in groups of samples={samples}")
+    if samples < 1 or B % samples:
+        raise ValueError(f"samples must be >= 1 and divide the {B} rows, received {samples}")
     U = B // samples
     positions_BP = jnp.maximum(jnp.cumsum(prompt_mask_BP, axis=1) - 1, 0)
     ids_UP, mask_UP, positions_UP = (
@@ -408,10 +408,6 @@ def generate(
     mesh)."""
     prompt_ids_BP = jnp.asarray(prompt_ids_BP, jnp.int32)
     prompt_mask_BP = jnp.asarray(prompt_mask_BP, jnp.int32)
-    if samples < 1 or prompt_ids_BP.shape[0] % samples:
-        raise ValueError(
-            f"samples must be >= 1 and divide the {prompt_ids_BP.shape[0]} rows, received {samples}"
-        )
     static = static_args(config, sampling, eos_ids, pad_id, mesh, samples)
     with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
         state = _prefill(params, prompt_ids_BP, prompt_mask_BP, rng, **static)
