@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import fits
 from tests.trainer.fit.conftest import PRESETS, covered
 from trainer import config
 from trainer.fit import tpus
@@ -88,18 +89,29 @@ def test_layouts_compares_every_decode_layout_fastest_expected_first(
     assert "(current)" in text.splitlines()[2 + [x["tp"] for x in rows].index(2)]
 
 
+def test_every_shipped_preset_is_compiled_by_the_presets_check_or_covered_by_one_it_compiles() -> None:
+    """A preset another one covers (same model, TPU and batch layout, smaller shapes) is not compiled twice: the
+    seed's 3B workload covers the half-decode 3B preset. Every other preset is compiled, largest first."""
+    compiled = fits.shipped()
+    assert len(compiled) >= 4 and "qwen2.5-3b-v6e-8-seed" in compiled
+    assert "qwen2.5-3b-v6e-8" not in compiled and covered("qwen2.5-3b-v6e-8", "qwen2.5-3b-v6e-8-seed")
+    assert not covered("qwen2.5-3b-v6e-8-seed", "qwen2.5-3b-v6e-8")  # the larger workload is never left out
+    for left_out in set(PRESETS) - set(compiled):
+        assert any(covered(left_out, p) for p in compiled), left_out
+    sizes = [fits._billions(p) for p in compiled]
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] >= 7
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(2700)  # four full-depth TPU compiles of 0.5B-7B models: ~6 min on an idle 2-core machine
+@pytest.mark.presets  # CI's own step after the suite (.ci/run): skipped unless --presets (tests/conftest.py)
+@pytest.mark.timeout(2700)  # five full-depth TPU compiles of 0.5B-7B models: ~12 min on an idle 2-core machine
 def test_every_shipped_tpu_config_fits_its_tpu(
     shipped_fits: dict[str, subprocess.CompletedProcess[str]],
 ) -> None:
     """Full-depth compiles of every shipped preset for its own TPU (mesh.accelerator), started in the background
     when collection ends (conftest.py): every phase keeps >= 10% of HBM free, with the Pallas kernels on the
-    update path. A preset another one covers (same model, TPU and batch layout, smaller shapes) is not compiled
-    twice: the seed's 3B workload covers the half-decode 3B preset."""
-    assert len(shipped_fits) >= 4 and "qwen2.5-3b-v6e-8-seed" in shipped_fits
-    for left_out in set(PRESETS) - set(shipped_fits):
-        assert any(covered(left_out, p) for p in shipped_fits), left_out
+    update path. The presets compiled are tests/fits.py's `shipped()` (the test above checks its choice)."""
+    assert sorted(shipped_fits) == sorted(fits.shipped())
     for preset, r in shipped_fits.items():
         assert r.returncode == 0, (preset, r.stdout[-2000:], r.stderr[-3000:])
         result = json.loads(r.stdout)
