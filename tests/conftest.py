@@ -185,6 +185,32 @@ def pytest_unconfigure(config: object) -> None:
             shutil.rmtree(own, ignore_errors=True)
 
 
+# ---- the longest modules first (docs/ci.md) ----
+# pytest-xdist hands tests to its workers in collection order, so a long module collected last (tests/trainer/
+# test_t*.py sort late) is a tail one worker runs while the other idles. These modules run first, heaviest
+# first, by their measured test-seconds in a whole run (`--durations=0`); every other module keeps its place
+# after them, and each module's tests keep their order (so module fixtures are made once per worker).
+LONGEST_MODULES_FIRST = (
+    "tests/tpuops/checks/test_fit.py",
+    "tests/trainer/test_train.py",
+    "tests/tpuops/cloud/test_e2e_commands.py",
+    "tests/tpuops/cloud/test_recovery.py",
+    "tests/trainer/test_train_processes.py",
+    "tests/trainer/sampling/test_sampler.py",
+    "tests/tpuops/cloud/test_multislice.py",
+    "tests/tpuops/test_e2e_local.py",
+    "tests/trainer/fit/test_fit.py",
+    "tests/tpuops/cloud/test_e2e_grpo.py",
+    "tests/tpuops/cloud/test_failure_matrix.py",
+    "tests/test_package.py",
+)
+
+
+def _module_rank(item: pytest.Item) -> int:
+    path = item.nodeid.split("::", 1)[0]
+    return LONGEST_MODULES_FIRST.index(path) if path in LONGEST_MODULES_FIRST else len(LONGEST_MODULES_FIRST)
+
+
 def pytest_collection_modifyitems(config: object, items: list) -> None:
     slow = pytest.mark.slow
     for item in items:
@@ -192,3 +218,4 @@ def pytest_collection_modifyitems(config: object, items: list) -> None:
             SLOW_MODULES
         ):
             item.add_marker(slow)
+    items.sort(key=_module_rank)  # stable: collection order within a rank
