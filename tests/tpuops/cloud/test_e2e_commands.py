@@ -198,11 +198,12 @@ def _create(cloud: Cloud, name: str, accelerator: str, code: dict[str, str], hom
     r = tpuops(cloud, create, home, timeout=120, home=home)
     assert r.returncode == 0, r.stderr
     (rec,) = [rec for n, rec in cloud.emu.model.nodes.items() if n.endswith(f"/nodes/{name}")]
-    # Each worker keeps JAX's compilation cache in its checkout (relative to the job's cwd; git-ignored, so
-    # git_sync's clean keeps it): a later run of the same shapes on this VM skips most of its ~20 s of
-    # compiling. The first run on each VM, the recompile-check, compiles afresh.
+    # The trainer runs' .env names the session's one JAX compilation cache (tests/conftest.py; sshd's SetEnv
+    # gives every worker session the same): a run of shapes that ran before on any VM of the session (these
+    # VMs' later runs; test_e2e_grpo's runs of the same TINY step on 1 and 2 workers) skips most of its ~20 s
+    # of compiling. A cache hit still logs `Compiling ...`, so the recompile checks see the same lines.
     env_file = home / ".env"
-    env_file.write_text("JAX_COMPILATION_CACHE_DIR=.tpuops/jax-cache\n")
+    env_file.write_text(f"JAX_COMPILATION_CACHE_DIR={os.environ['JAX_COMPILATION_CACHE_DIR']}\n")
     return Vm(name, [w.user for w in rec.workers], [w.home for w in rec.workers], cloud, code, env_file)
 
 
@@ -254,16 +255,18 @@ def test_trainer_override_typo_is_refused_before_any_remote_command(
 def test_recompile_check_fails_on_changing_shapes_and_names_the_function_on_one_worker(
     vm1: Vm, tmp_path: Path
 ) -> None:
-    # Each step pads its prompts to the smallest of many buckets: the shapes change from step to step.
+    # Each step pads its prompts to the smallest of many buckets: the shapes change from step to step. Two steps
+    # are enough: step 0 is the warm-up and step 1, in a bucket of its own, compiles again (each compile of a
+    # new bucket costs seconds of CPU: no more steps than the check needs).
     buckets = ",".join(str(b) for b in range(48, 264, 8))
-    sets = {**vm1.trainer_sets(4), "data.fixed_bucket": "false", "data.prompt_buckets": buckets}
+    sets = {**vm1.trainer_sets(2), "data.fixed_bucket": "false", "data.prompt_buckets": buckets}
     r = tpuops(vm1.cloud, vm1.args("recompile-check", "--json", sets=sets), tmp_path)
     assert r.returncode == 7, r.stderr[-3000:]
     data = json.loads(r.stdout)
     assert data["sop"] == "recompile-check" and data["workers"] == [0] and data["error_class"] == "recompile"
     assert {w["sha"] for w in data["steps"][0]["workers"].values()} == {vm1.code["branch"][:7]}
     log = data["log"]
-    assert log["steps"] == 4 and log["exit_codes"] == {"0": 0} and not log["failures"]
+    assert log["steps"] == 2 and log["exit_codes"] == {"0": 0} and not log["failures"]
     recompiles = log["recompiles"]
     assert log["compiles"]["after_warmup"] == len(recompiles) > 0
     functions = {c["function"] for c in recompiles}
@@ -280,7 +283,7 @@ def test_recompile_check_fails_on_changing_shapes_and_names_the_function_on_one_
     assert len(shown) == len(recompiles) and any("_prefill" in ln for ln in shown), text
     assert "recompiles after warm-up (exit code 7)" in text
     # A warm-up window wide enough to hold every step counts none of them as a recompile.
-    loose = ok_json(tpuops(vm1.cloud, ["report", data["run_id"], "--warmup", "4", "--json"], tmp_path))
+    loose = ok_json(tpuops(vm1.cloud, ["report", data["run_id"], "--warmup", "2", "--json"], tmp_path))
     assert loose["report"]["recompiles"] == []
 
 
@@ -399,7 +402,9 @@ def pgrep(user: str, pattern: str) -> list[str]:
 
 @pytest.mark.slow
 def test_detached_multihost_recompile_check_runs_logs_attach_report(vm2: Vm, tmp_path: Path) -> None:
-    steps = 6
+    # Step 0 (the warm-up) is shown by the follower; attach must show the rest: steps after the warm-up to
+    # check for recompiles, and more than one to show attach going on in order. Each is a step of two trainers.
+    steps = 3
     # Started and followed, then the follower is killed (the laptop goes away); the job goes on.
     first = Follower(vm2.cloud, vm2.args("recompile-check", sets=vm2.trainer_sets(steps)), tmp_path)
     first.wait_for("[w0] step=0 ")

@@ -34,10 +34,13 @@ def test_run_grpo_on_an_emulated_vm(
     head = subprocess.run(
         ["git", "-C", str(committed_repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
     )
+    # The smallest GRPO step of the tiny model (2 prompts x 2 samples, 8 new tokens, one micro-batch): each
+    # worker's trainer costs its own compiles and steps, and what is checked here is the run, not its size.
     sets = {
         "repo_url": str(committed_repo), "branch": head.stdout.strip(), "venv": "none", "python": worker_python,
         "data_dir": str(DATA), "steps": "2", "lockfile": "~/libtpu_lockfile", "coordinator_port": str(free_port()),
-        "config": "tiny", "train.prompts_per_step": "2", "log.output_dir": "~/trainer-out",
+        "config": "tiny", "train.prompts_per_step": "2", "rollout.samples_per_prompt": "2",
+        "rollout.max_new_tokens": "8", "train.micro_batch": "4", "log.output_dir": "~/trainer-out",
     }  # fmt: skip
     data = cloud.run_grpo(vm_name, ZONE, sets, tmp_path)
     assert data["workers"] == list(range(workers))

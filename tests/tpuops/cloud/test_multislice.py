@@ -106,10 +106,14 @@ def test_the_default_job_runs_across_two_slices_of_two_workers(
     head = subprocess.run(
         ["git", "-C", str(committed_repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
     ).stdout.strip()
+    # The smallest step four processes share: a prompt each (prompts_per_step is a multiple of the process
+    # count), 2 samples of 8 new tokens, one micro-batch of 8 sequences over the 4 devices (2 each). Each of the
+    # four trainers costs its own compiles and steps, so nothing bigger than the mesh needs.
     sets = {
         "repo_url": str(committed_repo), "branch": head, "venv": "none", "python": worker_python,
         "data_dir": str(DATA), "steps": "1", "lockfile": "~/libtpu_lockfile", "coordinator_port": str(free_port()),
-        "config": "tiny", "train.prompts_per_step": "4", "log.output_dir": "~/trainer-out",
+        "config": "tiny", "train.prompts_per_step": "4", "rollout.samples_per_prompt": "2",
+        "rollout.max_new_tokens": "8", "train.micro_batch": "8", "log.output_dir": "~/trainer-out",
     }  # fmt: skip
     log = cloud.run_grpo(vm_name, ZONE, sets, tmp_path)["log"]
     assert log["steps"] == 1 and not log["failures"]

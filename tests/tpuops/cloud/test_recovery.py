@@ -198,8 +198,13 @@ def test_a_vm_run_without_recover_ends_at_once_with_exit_8_when_preempted(
     assert "rerun with --recover" in error["message"]
 
 
-# 20 toy GRPO steps with a checkpoint every 5 and the final parameters' digest printed.
-TRAINER = {"train.steps": "20", "checkpoint.every": "5", "log.param_digest": "true"}
+# 12 toy GRPO steps with a checkpoint every 4 and the final parameters' digest printed; 2 prompts x 4 samples
+# in one micro-batch. Three trainer runs read this (the uninterrupted one, the preempted one, the resumed one):
+# a checkpoint before the preemption and steps after the resume are all the check needs.
+TRAINER = {
+    "train.steps": "12", "checkpoint.every": "4", "log.param_digest": "true", "rollout.samples_per_prompt": "4",
+    "train.micro_batch": "8",
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +240,7 @@ def test_preempted_grpo_run_resumes_from_its_checkpoint_with_the_uninterrupted_p
     tmp_path: Path,
     uninterrupted_digest: str,
 ) -> None:
-    """20 toy GRPO steps, a checkpoint every 5, preempted at step ~7: recreated, resumed at 5, the same end.
+    """12 toy GRPO steps, a checkpoint every 4, preempted at step ~5: recreated, resumed at 4, the same end.
 
     The checkpoint lives off the VM: a folder every worker user may write, or gs:// on a local GCS-compatible
     server (its address reaches the workers' jobs through .env as STORAGE_EMULATOR_HOST)."""
@@ -272,12 +277,12 @@ def _resume_after_preemption(
     trainer = {**TRAINER, "checkpoint.dir": ckpt_dir, "log.output_dir": "~/trainer-out"}
     sets = {
         "repo_url": str(committed_repo), "branch": head.stdout.strip(), "venv": "none", "python": worker_python,
-        "data_dir": str(DATA), "config": "toy", "steps": "20", "lockfile": "~/libtpu_lockfile",
+        "data_dir": str(DATA), "config": "toy", "steps": "12", "lockfile": "~/libtpu_lockfile",
         "coordinator_port": str(free_port()), **env, **trainer,
     }  # fmt: skip
     spec = TargetSpec(vm=vm_name, zone=ZONE, api_endpoint=cloud.url, identity=str(cloud.identity))
     lines: list[str] = []
-    killer = _preempt_after(cloud, node, lines, 8, within=300)  # after step=7 (set-up and compiles first)
+    killer = _preempt_after(cloud, node, lines, 6, within=300)  # after step=5 (set-up and compiles first)
     report = launch.start(
         launch.RunRequest(sop="grpo", sets=sets, target=spec, skip_fit=True),  # CPU workers: test_fit.py
         max_recoveries=1,
@@ -289,11 +294,11 @@ def _resume_after_preemption(
     killer.join()
     assert report.ok, report.first_failure()
     (rec,) = report.recoveries
-    assert rec["resumed_step"] in (5, 10) and rec["last_step"] >= 7
-    assert 0 < rec["steps_lost"] <= 5
+    assert rec["resumed_step"] in (4, 8) and rec["last_step"] >= 5
+    assert 0 < rec["steps_lost"] <= 4
     log = report.to_dict()["log"]
     assert log["summary"]["start_step"] == rec["resumed_step"]
-    assert "step=19 " in "\n".join(lines)
+    assert "step=11 " in "\n".join(lines)
 
     return log["summary"]["param_digest"]
 
