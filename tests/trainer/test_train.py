@@ -62,26 +62,28 @@ def _head_mean(rows: list[dict[str, Any]], n: int = 2) -> float:
 
 
 @pytest.mark.slow
-def test_20_steps_learn_without_compiling_after_step_0_and_flipped_advantages_unlearn(
+def test_12_steps_learn_without_compiling_after_step_0_and_flipped_advantages_unlearn(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The update has the right sign and scale: +0.3 on the toy task; flipped, the reward falls. The 20 steps
-    (2 micro-batches each, accumulated) compile nothing after step 0 (JAX's compile log)."""
-    rec = run_toy(
-        tmp_path, "mesh.devices=1", "train.steps=20", "log.log_compiles=true", "train.micro_batch=8"
-    )
+    """The update has the right sign and scale: +0.3 on the toy task; flipped, the reward falls. The 12 steps
+    (2 micro-batches each, accumulated) compile nothing after step 0 (JAX's compile log). Both runs have the same
+    steps and micro-batches, so the same programs (the schedule's length is one of their constants): the flipped
+    run reads them from the session's compilation cache. Measured on seeds 0-2: a rise of 0.50-0.75, a fall of
+    0.22-0.23."""
+    sets = ("mesh.devices=1", "train.steps=12", "train.micro_batch=8")
+    rec = run_toy(tmp_path, *sets, "log.log_compiles=true")
     out = capsys.readouterr().out
     up = rec.rows
-    assert len(up) == 20 and rec.compiles_at_step[0] > 0
+    assert len(up) == 12 and rec.compiles_at_step[0] > 0
     assert rec.compiles_at_step[-1] == rec.compiles_at_step[0], "recompiled after step 0"
-    assert out.count("\nstep=") + out.startswith("step=") == 20 and "summary: " in out
+    assert out.count("\nstep=") + out.startswith("step=") == 12 and "summary: " in out
     # The batch arithmetic, printed before any compile: 2 prompts x G 8 = 16 sequences in micro-batches of 8.
     assert (
         "batch: prompts_per_step=2 samples_per_prompt=8 sequences_per_step=16 micro_batch=8 batch_devices=1 "
         "micro_batch_per_device=8 accumulation_steps=2\n" in out
     )
     assert all(np.isfinite(r["loss"]) for r in up)
-    down = run_toy(tmp_path, "mesh.devices=1", "train.flip_advantages=true").rows
+    down = run_toy(tmp_path, *sets, "train.flip_advantages=true").rows
     assert up[0]["reward_mean"] == pytest.approx(down[0]["reward_mean"])  # the same start (seed, policy)
     assert _tail_mean(up) - _head_mean(up) >= 0.3, [r["reward_mean"] for r in up]
     assert _tail_mean(down) <= _head_mean(down) - 0.1, [r["reward_mean"] for r in down]
