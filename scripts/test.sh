@@ -18,10 +18,10 @@ cd "$(dirname "$0")/.."
 ) 9>"${TMPDIR:-/tmp}/tpuops-test-install-$(id -u).lock"
 # CI (.ci/run) type-checks before the tests, so the test runner's summary is the last line it prints.
 if [ "${TPUOPS_TYPECHECK:-0}" = 1 ]; then python3 -m mypy; fi
-# Two pytest workers (pytest-xdist) unless the caller picks (-n N, or -p no:xdist): much of a test's time is
-# waiting on sshd, subprocesses and polls, so two workers keep a 2-core machine busy (docs/ci.md). Work
-# stealing: a worker that runs out takes half of the other's queue, so neither idles while the other runs a
-# long tail (tests/conftest.py runs the longest modules first).
-workers=(-n "${TPUOPS_TEST_WORKERS:-2}" --dist worksteal)
+# Three pytest workers (pytest-xdist) unless the caller picks (-n N, or -p no:xdist): much of a test's time is
+# waiting on sshd, subprocesses and polls; with two, a 2-core machine's CPU was 25% idle (docs/ci.md). Work
+# stealing: a worker that runs out takes half of another's queue, so none idles while another runs a long
+# tail (tests/conftest.py runs the longest modules first).
+workers=(-n "${TPUOPS_TEST_WORKERS:-3}" --dist worksteal)
 for a in "$@"; do case "$a" in -n|-n*|--numprocesses*|no:xdist) workers=() ;; esac; done
 exec python3 -m pytest "${workers[@]}" "$@"
