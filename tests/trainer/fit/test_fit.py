@@ -103,8 +103,10 @@ def test_every_shipped_preset_is_compiled_by_the_presets_check_or_covered_by_one
 
 
 @pytest.mark.slow
-@pytest.mark.presets  # CI's own step after the suite (.ci/run): skipped unless --presets (tests/conftest.py)
-@pytest.mark.timeout(2700)  # five full-depth TPU compiles of 0.5B-7B models: ~12 min on an idle 2-core machine
+# CI's own step after the suite (.ci/run), skipped unless --presets (tests/conftest.py): five full-depth TPU
+# compiles of 0.5B-7B models, ~12 min on an idle 2-core machine.
+@pytest.mark.presets
+@pytest.mark.timeout(2700)
 def test_every_shipped_tpu_config_fits_its_tpu(
     shipped_fits: dict[str, subprocess.CompletedProcess[str]],
 ) -> None:
