@@ -115,7 +115,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--presets",
         action="store_true",
-        help="also run the shipped presets' full-depth TPU compiles (tests/fits.py, about 12 minutes of 2 cores); "
+        help="also run the shipped presets' full-depth TPU compiles (tests/fits.py, about 16 minutes of 2 cores); "
         "`-m presets --presets` runs them alone, as .ci/run does after the suite",
     )
 

@@ -10,9 +10,6 @@ import pytest
 
 from tests import fits
 
-PRESETS = fits.presets()
-covered = fits.covered
-
 
 @pytest.fixture
 def shipped_fits() -> dict[str, subprocess.CompletedProcess[str]]:
