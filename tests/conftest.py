@@ -35,6 +35,25 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ and "PYTEST_XDIST_WORKER" not i
     _OWN_JAX_CACHE = tempfile.mkdtemp(prefix="tpuops-tests-jax-cache-")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_JAX_CACHE
     Path(_OWN_JAX_CACHE).chmod(0o777)  # emulated workers are other Unix users (tpuops/cloud/emulator/sshd.py)
+# Multi-process trainer runs share their compiles: process 0 compiles each program and the others load its binary
+# (`JAX_SHARE_BINARY_BETWEEN_HOSTS`), which on CPU needs tests/jax_share (its docstring says why), on PYTHONPATH of
+# every process the tests start. A copy in a session folder, which the emulated workers (other Unix users) can
+# read; the emulator hands both variables to every worker session (TPUOPS_EMULATOR_WORKER_ENV, docs/cloud.md).
+_OWN_JAX_SHARE = None
+if "TPUOPS_TESTS_JAX_SHARE" not in os.environ:
+    _OWN_JAX_SHARE = os.environ["TPUOPS_TESTS_JAX_SHARE"] = tempfile.mkdtemp(prefix="tpuops-tests-jax-share-")
+    shutil.copy(Path(__file__).parent / "jax_share" / "sitecustomize.py", _OWN_JAX_SHARE)
+    Path(_OWN_JAX_SHARE).chmod(0o755)
+    (Path(_OWN_JAX_SHARE) / "sitecustomize.py").chmod(0o644)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_OWN_JAX_SHARE, os.environ.get("PYTHONPATH", "")) if p
+    )
+    os.environ["JAX_SHARE_BINARY_BETWEEN_HOSTS"] = "1"
+    # A peer that waits for a binary that never comes fails in 5 minutes, not JAX's 20.
+    os.environ["JAX_SHARE_BINARY_BETWEEN_HOSTS_TIMEOUT_MS"] = "300000"
+    os.environ["TPUOPS_EMULATOR_WORKER_ENV"] = (
+        "PYTHONPATH,JAX_SHARE_BINARY_BETWEEN_HOSTS,JAX_SHARE_BINARY_BETWEEN_HOSTS_TIMEOUT_MS"
+    )
 # Where the shipped presets' background compiles (tests/fits.py) leave their results: one folder per session.
 if "TPUOPS_TESTS_SHIPPED_FITS" not in os.environ:
     os.environ["TPUOPS_TESTS_SHIPPED_FITS"] = tempfile.mkdtemp(prefix="tpuops-tests-fits-")
@@ -180,7 +199,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: object) -> None:
     _STARTER.stop()
-    for own in (_OWN_JAX_CACHE, _OWN_FITS, _OWN_TPU_LOGS):
+    for own in (_OWN_JAX_CACHE, _OWN_FITS, _OWN_TPU_LOGS, _OWN_JAX_SHARE):
         if own is not None:
             shutil.rmtree(own, ignore_errors=True)
 

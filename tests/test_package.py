@@ -24,6 +24,19 @@ def _run(argv: list[str], cwd: Path, timeout: float = 300) -> subprocess.Complet
     )
 
 
+def _venv(venv: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """A fresh venv without its own pip (ensurepip's install is seconds of CPU): `_pip` installs into it."""
+    return _run([sys.executable, "-m", "venv", "--without-pip", *options, str(venv)], venv.parent)
+
+
+def _pip(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """This interpreter's pip installing into the venv of `python` (`pip --python`), without compiling each
+    installed module's bytecode (Python does that on first import; at install it was a third of pip's CPU)."""
+    argv = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-compile",
+            "--disable-pip-version-check", *args]  # fmt: skip
+    return _run(argv, python.parent.parent.parent, 600)
+
+
 def _source_copy(dest: Path) -> Path:
     """What a wheel is built from, copied out of the checkout (the build leaves its build/ folder there)."""
     for name in ("pyproject.toml", "README.md"):
@@ -44,9 +57,9 @@ def test_a_wheel_installed_without_e_lists_and_plans_the_built_in_sops(tmp_path:
     (wheel,) = (tmp_path / "wheel").glob("tpuops-*.whl")
     # A fresh venv; its dependencies come from this interpreter's site-packages, tpuops only from the wheel.
     venv = tmp_path / "venv"
-    assert _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], tmp_path).returncode == 0
+    assert _venv(venv, "--system-site-packages").returncode == 0
     py, tpuops = venv / "bin" / "python", venv / "bin" / "tpuops"
-    put = _run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], tmp_path)
+    put = _pip(py, "--no-deps", "--no-index", str(wheel))
     assert put.returncode == 0, put.stderr[-3000:]
     away = tmp_path / "elsewhere"  # not a checkout: nothing beside it to guess from
     away.mkdir()
@@ -96,8 +109,8 @@ def test_pip_install_e_without_extras_runs_the_cli(tmp_path: Path) -> None:
     """A venv of its own (no system packages): the base dependencies from the package index, tpuops editable."""
     venv, src = tmp_path / "venv", tmp_path / "src"
     src.mkdir()
-    assert _run([sys.executable, "-m", "venv", str(venv)], tmp_path).returncode == 0
-    put = _run([str(venv / "bin" / "pip"), "install", "-q", "-e", str(_source_copy(src))], tmp_path, 600)
+    assert _venv(venv).returncode == 0
+    put = _pip(venv / "bin" / "python", "-e", str(_source_copy(src)))
     if put.returncode != 0 and "No matching distribution" in put.stderr:
         pytest.skip(f"the package index here lacks a base dependency: {put.stderr[-500:]}")
     assert put.returncode == 0, put.stderr[-3000:]

@@ -18,6 +18,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from tests.data import pythonpath
 from trainer import sharding
 from trainer.model import qwen2
 from trainer.model.loading import load_pretrained
@@ -212,7 +213,7 @@ def test_two_processes_agree_with_one(
         **os.environ,
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-        "PYTHONPATH": str(REPO),
+        "PYTHONPATH": pythonpath(REPO),
     }
     port = str(_free_port())
     argv = [str(tiny_model_dir), str(tmp_path / "inputs.npz"), str(tmp_path / "logits.npy")]

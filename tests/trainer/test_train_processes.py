@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.data import DATA
+from tests.data import DATA, pythonpath
 
 REPO = Path(__file__).resolve().parents[2]
 STEP = re.compile(r"^step=(\d+) (.*)$")
@@ -44,7 +44,7 @@ def _read_until(p: subprocess.Popen[str], prefix: str, timeout: float = 300) -> 
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINER_")}
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="", PYTHONPATH=str(REPO), **extra)  # one CPU device each
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="", PYTHONPATH=pythonpath(REPO), **extra)  # one CPU device each
     return env
 
 

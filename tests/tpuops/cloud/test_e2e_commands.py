@@ -340,24 +340,26 @@ def test_detached_run_on_one_worker_runs_logs_stop_attach(vm1: Vm, tmp_path: Pat
 @pytest.mark.slow
 def test_bench_rollout_compares_two_variants(vm1: Vm, tmp_path: Path) -> None:
     """On one worker only: each variant is a run of its own through the path every run takes (the multi-worker
-    runs are the grpo and detached tests'), and each worker is a trainer process that costs seconds of compiles."""
+    runs are the grpo and detached tests'), and each worker is a trainer process that costs seconds of compiles.
+    The variant is another seed (run-to-run noise, a real use of the bench): the same programs, so the second run
+    reads the first one's compiles from the session's cache."""
     vm, workers = vm1, 1
-    argv = vm.args("bench", "rollout", "--variant", "", "--variant", "rollout.max_new_tokens=4", "--json",
+    argv = vm.args("bench", "rollout", "--variant", "", "--variant", "train.seed=1", "--json",
                    sets=vm.trainer_sets(2))  # fmt: skip
     base, short = ok_json(tpuops(vm.cloud, argv, tmp_path, timeout=500))
-    assert base["label"] == "baseline" and short["label"] == "rollout.max_new_tokens=4"
+    assert base["label"] == "baseline" and short["label"] == "train.seed=1"
     assert base["ok"] and short["ok"] and base["steps"] == short["steps"] == 2
     assert base["dt_p50_ratio"] == 1.0 and short["rollout_ratio"] is not None
     assert base["rollout_generate_mean"] > 0 and short["rollout_generate_mean"] > 0
     assert base["run_id"] != short["run_id"]
     # Each variant is a run of its own, with its own fetched log, and the trainer ran each one's config.
     runs = Path(os.environ["TPUOPS_HOME"]) / "runs"
-    for row, tokens in ((base, 8), (short, 4)):
+    for row, seed in ((base, 0), (short, 1)):
         log = (runs / row["run_id"] / "worker-0.log").read_text().splitlines()
         # The log's `config:` line is a short summary; the full JSON is fetched beside the log (config.json).
         assert len([ln for ln in log if ln.startswith("config: ")]) == 1
         config = json.loads((runs / row["run_id"] / "config.json").read_text())
-        assert config["rollout"]["max_new_tokens"] == tokens
+        assert config["train"]["seed"] == seed
         (start,) = [ln for ln in log if ln.startswith("start: ")]
         assert f"process_count={workers} " in start  # one jax.distributed job over every worker
         assert sorted(p.name for p in (runs / row["run_id"]).glob("worker-*.log")) == [

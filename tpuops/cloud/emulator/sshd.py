@@ -49,8 +49,14 @@ SHARED_ENV = (
 )
 
 
+# More of the host's variables for every worker session: their names, comma-separated (the test suite passes the
+# PYTHONPATH and JAX setting that let a multi-process run's workers share their compiles, tests/conftest.py).
+WORKER_ENV = "TPUOPS_EMULATOR_WORKER_ENV"
+
+
 def _set_env_line() -> str:
-    shared = [f"{k}={os.environ[k]}" for k in SHARED_ENV if os.environ.get(k, "").strip()]
+    names = [*SHARED_ENV, *(n.strip() for n in os.environ.get(WORKER_ENV, "").split(",") if n.strip())]
+    shared = [f"{k}={os.environ[k]}" for k in dict.fromkeys(names) if os.environ.get(k, "").strip()]
     return f"SetEnv {' '.join(shared)}\n" if shared and all(" " not in v for v in shared) else ""
 
 
