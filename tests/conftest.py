@@ -205,23 +205,55 @@ def pytest_unconfigure(config: object) -> None:
 
 
 # ---- the longest modules first (docs/ci.md) ----
-# pytest-xdist hands tests to its workers in collection order, so a long module collected last (tests/trainer/
-# test_t*.py sort late) is a tail one worker runs while the other idles. These modules run first, heaviest
-# first, by their measured test-seconds in a whole run (`--durations=0`); every other module keeps its place
-# after them, and each module's tests keep their order (so module fixtures are made once per worker).
+# pytest-xdist hands tests to its workers in collection order, so a long module collected last is a tail one
+# worker runs while the others idle (2026-11-28: the trainer's in-process JAX modules, collected last, were the
+# last 4 minutes of a run on one core). These modules run first, costliest first (longest processing time first),
+# by their measured CPU seconds in a serial run with each test's CPU read from /proc/stat (docs/performance.md,
+# "The whole suite"); every other module (under 15 s) keeps its place after them, and each module's tests keep
+# their order (so module fixtures are made once per worker).
 LONGEST_MODULES_FIRST = (
-    "tests/tpuops/checks/test_fit.py",
-    "tests/trainer/test_train.py",
-    "tests/tpuops/cloud/test_e2e_commands.py",
-    "tests/tpuops/cloud/test_recovery.py",
     "tests/trainer/test_train_processes.py",
+    "tests/tpuops/cloud/test_e2e_commands.py",
     "tests/trainer/sampling/test_sampler.py",
-    "tests/tpuops/cloud/test_multislice.py",
-    "tests/tpuops/test_e2e_local.py",
+    "tests/tpuops/cloud/test_recovery.py",
+    "tests/trainer/test_train.py",
+    "tests/tpuops/checks/test_fit.py",
     "tests/trainer/fit/test_fit.py",
-    "tests/tpuops/cloud/test_e2e_grpo.py",
+    "tests/tpuops/test_e2e_local.py",
+    "tests/trainer/model/test_flash.py",
+    "tests/tpuops/cloud/test_multislice.py",
+    "tests/trainer/kernels/test_cli.py",
     "tests/tpuops/cloud/test_failure_matrix.py",
+    "tests/tpuops/cloud/test_e2e_grpo.py",
+    "tests/trainer/model/test_qwen2.py",
+    "tests/tpuops/cloud/test_fit_preflight.py",
+    "tests/trainer/kernels/test_logprob.py",
+    "tests/tpuops/cloud/test_cli_vm.py",
+    "tests/trainer/test_eval.py",
+    "tests/tpuops/test_cli.py",
+    "tests/tpuops/sop/test_pyenv.py",
+    "tests/trainer/kernels/test_sharded.py",
     "tests/test_package.py",
+    "tests/tpuops/cloud/test_compute.py",
+    "tests/trainer/test_sharding.py",
+    "tests/trainer/test_multislice_mesh.py",
+    "tests/tpuops/test_cli_basics.py",
+    "tests/tpuops/test_faults.py",
+    "tests/tpuops/test_usage_errors.py",
+    "tests/trainer/test_wandb.py",
+    "tests/trainer/test_hub.py",
+    "tests/tpuops/cloud/test_api_calls.py",
+    "tests/tpuops/run/test_logreport.py",
+    "tests/trainer/model/test_hf_equivalence.py",
+    "tests/tpuops/run/test_detach.py",
+    "tests/tpuops/test_own_code.py",
+    "tests/trainer/grpo/test_loss.py",
+    "tests/tpuops/test_redaction.py",
+    "tests/trainer/kernels/test_registry.py",
+    "tests/tpuops/test_exec.py",
+    "tests/tpuops/test_validators.py",
+    "tests/tpuops/sop/test_lifecycle.py",
+    "tests/trainer/sampling/test_kv_cache.py",
 )
 
 
