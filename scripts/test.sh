@@ -19,11 +19,9 @@ cd "$(dirname "$0")/.."
 # CI (.ci/run) type-checks before the tests, so the test runner's summary is the last line it prints.
 if [ "${TPUOPS_TYPECHECK:-0}" = 1 ]; then python3 -m mypy; fi
 # Three pytest workers (pytest-xdist) unless the caller picks (-n N, or -p no:xdist): much of a test's time is
-# waiting on sshd, subprocesses and polls; with two, a 2-core machine's CPU was 25% idle (docs/ci.md). `--dist
-# load` hands out the tests in collection order, a chunk at a time to whichever worker is free, and
-# tests/conftest.py collects the costliest modules first: the long tests start early on every worker and the
-# run ends on short ones. (`--dist worksteal` splits the collection into one contiguous third per worker, so
-# the costliest-first order held for the first worker only: a run ended on the override search, started late.)
-workers=(-n "${TPUOPS_TEST_WORKERS:-3}" --dist load)
+# waiting on sshd, subprocesses and polls; with two, a 2-core machine's CPU was 25% idle (docs/ci.md). Work
+# stealing: a worker that runs out takes half of another's queue, so none idles while another runs a long
+# tail (tests/conftest.py runs the longest modules first).
+workers=(-n "${TPUOPS_TEST_WORKERS:-3}" --dist worksteal)
 for a in "$@"; do case "$a" in -n|-n*|--numprocesses*|no:xdist) workers=() ;; esac; done
 exec python3 -m pytest "${workers[@]}" "$@"
