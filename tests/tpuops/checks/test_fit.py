@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from trainer.model.config import Qwen2Config
+
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -23,15 +25,18 @@ def too_big(folder: Path) -> Path:
         "intermediate_size": 32768, "num_hidden_layers": 8, "num_attention_heads": 64, "num_key_value_heads": 8,
         "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
     }  # fmt: skip
-    (folder / "wide").mkdir(parents=True, exist_ok=True)
-    (folder / "wide" / "config.json").write_text(json.dumps(model))
-    cfg = folder / "too-big.yaml"
+    return _config(folder, "too-big", model, "bfloat16", "rollout: {samples_per_prompt: 4, max_new_tokens: 16}\n"
+                   "train: {prompts_per_step: 2, micro_batch: 8}\n")  # fmt: skip
+
+
+def _config(folder: Path, name: str, model: dict, dtype: str, rollout_and_train: str) -> Path:
+    """`folder/name/config.json` (the model's HF config) and `folder/name.yaml`, a GSM8K config on v5e-1 using it."""
+    (folder / name).mkdir(parents=True, exist_ok=True)
+    (folder / name / "config.json").write_text(json.dumps(model))
+    cfg = folder / f"{name}.yaml"
     cfg.write_text(
-        f"model: {{path: {folder / 'wide'}, dtype: bfloat16}}\n"
-        "data: {task: gsm8k, prompt_buckets: [64]}\n"
-        "rollout: {samples_per_prompt: 4, max_new_tokens: 16}\n"
-        "train: {prompts_per_step: 2, micro_batch: 8}\n"
-        "mesh: {accelerator: v5e-1}\n"
+        f"model: {{path: {folder / name}, dtype: {dtype}}}\n"
+        "data: {task: gsm8k, prompt_buckets: [64]}\n" + rollout_and_train + "mesh: {accelerator: v5e-1}\n"
     )
     return cfg
 
@@ -84,22 +89,11 @@ def update_too_big(folder: Path) -> Path:
     Pallas kernel on a TPU holds none) one v5e chip cannot hold without remat. The tiny model's shapes with a
     1,024-token vocabulary: with the real 151,936 the same search took 129 s of CPU instead of 81 (its LM head and
     loss are most of the update's compile), and the vocabulary is not what this test is about."""
-    model = {
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 1024, "hidden_size": 64,
-        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-    }  # fmt: skip
-    (folder / "small-vocab").mkdir(parents=True, exist_ok=True)
-    (folder / "small-vocab" / "config.json").write_text(json.dumps(model))
-    cfg = folder / "big-update.yaml"
-    cfg.write_text(
-        f"model: {{path: {folder / 'small-vocab'}, dtype: float32}}\n"
-        "data: {task: gsm8k, prompt_buckets: [64]}\n"
+    rollout_and_train = (
         "rollout: {samples_per_prompt: 8, max_new_tokens: 1984}\n"
         "train: {prompts_per_step: 8, micro_batch: 64, attention_impl: xla}\n"
-        "mesh: {accelerator: v5e-1}\n"
     )
-    return cfg
+    return _config(folder, "big-update", Qwen2Config(vocab_size=1024).to_hf(), "float32", rollout_and_train)
 
 
 @pytest.mark.slow
