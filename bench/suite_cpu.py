@@ -9,7 +9,9 @@ otherwise quiet machine (anything you run beside it at nice 0 is counted; run it
     PYTHONPATH=bench python -m pytest -p no:xdist -p suite_cpu -q -p no:cacheprovider
     python bench/suite_cpu.py suite-cpu.jsonl      # the costliest tests and modules
 
-One JSON line per test (`id`, `cpu` and `wall` seconds) goes to $SUITE_CPU_OUT (default suite-cpu.jsonl).
+One JSON line per test (`id`, `cpu` and `wall` seconds, its `start` time and xdist `worker`) goes to
+$SUITE_CPU_OUT (default suite-cpu.jsonl). In an xdist run (`-n 3`) only `start`, `wall` and `worker` mean
+something: a timeline of which test each worker ran when, to set beside the machine's idle time (`vmstat 5`).
 """
 
 from __future__ import annotations
@@ -34,9 +36,15 @@ def busy_seconds() -> float:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: Any) -> Iterator[None]:
-    cpu, wall = busy_seconds(), time.perf_counter()
+    cpu, wall, start = busy_seconds(), time.perf_counter(), time.time()
     yield
-    row = {"id": item.nodeid, "cpu": busy_seconds() - cpu, "wall": time.perf_counter() - wall}
+    row = {
+        "id": item.nodeid,
+        "cpu": busy_seconds() - cpu,
+        "wall": time.perf_counter() - wall,
+        "start": start,
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
+    }
     with Path(os.environ.get("SUITE_CPU_OUT", "suite-cpu.jsonl")).open("a") as out:
         out.write(json.dumps(row) + "\n")
 
