@@ -64,15 +64,6 @@ else:
 _OWN_TPU_LOGS = None
 if "TPU_LOG_DIR" not in os.environ:
     _OWN_TPU_LOGS = os.environ["TPU_LOG_DIR"] = tempfile.mkdtemp(prefix="tpuops-tests-tpu-logs-")
-# Bytecode for every process the tests start, in a folder of the session. Where PYTHONDONTWRITEBYTECODE is set (as
-# in this project's CI containers), each of the suite's ~330 `python -m tpuops` processes otherwise compiled
-# tpuops' sources again: 0.3 of its 0.95 s of CPU. With a prefix, Python writes and reads all bytecode there
-# (site-packages' too: compiled there once, ~9 s), and nothing lands in the checkout.
-_OWN_PYCACHE = None
-if os.environ.get("PYTHONDONTWRITEBYTECODE") and "PYTEST_XDIST_WORKER" not in os.environ:
-    if "PYTHONPYCACHEPREFIX" not in os.environ:
-        _OWN_PYCACHE = os.environ["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(prefix="tpuops-tests-pycache-")
-    del os.environ["PYTHONDONTWRITEBYTECODE"]
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -151,8 +142,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 class _ShippedFitsStarter:
     """Starts the shipped presets' compiles (tests/fits.py) once per session when the test that reads them will
     run: after -k/-m deselection, in this process when there are no xdist workers, else in the xdist controller
-    when a worker's collection has it. Each process orders its collection (`deal`) and moves that test last (the
-    compiles get the whole session)."""
+    when a worker's collection has it. Each process moves that test last (the compiles get the whole session)."""
 
     def __init__(self) -> None:
         self.started: list = []
@@ -168,8 +158,6 @@ class _ShippedFitsStarter:
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         from tests import fits
 
-        # After -k/-m deselection, the order the xdist workers' first shares come from (`deal`, below).
-        items[:] = deal(items, getattr(config, "workerinput", {}).get("workercount", 1))
         chosen = [item for item in items if item.name == fits.TEST_NAME]
         if not config.getoption("presets"):
             for item in chosen:
@@ -211,99 +199,67 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: object) -> None:
     _STARTER.stop()
-    for own in (_OWN_JAX_CACHE, _OWN_FITS, _OWN_TPU_LOGS, _OWN_JAX_SHARE, _OWN_PYCACHE):
+    for own in (_OWN_JAX_CACHE, _OWN_FITS, _OWN_TPU_LOGS, _OWN_JAX_SHARE):
         if own is not None:
             shutil.rmtree(own, ignore_errors=True)
 
 
-# ---- each xdist worker starts on its share of the costly modules (docs/ci.md) ----
-# pytest-xdist's worksteal scheduler first hands each worker one contiguous share of the collection (sizes as
-# `_shares` computes them), then a worker that runs dry takes the second half of the fullest queue. So the order
-# decides what each worker starts with: `deal` gives every share its part of the costly modules, longest
-# processing time first onto the share with the least work, and fills the rest of each share with the light tests,
-# which are what gets stolen at the end. Before this (2026-11-28), a costliest-first order held for the first
-# worker only and a run ended on one worker finishing the override search while the others idled.
-# Each module's measured CPU seconds in a serial run with each test's CPU read from /proc/stat (bench/suite_cpu.py;
-# docs/performance.md, "The whole suite"); every module not listed cost under 15 s, LIGHT_TEST_SECONDS a test on
-# average. A module's tests stay together and in order (so module fixtures are made once).
-MODULE_CPU_SECONDS = {
-    "tests/trainer/test_train_processes.py": 305,
-    "tests/tpuops/cloud/test_e2e_commands.py": 301,
-    "tests/trainer/sampling/test_sampler.py": 252,
-    "tests/tpuops/checks/test_fit.py": 218,
-    "tests/tpuops/cloud/test_recovery.py": 175,
-    "tests/trainer/test_train.py": 172,
-    "tests/trainer/fit/test_fit.py": 132,
-    "tests/trainer/test_eval.py": 124,
-    "tests/tpuops/test_e2e_local.py": 114,
-    "tests/trainer/model/test_flash.py": 99,
-    "tests/tpuops/cloud/test_multislice.py": 96,
-    "tests/trainer/kernels/test_cli.py": 96,
-    "tests/tpuops/cloud/test_failure_matrix.py": 73,
-    "tests/tpuops/cloud/test_e2e_grpo.py": 68,
-    "tests/trainer/model/test_qwen2.py": 68,
-    "tests/tpuops/cloud/test_fit_preflight.py": 63,
-    "tests/trainer/kernels/test_logprob.py": 62,
-    "tests/tpuops/cloud/test_cli_vm.py": 59,
-    "tests/tpuops/test_cli.py": 56,
-    "tests/tpuops/sop/test_pyenv.py": 49,
-    "tests/trainer/kernels/test_sharded.py": 49,
-    "tests/test_package.py": 47,
-    "tests/tpuops/cloud/test_compute.py": 44,
-    "tests/trainer/test_sharding.py": 38,
-    "tests/trainer/test_multislice_mesh.py": 35,
-    "tests/tpuops/test_cli_basics.py": 35,
-    "tests/tpuops/test_faults.py": 33,
-    "tests/tpuops/test_usage_errors.py": 29,
-    "tests/trainer/test_wandb.py": 27,
-    "tests/trainer/test_hub.py": 27,
-    "tests/tpuops/cloud/test_api_calls.py": 24,
-    "tests/tpuops/run/test_logreport.py": 23,
-    "tests/trainer/model/test_hf_equivalence.py": 21,
-    "tests/tpuops/run/test_detach.py": 20,
-    "tests/tpuops/test_own_code.py": 18,
-    "tests/trainer/grpo/test_loss.py": 18,
-    "tests/tpuops/test_redaction.py": 17,
-    "tests/trainer/kernels/test_registry.py": 17,
-    "tests/tpuops/test_exec.py": 16,
-    "tests/tpuops/test_validators.py": 16,
-    "tests/tpuops/sop/test_lifecycle.py": 15,
-    "tests/trainer/sampling/test_kv_cache.py": 15,
-}
-LIGHT_TEST_SECONDS = 0.45  # 212 s over the 476 tests of the unlisted modules
+# ---- the longest modules first (docs/ci.md) ----
+# pytest-xdist hands tests to its workers in collection order, so a long module collected last is a tail one
+# worker runs while the others idle (2026-11-28: the trainer's in-process JAX modules, collected last, were the
+# last 4 minutes of a run on one core). These modules run first, costliest first (longest processing time first),
+# by their measured CPU seconds in a serial run with each test's CPU read from /proc/stat (docs/performance.md,
+# "The whole suite"); every other module (under 15 s) keeps its place after them, and each module's tests keep
+# their order (so module fixtures are made once per worker).
+LONGEST_MODULES_FIRST = (
+    "tests/trainer/test_train_processes.py",
+    "tests/tpuops/cloud/test_e2e_commands.py",
+    "tests/trainer/sampling/test_sampler.py",
+    "tests/tpuops/cloud/test_recovery.py",
+    "tests/trainer/test_train.py",
+    "tests/tpuops/checks/test_fit.py",
+    "tests/trainer/fit/test_fit.py",
+    "tests/tpuops/test_e2e_local.py",
+    "tests/trainer/model/test_flash.py",
+    "tests/tpuops/cloud/test_multislice.py",
+    "tests/trainer/kernels/test_cli.py",
+    "tests/tpuops/cloud/test_failure_matrix.py",
+    "tests/tpuops/cloud/test_e2e_grpo.py",
+    "tests/trainer/model/test_qwen2.py",
+    "tests/tpuops/cloud/test_fit_preflight.py",
+    "tests/trainer/kernels/test_logprob.py",
+    "tests/tpuops/cloud/test_cli_vm.py",
+    "tests/trainer/test_eval.py",
+    "tests/tpuops/test_cli.py",
+    "tests/tpuops/sop/test_pyenv.py",
+    "tests/trainer/kernels/test_sharded.py",
+    "tests/test_package.py",
+    "tests/tpuops/cloud/test_compute.py",
+    "tests/trainer/test_sharding.py",
+    "tests/trainer/test_multislice_mesh.py",
+    "tests/tpuops/test_cli_basics.py",
+    "tests/tpuops/test_faults.py",
+    "tests/tpuops/test_usage_errors.py",
+    "tests/trainer/test_wandb.py",
+    "tests/trainer/test_hub.py",
+    "tests/tpuops/cloud/test_api_calls.py",
+    "tests/tpuops/run/test_logreport.py",
+    "tests/trainer/model/test_hf_equivalence.py",
+    "tests/tpuops/run/test_detach.py",
+    "tests/tpuops/test_own_code.py",
+    "tests/trainer/grpo/test_loss.py",
+    "tests/tpuops/test_redaction.py",
+    "tests/trainer/kernels/test_registry.py",
+    "tests/tpuops/test_exec.py",
+    "tests/tpuops/test_validators.py",
+    "tests/tpuops/sop/test_lifecycle.py",
+    "tests/trainer/sampling/test_kv_cache.py",
+)
 
 
-def _shares(count: int, workers: int) -> list[int]:
-    """How many tests worksteal first hands each worker: an even split of what is left, worker by worker."""
-    sizes = []
-    for i in range(workers):
-        sizes.append(count // (workers - i))
-        count -= sizes[-1]
-    return sizes
-
-
-def deal(items: list, workers: int) -> list:
-    """`items` reordered so that each of the `workers` contiguous first shares starts with its part of the costly
-    modules (costliest first) and ends with light tests; the shares' estimated CPU as equal as the modules allow."""
-    modules: dict[str, list] = {}
-    for item in items:
-        modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
-    costly = sorted((m for m in modules if m in MODULE_CPU_SECONDS), key=lambda m: -MODULE_CPU_SECONDS[m])
-    sizes = _shares(len(items), workers)
-    # A share's work if it were all light tests; each costly test then takes a light test's place in it.
-    work = [size * LIGHT_TEST_SECONDS for size in sizes]
-    dealt: list[list] = [[] for _ in sizes]
-    for module in costly:
-        share = work.index(min(work))
-        dealt[share] += modules[module]
-        work[share] += MODULE_CPU_SECONDS[module] - len(modules[module]) * LIGHT_TEST_SECONDS
-    light = [item for item in items if item.nodeid.split("::", 1)[0] not in MODULE_CPU_SECONDS]
-    ordered: list = []
-    for share, size in zip(dealt, sizes, strict=True):
-        fill = max(0, size - len(share))
-        ordered += share + light[:fill]
-        light = light[fill:]
-    return ordered + light
+def _module_rank(item: pytest.Item) -> int:
+    path = item.nodeid.split("::", 1)[0]
+    return LONGEST_MODULES_FIRST.index(path) if path in LONGEST_MODULES_FIRST else len(LONGEST_MODULES_FIRST)
 
 
 def pytest_collection_modifyitems(config: object, items: list) -> None:
@@ -313,3 +269,4 @@ def pytest_collection_modifyitems(config: object, items: list) -> None:
             SLOW_MODULES
         ):
             item.add_marker(slow)
+    items.sort(key=_module_rank)  # stable: collection order within a rank
