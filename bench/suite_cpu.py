@@ -53,7 +53,8 @@ def main(path: str, top: int = 30) -> None:
     rows = [json.loads(line) for line in Path(path).read_text().splitlines()]
     modules: dict[str, float] = {}
     for r in rows:
-        modules[r["id"].split("::")[0]] = modules.get(r["id"].split("::")[0], 0.0) + r["cpu"]
+        module = r["id"].split("::")[0]
+        modules[module] = modules.get(module, 0.0) + r["cpu"]
     print(
         f"{len(rows)} tests, {sum(r['cpu'] for r in rows):.0f} s of CPU, {sum(r['wall'] for r in rows):.0f} s"
     )
