@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.data import pythonpath
 from trainer import config
 from trainer.main import main
 
@@ -101,7 +102,7 @@ def test_a_config_the_run_rejects_exits_2_with_one_line(tmp_path: Path, sets: li
     argv = [sys.executable, "-m", "trainer.main", "--config", "arith", "--set", f"log.output_dir={tmp_path}"]
     for s in sets:
         argv += ["--set", s]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONPATH": pythonpath(REPO)}
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and proc.stderr.startswith(needle), (

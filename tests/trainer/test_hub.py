@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tests.data import DATA
+from tests.data import DATA, pythonpath
 from trainer.make_tiny import make_tiny
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,7 +47,7 @@ def test_model_and_gsm8k_come_from_the_hub_when_there_is_no_local_copy(tmp_path:
     no_data = tmp_path / "no-data"
     no_data.mkdir()  # a data.root without gsm8k/: the trainer must go to the hub
     env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1",
-           "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONPATH": str(REPO)}  # fmt: skip
+           "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONPATH": pythonpath(REPO)}  # fmt: skip
 
     code = f"from trainer import data; ex = data.load_gsm8k('auto', 'train', {str(no_data)!r}); print(len(ex), ex[5].gold)"
     got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
