@@ -138,6 +138,22 @@ def test_same_losses_with_4x2_accumulation_and_1x8(tmp_path: Path, one_device: R
 
 
 @pytest.mark.slow
+def test_the_step_metrics_are_token_means_when_completions_end_at_different_lengths(tmp_path: Path) -> None:
+    """On the bundled tokenizer's 384 rows the tiny model samples its end-of-sequence token, so micro-batches
+    hold different numbers of tokens. 4 accumulated micro-batches of 2 then print the kl, entropy and loss of
+    one batch of 8: each micro-batch's token mean weighted by its tokens (a plain mean of the 4 means printed
+    kl 0.2807 against 0.2892)."""
+    small = (*SAME, "mesh.devices=1", "model.tokenizer=bundled")
+    (one,) = run_toy(tmp_path / "one", *small).rows
+    (four,) = run_toy(tmp_path / "four", *small, "train.micro_batch=2").rows
+    assert one["completion_len_mean"] < one["completion_len_max"]  # some completions ended early
+    assert abs(one["loss"]) > 1e-3 and one["kl"] > 0
+    for key in ("loss", "kl", "entropy", "reward_mean", "kl_old", "clip_frac"):
+        assert four[key] == pytest.approx(one[key], abs=1e-5), key
+    assert four["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
+
+
+@pytest.mark.slow
 def test_same_losses_on_two_slices_of_a_1_2_2_mesh_with_2_micro_batches(
     tmp_path: Path, one_device: Recorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -100,8 +100,9 @@ def make_update(
         """The sum over slices (one cross-DCN reduction); on one slice there is nothing to sum."""
         return jax.lax.psum(x, DCN_AXIS) if slices > 1 else x
 
-    def accumulate(params: Any, batch: dict[str, jax.Array]) -> tuple[Any, jax.Array, Any]:
-        """One slice's rows: (gradient sum, [K] losses, [K] aux), each summed over the slices."""
+    def accumulate(params: Any, batch: dict[str, jax.Array]) -> tuple[Any, jax.Array, Any, jax.Array]:
+        """One slice's rows: (gradient sum, [K] losses, [K] aux), each summed over the slices, and [K] the
+        micro-batches' completion tokens (all slices')."""
         micro = jax.tree_util.tree_map(lambda x: x.reshape(n_micro, -1, *x.shape[1:]), batch)
         rows = micro["adv"].shape[1] * slices  # a micro-batch's rows, all slices together
         tokens_K = over_slices(micro["comp_mask"].sum(axis=(1, 2)).astype(jnp.float32))
@@ -116,7 +117,7 @@ def make_update(
             return jax.tree_util.tree_map(jnp.add, acc, grads), (loss, aux)
 
         grads, (losses_K, auxes_K) = jax.lax.scan(body, zeros, (micro, tokens_K))
-        return over_slices((grads, losses_K, auxes_K))
+        return (*over_slices((grads, losses_K, auxes_K)), tokens_K)
 
     def update(
         params: Any, opt_state: Any, batch: dict[str, jax.Array]
@@ -130,12 +131,15 @@ def make_update(
             per_slice = jax.shard_map(
                 accumulate, in_specs=(P(), batch_specs), out_specs=P(), axis_names={DCN_AXIS}, check_vma=False
             )
-        grads, losses, auxes = per_slice(params, batch)
+        grads, losses, auxes, tokens = per_slice(params, batch)
         grads = jax.tree_util.tree_map(lambda g: g / n_micro, grads)
         updates, opt_state = opt.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         out = {"loss": losses.mean(), "grad_norm": optax.global_norm(grads)}
-        out.update({k: v.mean() for k, v in auxes.items()})
+        # Each aux is a micro-batch's token mean: weighted by its tokens, the step's token mean (a plain mean
+        # of the K means is not, when completions end at different lengths).
+        weights = tokens / jnp.maximum(tokens.sum(), 1.0)
+        out.update({k: (v * weights).sum() for k, v in auxes.items()})
         return params, opt_state, out
 
     return OnMesh(
