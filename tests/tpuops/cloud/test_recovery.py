@@ -26,7 +26,6 @@ from tpuops.run import launch, recover
 from tpuops.run.result import RunResult
 
 ZONE = "us-central1-a"
-REPO = Path(__file__).resolve().parents[3]
 
 
 def _vm(cloud: Cloud, name: str, accelerator: str = "v4-16", *extra: str) -> str:
@@ -208,10 +207,13 @@ TRAINER = {
 
 
 @pytest.fixture(scope="module")
-def uninterrupted_digest(tmp_path_factory: pytest.TempPathFactory) -> str:
+def uninterrupted_digest(tmp_path_factory: pytest.TempPathFactory, committed_repo: Path) -> str:
     """The digest of the same trainer, config and seed run without a break, here (one process, one CPU
-    device): run once for both stores."""
+    device): run once for both stores. From a clone of the commit the workers run, not this working tree (an
+    uncommitted change to the trainer or its presets would compare two different programs)."""
     out = tmp_path_factory.mktemp("uninterrupted")
+    tree = out / "tree"
+    subprocess.run(["git", "clone", "-q", str(committed_repo), str(tree)], check=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINER_", "XLA_"))}
     env.update(JAX_PLATFORMS="cpu")
     argv = [sys.executable, "-m", "trainer.main", "--config", "toy"]
@@ -223,7 +225,7 @@ def uninterrupted_digest(tmp_path_factory: pytest.TempPathFactory) -> str:
     }
     for k, v in sets.items():
         argv += ["--set", f"{k}={v}"]
-    whole = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    whole = subprocess.run(argv, env=env, cwd=tree, capture_output=True, text=True, timeout=300, check=False)
     assert whole.returncode == 0, whole.stderr[-3000:]
     summary = json.loads(next(ln for ln in whole.stdout.splitlines() if ln.startswith("summary: "))[9:])
     return summary["param_digest"]
