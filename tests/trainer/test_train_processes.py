@@ -25,6 +25,12 @@ SAME = ("train.steps=1", "train.micro_batch=8", "rollout.samples_per_prompt=4", 
         "loss.beta=0.04", "loss.entropy_coef=0.01", "loss.loss_type=grpo", "train.learning_rate=1e-3")  # fmt: skip
 
 
+# The kill and SIGTERM tests signal the trainer on a step line they read while it runs on. On the 151,936-token
+# vocabulary a toy step takes 0.1-0.5 s: time for the signal to land before the next checkpoint. On the preset's
+# own 378 tokens a step takes about 0.01 s, and the run could save past the step the test means.
+PACED = "model.tokenizer=qwen2.5"
+
+
 def _read_until(p: subprocess.Popen[str], prefix: str, timeout: float = 300) -> list[str]:
     """`p`'s stdout lines up to the first that starts with `prefix`. At the deadline the process is killed
     (which ends the read) and the test fails naming the line it waited for."""
@@ -131,7 +137,7 @@ def test_two_processes_give_the_loss_of_one(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_killed_at_step_7_resumes_from_the_checkpoint_with_the_same_losses(tmp_path: Path) -> None:
-    sets = ("train.steps=10", "checkpoint.every=5", "log.param_digest=true", "train.micro_batch=8")
+    sets = ("train.steps=10", "checkpoint.every=5", "log.param_digest=true", "train.micro_batch=8", PACED)
     # The uninterrupted run goes alongside the killed one (independent runs: 2 cores, 2 processes), from its step 0
     # on: its programs are then in the session's compilation cache, and the killed and the resumed run read them
     # instead of compiling them again. Its stderr goes to a file: nothing reads it while the test waits.
@@ -192,7 +198,9 @@ def test_a_process_whose_peers_never_join_exits_with_a_clear_error(tmp_path: Pat
 def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint_to_resume_from(tmp_path: Path) -> None:
     # 200 steps: on a loaded machine the run must still be stepping when the signal lands, however late this
     # test reads its step=2 line (with 10 it could end first, and exit 0).
-    argv = _argv(tmp_path, "train.steps=200", f"checkpoint.dir={tmp_path / 'c'}", "train.micro_batch=8")
+    argv = _argv(
+        tmp_path, "train.steps=200", f"checkpoint.dir={tmp_path / 'c'}", "train.micro_batch=8", PACED
+    )
     p = subprocess.Popen(
         argv, env=_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     )
@@ -206,7 +214,9 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint_to_resume_from(tmp_p
     assert f"checkpoint step={last + 1} path={tmp_path / 'c'}" in seen
     assert seen[-1].startswith(f"stopped: SIGTERM (preemption notice or tpuops stop) after step={last + 1};")
 
-    again = _run(_argv(tmp_path, f"train.steps={last + 1}", f"checkpoint.dir={tmp_path / 'c'}"), _env())
+    again = _run(
+        _argv(tmp_path, f"train.steps={last + 1}", f"checkpoint.dir={tmp_path / 'c'}", PACED), _env()
+    )
     assert f"resumed step={last + 1} from={tmp_path / 'c'}" in again and "\nstep=" not in again
 
 
