@@ -2,11 +2,38 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.data import DATA
+
+COMPILE_LOGGING = ("jax_log_compiles", "jax_explain_cache_misses")
+
+
+@pytest.fixture(autouse=True)
+def _compile_logging_put_back() -> Iterator[None]:
+    """`log.log_compiles=true` turns on JAX's compile logging and its explanation of tracing-cache misses for the
+    whole process (trainer.startup.setup_jax): right for a trainer process, but an in-process test must not
+    leave them on for the tests after it in the same worker. An explanation walks every key of the process's
+    tracing cache, so with them left on, each later test paid for every earlier one's traces."""
+    jax = sys.modules.get("jax")
+    before = {name: getattr(jax.config, name) for name in COMPILE_LOGGING} if jax else {}
+    yield
+    if (jax := sys.modules.get("jax")) is not None:
+        for name in COMPILE_LOGGING:
+            jax.config.update(name, before.get(name, False))
+
+
+def empty_tracing_cache() -> None:
+    """Drop this process's in-memory JAX caches before a test that turns on `log.log_compiles`: each tracing-cache
+    miss is then explained against every key of that cache, and an xdist worker that ran other tests first holds
+    thousands (test_eval's run: 37 s of CPU there against 6 s alone). The persistent compilation cache stays."""
+    import jax
+
+    jax.clear_caches()
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.data import DATA
+from tests.trainer.conftest import empty_tracing_cache
 from trainer import checkpoint, config, data, metrics, train
 from trainer import eval as trainer_eval
 
@@ -125,6 +126,7 @@ def test_eval_every_step_compiles_only_inside_the_first_eval(
     so the second batch carries 3 repeated prompts that must not count."""
     import jax
 
+    empty_tracing_cache()
     handler = _Events()
     logging.getLogger("jax").addHandler(handler)
     try:

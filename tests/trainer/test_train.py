@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tests.data import DATA
+from tests.trainer.conftest import empty_tracing_cache
 from trainer import config, metrics, train
 
 
@@ -71,6 +72,7 @@ def test_12_steps_learn_without_compiling_after_step_0_and_flipped_advantages_un
     run reads them from the session's compilation cache. Measured on seeds 0-2 (the bundled tokenizer): a rise of
     0.66-0.78, a fall of 0.20-0.25."""
     sets = ("mesh.devices=1", "train.steps=12", "train.micro_batch=8")
+    empty_tracing_cache()
     rec = run_toy(tmp_path, *sets, "log.log_compiles=true")
     out = capsys.readouterr().out
     up = rec.rows
