@@ -160,6 +160,7 @@ class FitProgress:
         self.config, self.clock = config, time.monotonic
         self.started = self.since = self.clock()
         self.now: str | None = None
+        self.trying: str | None = None  # the override being compiled, in a search for one that fits
         self.done: list[str] = []
 
     def feed(self, line: str) -> None:
@@ -170,6 +171,8 @@ class FitProgress:
             name, _, took = text.removeprefix("compiled ").partition(" in ")
             self.done.append(f"{name} {took.replace(' ', '')}")
             self.now = None
+        elif text.startswith("trying "):
+            self.trying = text.removeprefix("trying ")
 
     def status(self) -> str:
         t = self.clock()
@@ -177,7 +180,7 @@ class FitProgress:
             f"compiling {self.now} for the TPU {t - self.since:.0f}s"
             if self.now
             else "tracing the step's programs"
-        )
+        ) + (f" (trying --set {self.trying})" if self.trying else "")
         done = f" · compiled: {', '.join(self.done)}" if self.done else ""
         return f"fit {self.config}: {doing} · elapsed {t - self.started:.0f}s{done}"
 
@@ -199,10 +202,17 @@ def summary(result: dict[str, Any]) -> str:
     line = (f"{where} does not fit: {result['tightest_phase']} peak {tight['peak_bytes'] / GB:.1f} GB > "
             f"{result['usable_bytes_per_device'] / GB:.1f} GB usable per device")  # fmt: skip
     fix = result.get("fix")
+    skipped = "".join(
+        f"; skipped {' '.join(f'--set {s}' for s in k['set'])}: {k['why']}"
+        for k in result.get("fix_skipped", [])
+    )
     if fix:
         sets = " ".join(f"--set {s}" for s in fix["set"])
-        return f"{line}: {sets} fits (peak {fix['peak_bytes'] / GB:.1f} GB)"
-    return f"{line}: lower train.micro_batch, set train.remat=full, or pick a larger TPU (tpuops fit --accelerator)"
+        return f"{line}: {sets} fits (peak {fix['peak_bytes'] / GB:.1f} GB){skipped}"
+    return (
+        f"{line}: lower train.micro_batch, set train.remat=full, or pick a larger TPU (tpuops fit --accelerator)"
+        f"{skipped}"
+    )
 
 
 def step_seconds(result: dict[str, Any]) -> tuple[float, str]:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 EXIT_FITS, EXIT_CONFIG, EXIT_NO_FIT, EXIT_NO_LIBTPU = 0, 2, 3, 4
@@ -47,6 +50,40 @@ def fix_candidates(cfg: Any, batch_devices: int) -> list[list[str]]:
             out.append([f"train.micro_batch={mb}", "train.remat=full"])
         mb //= 2
     return out
+
+
+def search_fix(
+    cfg: Any, tgt: Any, slices: int, batch_devices: int
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The first of `fix_candidates` whose update fits, and the candidates skipped on the way.
+
+    Each candidate compiles in a child process (`python -m trainer.fit --phases ref_logp,update --no-fix
+    --no-host` on the resolved config): libtpu's compiler can crash (seen: SIGSEGV on the tiny model's
+    `train.remat=dots` at 96 sequences of 2048 tokens on v5e-1), and a crash in one speculative candidate must
+    neither lose the verdict already made nor end the search. Its progress lines (stderr) pass through.
+    Returns ({"set", "peak_bytes"} or None, [{"set", "why"}] for each candidate that crashed or failed)."""
+    from trainer import config
+    from trainer.fit import programs
+
+    skipped: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="trainer-fit-") as folder:
+        path = Path(folder) / "config.yaml"
+        path.write_text(config.dumps(cfg))  # JSON is YAML: the resolved config, its overrides included
+        for extra in fix_candidates(cfg, batch_devices):
+            argv = [sys.executable, "-m", "trainer.fit", "--config", str(path), *(f"--set={s}" for s in extra),
+                    "--topology", tgt.topology, "--slices", str(slices), "--phases", ",".join(programs.UPDATE),
+                    "--no-fix", "--no-host", "--json"]  # fmt: skip
+            print(f"fit: trying {' '.join(extra)}", file=sys.stderr, flush=True)
+            r = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, check=False)
+            last = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
+            if r.returncode < 0:
+                skipped.append({"set": extra, "why": f"the TPU compiler crashed (signal {-r.returncode})"})
+            elif r.returncode not in (EXIT_FITS, EXIT_NO_FIT) or not last.startswith("{"):
+                skipped.append({"set": extra, "why": f"exit {r.returncode}"})
+            elif (tried := json.loads(last))["fits"]:
+                peak = max(p["peak_bytes"] for p in tried["phases"].values())
+                return {"set": extra, "peak_bytes": peak}, skipped
+    return None, skipped
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,8 +240,8 @@ def run(
 ) -> dict[str, Any]:
     """Compile and judge every phase at the model's depth (the layer scan compiles one layer body, so depth
     costs no compile time); when only the update does not fit, the first override list that does
-    (`fix_candidates`). With `host`, the host's work of a step is timed here (trainer.fit.host) and added."""
-    from trainer import config
+    (`fix_candidates`, each compiled in its own process: `search_fix`). With `host`, the host's work of a step
+    is timed here (trainer.fit.host) and added."""
     from trainer.fit import analyze, estimate, programs
     from trainer.fit import host as host_work
     from trainer.kernels.logprob.blocks import compile_target
@@ -224,15 +261,10 @@ def run(
         result = analyze.judge(raw, per_device, host_result["seconds"] if host_result else 0.0)
         failed = [k for k, p in result["phases"].items() if not p["fits"]]
         result["fix"] = None
-        if fix and failed and all(k in programs.UPDATE for k in failed):
-            for extra in fix_candidates(cfg, facts["batch_devices"]):
-                tried = analyze.judge(measured(config.with_sets(cfg, extra), programs.UPDATE)[0], per_device)
-                if tried["fits"]:
-                    result["fix"] = {
-                        "set": extra,
-                        "peak_bytes": max(p["peak_bytes"] for p in tried["phases"].values()),
-                    }
-                    break
+    if fix and failed and all(k in programs.UPDATE for k in failed):
+        result["fix"], skipped = search_fix(cfg, tgt, slices, facts["batch_devices"])
+        if skipped:
+            result["fix_skipped"] = skipped
     if slices > 1:
         result["dcn"] = dcn_verdict(result, devices, slices)
     return {

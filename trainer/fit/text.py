@@ -32,6 +32,7 @@ def render(r: dict[str, Any]) -> str:
             if r["fix"]
             else ""
         )
+        + "".join(f"; skipped --set {' --set '.join(k['set'])}: {k['why']}" for k in r.get("fix_skipped", []))
     )
     for name, p in r["phases"].items():
         if p.get("breakdown"):

@@ -96,22 +96,41 @@ def update_too_big(folder: Path) -> Path:
     return _config(folder, "big-update", Qwen2Config(vocab_size=1024).to_hf(), "float32", rollout_and_train)
 
 
+# Makes the fit search's first candidate (`train.remat=dots`, compiled in a child `trainer.fit --no-fix`) die of
+# SIGSEGV at interpreter start, as libtpu's compiler once did on a candidate (docs/performance.md): a real crash
+# of a real process, the first thing the search meets.
+CRASH_ON_DOTS = """import os, signal, sys
+if "--no-fix" in sys.orig_argv and "--set=train.remat=dots" in sys.orig_argv:
+    os.kill(os.getpid(), signal.SIGSEGV)
+"""
+
+
 @pytest.mark.slow
-def test_an_oversized_micro_batch_gets_the_cheapest_override_that_fits(tmp_path: Path) -> None:
+def test_an_oversized_micro_batch_gets_the_cheapest_override_that_fits_past_a_candidate_that_crashes(
+    tmp_path: Path,
+) -> None:
     """Only the update is too big (a 64-sequence micro-batch's attention scores): the message names the
     override that fits, found by compiling the candidates cheapest first (trainer.fit.__main__.fix_candidates,
-    whose order tests/trainer/fit/test_estimate.py checks): here the first, more remat, fits."""
-    r = tpuops("fit", str(update_too_big(tmp_path)), "--json")
+    whose order tests/trainer/fit/test_estimate.py checks), each in its own process. The first, more remat,
+    crashes the compiler here (CRASH_ON_DOTS): the search names it skipped and goes on, and the second, full
+    remat, fits. The verdict made before the search stands."""
+    (tmp_path / "crash").mkdir()
+    (tmp_path / "crash" / "sitecustomize.py").write_text(CRASH_ON_DOTS)
+    r = tpuops("fit", str(update_too_big(tmp_path)), "--json", env={"PYTHONPATH": str(tmp_path / "crash")})
     assert r.returncode == 12, r.stderr[-2000:]
     data = json.loads(r.stdout)
     assert not data["phases"]["update"]["fits"] and data["phases"]["prefill"]["fits"]
+    assert data["fix_skipped"] == [
+        {"set": ["train.remat=dots"], "why": "the TPU compiler crashed (signal 11)"}
+    ]
     fix = data["fix"]
     # Compiled with the override, the update fits; the peak is that compile's.
-    assert fix and fix["set"] == ["train.remat=dots"]
+    assert fix and fix["set"] == ["train.remat=full"]
     assert fix["peak_bytes"] <= data["usable_bytes_per_device"]
     assert fix["peak_bytes"] < data["phases"]["update"]["peak_bytes"]
     line = next(ln for ln in r.stderr.splitlines() if "does not fit" in ln)
     assert f"--set {fix['set'][0]}" in line and "fits (peak" in line
+    assert "skipped --set train.remat=dots: the TPU compiler crashed (signal 11)" in line
 
 
 @pytest.mark.slow
