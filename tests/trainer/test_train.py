@@ -111,14 +111,17 @@ def _assert_same(a: Recorder, b: Recorder) -> None:
     diff = np.concatenate([
         np.abs(np.asarray(x) - np.asarray(y)).ravel() for x, y in zip(leaves_a, leaves_b, strict=True)
     ])  # fmt: skip
-    # Adam's first step is ~lr·sign(g): where |g| is near eps, the reduction order of another layout moves that
-    # one parameter by a fraction of lr (seen: 1 element of 9.8 million by 0.12 lr, on 2 slices). A wrong
-    # gradient moves many (and the loss, kl and grad norm above): at most 1 in 100,000 may differ by 0.1 lr, none
-    # by lr.
+    # Adam's first step is ~lr·sign(g): where g is within float rounding of zero (terms that cancel), another
+    # layout's reduction order moves that parameter by a fraction of lr. Seen: 1 element of 9.8 million by
+    # 0.12 lr on 2 slices (the 152k vocabulary), 1 of 98,880 on the bundled one; how many there are follows from
+    # how many gradients cancel, not from the model's size. A wrong gradient moves thousands (and the loss, kl
+    # and grad norm above): at most 1 in 100,000, and never fewer than 10, may differ by 0.1 lr; none by lr.
     lr = 1e-3
     assert float(diff.max()) < lr, f"parameters after the update differ by {float(diff.max())} (lr {lr})"
     loose = int((diff > 0.1 * lr).sum())
-    assert loose <= diff.size // 100_000, f"{loose} of {diff.size} parameters differ by more than 0.1 lr"
+    assert loose <= max(diff.size // 100_000, 10), (
+        f"{loose} of {diff.size} parameters differ by more than 0.1 lr"
+    )
 
 
 @pytest.fixture(scope="module")
