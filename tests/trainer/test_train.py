@@ -148,9 +148,8 @@ def test_the_step_metrics_are_token_means_when_completions_end_at_different_leng
     hold different numbers of tokens. 4 accumulated micro-batches of 2 then print the kl, entropy and loss of
     one batch of 8: each micro-batch's token mean weighted by its tokens (a plain mean of the 4 means printed
     kl 0.2807 against 0.2892)."""
-    small = (*SAME, "mesh.devices=1", "model.tokenizer=bundled")
-    (one,) = run_toy(tmp_path / "one", *small).rows
-    (four,) = run_toy(tmp_path / "four", *small, "train.micro_batch=2").rows
+    (one,) = run_toy(tmp_path / "one", *SAME, "mesh.devices=1").rows  # the toy preset: the bundled tokenizer
+    (four,) = run_toy(tmp_path / "four", *SAME, "mesh.devices=1", "train.micro_batch=2").rows
     assert one["completion_len_mean"] < one["completion_len_max"]  # some completions ended early
     assert abs(one["loss"]) > 1e-3 and one["kl"] > 0
     for key in ("loss", "kl", "entropy", "reward_mean", "kl_old", "clip_frac"):

@@ -251,16 +251,13 @@ def run(
     geo = estimate.Geometry(tuple(tuple(d.coords) for d in devices), tgt.chip.wrap_from)
     layers = programs.model_config(cfg).num_hidden_layers
 
-    def measured(c: Any, only: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
-        progs, facts = programs.step_programs(c, devices, only)
-        return analyze.measure_all(progs, len(devices), breakdown, per_device, geo), facts
-
     host_result = host_work.measure(cfg) if host else None
     with compile_target(f"tpu {devices[0].device_kind}"):
-        raw, facts = measured(cfg, only or programs.ROLLOUT + programs.UPDATE)
-        result = analyze.judge(raw, per_device, host_result["seconds"] if host_result else 0.0)
-        failed = [k for k, p in result["phases"].items() if not p["fits"]]
-        result["fix"] = None
+        progs, facts = programs.step_programs(cfg, devices, only or programs.ROLLOUT + programs.UPDATE)
+        raw = analyze.measure_all(progs, len(devices), breakdown, per_device, geo)
+    result = analyze.judge(raw, per_device, host_result["seconds"] if host_result else 0.0)
+    failed = [k for k, p in result["phases"].items() if not p["fits"]]
+    result["fix"] = None
     if fix and failed and all(k in programs.UPDATE for k in failed):
         result["fix"], skipped = search_fix(cfg, tgt, slices, facts["batch_devices"])
         if skipped:
