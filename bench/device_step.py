@@ -245,8 +245,8 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
     while True:
         ucfg = config.with_sets(cfg, [f"train.micro_batch={micro}"])
         ucfg.check_batch(1, batch_devices(mesh))
-        update = make_update(ucfg, mconf, opt, P_len, impl, (params, opt_state)).lower(
-            params, opt_state, glike
+        update = make_update(ucfg, mconf, P_len, impl, (params, opt_state)).lower(
+            params, opt_state, glike, np.int32(cfg.train.steps)
         )
         update = update.compile()
         mem = update.memory_analysis()
@@ -316,7 +316,9 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
         gbatch = {k: global_array(mesh, np.asarray(v)) for k, v in batch.items()}
         t["host_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        state["params"], state["opt_state"], stats = update(state["params"], state["opt_state"], gbatch)
+        state["params"], state["opt_state"], stats = update(
+            state["params"], state["opt_state"], gbatch, np.int32(cfg.train.steps)
+        )
         t["loss"] = float(stats["loss"])
         t["update_s"] = time.perf_counter() - t0
         t["decode_s"] = max(t["generate_s"] - t["prefill_s"], 0.0)

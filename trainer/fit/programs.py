@@ -85,8 +85,8 @@ def training_mesh(cfg: Config, devices: list[Any]) -> Mesh:
     return make_mesh(cfg.mesh.dp, fsdp, cfg.mesh.tp, devices, slices)
 
 
-def state(cfg: Config, mconf: Qwen2Config, mesh: Mesh) -> tuple[Any, Any, Any]:
-    """(params, optimizer state, optimizer) as sharded ShapeDtypeStructs, laid out as train.run lays them out."""
+def state(cfg: Config, mconf: Qwen2Config, mesh: Mesh) -> tuple[Any, Any]:
+    """(params, optimizer state) as sharded ShapeDtypeStructs, laid out as train.run lays them out."""
     shapes = jax.eval_shape(
         lambda: Qwen2(mconf).init(jax.random.key(0), jnp.zeros((1, 2), jnp.int32), method=Qwen2.init_all)
     )["params"]
@@ -97,7 +97,7 @@ def state(cfg: Config, mconf: Qwen2Config, mesh: Mesh) -> tuple[Any, Any, Any]:
     opt_state = jax.tree_util.tree_map(
         lambda x, s: _sds(x.shape, x.dtype, s), shapes, opt_state_shardings(opt, params, mesh)
     )
-    return params, opt_state, opt
+    return params, opt_state
 
 
 ROLLOUT = ("decode_cast", "prefill", "decode")
@@ -111,7 +111,7 @@ def step_programs(
     mconf = model_config(cfg)
     mesh = training_mesh(cfg, devices)
     cfg.check_batch(len({d.process_index for d in devices}), batch_devices(mesh))
-    params, opt_state, opt = state(cfg, mconf, mesh)
+    params, opt_state = state(cfg, mconf, mesh)
     N, P_len, C = cfg.sequences_per_step, max(cfg.data.prompt_buckets), cfg.rollout.max_new_tokens
     impl = resolve_impl(cfg.train.loss_impl, "tpu")
     programs: list[Program] = []
@@ -121,7 +121,7 @@ def step_programs(
     if any(name in only for name in ROLLOUT):
         programs += _rollout(cfg, mconf, params, opt_state, rmesh, to_decode)
     if any(name in only for name in UPDATE):
-        programs += _update(cfg, mconf, mesh, params, opt_state, opt, impl)
+        programs += _update(cfg, mconf, mesh, params, opt_state, impl)
     facts = {
         "impl": impl, "mesh": dict(mesh.shape), "rollout_mesh": dict(rmesh.shape),
         "params_bytes": device_bytes(params), "opt_state_bytes": device_bytes(opt_state),
@@ -177,7 +177,7 @@ def _rollout(
 
 
 def _update(
-    cfg: Config, mconf: Qwen2Config, mesh: Mesh, params: Any, opt_state: Any, opt: Any, impl: str
+    cfg: Config, mconf: Qwen2Config, mesh: Mesh, params: Any, opt_state: Any, impl: str
 ) -> list[Program]:
     N, P_len, C = cfg.sequences_per_step, max(cfg.data.prompt_buckets), cfg.rollout.max_new_tokens
     resident = device_bytes(params) + device_bytes(opt_state)
@@ -194,6 +194,7 @@ def _update(
         ref = make_ref_logp(cfg, mconf, impl, mesh)
         programs.append(Program("ref_logp", ref.lower(params, batch, P_len), resident))
         batch["ref_logp"] = _batch(mesh, (N, C), jnp.float32)
-    update = make_update(cfg, mconf, opt, P_len, impl, (params, opt_state))
-    programs.append(Program("update", update.lower(params, opt_state, batch), 0))
+    update = make_update(cfg, mconf, P_len, impl, (params, opt_state))
+    steps = jax.ShapeDtypeStruct((), jnp.int32)
+    programs.append(Program("update", update.lower(params, opt_state, batch, steps), 0))
     return programs

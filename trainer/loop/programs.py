@@ -22,15 +22,33 @@ from trainer.model.qwen2 import forward_hidden, lm_head_weight
 from trainer.sharding import DCN_AXIS
 
 
-def optimizer(cfg: Config) -> optax.GradientTransformation:
+def learning_rate(cfg: Config, steps: Any) -> optax.Schedule:
+    """The learning rate at each optimizer step of a `steps`-step run: a linear warm-up over train.warmup_steps
+    (from 0; none when 0), then a cosine decay from train.learning_rate to a tenth of it at the last step. It is
+    optax.warmup_cosine_decay_schedule, with the run's length a value (the update's input) rather than a
+    constant in the program: runs that differ only in train.steps (a 3-step smoke run, then the real one) share
+    one compiled update and its persistent-cache entry. A run no longer than its warm-up stays at the peak after
+    it (optax refuses a decay of no steps: every shipped TPU preset's `--set train.steps=3` failed there)."""
     t = cfg.train
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0 if t.warmup_steps else t.learning_rate,
-        t.learning_rate,
-        max(t.warmup_steps, 1),
-        max(t.steps, 2),
-        0.1 * t.learning_rate,
-    )
+    peak, start = t.learning_rate, (0.0 if t.warmup_steps else t.learning_rate)
+    warmup = max(t.warmup_steps, 1)
+    alpha = 0.1
+
+    def schedule(count: Any) -> jax.Array:
+        warm = (start - peak) * (1 - jnp.clip(count, 0, warmup) / warmup) + peak
+        decay = jnp.maximum(steps, 2) - warmup
+        cosine = 0.5 * (1 + jnp.cos(jnp.pi * jnp.minimum(count - warmup, decay) / jnp.maximum(decay, 1)))
+        decayed = peak * ((1 - alpha) * cosine + alpha)
+        return jnp.where(count < warmup, warm, jnp.where(decay > 0, decayed, peak))
+
+    return schedule
+
+
+def optimizer(cfg: Config, steps: Any = None) -> optax.GradientTransformation:
+    """Clipping, then AdamW or Lion at learning_rate(cfg, steps); `steps` defaults to train.steps. Its state
+    is the same whatever `steps` is: the update builds it again around its own input."""
+    t = cfg.train
+    schedule = learning_rate(cfg, t.steps if steps is None else steps)
     if t.optimizer == "lion":
         opt = optax.lion(schedule, weight_decay=t.weight_decay)
     else:
@@ -74,11 +92,11 @@ def make_loss_fn(cfg: Config, mconf: Any, P_len: int, impl: str) -> Any:
     return loss_fn
 
 
-def make_update(
-    cfg: Config, mconf: Any, opt: optax.GradientTransformation, P_len: int, impl: str, like: tuple[Any, Any]
-) -> OnMesh:
-    """One jitted step: mean of the micro-batch gradients (lax.scan), applied once; traced on the params' mesh
-    with each decoder layer rematerialised per train.remat and its attention per train.attention_impl.
+def make_update(cfg: Config, mconf: Any, P_len: int, impl: str, like: tuple[Any, Any]) -> OnMesh:
+    """update(params, opt_state, batch, steps): one jitted step, the mean of the micro-batch gradients
+    (lax.scan) applied once by optimizer(cfg, steps), `steps` the run's length as an int32 value (so
+    train.steps is not compiled in); traced on the params' mesh with each decoder layer rematerialised per
+    train.remat and its attention per train.attention_impl.
 
     The micro-batch loop runs inside a shard_map that is manual over the mesh's dcn axis only (dp, fsdp and tp
     stay XLA's): each slice takes its own rows of every micro-batch, sums their gradients on its ICI, and the
@@ -120,7 +138,7 @@ def make_update(
         return (*over_slices((grads, losses_K, auxes_K)), tokens_K)
 
     def update(
-        params: Any, opt_state: Any, batch: dict[str, jax.Array]
+        params: Any, opt_state: Any, batch: dict[str, jax.Array], steps: jax.Array
     ) -> tuple[Any, Any, dict[str, jax.Array]]:
         per_slice = accumulate
         if slices > 1:
@@ -133,7 +151,7 @@ def make_update(
             )
         grads, losses, auxes, tokens = per_slice(params, batch)
         grads = jax.tree_util.tree_map(lambda g: g / n_micro, grads)
-        updates, opt_state = opt.update(grads, opt_state, params)
+        updates, opt_state = optimizer(cfg, steps).update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         out = {"loss": losses.mean(), "grad_norm": optax.global_norm(grads)}
         # Each aux is a micro-batch's token mean: weighted by its tokens, the step's token mean (a plain mean

@@ -43,9 +43,7 @@ def rollout(run: Run, state: State, step: int) -> Rollout:
     ids_PP, mask_PP = encode_chat(run.tokenizer, [run.task.messages(ex) for ex in prompts], buckets)
     p_len = ids_PP.shape[1]
     if p_len not in run.updates:  # a bucket not seen yet: its update compiles now, as its rollout will
-        run.updates[p_len] = make_update(
-            cfg, run.mconf, run.opt, p_len, run.impl, (state.params, state.opt_state)
-        )
+        run.updates[p_len] = make_update(cfg, run.mconf, p_len, run.impl, (state.params, state.opt_state))
     ids_NP, mask_NP = np.repeat(ids_PP, G, axis=0), np.repeat(mask_PP, G, axis=0)
     rng = jax.random.fold_in(jax.random.key(cfg.train.seed), step)
     out = _generate(run, run.to_decode(state.params), ids_NP, mask_NP, rng, G)

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import optax
 from jax.sharding import Mesh
 
 from trainer import data, metrics, tasks
@@ -38,7 +37,6 @@ class Run:
     sampling: SamplingConfig
     eos: Any  # token ids that end a completion
     pad: int
-    opt: optax.GradientTransformation
     impl: str  # the loss implementation train.loss_impl resolved to
     updates: dict[int, OnMesh]  # prompt length P -> the jitted update (one compile per bucket seen)
     ref_params: Any  # the frozen reference policy (loss.beta > 0), else None

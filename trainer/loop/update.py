@@ -23,9 +23,9 @@ def update(run: Run, state: State, ro: Rollout, sc: Scores) -> tuple[dict[str, f
     p_len = ro.ids_NP.shape[1]
     if run.ref_logp is not None:
         gbatch["ref_logp"] = run.ref_logp(run.ref_params, gbatch, p_len)
-    step_fn = run.updates[p_len]
+    step_fn, steps = run.updates[p_len], np.int32(run.cfg.train.steps)  # an input: see programs.learning_rate
     t1 = time.perf_counter()
     for _ in range(run.cfg.train.ppo_epochs):
-        state.params, state.opt_state, stats = step_fn(state.params, state.opt_state, gbatch)
+        state.params, state.opt_state, stats = step_fn(state.params, state.opt_state, gbatch, steps)
     out = {k: float(v) for k, v in stats.items()}
     return out, time.perf_counter() - t1
