@@ -67,6 +67,11 @@ else:
 _OWN_TPU_LOGS = None
 if "TPU_LOG_DIR" not in os.environ:
     _OWN_TPU_LOGS = os.environ["TPU_LOG_DIR"] = tempfile.mkdtemp(prefix="tpuops-tests-tpu-logs-")
+# torch (transformers' reference model in test_hf_equivalence) makes /tmp/torchinductor_$USER when imported: a
+# folder of the session instead.
+_OWN_TORCH = None
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    _OWN_TORCH = os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="tpuops-tests-torch-")
 # Bytecode for the session's processes. A container that sets PYTHONDONTWRITEBYTECODE (as this project's do) makes
 # every process the tests start (hundreds of CLIs, trainers, xdist workers) compile tpuops/ and trainer/ from
 # source again: about 0.16 s of CPU per CLI. The controller lets its children write it in place and removes, at
@@ -211,7 +216,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: object) -> None:
     _STARTER.stop()
-    for own in (_OWN_JAX_CACHE, _OWN_FITS, _OWN_TPU_LOGS, _OWN_JAX_SHARE):
+    for own in (_OWN_JAX_CACHE, _OWN_FITS, _OWN_TPU_LOGS, _OWN_JAX_SHARE, _OWN_TORCH):
         if own is not None:
             shutil.rmtree(own, ignore_errors=True)
     if _PYCACHE_BEFORE is not None:

@@ -187,6 +187,7 @@ def test_a_repository_with_uv_lock_gets_its_venv_from_uv_sync_and_keeps_it_while
     assert Path(uv).exists(), "uv is in the test extra (pyproject.toml)"
     monkeypatch.setenv("PATH", os.pathsep.join([str(Path(uv).parent), os.environ["PATH"]]))
     monkeypatch.setenv("UV_OFFLINE", "1")  # nothing downloads: the project has no dependencies to fetch
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # uv's lock file for the environment (uv-HASH.lock) goes here
     t = LocalTransport(tmp_path / "vm")
     proj = t.home(0) / "proj"
     proj.mkdir(parents=True)
