@@ -68,9 +68,8 @@ def test_12_steps_learn_without_compiling_after_step_0_and_flipped_advantages_un
 ) -> None:
     """The update has the right sign and scale: +0.3 on the toy task; flipped, the reward falls. The 12 steps
     (2 micro-batches each, accumulated) compile nothing after step 0 (JAX's compile log). Both runs have the same
-    steps and micro-batches, so the same programs (the schedule's length is one of their constants): the flipped
-    run reads them from the session's compilation cache. Measured on seeds 0-2 (the bundled tokenizer): a rise of
-    0.66-0.78, a fall of 0.20-0.25."""
+    micro-batches, so the same programs: the flipped run reads them from the session's compilation cache.
+    Measured on seeds 0-2 (the bundled tokenizer): a rise of 0.66-0.78, a fall of 0.20-0.25."""
     sets = ("mesh.devices=1", "train.steps=12", "train.micro_batch=8")
     empty_tracing_cache()
     rec = run_toy(tmp_path, *sets, "log.log_compiles=true")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.data import DATA, pythonpath
+from tests.data import DATA, PACED_TOKENIZER, pythonpath
 
 REPO = Path(__file__).resolve().parents[2]
 STEP = re.compile(r"^step=(\d+) (.*)$")
@@ -25,10 +25,7 @@ SAME = ("train.steps=1", "train.micro_batch=8", "rollout.samples_per_prompt=4", 
         "loss.beta=0.04", "loss.entropy_coef=0.01", "loss.loss_type=grpo", "train.learning_rate=1e-3")  # fmt: skip
 
 
-# The kill and SIGTERM tests signal the trainer on a step line they read while it runs on. On the 151,936-token
-# vocabulary a toy step takes 0.1-0.5 s: time for the signal to land before the next checkpoint. On the preset's
-# own 378 tokens a step takes about 0.01 s, and the run could save past the step the test means.
-PACED = "model.tokenizer=qwen2.5"
+PACED = f"model.tokenizer={PACED_TOKENIZER}"  # the kill and SIGTERM tests (tests/data.py says why)
 
 
 def _read_until(p: subprocess.Popen[str], prefix: str, timeout: float = 300) -> list[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.data import DATA
+from tests.data import DATA, PACED_TOKENIZER
 from tests.gcs import BUCKET, gcs_server
 from tests.tpuops.cloud.conftest import Cloud
 from tpuops.cloud.emulator.sshd import free_port
@@ -199,12 +199,11 @@ def test_a_vm_run_without_recover_ends_at_once_with_exit_8_when_preempted(
 
 # 12 toy GRPO steps with a checkpoint every 4 and the final parameters' digest printed; 2 prompts x 4 samples
 # in one micro-batch. Three trainer runs read this (the uninterrupted one, the preempted one, the resumed one):
-# a checkpoint before the preemption and steps after the resume are all the check needs. On the 151,936-token
-# vocabulary (not the preset's 378): a step then takes 0.1-0.5 s, time for the preemption to land mid-run; on 378
-# tokens the 12 steps take about 0.2 s and the run can end before the watch sees step 5.
+# a checkpoint before the preemption and steps after the resume are all the check needs. On PACED_TOKENIZER's
+# vocabulary, so the preemption lands mid-run (tests/data.py).
 TRAINER = {
     "train.steps": "12", "checkpoint.every": "4", "log.param_digest": "true", "rollout.samples_per_prompt": "4",
-    "train.micro_batch": "8", "model.tokenizer": "qwen2.5",
+    "train.micro_batch": "8", "model.tokenizer": PACED_TOKENIZER,
 }  # fmt: skip
 
 
