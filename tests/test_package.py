@@ -37,6 +37,16 @@ def _pip(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return _run(argv, python.parent.parent.parent, 600)
 
 
+def _see_the_running_environment(venv: Path) -> None:
+    """A venv whose system packages are this interpreter's environment, not only its base: `--system-site-packages`
+    reaches the base interpreter's site-packages, which lack the packages of a venv the tests run in. A .pth file
+    adds the running environment's site-packages after the new venv's own (so tpuops comes from the wheel)."""
+    site = Path("lib") / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    if sys.prefix != sys.base_prefix:
+        line = f"import site; site.addsitedir({str(Path(sys.prefix) / site)!r})\n"
+        (venv / site / "_tpuops_tests_running_env.pth").write_text(line)
+
+
 def _source_copy(dest: Path) -> Path:
     """What a wheel is built from, copied out of the checkout (the build leaves its build/ folder there)."""
     for name in ("pyproject.toml", "README.md"):
@@ -58,6 +68,7 @@ def test_a_wheel_installed_without_e_lists_and_plans_the_built_in_sops(tmp_path:
     # A fresh venv; its dependencies come from this interpreter's site-packages, tpuops only from the wheel.
     venv = tmp_path / "venv"
     assert _venv(venv, "--system-site-packages").returncode == 0
+    _see_the_running_environment(venv)
     py, tpuops = venv / "bin" / "python", venv / "bin" / "tpuops"
     put = _pip(py, "--no-deps", "--no-index", str(wheel))
     assert put.returncode == 0, put.stderr[-3000:]

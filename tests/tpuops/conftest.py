@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -133,15 +134,18 @@ def commit_to(bare: Path, tmp: Path, name: str, content: str) -> str:
 
 @pytest.fixture(scope="session")
 def worker_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """An interpreter the workers' own Unix users can run, with this one's packages (jax, the trainer deps).
+    """An interpreter the workers' own Unix users can run, with this environment's packages (jax, the trainer's).
 
-    This interpreter may live under /root (mode 0700). A hard-linked copy of its prefix costs no disk and
-    ~3 s; a wrapper points the dynamic loader at the copy's libpython (its RPATH still names /root).
+    The environment is the running one: a venv (python -m venv, uv venv) or none. Its interpreter may live
+    under /root (mode 0700), which the workers cannot enter: a hard-linked copy of the base prefix costs no disk
+    and ~3 s, with the running environment's site-packages (the venv's, editable installs' .pth files and all)
+    in place of the base's, as the venv itself sees them; a wrapper points the dynamic loader at the copy's
+    libpython (its RPATH still names /root). Where the base is readable by everyone (a Debian /usr), a venv is
+    copied alone (its python links to that base), and no venv at all is used as it is.
     """
-    import sys
-
-    prefix = Path(sys.base_prefix)
-    if os.geteuid() != 0 or (os.access(prefix, os.R_OK | os.X_OK) and str(prefix).startswith("/usr")):
+    prefix, env = Path(sys.base_prefix), Path(sys.prefix)
+    in_venv = env != prefix
+    if os.geteuid() != 0 or (_everyone_can_enter(prefix) and (not in_venv or _everyone_can_enter(env))):
         yield sys.executable
         return
     copy = Path("/opt") / f"tpuops-test-python-{os.getpid()}"
@@ -150,13 +154,63 @@ def worker_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             _delete_in_background(left)
     if copy.exists():  # a crashed session that had this pid
         _discard(copy)
-    subprocess.run(["cp", "-al", str(prefix), str(copy)], check=True)
+    if _everyone_can_enter(prefix):  # a venv over a readable base: the venv alone travels
+        subprocess.run(["cp", "-al", str(env), str(copy)], check=True)
+        yield str(copy / "bin" / "python")
+        _discard(copy)
+        return
+    site = Path("lib") / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    _link_tree(prefix, copy, skip=site if in_venv else None)
+    if in_venv:  # the venv's packages where the base's were; a venv that sees the base's too gets both
+        if _venv_sees_system_packages(env):
+            subprocess.run(["cp", "-al", str(prefix / site), str(copy / site)], check=True)
+        (copy / site).mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-alf", f"{env / site}/.", str(copy / site)], check=True)
+        # The venv's own programs beside the interpreter, where tools look for them (py-spy: logs/follow.py).
+        tools = [str(f) for f in (env / "bin").iterdir() if f.is_file() and not f.is_symlink()]
+        tools = [t for t in tools if not (copy / "bin" / Path(t).name).exists()]
+        if tools:
+            subprocess.run(["cp", "-al", *tools, str(copy / "bin")], check=True)
     exe = copy / "bin" / Path(sys.executable).name
+    if not exe.exists():  # a venv's python3.11 link named after the base's python3
+        exe = copy / "bin" / Path(os.path.realpath(sys.executable)).name
     wrapper = copy / "bin" / "python-for-workers"
     wrapper.write_text(f'#!/bin/sh\nLD_LIBRARY_PATH={copy}/lib exec {exe} "$@"\n')
     wrapper.chmod(0o755)
     yield str(wrapper)
     _discard(copy)
+
+
+def _everyone_can_enter(path: Path) -> bool:
+    """Whether another Unix user can reach `path`: every folder on the way searchable by others."""
+    for part in [path, *path.parents]:
+        try:
+            if not part.stat().st_mode & 0o001:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def _venv_sees_system_packages(env: Path) -> bool:
+    cfg = env / "pyvenv.cfg"
+    lines = cfg.read_text().splitlines() if cfg.exists() else []
+    return any(ln.replace(" ", "").lower() == "include-system-site-packages=true" for ln in lines)
+
+
+def _link_tree(src: Path, dest: Path, skip: Path | None) -> None:
+    """`cp -al src dest`, leaving out the one folder `skip` (relative to src) and nothing else."""
+    if skip is None:
+        subprocess.run(["cp", "-al", str(src), str(dest)], check=True)
+        return
+    dest.mkdir()
+    head, rest = skip.parts[0], Path(*skip.parts[1:]) if len(skip.parts) > 1 else None
+    others = [str(child) for child in src.iterdir() if child.name != head]
+    if others:
+        subprocess.run(["cp", "-al", *others, str(dest)], check=True)
+    inner = src / head
+    if rest is not None and inner.is_dir() and not inner.is_symlink():
+        _link_tree(inner, dest / head, rest)
 
 
 def _alive(pid: int) -> bool:

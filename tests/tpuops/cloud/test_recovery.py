@@ -42,23 +42,35 @@ def _request(cloud: Cloud, name: str, bare: Path) -> launch.RunRequest:
     return launch.RunRequest(sop="smoke", sets=sets, target=spec)
 
 
+class _AfterSteps(threading.Thread):
+    """`action` run in the background once `n` step lines were seen (lines as `_worker_line` keeps them: only
+    worker 0's start with "step=", and worker 0's are the ones the recovery's step count reads). Not seen
+    `within` seconds, or the run over first (`join`, called once the run returned: a job that died before its
+    steps ends the wait at once): nothing is done, and the test fails on the run's own failure or its missing
+    recovery, not on an action that reaches into the next test's VM."""
+
+    def __init__(self, lines: list[str], n: int, action: Callable[[], None], within: float) -> None:
+        super().__init__(daemon=True)
+        self.lines, self.n, self.action, self.within = lines, n, action, within
+        self.run_over = threading.Event()
+
+    def run(self) -> None:
+        deadline = time.monotonic() + self.within
+        while sum(ln.startswith("step=") for ln in self.lines) < self.n:
+            if time.monotonic() > deadline or self.run_over.is_set():
+                return
+            time.sleep(0.02)
+        self.action()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.run_over.set()
+        super().join(timeout)
+
+
 def _after_steps(
     lines: list[str], n: int, action: Callable[[], None], within: float = 60
 ) -> threading.Thread:
-    """Run `action` in the background once `n` step lines were seen (lines as `_worker_line` keeps them: only
-    worker 0's start with "step=", and worker 0's are the ones the recovery's step count reads). Not seen
-    `within` seconds: nothing is done (the test then fails on its missing recovery, not on an action that reaches
-    into the next test's VM)."""
-
-    def go() -> None:
-        deadline = time.monotonic() + within
-        while sum(ln.startswith("step=") for ln in lines) < n:
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.02)
-        action()
-
-    t = threading.Thread(target=go, daemon=True)
+    t = _AfterSteps(lines, n, action, within)
     t.start()
     return t
 
@@ -294,7 +306,7 @@ def _resume_after_preemption(
         on_line=_worker_line(lines),
         cwd=tmp_path,
     )
-    killer.join()
+    killer.join()  # at once when the job died before its sixth step
     assert report.ok, report.first_failure()
     (rec,) = report.recoveries
     assert rec["resumed_step"] in (4, 8) and rec["last_step"] >= 5
@@ -370,7 +382,7 @@ def test_a_compute_engine_vm_preempted_mid_run_is_made_whole_and_the_run_finishe
     worker = {} if kind == "instance" else {"worker": 1}
     killer = _after_steps(lines, 5, lambda: cloud.emu.admin("preempt", node=vm_name, **worker))
     report = _recover_smoke(cloud, vm_name, git_remote[0], tmp_path, lines, events, max_recoveries=2)
-    killer.join()
+    killer.join()  # at once when the job died before its sixth step
     assert report.ok, report.first_failure()
     (rec,) = report.recoveries
     assert rec["why"].startswith(("was PREEMPTED", "was REPAIRING", "had instances recreated")), rec
