@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import typer
 
@@ -37,8 +38,17 @@ def _root(
     version: bool = typer.Option(
         False, "--version", "-V", callback=_version, is_eager=True, help="Print the version and exit."
     ),
+    config_file: str | None = typer.Option(
+        None,
+        "--config",
+        metavar="PATH",
+        help="The project's tpuops.toml to use (instead of the nearest one from here up to the repository's "
+        "root); also the way to trust a file another user owns or can write.",
+    ),
 ) -> None:
     """Run TPU-VM procedures (SOPs) on every worker: git-sync, clear the TPU lock, sync .env, run, follow."""
+    if config_file is not None:  # read by tpuops.config.project_file, in this process and the ones it starts
+        os.environ["TPUOPS_CONFIG"] = str(Path(config_file).expanduser().absolute())
 
 
 app.add_typer(sop.app, name="sop", short_help="List, show and run SOP files.")

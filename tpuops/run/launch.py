@@ -94,7 +94,7 @@ def start(
     watched = not req.dry_run and (max_recoveries is not None or spec.kind == "vm")
     if watched and spec.kind != "vm":
         raise UsageError("--recover needs --vm: only a VM can be watched and recreated")
-    checked = _check(req, spec, cfg, cwd)
+    checked = _check(req, spec, cfg, cwd, on_notice)
     if watched and max_recoveries and checked.sop.overrides and on_notice:  # a trainer SOP: can it resume?
         for warning in recover.checkpoint_warnings(req.sets):
             on_notice(warning)
@@ -126,8 +126,12 @@ def start(
     )
 
 
-def _check(req: RunRequest, spec: TargetSpec, cfg: UserConfig, cwd: Path) -> _Checked:
-    """Everything that can be checked on this machine, before the TPU API or a worker is asked anything."""
+def _check(
+    req: RunRequest, spec: TargetSpec, cfg: UserConfig, cwd: Path, on_notice: Callable[[str], None] | None
+) -> _Checked:
+    """Everything that can be checked on this machine, before the TPU API or a worker is asked anything. A
+    SOP's own local commands (its `preflight:`) run for a dry run only when it may connect, and it says so;
+    `--offline` runs none."""
     sop = loader.load(loader.find(req.sop, loader.search_dirs(cwd)))
     sets: dict[str, object] = dict(req.sets)
     pattern = _step_pattern(sop, sets)
@@ -139,7 +143,14 @@ def _check(req: RunRequest, spec: TargetSpec, cfg: UserConfig, cwd: Path) -> _Ch
     if pattern:
         values["step_pattern"] = pattern  # the scan's, the live follower's and attach's step lines
     prepare.check_env_files(sop, values, {*sets, *cfg.params}, cwd)
-    prepare.check_trainer(sop, values)
+    checks = ", ".join(c.what for c in sop.preflight)
+    if req.dry_run and not req.inspect:
+        if checks and on_notice:
+            on_notice(f"--offline: the SOP's local checks were not run ({checks})")
+    else:
+        if req.dry_run and checks and on_notice:
+            on_notice(f"dry run: ran the SOP's local checks on this machine ({checks}); --offline runs none")
+        prepare.check_trainer(sop, values)
     _check_plan(sop, values, cwd)
     return _Checked(sop, values)
 

@@ -36,17 +36,26 @@ def sops_dir() -> Path:
 
 
 def user_sops_dir(cwd: Path | None = None) -> Path | None:
-    """The user's SOP folder: `sops_dir` in the nearest tpuops.toml (relative to that file), else `sops/` of
-    the nearest folder from `cwd` up that has one (as tpuops.toml is found); None when there is neither."""
+    """The user's SOP folder: `sops_dir` in the project's tpuops.toml or the user's own config (relative to the
+    file that names it), else `sops/` of the nearest folder from `cwd` up to the repository root (as tpuops.toml
+    is found: config.search_up), refused when another user owns or can write it; None when there is neither."""
     from tpuops import config
 
     cwd = (cwd or Path.cwd()).resolve()
-    project = config.project_file(cwd)
-    if project is not None:
-        named = config.load(cwd).sops_dir
-        if named:
-            return (project.parent / Path(named).expanduser()).resolve()
-    return next((d / "sops" for d in [cwd, *cwd.parents] if (d / "sops").is_dir()), None)
+    named = config.load(cwd).sops_dir
+    if named:
+        namer = next(p for p in reversed(config.config_paths(cwd)) if p.is_file() and _names_sops_dir(p))
+        return (namer.parent / Path(named).expanduser()).resolve()
+    found = next((d / "sops" for d in config.search_up(cwd) if (d / "sops").is_dir()), None)
+    if found is not None:
+        config.refuse_untrusted(found, "SOPs")
+    return found
+
+
+def _names_sops_dir(path: Path) -> bool:
+    import tomllib
+
+    return "sops_dir" in tomllib.loads(path.read_text())
 
 
 def search_dirs(cwd: Path | None = None) -> list[Path]:
