@@ -129,6 +129,7 @@ class Follower:
         self.stream = self.proc.stdout if stdout else self.proc.stderr
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.seen: list[str] = []
+        self.ended = False  # the reader's end mark was taken from the queue
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
@@ -147,6 +148,7 @@ class Follower:
             except queue.Empty:
                 break
             if line is None:
+                self.ended = True
                 pytest.fail(f"exited {self.proc.wait()} before {prefix!r}:\n" + "\n".join(self.seen[-40:]))
             self.seen.append(line)
             if line.startswith(prefix):
@@ -159,8 +161,15 @@ class Follower:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
         self.reader.join(timeout=10)
-        while (line := self.lines.get()) is not None:
-            self.seen.append(line)
+        while not self.ended:  # a wait_for that saw the end took its mark: nothing more will come
+            try:
+                line = self.lines.get(timeout=10)
+            except queue.Empty:
+                break
+            if line is None:
+                self.ended = True
+            else:
+                self.seen.append(line)
         return self.seen
 
 

@@ -307,7 +307,7 @@ def _resume_after_preemption(
         cwd=tmp_path,
     )
     killer.join()  # at once when the job died before its sixth step
-    assert report.ok, report.first_failure()
+    assert report.ok, "\n".join([str(report.first_failure()), *lines[-30:]])  # the workers' own error too
     (rec,) = report.recoveries
     assert rec["resumed_step"] in (4, 8) and rec["last_step"] >= 5
     assert 0 < rec["steps_lost"] <= 4
@@ -383,7 +383,7 @@ def test_a_compute_engine_vm_preempted_mid_run_is_made_whole_and_the_run_finishe
     killer = _after_steps(lines, 5, lambda: cloud.emu.admin("preempt", node=vm_name, **worker))
     report = _recover_smoke(cloud, vm_name, git_remote[0], tmp_path, lines, events, max_recoveries=2)
     killer.join()  # at once when the job died before its sixth step
-    assert report.ok, report.first_failure()
+    assert report.ok, "\n".join([str(report.first_failure()), *lines[-30:]])  # the workers' own error too
     (rec,) = report.recoveries
     assert rec["why"].startswith(("was PREEMPTED", "was REPAIRING", "had instances recreated")), rec
     assert rec["last_step"] >= 4 and rec["resumed_step"] == 0
