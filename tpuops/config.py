@@ -100,8 +100,8 @@ def refuse_untrusted(path: Path, what: str) -> None:
 
 
 def project_file(cwd: Path | None = None) -> Path | None:
-    """The project's tpuops.toml: the one `tpuops --config PATH` named (TPUOPS_CONFIG), else the nearest
-    from `cwd` up to the repository root (search_up), refused when another user owns or can write it."""
+    """The project's tpuops.toml: the one `tpuops --config PATH` named (TPUOPS_CONFIG), else the nearest one
+    on the way up from `cwd` to the repository root (search_up), refused when another user owns or can write it."""
     named = os.environ.get("TPUOPS_CONFIG")
     if named:
         path = Path(named).expanduser()

@@ -12,6 +12,7 @@ import pytest
 
 from tests.tpuops.conftest import SshdPool
 from tpuops.errors import ExitCode
+from tpuops.run.tree import repo_home
 
 HEAVY = (
     "jax",
@@ -155,6 +156,11 @@ def test_changed_known_hosts_key_names_both_fingerprints(sshd_pool: SshdPool, tm
     assert a.fingerprint in r.stderr and b.fingerprint in r.stderr and "changed" in r.stderr
 
 
+def _checkout(url: object) -> str:
+    """Where a repository's checkout is on a worker, relative to its home (tree.repo_home)."""
+    return repo_home(str(url)).removeprefix("~/") + "/checkout"
+
+
 def test_secret_never_in_output_plan_or_json(
     sshd_pool: SshdPool, git_remote: tuple[Path, str], tmp_path: Path
 ) -> None:
@@ -178,7 +184,7 @@ def test_secret_never_in_output_plan_or_json(
     for text in (plan.stdout, plan.stderr, ran.stdout, ran.stderr):
         assert secret not in text
     # The worker got the value (normalised: CRLF and spaces gone) in a 0600 file, and the job could read it.
-    env_file = w.home / "tpuops/repo/.env"
+    env_file = w.home / _checkout(git_remote[0]) / ".env"  # the repository's own home on the worker
     assert env_file.stat().st_mode & 0o777 == 0o600
     assert env_file.read_text() == f"OTHER='x'\nWANDB_API_KEY='{secret}'\n"
     assert "fixed CRLF line endings" in json.loads(ran.stdout)["steps"][2]["workers"]["0"]["detail"]
@@ -219,7 +225,8 @@ def test_local_transport_runs_the_smoke_sop(tmp_path: Path) -> None:
     ]
     assert "[w0] step=1" in r.stderr
     home = Path(os.environ["TPUOPS_HOME"])
-    assert (home / "local/w0/tpuops/repo/.git").is_dir()  # the scratch root stands in for the VM's filesystem
+    # The scratch root stands in for the VM's filesystem; the checkout is the repository's own.
+    assert (home / "local/w0" / _checkout(repo) / ".git").is_dir()
 
 
 def test_doctor_compares_env_keys_by_hash_and_shows_no_value(
@@ -241,7 +248,7 @@ def test_doctor_compares_env_keys_by_hash_and_shows_no_value(
     )
     assert sync.returncode == 0, sync.stderr
     # Worker 1 drifts: another W&B key, no HF token.
-    (workers[1].home / "tpuops/repo/.env").write_text(f"WANDB_API_KEY={other}\n")
+    (workers[1].home / _checkout(git_remote[0]) / ".env").write_text(f"WANDB_API_KEY={other}\n")
     r = tpuops("doctor", *sshd_pool.host_args(workers), "--json", "--lockfile", "~/l", cwd=tmp_path)
     assert r.returncode == 1
     data = json.loads(r.stdout)
@@ -262,7 +269,7 @@ def test_doctor_looks_where_the_run_keeps_things_repo_dir_and_lockfile_from_tpuo
         "sop", "run", "sync", *sshd_pool.host_args([w]), "--set", f"repo_url={git_remote[0]}", cwd=tmp_path
     )
     assert sync.returncode == 0, sync.stderr
-    assert (w.home / "elsewhere/.env").exists() and not (w.home / "tpuops/repo").exists()
+    assert (w.home / "elsewhere/.env").exists() and not (w.home / _checkout(git_remote[0])).exists()
     (w.home / "mylock").write_text("")
     r = tpuops("doctor", *sshd_pool.host_args([w]), "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr

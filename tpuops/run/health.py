@@ -8,6 +8,8 @@ from tpuops.checks import doctor
 from tpuops.checks.doctor import WorkerHealth
 from tpuops.config import TargetSpec
 from tpuops.config import load as load_config
+from tpuops.errors import UsageError
+from tpuops.run.prepare import context_defaults
 from tpuops.run.target import open_transport, resolve
 from tpuops.shell import Redactor
 from tpuops.sop import loader
@@ -29,9 +31,14 @@ def examine(
     cfg = load_config(cwd)
     params = loader.load(loader.find(SOP, loader.search_dirs(cwd))).params
     given = {**cfg.params, **(sets or {})}
+    # Where this checkout's runs keep things on a worker (its repository's own home), as a run would derive it.
+    try:
+        found = context_defaults(params, spec.with_defaults(cfg), cwd, given=set(given), given_values=given)
+    except UsageError:  # an unpushed HEAD stops a run, not a look at the workers
+        found = {}
 
     def value(name: str) -> str:
-        return str(given[name] if name in given else params[name].default)
+        return str(given[name] if name in given else found.get(name, params[name].default))
 
     local = Path(env_file or value("env_file")).expanduser()
     local_values = doctor.local_env(local if local.is_absolute() else cwd / local)

@@ -17,7 +17,7 @@ from tpuops.config import TargetSpec, UserConfig, write_atomic
 from tpuops.errors import ExitCode, TpuopsError, UsageError
 from tpuops.logs.events import Event, LogReport
 from tpuops.logs.follow import Readings
-from tpuops.run import prepare
+from tpuops.run import prepare, tree
 from tpuops.run.result import Planned, RunResult, exit_code, unverified
 from tpuops.run.target import Target, connect_all, open_transport, resolve, select_workers
 from tpuops.shell import Redactor
@@ -142,6 +142,9 @@ def _check(
     values = sop.resolve(sets, {**context, **cfg.params})  # type: ignore[arg-type]
     if pattern:
         values["step_pattern"] = pattern  # the scan's, the live follower's and attach's step lines
+    travels = tree.take(sop.params, values, {*sets, *cfg.params}, cwd)  # the uncommitted change, if any
+    if travels and on_notice:
+        on_notice(travels)
     prepare.check_env_files(sop, values, {*sets, *cfg.params}, cwd)
     checks = ", ".join(c.what for c in sop.preflight)
     if req.dry_run and not req.inspect:
@@ -266,6 +269,7 @@ def _execute(
         None if sop.scan is None else {**sop.scan.model_dump(), "step_pattern": values.get("step_pattern")},
         estimate,
     )
+    tree.keep(user_config.state_home() / "runs" / run_id, values)
     from tpuops.run.store import OffsetWriter, save_result
 
     executor.on_offset = OffsetWriter(run_id)

@@ -112,8 +112,24 @@ def context_defaults(
         import sys
 
         found.update({"venv": "none", "python": sys.executable})
-    if "repo_url" not in params or "repo_url" in given:
-        return found
+    if "repo_url" in params and "repo_url" not in given:
+        _this_checkout(params, target, cwd, given, found)
+    url = (given_values or {}).get("repo_url") if "repo_url" in given else found.get("repo_url")
+    if url:  # one home per repository on a worker: its checkout and its environment (tree.repo_home)
+        from tpuops.run.tree import repo_home
+
+        home = repo_home(str(url))
+        if "repo_dir" in params and "repo_dir" not in given:
+            found["repo_dir"] = f"{home}/checkout"
+        if "venv" in params and "venv" not in given and "venv" not in found:
+            found["venv"] = f"{home}/venv"
+    return found
+
+
+def _this_checkout(
+    params: dict, target: TargetSpec, cwd: Path, given: set[str], found: dict[str, object]
+) -> None:
+    """The repository to sync is this checkout (locally, its path) at its HEAD commit, which must be pushed."""
     url = (
         _git(cwd, "rev-parse", "--show-toplevel")
         if target.kind == "local"
@@ -124,7 +140,7 @@ def context_defaults(
         cwd = Path(__file__).resolve().parents[2]
         url = _git(cwd, "rev-parse", "--show-toplevel")
     if not url:
-        return found
+        return
     found["repo_url"] = url
     head = _git(cwd, "rev-parse", "HEAD")
     if "branch" in params and "branch" not in given and head:
@@ -135,7 +151,6 @@ def context_defaults(
                 hint="git push it, or pass --set branch=NAME",
             )
         found["branch"] = head
-    return found
 
 
 def _layout(cwd: Path) -> str | None:

@@ -504,6 +504,9 @@ class Executor:
                 results.append(r)
                 if not r.ok or SKIP_REST in r.stdout.splitlines():
                     break
+            elif isinstance(action, Upload) and action.plain:
+                self.transport.put_bytes(w, action.local.read_bytes(), action.remote, mode=action.mode)
+                results.append(CmdResult(w, action.render(), 0))
             elif isinstance(action, Upload):
                 loaded = secrets.load(action.local)
                 self.redact.add(loaded.values.values())

@@ -21,38 +21,66 @@ _DEVICE_GLOB = re.compile(r"[A-Za-z0-9_./*?-]+")
 
 
 class GitSync(Step):
-    """Clone if missing, fetch, check out a branch or commit, reset --hard, clean (keeping .env and logs).
+    """Clone if missing, fetch, check out a branch or commit, reset --hard, clean (keeping .env and logs), then
+    apply `patch` (the user's uncommitted change) on top, so the worker has the files the user sees.
 
     What the reset and clean would discard (modified tracked files, untracked ones) is named first and copied
     into `<stash>/<UTC time>-<run id>/` outside the checkout: `status.txt` (git status), `tracked.patch`
     (`git diff --binary HEAD`, deletions included) and `files/` (each changed or untracked file as it was).
+    A patch tpuops applied itself is recorded in `.git/tpuops-tree` (its id and the tree's fingerprint): the
+    next sync recognises those files as its own, not a person's edits, and stashes nothing.
     """
 
     kind: Literal["git_sync"] = "git_sync"
     repo: str
     ref: str = "main"
     dir: str = "~/tpuops/repo"
+    patch: str = ""  # a local patch file (git diff --binary) applied after the reset
     keep: list[str] = [".env", "runs/", ".venv/"]
     stash: str = "~/tpuops/stash"
     timeout: float = 600.0
-    template_fields: ClassVar[tuple[str, ...]] = ("repo", "ref", "dir", "keep", "stash")
+    template_fields: ClassVar[tuple[str, ...]] = ("repo", "ref", "dir", "patch", "keep", "stash")
     preview_words: ClassVar[tuple[str, str]] = (
         "would discard (copied to the stash first)",
         "no local changes to discard",
     )
 
+    def _patch(self, ctx: PlanContext) -> tuple[Path, str] | None:
+        raw = ctx.raw(self.patch)
+        if not raw:
+            return None
+        path = Path(raw).expanduser()
+        if not path.is_file():
+            raise ValueError(f"patch {raw}: no such file")
+        return path, hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+
+    def _fingerprint(self, kept: str) -> str:
+        """A shell function: one hash of the tree's difference from HEAD (tracked and untracked files)."""
+        return (
+            "fp() { { git diff --binary HEAD -- . " + kept + "; git ls-files -z --others --exclude-standard -- . "
+            + kept + " | xargs -0 -r sha256sum --; } | sha256sum | cut -c1-64; }"
+        )  # fmt: skip
+
     def plan(self, ctx: PlanContext) -> list[Action]:
         keep = [ctx.raw(k) for k in self.keep]
         excludes = " ".join(f"-e {shell.quote(k)}" for k in keep)
         kept = " ".join(shell.quote(f":(exclude){k}") for k in keep)
+        patch = self._patch(ctx)
+        want = patch[1] if patch else "none"
         script = f"""set -e
 dir={shell.path(ctx.raw(self.dir))}; repo={shell.quote(ctx.raw(self.repo))}; ref={shell.quote(ctx.raw(self.ref))}
+{self._fingerprint(kept)}
 cloned=0
 if [ ! -d "$dir/.git" ]; then mkdir -p "$(dirname "$dir")"; git clone --quiet -- "$repo" "$dir"; cloned=1; fi
 cd "$dir"
 git remote set-url origin "$repo"
 before=$(git rev-parse --verify --quiet HEAD || echo none)
 dirty=$(git status --porcelain --untracked-files=all -- . {kept} | grep -c . || true)
+prev=none  # the patch tpuops applied last time, when the tree is still exactly that
+if [ -f .git/tpuops-tree ]; then
+  read -r id mark < .git/tpuops-tree || true
+  if [ "$dirty" = 0 ] || [ "$(fp)" = "$mark" ]; then [ "$dirty" = 0 ] || prev=$id; dirty=0; fi
+fi
 git fetch --all --prune --quiet
 refs() {{ {{ git for-each-ref --format='%(refname:lstrip=3)' refs/remotes/origin | grep -vx HEAD
   git for-each-ref --format='%(refname:lstrip=2)' refs/tags; }} | head -n 20 | paste -sd, - | sed 's/,/, /g'; }}
@@ -75,18 +103,40 @@ fi
 git checkout --quiet --force --detach "$target"
 git reset --quiet --hard "$target"
 git clean -fdq {excludes}
+rm -f .git/tpuops-tree
 after=$(git rev-parse HEAD)
-changed=1; [ "$cloned" = 0 ] && [ "$before" = "$after" ] && [ "$dirty" = 0 ] && changed=0
+changed=1; [ "$cloned" = 0 ] && [ "$before" = "$after" ] && [ "$dirty" = 0 ] && [ "$prev" = {want} ] && changed=0
 echo "tpuops: sha=$(git rev-parse --short HEAD) changed=$changed"
 """
-        return [Command(script, timeout=self.timeout)]
+        actions: list[Action] = [Command(script, timeout=self.timeout)]
+        if patch is not None:
+            remote = f"{ctx.raw(self.dir).rstrip('/')}/.git/tpuops-tree.patch"
+            actions.append(Upload(patch[0], remote, 0o600, want, plain=True))
+            actions.append(Command(self._apply(ctx, kept, want), timeout=self.timeout))
+        return actions
+
+    def _apply(self, ctx: PlanContext, kept: str, want: str) -> str:
+        return f"""set -e
+cd {shell.path(ctx.raw(self.dir))}
+{self._fingerprint(kept)}
+if ! out=$(git apply --binary --whitespace=nowarn .git/tpuops-tree.patch 2>&1); then
+  echo "the uncommitted change (patch {want}) does not apply to $(git rev-parse --short HEAD): $out" >&2; exit 1
+fi
+rm -f .git/tpuops-tree.patch
+echo "{want} $(fp)" > .git/tpuops-tree
+echo "tpuops: applied patch={want}"
+"""
 
     def preview(self, ctx: PlanContext) -> list[Action]:
         """`git status` of the checkout, read-only: each modified tracked and untracked file the reset and clean
-        would discard (and stash first), as the run would name them."""
+        would discard (and stash first), as the run would name them; none when the tree is a patch tpuops
+        applied itself."""
         kept = " ".join(shell.quote(f":(exclude){ctx.raw(k)}") for k in self.keep)
         script = f"""dir={shell.path(ctx.raw(self.dir))}
-if [ -d "$dir/.git" ]; then cd "$dir" && git status --porcelain --untracked-files=all -- . {kept} | sed 's/^/tpuops: discard /'
+{self._fingerprint(kept)}
+if [ -d "$dir/.git" ]; then cd "$dir"
+  if [ -f .git/tpuops-tree ] && read -r id mark < .git/tpuops-tree && [ "$(fp)" = "$mark" ]; then exit 0; fi
+  git status --porcelain --untracked-files=all -- . {kept} | sed 's/^/tpuops: discard /'
 else echo "tpuops: absent"; fi
 """
         return [Command(script, timeout=30)]
@@ -96,29 +146,38 @@ else echo "tpuops: absent"; fi
         return [line.removeprefix("tpuops: discard ") for line in out if line.startswith("tpuops: discard ")]
 
     def outcome(self, results: list[CmdResult]) -> Outcome:
-        if results and results[-1].kind is Kind.EXIT and results[-1].exit_code == UNKNOWN_REF_EXIT:
-            lines = results[-1].stderr.strip().splitlines()
+        sync = results[0] if results else None
+        if sync is not None and sync.kind is Kind.EXIT and sync.exit_code == UNKNOWN_REF_EXIT:
+            lines = sync.stderr.strip().splitlines()
             raise UsageError(
                 lines[-1] if lines else "unknown branch or commit", hint="pass --set branch=NAME"
             )
-        found = markers(results[-1].stdout) if results and results[-1].ok else []
+        if not results or not all(r.ok for r in results):
+            return super().outcome(results)
+        found = markers(sync.stdout) if sync is not None else []
         if not found:
             return super().outcome(results)
         m = found[-1]
         status = "changed" if m.get("changed") == "1" else "nothing"
+        data: dict[str, object] = {"sha": m["sha"]}
+        at = f"at {m['sha']}"
+        applied = next((x["patch"] for r in results[1:] for x in markers(r.stdout) if "patch" in x), None)
+        if applied:
+            data["patch"] = applied
+            at += f" + uncommitted (patch {applied})"
         discarded = [
             line.removeprefix("tpuops: discard ")
-            for line in results[-1].stdout.splitlines()
+            for line in sync.stdout.splitlines()
             if line.startswith("tpuops: discard ")
         ]
         stash = next((x["dir"] for x in found if x["_"].startswith("stashed")), None)
         if not discarded or stash is None:
-            return Outcome(status, f"at {m['sha']}", {"sha": m["sha"]})
+            return Outcome(status, at, data)
         shown = ", ".join(d.strip() for d in discarded[:5]) + (
             f" and {len(discarded) - 5} more" if len(discarded) > 5 else ""
         )
-        detail = f"at {m['sha']}; local changes stashed to {stash} before the reset: {shown}"
-        return Outcome(status, detail, {"sha": m["sha"], "discarded": discarded, "stash": stash})
+        detail = f"{at}; local changes stashed to {stash} before the reset: {shown}"
+        return Outcome(status, detail, {**data, "discarded": discarded, "stash": stash})
 
 
 class ClearLockfile(Step):

@@ -12,6 +12,7 @@ from tpuops.config import TargetSpec
 from tpuops.errors import UsageError
 from tpuops.run import bench, launch
 from tpuops.run.result import Planned
+from tpuops.run.tree import repo_home
 from tpuops.sop.actions import render_plan
 
 HOSTS = TargetSpec(hosts=("me@10.0.0.2:22", "me@10.0.0.3:22"))
@@ -78,6 +79,9 @@ def _checkout(path: Path, *files: str) -> Path:
     return path
 
 
+HOME = repo_home("https://example.com/me/project.git")  # the test checkouts' origin: their home on a worker
+
+
 def test_the_environment_is_chosen_from_what_the_checkout_has(tmp_path: Path) -> None:
     reqs = _checkout(tmp_path / "reqs", "requirements.txt", "requirements-tpu.txt")
     found = plan(reqs, "job", ("python", "t.py"), branch="main")
@@ -86,7 +90,7 @@ def test_the_environment_is_chosen_from_what_the_checkout_has(tmp_path: Path) ->
         and found.values["repo_url"] == "https://example.com/me/project.git"
     )
     assert (
-        "# python environment: venv ~/tpuops/venv from python3: pip install -r requirements.txt"
+        f"# python environment: venv {HOME}/venv from python3: pip install -r requirements.txt"
         in render_plan(found.plan)
     )
     named = plan(reqs, "job", ("python", "t.py"), branch="main", requirements="requirements-tpu.txt")
@@ -99,9 +103,9 @@ def test_the_environment_is_chosen_from_what_the_checkout_has(tmp_path: Path) ->
         interp.plan
     )
     newer = plan(reqs, "job", ("x",), branch="main", python="python3.11")
-    assert newer.values["venv"] == "~/tpuops/venv"  # a bare name makes the venv, as before
+    assert newer.values["venv"] == f"{HOME}/venv"  # a bare name makes the venv, in the repository's own home
     conda = plan(reqs, "job", ("x",), branch="main", conda_env="sglang-jax")
-    assert "# python environment: conda env sglang-jax (linked at ~/tpuops/venv)" in render_plan(conda.plan)
+    assert f"# python environment: conda env sglang-jax (linked at {HOME}/venv)" in render_plan(conda.plan)
 
 
 def test_a_bench_variant_of_a_command_reads_like_a_shell_line() -> None:
