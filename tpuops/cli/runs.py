@@ -160,11 +160,10 @@ def runs(
     """List the runs started from this machine (newest first) with their state: a finished run from its
     saved result; any other from its workers' pid and exit files (running, exited N, stopped, lost), or
     `unknown` with the reason when they cannot be reached."""
-    from tpuops.run import report
-    from tpuops.run import store as library
+    from tpuops.run import detached, report, store
 
     finish_json(json)
-    report.runs_table(library.states(library.list_runs(), ask=not offline), json)
+    report.runs_table(detached.states(store.list_runs(), ask=not offline), json)
 
 
 @o.wired
@@ -184,8 +183,8 @@ def attach(
     Ctrl-C detaches again (exit 130): the job goes on, and the line printed says how to reach it."""
     from tpuops import console
     from tpuops.logs.progress import Progress
+    from tpuops.run import detached as library
     from tpuops.run import logreport
-    from tpuops.run import store as library
 
     finish_json(json)
     console.raw_output(raw)
@@ -238,7 +237,7 @@ def logs(
       tpuops logs 20260101-120000-grpo-ab12 --worker all -f
     """
     from tpuops import console
-    from tpuops.run import store as library
+    from tpuops.run import detached as library
 
     console.raw_output(raw)
     chosen = library.chosen_workers(run_id, worker)
@@ -280,8 +279,8 @@ def top(
 @o.wired
 def stop(run_id: RunIdArg, json: o.JsonOpt = False) -> None:
     """Stop a run on every worker: SIGTERM, then SIGKILL after a grace period, then clear the TPU lock."""
+    from tpuops.run import detached as library
     from tpuops.run import report
-    from tpuops.run import store as library
 
     finish_json(json)
     stopped = library.stop(run_id)

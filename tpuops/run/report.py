@@ -17,7 +17,7 @@ from tpuops.sop.actions import render_plan
 if TYPE_CHECKING:  # the renderers' inputs, named for the type checker (imported at use by the commands)
     from tpuops.checks.doctor import WorkerHealth
     from tpuops.run.bench import VariantResult
-    from tpuops.run.store import RunState
+    from tpuops.run.detached import RunState
     from tpuops.run.top import Top
     from tpuops.sop.executor import StepReport
     from tpuops.sop.procedure import Sop
@@ -163,7 +163,7 @@ def sop_show(sop: Sop, path: str, as_json: bool) -> None:
 
 
 def runs_table(states: list[RunState], as_json: bool) -> None:
-    """`tpuops runs`: each run's state (run/store.RunState), and why when it could not be known."""
+    """`tpuops runs`: each run's state (run/detached.RunState), and why when it could not be known."""
     import time
 
     rows: list[dict[str, Any]] = []  # the --json rows (workers is a list there, text in the table)
