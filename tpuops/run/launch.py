@@ -94,7 +94,7 @@ def start(
     watched = not req.dry_run and (max_recoveries is not None or spec.kind == "vm")
     if watched and spec.kind != "vm":
         raise UsageError("--recover needs --vm: only a VM can be watched and recreated")
-    checked = _check(req, spec, cfg, cwd)
+    checked = _check(req, spec, cfg, cwd, on_notice)
     if watched and max_recoveries and checked.sop.overrides and on_notice:  # a trainer SOP: can it resume?
         for warning in recover.checkpoint_warnings(req.sets):
             on_notice(warning)
@@ -126,9 +126,18 @@ def start(
     )
 
 
-def _check(req: RunRequest, spec: TargetSpec, cfg: UserConfig, cwd: Path) -> _Checked:
+def _check(
+    req: RunRequest,
+    spec: TargetSpec,
+    cfg: UserConfig,
+    cwd: Path,
+    on_notice: Callable[[str], None] | None = None,
+) -> _Checked:
     """Everything that can be checked on this machine, before the TPU API or a worker is asked anything."""
     sop = loader.load(loader.find(req.sop, loader.search_dirs(cwd)))
+    for note in prepare.check_params(sop, cfg, cwd):  # [params] of tpuops.toml: a typo is exit 2
+        if on_notice is not None:
+            on_notice(note)
     sets: dict[str, object] = dict(req.sets)
     pattern = _step_pattern(sop, sets)
     _take_command(sop, req.command, sets)
