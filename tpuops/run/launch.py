@@ -217,7 +217,8 @@ def _execute(
     secret_files = prepare.secret_files(sop, values, cwd)
     # Known before the first step: a worker that already has this .env gets nothing sent, yet its job prints it.
     redact = Redactor(_env_values(secret_files))
-    transport = open_transport(target, redact)
+    # A dry run changes nothing: its first connection pushes no key (workers that need one are not read).
+    transport = open_transport(target.read_only() if req.dry_run else target, redact)
     vm = target.vm
     fit_line, estimate = prepare.fit_preflight(
         sop, values, target.accelerator, skip=req.skip_fit, cwd=cwd, zone=vm.zone if vm else None,
