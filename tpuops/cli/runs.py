@@ -44,6 +44,7 @@ def run_named(
         command=tuple(command or ()),
         worker=opts.worker,
         dry_run=opts.dry_run,
+        verbose=opts.verbose,
         offline=opts.offline,
         json=opts.json,
         force=opts.force,
@@ -374,7 +375,7 @@ def bench_rollout(
         command=tuple(cmd or ()), inspect=opts.dry_run and not opts.offline,
     )  # fmt: skip
     if opts.dry_run:
-        report.dry_runs(bench.plans(req, list(variant or [])), opts.json)
+        report.dry_runs(bench.plans(req, list(variant or [])), opts.json, verbose=opts.verbose)
         return
     from tpuops import console
     from tpuops.logs.progress import Progress
