@@ -85,7 +85,9 @@ def test_a_wheel_installed_without_e_lists_and_plans_the_built_in_sops(tmp_path:
     assert {r["name"] for r in rows} >= BUILTINS
     assert all(r["path"].startswith(str(venv)) and r["error"] is None for r in rows if r["name"] in BUILTINS)
     # The repository to sync is named (outside a checkout there is no origin to default to).
-    planned = _run([str(tpuops), "run", "grpo", "--local", "--dry-run", "--set", f"repo_url={REPO}"], away)
+    planned = _run(
+        [str(tpuops), "run", "grpo", "--local", "--dry-run", "--verbose", "--set", f"repo_url={REPO}"], away
+    )
     assert planned.returncode == 0, planned.stderr[-3000:]
     assert "== follow" in planned.stdout and '"$py" -m trainer.main --config arith' in planned.stdout
     unnamed = _run([str(tpuops), "run", "grpo", "--local", "--dry-run"], away)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from tpuops.errors import UsageError
 
@@ -47,6 +47,12 @@ class UserConfig(TargetSettings):
     sops_dir: str | None = None  # the user's SOP folder, relative to the tpuops.toml that names it
     api: Literal["tpu", "compute"] | None = None  # `vm create`'s API for v5e/v5p/v6e (TPU7x: always compute)
     params: dict[str, Any] = Field(default_factory=dict)
+    # Where each `params` key was set, `file:line` (the file that won): what a [params] error points at.
+    _params_at: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def param_at(self, key: str) -> str:
+        """`file:line` of a [params] key (`tpuops.toml` when the config was not read from a file)."""
+        return self._params_at.get(key, "tpuops.toml")
 
 
 def state_home() -> Path:
@@ -127,6 +133,7 @@ def load(cwd: Path | None = None) -> UserConfig:
     """The project file over the user file, each checked against UserConfig where it is read: an unknown key
     or a value of the wrong type is exit 2 naming the file, the line, the key and what it expects."""
     merged: dict[str, Any] = {"params": {}}
+    params_at: dict[str, str] = {}
     for path in config_paths(cwd):
         if not path.is_file():
             continue
@@ -138,9 +145,12 @@ def load(cwd: Path | None = None) -> UserConfig:
         _spellings(path, text, data)
         _check(path, text, data)
         params = {**merged["params"], **data.get("params", {})}
+        params_at.update({k: f"{path}:{_param_line(text, k)}" for k in data.get("params", {})})
         merged.update(data)
         merged["params"] = params
-    return UserConfig(**merged)
+    cfg = UserConfig(**merged)
+    cfg._params_at = params_at
+    return cfg
 
 
 def _spellings(path: Path, text: str, data: dict[str, Any]) -> None:
@@ -202,6 +212,20 @@ def _line(text: str, key: str) -> int:
                 return n
             in_table = True
         elif not in_table and head.match(line):
+            return n
+    return 1
+
+
+def _param_line(text: str, key: str) -> int:
+    """The line where a [params] key is set: under `[params]`, or dotted (`params.key = ...`); 1 when it cannot
+    be told (an inline table)."""
+    name = rf"(?:{re.escape(key)}|\"{re.escape(key)}\"|'{re.escape(key)}')"
+    inside, dotted = re.compile(rf"^\s*{name}\s*="), re.compile(rf"^\s*params\s*\.\s*{name}\s*=")
+    in_params = False
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("["):
+            in_params = re.match(r"^\s*\[\s*params\s*\]", line) is not None
+        elif (in_params and inside.match(line)) or (not in_params and dotted.match(line)):
             return n
     return 1
 

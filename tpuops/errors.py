@@ -22,6 +22,7 @@ class ExitCode(IntEnum):
     INCONSISTENT = 11
     NO_FIT = 12
     UNVERIFIED = 13
+    STOPPED = 14
     INTERRUPTED = 130  # 128 + SIGINT, as shells report it
     TERMINATED = 143  # 128 + SIGTERM
 
@@ -72,6 +73,11 @@ EXIT_CODES: dict[ExitCode, tuple[str, str]] = {
         "unverified",
         "a recompile check could not judge the run: it saw no step line (`--set step_pattern=REGEX`) or no JAX "
         "compile logging (is `JAX_LOG_COMPILES=1` reaching the program?); never ok",
+    ),
+    ExitCode.STOPPED: (
+        "stopped",
+        "the run was stopped on purpose (`tpuops stop RUN_ID`, or a `--force` run that took its TPU) and no "
+        "worker had failed before: `run`, `attach`, `report` and `runs` say `stopped`",
     ),
     ExitCode.INTERRUPTED: (
         "interrupted",

@@ -124,3 +124,47 @@ def test_the_switches_take_both_forms_on_the_command_line() -> None:
         "--no-tunnel-through-iap",
     ):
         assert flag in r.stdout, r.stdout
+
+
+def test_a_params_typo_is_exit_2_with_file_line_key_and_the_nearest_name(tmp_path: Path) -> None:
+    (tmp_path / "tpuops.toml").write_text(
+        'zone = "us-east1-d"\n\n[params]\nbranch = "main"\nconfg = "tiny"\n'
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "tpuops", "run", "grpo", "--host", "me@10.0.0.2", "--dry-run", "--offline",
+         "--set", "repo_url=https://x/y.git"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert (
+        f"{tmp_path / 'tpuops.toml'}:5: [params] unknown parameter 'confg'; did you mean 'config'?"
+        in r.stderr
+    ), r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_param_only_other_sops_take_is_named_and_a_dotted_one_is_found(tmp_path: Path) -> None:
+    """`[params]` serves every SOP: `config` (grpo's) with `sync` is a note naming the SOPs that take it, not
+    an error; the dotted form `params.x = ...` is pointed at by its own line too."""
+    user = Path(os.environ["XDG_CONFIG_HOME"]) / "tpuops" / "config.toml"
+    user.parent.mkdir(parents=True)
+    user.write_text('[params]\nbranch = "dev"\n')
+    (tmp_path / "tpuops.toml").write_text(
+        'zone = "us-east1-d"\nparams.config = "tiny"\nparams.lockfle = "~/l"\n'
+    )
+    cfg = config.load(tmp_path)
+    assert (cfg.param_at("branch"), cfg.param_at("config")) == (f"{user}:2", f"{tmp_path / 'tpuops.toml'}:2")
+    notes: list[str] = []
+    request = launch.RunRequest(sop="sync", target=launch.TargetSpec(hosts=("10.0.0.2",)), dry_run=True)
+    with pytest.raises(
+        UsageError, match=r"tpuops.toml:3: \[params\] unknown parameter 'lockfle'; did you mean 'lockfile'"
+    ):
+        launch.start(request, cwd=tmp_path, on_notice=notes.append)
+    (tmp_path / "tpuops.toml").write_text(
+        'zone = "us-east1-d"\nparams.config = "tiny"\nparams.repo_url = "https://x/y.git"\n'
+    )
+    result = launch.start(request, cwd=tmp_path, on_notice=notes.append)
+    assert result.planned is not None and "config" not in result.planned.values
+    (note,) = notes
+    assert note.startswith(f"{tmp_path / 'tpuops.toml'}:2: [params] config is not a parameter of SOP sync")
+    assert note.endswith("(SOP gradcheck, grpo, recompile-check take it)"), note

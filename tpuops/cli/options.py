@@ -114,9 +114,14 @@ DryRunOpt = Annotated[
     bool,
     typer.Option(
         "--dry-run",
-        help="Print the exact per-worker plan; change nothing. It reads each worker (read-only) for the local "
-        "edits a git sync would discard, unless --offline.",
+        help="Print the plan, one line per step per worker (--verbose: every command in full); change nothing "
+        "(no key pushed, no lock taken). It reads each worker (read-only) for the local edits a git sync would "
+        "discard, unless --offline.",
     ),
+]
+VerboseOpt = Annotated[
+    bool,
+    typer.Option("--verbose", help="With --dry-run: every command of the plan in full (the exact shell)."),
 ]
 OfflineOpt = Annotated[
     bool, typer.Option("--offline", help="With --dry-run: the plan only, never connect to a worker.")
@@ -209,6 +214,7 @@ class RunOptions:
     set_: SetOpt = None
     worker: WorkerOpt = "all"
     dry_run: DryRunOpt = False
+    verbose: VerboseOpt = False
     offline: OfflineOpt = False
     json: JsonOpt = False
     force: ForceOpt = False

@@ -47,7 +47,8 @@ def report(
     threshold: ThresholdOpt = 0.1,
     step_pattern: StepPatternOpt = None,
 ) -> None:
-    """Report a training log (exit 0 ok, 1 failures or a baseline regression, 7 recompiles after warm-up).
+    """Report a training log (exit 0 ok, 1 failures or a baseline regression, 7 recompiles after warm-up, 14 a
+    run `tpuops stop` ended). A RUN_ID whose logs are not here yet is fetched from its workers first.
 
     \b
     Examples:
@@ -55,8 +56,11 @@ def report(
       tpuops report 20260101-grpo --warmup 2 --html report.html
       tpuops report run.log --json --baseline baseline.json --threshold 0.05
     """
-    from tpuops.run import logreport
+    from tpuops import console
+    from tpuops.run import logreport, review
 
-    r = logreport.review(target, warmup, baseline, threshold, html, step_pattern)
+    r, hint = review.review(target, warmup, baseline, threshold, html, step_pattern, notice=console.event)
     logreport.render(r.report, r.code, json, r.deltas, html, r.estimate)
+    if hint:
+        console.event(f"fix: {hint}")
     raise typer.Exit(r.code)

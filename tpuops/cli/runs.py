@@ -44,6 +44,7 @@ def run_named(
         command=tuple(command or ()),
         worker=opts.worker,
         dry_run=opts.dry_run,
+        verbose=opts.verbose,
         offline=opts.offline,
         json=opts.json,
         force=opts.force,
@@ -160,11 +161,10 @@ def runs(
     """List the runs started from this machine (newest first) with their state: a finished run from its
     saved result; any other from its workers' pid and exit files (running, exited N, stopped, lost), or
     `unknown` with the reason when they cannot be reached."""
-    from tpuops.run import report
-    from tpuops.run import store as library
+    from tpuops.run import detached, report, store
 
     finish_json(json)
-    report.runs_table(library.states(library.list_runs(), ask=not offline), json)
+    report.runs_table(detached.states(store.list_runs(), ask=not offline), json)
 
 
 @o.wired
@@ -184,8 +184,8 @@ def attach(
     Ctrl-C detaches again (exit 130): the job goes on, and the line printed says how to reach it."""
     from tpuops import console
     from tpuops.logs.progress import Progress
+    from tpuops.run import detached as library
     from tpuops.run import logreport
-    from tpuops.run import store as library
 
     finish_json(json)
     console.raw_output(raw)
@@ -238,7 +238,7 @@ def logs(
       tpuops logs 20260101-120000-grpo-ab12 --worker all -f
     """
     from tpuops import console
-    from tpuops.run import store as library
+    from tpuops.run import detached as library
 
     console.raw_output(raw)
     chosen = library.chosen_workers(run_id, worker)
@@ -280,8 +280,8 @@ def top(
 @o.wired
 def stop(run_id: RunIdArg, json: o.JsonOpt = False) -> None:
     """Stop a run on every worker: SIGTERM, then SIGKILL after a grace period, then clear the TPU lock."""
+    from tpuops.run import detached as library
     from tpuops.run import report
-    from tpuops.run import store as library
 
     finish_json(json)
     stopped = library.stop(run_id)
@@ -375,7 +375,7 @@ def bench_rollout(
         command=tuple(cmd or ()), inspect=opts.dry_run and not opts.offline,
     )  # fmt: skip
     if opts.dry_run:
-        report.dry_runs(bench.plans(req, list(variant or [])), opts.json)
+        report.dry_runs(bench.plans(req, list(variant or [])), opts.json, verbose=opts.verbose)
         return
     from tpuops import console
     from tpuops.logs.progress import Progress

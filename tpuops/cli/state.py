@@ -29,6 +29,7 @@ def run_sop(
     worker: str,
     dry_run: bool,
     json: bool,
+    verbose: bool = False,
     offline: bool = False,
     force: bool = False,
     keep_going: bool = False,
@@ -73,7 +74,7 @@ def run_sop(
             detach=detach,
         )
     if result.planned is not None:  # --dry-run: the plan, exit 0
-        report.dry_run(result, json)
+        report.dry_run(result, json, verbose=verbose)
         return
     if result.report.interrupted:
         console.event(interrupted_line(result.run_id, result.report.interrupted))

@@ -20,6 +20,7 @@ class Authorized:
     via: str  # "oslogin" or "metadata"
     user: str  # the login name
     pushed: bool  # the key was added just now (the guest agent may need a few seconds to apply it)
+    pending: bool = False  # a dry run: the key would have to be added first (nothing was changed)
 
 
 def project_metadata(api: Api, notify: Notify) -> dict[str, str]:
@@ -80,11 +81,20 @@ def authorize(
     key_push: bool,
     key_ttl: float | None,
     notify: Notify,
+    dry_run: bool = False,
 ) -> Authorized:
-    """Make the VM accept `identity`; says in one line which way was used."""
+    """Make the VM accept `identity`; says in one line which way was used. `dry_run`: only read (the VM's and
+    the project's metadata), change nothing: say what would be added (`pending`) and add nothing."""
     project_md = project_metadata(api, notify)
     if oslogin_enabled(project_md, vm.metadata):
         from tpuops.cloud.oslogin import import_key
+
+        if dry_run:
+            notify(
+                f"{vm.name}: OS Login (enable-oslogin=TRUE): would import {identity.path.name} into your OS Login "
+                "profile (a dry run changes nothing)"
+            )
+            return Authorized("oslogin", user or default_user(), pushed=False, pending=True)
 
         posix, who = import_key(api.project, api.endpoint, identity.public, key_ttl, user)
         if user and user != posix:
@@ -110,6 +120,12 @@ def authorize(
         )
     entry = f"{user}:{identity.blob} {user}"  # gcloud's form: the user again as the comment
     kept = [ln for ln in existing.splitlines() if ln.strip()]
+    if dry_run:
+        notify(
+            f"{vm.name}: metadata keys: would add your key to the VM's ssh-keys metadata ({user}'s "
+            f"{identity.path.name}; a dry run changes nothing)"
+        )
+        return Authorized("metadata", user, pushed=False, pending=True)
     try:
         update_metadata(api, vm, {SSH_KEYS: "\n".join([*kept, entry])})
     except PermissionDeniedError as e:

@@ -252,6 +252,9 @@ def instance_names(vm: VmInfo, attrs: list[dict[str, dict[str, str]]]) -> list[s
     return names
 
 
+NOT_READ = "not read: a dry run logs in only with a key the VM already accepts (the run adds it)"
+
+
 @dataclass
 class Reach:
     """How tpuops reaches one VM. `workers` are known without side effects (plans, the watch); `prepare()`
@@ -264,6 +267,7 @@ class Reach:
     route: str
     workers: list[Worker]
     notify: Notify
+    read_only: bool = False  # a dry run: `prepare` changes nothing (no key made, pushed or imported)
 
     def watch_endpoints(self) -> list[tuple[str, int]]:
         """What the recovery watch may probe with TCP: nothing behind IAP (a local tunnel always answers)."""
@@ -271,8 +275,11 @@ class Reach:
 
     def prepare(self) -> Prepared:
         from tpuops.cloud.access import authorize
-        from tpuops.cloud.keys import ensure_identity
+        from tpuops.cloud.keys import default_identity, ensure_identity
 
+        if self.read_only and not self.spec.identity and not default_identity().exists():
+            self.notify(f"would generate SSH key {default_identity()} (ed25519), as gcloud would")
+            raise ConnectError(NOT_READ)
         identity = ensure_identity(self.spec.identity, self.notify)
         auth = authorize(
             self.api,
@@ -282,7 +289,10 @@ class Reach:
             key_push=self.spec.key_push is not False,  # None: not given, the default is to push
             key_ttl=self.spec.key_ttl,
             notify=self.notify,
+            dry_run=self.read_only,
         )
+        if auth.pending:  # a dry run: the workers cannot be read with a key they do not accept yet
+            raise ConnectError(NOT_READ)
         workers = []
         for w in self.workers:
             # OS Login names the user; with metadata keys --user wins, then the emulator's fixed Unix user.

@@ -18,7 +18,7 @@ from tpuops.errors import ExitCode, TpuopsError, UsageError
 from tpuops.logs.events import Event, LogReport
 from tpuops.logs.follow import Readings
 from tpuops.run import prepare, tree
-from tpuops.run.result import Planned, RunResult, exit_code, unverified
+from tpuops.run.result import Planned, RunResult
 from tpuops.run.target import Target, connect_all, open_transport, resolve, select_workers
 from tpuops.shell import Redactor
 from tpuops.sop import loader
@@ -127,12 +127,19 @@ def start(
 
 
 def _check(
-    req: RunRequest, spec: TargetSpec, cfg: UserConfig, cwd: Path, on_notice: Callable[[str], None] | None
+    req: RunRequest,
+    spec: TargetSpec,
+    cfg: UserConfig,
+    cwd: Path,
+    on_notice: Callable[[str], None] | None = None,
 ) -> _Checked:
     """Everything that can be checked on this machine, before the TPU API or a worker is asked anything. A
     SOP's own local commands (its `preflight:`) run for a dry run only when it may connect, and it says so;
     `--offline` runs none."""
     sop = loader.load(loader.find(req.sop, loader.search_dirs(cwd)))
+    for note in prepare.check_params(sop, cfg, cwd):  # [params] of tpuops.toml: a typo is exit 2
+        if on_notice is not None:
+            on_notice(note)
     sets: dict[str, object] = dict(req.sets)
     pattern = _step_pattern(sop, sets)
     _take_command(sop, req.command, sets)
@@ -222,7 +229,8 @@ def _execute(
     secret_files = prepare.secret_files(sop, values, cwd)
     # Known before the first step: a worker that already has this .env gets nothing sent, yet its job prints it.
     redact = Redactor(_env_values(secret_files))
-    transport = open_transport(target, redact)
+    # A dry run changes nothing: its first connection pushes no key (workers that need one are not read).
+    transport = open_transport(target.read_only() if req.dry_run else target, redact)
     vm = target.vm
     fit_line, estimate = prepare.fit_preflight(
         sop, values, target.accelerator, skip=req.skip_fit, cwd=cwd, zone=vm.zone if vm else None,
@@ -291,23 +299,16 @@ def _execute(
         local_run = user_config.state_home() / "runs" / run_id
         log = _scan(sop, report, executor.reads, local_run)
     fail_on_recompile = sop.scan is not None and sop.scan.fail_on_recompile
-    code = exit_code(report, log, fail_on_recompile=fail_on_recompile)
-    hint = (
-        oom_hint(str(values.get("config") or "CONFIG"), target.accelerator) if code == ExitCode.OOM else None
-    )
-    if code == ExitCode.UNVERIFIED:
-        hint = unverified(log, fail_on_recompile)
-    result = RunResult(report, code, log, hint=hint, estimate=estimate)
+    from tpuops.run import finish
+
+    stopped = finish.stopped_workers(user_config.state_home() / "runs" / run_id)
+    verdict = finish.judge(
+        log, steps=report, stopped=stopped, fail_on_recompile=fail_on_recompile,
+        config=str(values.get("config") or "CONFIG"), accelerator=target.accelerator,
+    )  # fmt: skip
+    result = RunResult(report, verdict.code, log, hint=verdict.hint, estimate=estimate)
     save_result(run_id, result.to_dict())
     return result
-
-
-def oom_hint(config: str, accelerator: str | None) -> str:
-    """What to do about an out-of-memory: find a batch that fits this accelerator before spending a VM on it."""
-    return (
-        f"find a batch that fits: tpuops fit {config} --accelerator {accelerator or 'TYPE'} "
-        "--set train.micro_batch=... (a smaller train.micro_batch, or more gradient accumulation)"
-    )
 
 
 def _scan_settings(sop: loader.Sop, values: dict[str, object]) -> tuple[int, str | None]:

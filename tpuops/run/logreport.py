@@ -13,7 +13,7 @@ from rich.table import Table
 
 from tpuops import jsonout
 from tpuops.console import err, escape, out
-from tpuops.errors import ExitCode, UsageError
+from tpuops.errors import ExitCode, UsageError, error_class
 from tpuops.logs.events import LogReport
 from tpuops.run.baseline import Delta, compare
 
@@ -88,6 +88,7 @@ def as_dict(
     return {
         "ok": code == 0,
         "exit_code": code,
+        "error_class": error_class(code),  # "stopped" for a run `tpuops stop` ended (run/finish.py)
         "report": report.to_dict(),
         "baseline": None if deltas is None else [d.__dict__ for d in deltas],
         "html": None if html is None else str(html),
@@ -198,9 +199,11 @@ def render(
         err.print(baseline_table(deltas))
     if html:
         err.print(f"wrote {html}")
-    verdict = {0: "[green]ok[/]", 7: "[bold yellow]recompiles after warm-up[/]"}.get(
-        code, "[bold red]failed[/]"
-    )
+    verdict = {
+        0: "[green]ok[/]",
+        7: "[bold yellow]recompiles after warm-up[/]",
+        14: "[bold yellow]stopped[/]",
+    }.get(code, "[bold red]failed[/]")
     err.print(f"{verdict} (exit code {code})")
 
 
@@ -342,7 +345,9 @@ def run_meta(target: str, runs_home: Path | None = None) -> dict[str, str] | Non
         "command": " ".join(rec.get("argv") or []),
         "outcome": ""
         if not res
-        else ("ok" if res.get("ok") else f"failed (exit code {res.get('exit_code')})"),
+        else "ok"
+        if res.get("ok")
+        else f"{'stopped' if res.get('stopped') else 'failed'} (exit code {res.get('exit_code')})",
     }
     return {k: v for k, v in meta.items() if v}
 

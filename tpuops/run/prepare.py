@@ -7,10 +7,50 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from tpuops.config import TargetSpec
+from tpuops.config import TargetSpec, UserConfig
 from tpuops.errors import UsageError
 from tpuops.sop import loader
-from tpuops.sop.model import TEMPLATE, PlanContext
+from tpuops.sop.model import TEMPLATE, PlanContext, suggest
+
+
+def check_params(sop: loader.Sop, cfg: UserConfig, cwd: Path) -> list[str]:
+    """`[params]` of tpuops.toml against the SOP being run. A name no SOP takes (this one, the user's or a
+    built-in) is exit 2 with the file, line, key and the nearest known name; a name only other SOPs take is
+    fine (the table serves every SOP): one note each, naming them. The notes are returned."""
+    extra = [k for k in cfg.params if k not in sop.params]
+    if not extra:
+        return []
+    takers: dict[str, list[str]] = {}
+    for name, path in _every_sop(cwd).items():
+        try:
+            params = loader.load(path).params
+        except UsageError:
+            continue  # a broken SOP file is `tpuops sop list`'s to report, not this run's
+        for p in params:
+            takers.setdefault(p, []).append(name)
+    notes = []
+    for key in extra:
+        if key in takers:
+            notes.append(
+                f"{cfg.param_at(key)}: [params] {key} is not a parameter of SOP {sop.name}, so this run does not "
+                f"use it (SOP {', '.join(takers[key])} take{'s' if len(takers[key]) == 1 else ''} it)"
+            )
+            continue
+        close = suggest(key, sop.params) or suggest(key, takers)
+        raise UsageError(
+            f"{cfg.param_at(key)}: [params] unknown parameter {key!r}{close}",
+            hint=f"SOP {sop.name} takes {', '.join(sop.params) or 'none'}; `tpuops sop show NAME` lists any SOP's",
+        )
+    return notes
+
+
+def _every_sop(cwd: Path) -> dict[str, Path]:
+    """Every SOP file by name, the user's before the built-ins (as `tpuops sop list` finds them)."""
+    found: dict[str, Path] = {}
+    for d in loader.search_dirs(cwd):
+        for f in sorted(d.glob("*.y*ml")) if d.is_dir() else []:
+            found.setdefault(f.stem, f)
+    return found
 
 
 def preflight_argv(sop: loader.Sop, values: dict[str, object]) -> list[list[str]]:

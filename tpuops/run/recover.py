@@ -141,10 +141,10 @@ def watched(
 def _stop_survivors(run_id: str, say: Callable[[str], None]) -> None:
     """Stop the lost attempt's job where its instance survived (its collectives wait for the lost peers), give
     its run lock and the TPU back: else the rerun's claim finds the workers busy with this run's own past."""
-    from tpuops.run import store
+    from tpuops.run import detached
 
     try:
-        stopped = store.stop(run_id)
+        stopped = detached.stop(run_id)
     except TpuopsError as e:  # no record (nothing was started yet) or no worker reachable: the claim will say
         say(f"could not stop what is left of {run_id}: {e.line()}")
         return

@@ -12,12 +12,12 @@ from rich.table import Table
 from tpuops.console import emit_json, err, escape, id_column, out, status_cell
 from tpuops.logs.events import at_step
 from tpuops.run.result import RunResult
-from tpuops.sop.actions import render_plan
+from tpuops.sop.actions import render_plan, summarize_plan
 
 if TYPE_CHECKING:  # the renderers' inputs, named for the type checker (imported at use by the commands)
     from tpuops.checks.doctor import WorkerHealth
     from tpuops.run.bench import VariantResult
-    from tpuops.run.store import RunState
+    from tpuops.run.detached import RunState
     from tpuops.run.top import Top
     from tpuops.sop.executor import StepReport
     from tpuops.sop.procedure import Sop
@@ -89,8 +89,9 @@ def sop_report(report: RunResult, as_json: bool) -> None:
     err.print(f"done in {report.duration_s:.2f}s, run {report.run_id}, exit code {code}")
 
 
-def dry_run(dr: RunResult, as_json: bool) -> None:
-    """A dry run's plan (RunResult.planned): the plan on stdout, what it is for and what it found on stderr."""
+def dry_run(dr: RunResult, as_json: bool, *, verbose: bool = False) -> None:
+    """A dry run's plan (RunResult.planned): the plan on stdout (one line per step per worker; `verbose`: every
+    command in full), what it is for and what it found on stderr."""
     planned = dr.planned
     assert planned is not None, "not a dry run"
     if as_json:
@@ -111,12 +112,12 @@ def dry_run(dr: RunResult, as_json: bool) -> None:
         from tpuops.cloud.pricing import cost_line
 
         err.print(escape(cost_line(cost)), highlight=False)
-    out.out(render_plan(planned.plan), end="", highlight=False)
+    out.out((render_plan if verbose else summarize_plan)(planned.plan), end="", highlight=False)
     for p in planned.preview:  # after the plan, where the eye ends: what the run would discard on each worker
         err.print(escape(p.line()), highlight=False)
 
 
-def dry_runs(labelled: list[tuple[str, RunResult]], as_json: bool) -> None:
+def dry_runs(labelled: list[tuple[str, RunResult]], as_json: bool, *, verbose: bool = False) -> None:
     """The plans of several runs of one command (bench variants), each under its label."""
     if as_json:
         data = [{"variant": label, **dr.to_dict()} for label, dr in labelled]
@@ -124,7 +125,7 @@ def dry_runs(labelled: list[tuple[str, RunResult]], as_json: bool) -> None:
         return
     for label, dr in labelled:
         err.print(f"[bold]variant {escape(label)}[/]")
-        dry_run(dr, False)
+        dry_run(dr, False, verbose=verbose)
 
 
 def sop_list(
@@ -163,7 +164,7 @@ def sop_show(sop: Sop, path: str, as_json: bool) -> None:
 
 
 def runs_table(states: list[RunState], as_json: bool) -> None:
-    """`tpuops runs`: each run's state (run/store.RunState), and why when it could not be known."""
+    """`tpuops runs`: each run's state (run/detached.RunState), and why when it could not be known."""
     import time
 
     rows: list[dict[str, Any]] = []  # the --json rows (workers is a list there, text in the table)

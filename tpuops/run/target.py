@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -79,6 +80,13 @@ class Target:
     @property
     def api(self) -> Api | None:
         return self.reach.api if self.reach else None
+
+    def read_only(self) -> Target:
+        """This target as a dry run reaches it: its first connection changes nothing on the VM (no key made,
+        added to the metadata or imported into OS Login; workers that would need one are not read)."""
+        if self.reach is None:
+            return self
+        return dataclasses.replace(self, reach=dataclasses.replace(self.reach, read_only=True))
 
     @property
     def accelerator(self) -> str | None:

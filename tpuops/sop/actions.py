@@ -23,11 +23,19 @@ class Command:
     # Lines `tpuops-doing: WHAT` it prints say what it is doing now (the live status line shows them):
     # `preparing venv: collecting jax>=0.4.35` while pip works.
     progress: bool = False
+    what: str = ""  # the plan's one line for people (`--dry-run` without --verbose); the script is the truth
 
     def render(self) -> str:
         names = [*self.env, *self.secret_env]
         prefix = f"[env over stdin: {', '.join(names)}] " if names else ""
         return prefix + self.script
+
+    def summary(self) -> str:
+        """One line: what the script does (its first line when it does not say), the names sent over stdin."""
+        names = [*self.env, *self.secret_env]
+        first = next((ln.strip() for ln in self.script.splitlines() if ln.strip()), "")
+        text = self.what or (first if len(first) <= 100 else first[:99] + "…")
+        return text + (f" [env over stdin: {', '.join(names)}]" if names else "")
 
 
 @dataclass(frozen=True)
@@ -47,8 +55,19 @@ class Upload:
 Action = Command | Upload | Follow | Fetch
 
 
+def summarize_plan(plan: list[tuple[str, dict[int, list[Action]]]]) -> str:
+    """The plan people read (`--dry-run`): one line per step per worker, its actions' one-line summaries joined
+    (`render_plan`, with --verbose, is every command in full)."""
+    lines: list[str] = []
+    for step_name, per_worker in plan:
+        for worker, actions in sorted(per_worker.items()):
+            said = "; then ".join(a.summary() if isinstance(a, Command) else a.render() for a in actions)
+            lines.append(f"[w{worker}] {step_name}: {said or 'nothing'}")
+    return "\n".join(lines) + "\n"
+
+
 def render_plan(plan: list[tuple[str, dict[int, list[Action]]]]) -> str:
-    """The exact per-worker plan as text (the --dry-run output and the golden files in tests)."""
+    """The exact per-worker plan as text (`--dry-run --verbose` and the golden files in tests)."""
     lines: list[str] = []
     for step_name, per_worker in plan:
         lines.append(f"== {step_name}")

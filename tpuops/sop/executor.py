@@ -298,7 +298,10 @@ class Executor:
         script = claim.claim_script(
             run_id, shell.path(run_dir(runs, run_id)), shell.path(runs), w, force=self.force
         )
-        return Command(script, timeout=60, cancellable=False)
+        what = f"take the run lock ~/.tpuops-run.lock for run {run_id}" + (
+            " (--force: stop its holder)" if self.force else ""
+        )
+        return Command(script, timeout=60, cancellable=False, what=what)
 
     def _claim(
         self, pool: ThreadPoolExecutor, sop: Sop, values: dict, run_id: str, workers: list[int]

@@ -90,7 +90,13 @@ class PythonEnv(Step):
         py, min_python = ctx.raw(self.python), ctx.raw(self.min_python)
         if ctx.raw(self.conda_env) or not min_python:
             return []
-        return [Command(f"{shell.quote(py)} -c {shell.quote(_version_check(min_python))}", timeout=60)]
+        return [
+            Command(
+                f"{shell.quote(py)} -c {shell.quote(_version_check(min_python))}",
+                timeout=60,
+                what=f"check that {py} is Python {min_python} or newer",
+            )
+        ]
 
     def check_outcome(self, results: list[CmdResult]) -> Outcome:
         r = results[-1] if results else None
@@ -121,7 +127,8 @@ class PythonEnv(Step):
             if venv == "none":
                 lines.append("echo 'tpuops: env=python'")
         lines.append(f"{python_of(venv, py)} -c {shell.quote(_VERSIONS)}")
-        return [Command("\n".join(lines), timeout=self.timeout, progress=True)]
+        what = f"python environment: {describe(venv, py, install, reqs, conda)}"
+        return [Command("\n".join(lines), timeout=self.timeout, progress=True, what=what)]
 
     def _conda(self, name: str, venv: str) -> list[str]:
         v, n = shell.path(venv), shell.quote(name)

@@ -31,7 +31,7 @@ class Run(Step):
     def plan(self, ctx: PlanContext) -> list[Action]:
         rd = run_dir(ctx.raw(self.runs_dir), ctx.run_id)
         k = ctx.worker
-        body = ctx.command(self.command)
+        body = cmd = ctx.command(self.command)
         if self.source_env_file:
             f = shell.path(ctx.raw(self.source_env_file))
             body = f"if [ -f {f} ]; then set -a; . {f}; set +a; fi; {body}"
@@ -76,7 +76,13 @@ echo "tpuops: started pid=$pid"
         env = {**ctx.megascale_env(), **{k_: ctx.raw(v) for k_, v in self.env.items()}}
         # Not cancelled when another worker fails: a start cut short could leave a job without its pid file.
         # The executor stops what started instead (all or none).
-        return [Command(script, env=env, secret_env=tuple(self.secret_env), timeout=60, cancellable=False)]
+        where = f" in {ctx.raw(self.cwd)}" if self.cwd else ""
+        what = f"start in the background{where}: {' '.join(cmd.split())} (log {rd}/worker-{k}.log)"
+        return [
+            Command(
+                script, env=env, secret_env=tuple(self.secret_env), timeout=60, cancellable=False, what=what
+            )
+        ]
 
     def outcome(self, results: list[CmdResult]) -> Outcome:
         r = results[-1] if results else None

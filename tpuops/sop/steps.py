@@ -108,11 +108,13 @@ after=$(git rev-parse HEAD)
 changed=1; [ "$cloned" = 0 ] && [ "$before" = "$after" ] && [ "$dirty" = 0 ] && [ "$prev" = {want} ] && changed=0
 echo "tpuops: sha=$(git rev-parse --short HEAD) changed=$changed"
 """
-        actions: list[Action] = [Command(script, timeout=self.timeout)]
+        what = f"check out {ctx.raw(self.ref)} of {ctx.raw(self.repo)} in {ctx.raw(self.dir)} (local edits stashed first)"
+        actions: list[Action] = [Command(script, timeout=self.timeout, what=what)]
         if patch is not None:
             remote = f"{ctx.raw(self.dir).rstrip('/')}/.git/tpuops-tree.patch"
             actions.append(Upload(patch[0], remote, 0o600, want, plain=True))
-            actions.append(Command(self._apply(ctx, kept, want), timeout=self.timeout))
+            applied = f"apply the uncommitted change (patch {want}) on top"
+            actions.append(Command(self._apply(ctx, kept, want), timeout=self.timeout, what=applied))
         return actions
 
     def _apply(self, ctx: PlanContext, kept: str, want: str) -> str:
@@ -196,11 +198,16 @@ class ClearLockfile(Step):
     template_fields: ClassVar[tuple[str, ...]] = ("lockfile", "devices")
 
     def plan(self, ctx: PlanContext) -> list[Action]:
-        return [Command(self._script(ctx, act=True), timeout=self.grace_s + 30)]
+        lock = ctx.raw(self.lockfile)
+        what = f"clear the TPU lock {lock} when no process holds the TPU" + (
+            " (--force: stop holders)" if ctx.force else ""
+        )
+        return [Command(self._script(ctx, act=True), timeout=self.grace_s + 30, what=what)]
 
     def check(self, ctx: PlanContext) -> list[Action]:
         """Who holds the TPU, before anything changes: a holder refuses the start (unless --force)."""
-        return [Command(self._script(ctx, act=False), timeout=30)]
+        what = f"look for processes holding the TPU (lock {ctx.raw(self.lockfile)})"
+        return [Command(self._script(ctx, act=False), timeout=30, what=what)]
 
     def check_outcome(self, results: list[CmdResult]) -> Outcome:
         out = self.outcome(results)
@@ -288,7 +295,8 @@ class SyncEnv(Step):
             return [
                 Command(
                     f"if [ -e {dest} ]; then rm -f {dest} && echo 'tpuops: removed env_sha=none'; "
-                    "else echo 'tpuops: nothing env_sha=none'; fi"
+                    "else echo 'tpuops: nothing env_sha=none'; fi",
+                    what=f"no local {src.name}: remove {ctx.raw(self.dest)} if the worker has one",
                 )
             ]
         from tpuops.sop.secrets import normalized_env_bytes  # light: python-dotenv only
@@ -297,7 +305,8 @@ class SyncEnv(Step):
         check = Command(
             f"echo 'tpuops: env_sha={digest[:12]}'; "
             f'if [ -f {dest} ] && [ "$(sha256sum < {dest} | cut -c1-64)" = {digest} ]; '
-            f"then echo 'tpuops: same'; fi"
+            f"then echo 'tpuops: same'; fi",
+            what=f"compare {ctx.raw(self.dest)} with the local {src.name} (sha256 {digest[:12]})",
         )
         return [check, Upload(src, ctx.raw(self.dest), 0o600, digest[:12])]
 
@@ -338,8 +347,16 @@ class Shell(Step):
             body = f"cd {shell.path(ctx.raw(self.cwd))} && {body}"
         env = {**ctx.megascale_env(), **{k: ctx.raw(v) for k, v in self.env.items()}}
         timeout = ctx.number(self.timeout, "timeout")
+        what = " ".join(body.split()) if len(body) <= 160 and "\n" not in body.strip() else ""
         return [
-            Command(body, env=env, secret_env=tuple(self.secret_env), timeout=timeout, stream=self.output)
+            Command(
+                body,
+                env=env,
+                secret_env=tuple(self.secret_env),
+                timeout=timeout,
+                stream=self.output,
+                what=what,
+            )
         ]
 
     def outcome(self, results: list[CmdResult]) -> Outcome:

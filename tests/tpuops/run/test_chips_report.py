@@ -46,7 +46,8 @@ def make_run(home: Path, name: str, predicted_gb: float) -> Path:
             "per_run": {"on_demand": 0.054, "spot": 0.0162}, "price": price}  # fmt: skip
     estimate = {"config": "qwen2.5-3b-v6e-8", "accelerator": "v6e-8", "cost": cost,
                 "peak_bytes": predicted_gb * 1e9, "tightest_phase": "update"}  # fmt: skip
-    record = {"run_id": name, "sop": "grpo", "workers": [0, 1], "values": {}, "estimate": estimate}
+    record = {"run_id": name, "sop": "grpo", "workers": [0, 1], "values": {}, "estimate": estimate,
+              "target": {"hosts": ["me@10.0.0.2:22", "me@10.0.0.3:22"]}, "started": 0.0}  # fmt: skip
     (run / "run.json").write_text(json.dumps(record))
     (run / "result.json").write_text(json.dumps({"ok": True, "exit_code": 0, "estimate": estimate}))
     return run

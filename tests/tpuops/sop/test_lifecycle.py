@@ -17,7 +17,7 @@ import pytest
 
 from tests.tpuops.conftest import SshdPool, commit_to
 from tpuops.errors import ExitCode
-from tpuops.run import launch
+from tpuops.run import finish, launch
 from tpuops.sop.executor import Executor
 from tpuops.sop.loader import Sop
 from tpuops.transport.base import CmdResult, Kind
@@ -97,7 +97,7 @@ def test_a_start_that_fails_on_one_worker_stops_what_it_started_on_the_others(ss
         pid = w1.data["pid"]
         assert w1.detail == f"started pid {pid}, then stopped: the start failed on w0"
         assert report.first_failure()[1] == 0  # the cause is named, not the worker stopped for it
-        assert launch.exit_code(report) == ExitCode.FAILED
+        assert finish.judge(None, steps=report).code == ExitCode.FAILED
         assert not alive(int(pid)) and not marked(marker)
         assert (workers[1].home / "runs/half/worker-1.exit").read_text().split() == ["143", "stopped"]
         assert not any((w.home / LOCK).exists() for w in workers)
@@ -155,7 +155,7 @@ def test_full_disk_before_the_start_starts_nothing_and_says_so(sshd_pool: SshdPo
         assert step.outcomes[0].status == "failed"
         assert step.outcomes[0].detail == "no space left on device for the run's files: nothing was started"
         assert step.outcomes[1].status == "cancelled"  # started, then stopped: all or none
-        assert launch.exit_code(report) == ExitCode.FAILED
+        assert finish.judge(None, steps=report).code == ExitCode.FAILED
         assert not marked(marker)
         assert not any((w.home / LOCK).exists() for w in workers)
     finally:
@@ -235,7 +235,7 @@ def test_a_refused_start_changes_nothing_on_either_worker(
             (w.home / "repo" / "notes.txt").write_text("typed on the VM\n")
         before = [snapshot(w.home) for w in workers]
         second = Executor(t, local_dir=tmp_path).execute(sop, {"branch": new}, "run-b", [0, 1])
-        assert launch.exit_code(second) == ExitCode.TPU_BUSY
+        assert finish.judge(None, steps=second).code == ExitCode.TPU_BUSY
         assert [s.title for s in second.steps] == ["run lock"]
         pid = first.steps[-1].outcomes[0].data["pid"]
         assert second.steps[0].outcomes[0].detail == (
@@ -284,7 +284,7 @@ def test_two_runs_started_at_the_same_moment_never_both_start(
             (won,) = started
             lost = 1 - won
             assert {o.status for o in run_step(reports[won]).outcomes.values()} == {"changed"}
-            assert launch.exit_code(reports[lost]) == ExitCode.TPU_BUSY
+            assert finish.judge(None, steps=reports[lost]).code == ExitCode.TPU_BUSY
             assert all(s.kind == "lock" for s in reports[lost].steps)  # refused before any step ran
             for w in workers:
                 assert not (w.home / "runs" / ids[lost]).exists()

@@ -54,3 +54,40 @@ def test_hostile_value_is_quoted_in_the_plan(tmp_path: Path) -> None:
     text = render_plan(result.planned.plan)
     assert "ref='x; rm -rf /'" in text
     assert "dir=\"$HOME\"/'$(reboot)'" in text
+
+
+@pytest.mark.parametrize("name", ["job", "grpo"])
+def test_the_plan_people_read_is_one_line_per_step_per_worker(name: str, tmp_path: Path) -> None:
+    """`--dry-run` prints one line per step per worker, each saying what the step does; `--verbose` prints the
+    golden plan (every command in full, as the workers would get it)."""
+    import subprocess
+    import sys
+
+    sets = {k: v for k, v in SETS.items() if k != "cmd"}
+    argv = [sys.executable, "-m", "tpuops", "run", name, *(a for h in HOSTS for a in ("--host", h))]
+    argv += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")] + ["--dry-run", "--offline"]
+    tail = ["--", "hostname"] if name == "job" else []
+    short = subprocess.run(
+        [*argv, *tail], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert short.returncode == 0, short.stderr
+    lines = short.stdout.splitlines()
+    steps = ["run lock", "checks", *(s.title for s in loader.load(loader.find(name)).steps)]
+    assert [ln.split(": ", 1)[0] for ln in lines] == [f"[w{w}] {s}" for s in steps for w in (0, 1)]
+    said = dict(ln.split(": ", 1) for ln in lines)
+    assert (
+        said["[w1] git_sync"]
+        == "check out main of https://github.com/example/mllm-jax.git in ~/tpuops/mllm-jax-313b9b99/checkout"
+        " (local edits stashed first)"
+    )
+    start = next(v for k, v in said.items() if k.startswith("[w1] start"))
+    assert (
+        start.startswith("start in the background in ~/tpuops/mllm-jax-313b9b99/checkout: ")
+        and "(log ~/tpuops/runs/DRY-RUN/worker-1.log)" in start
+    )
+    assert ("env hostname" if name == "job" else '"$py" -m trainer.main --config arith') in start
+    full = subprocess.run(
+        [*argv, "--verbose", *tail], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert full.returncode == 0 and full.stdout == (GOLDEN / f"{name}.txt").read_text()
+    assert len(lines) * 20 < len(full.stdout.splitlines())

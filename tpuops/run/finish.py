@@ -1,0 +1,113 @@
+"""The end of a run, judged once: from its log report (and a followed run's steps), the exit code, the words
+people read and what to try next. `run`, `attach` and `report RUN_ID` all ask `judge`, so a run read any way
+gets one verdict."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpuops.errors import ExitCode
+from tpuops.logs.events import STOPPED, LogReport, exit_status
+from tpuops.run.baseline import Delta
+from tpuops.run.result import exit_code, unverified
+from tpuops.sop.executor import SopReport
+
+WORDS = {ExitCode.OK: "ok", ExitCode.RECOMPILE: "recompiles after warm-up", ExitCode.STOPPED: "stopped"}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How a run ended: its exit code, what to try next (a known fix), and the workers `tpuops stop` ended."""
+
+    code: ExitCode
+    hint: str | None = None
+    stopped: tuple[int, ...] = ()
+
+    @property
+    def words(self) -> str:
+        """What people read: ok, stopped, recompiles after warm-up, failed."""
+        return words(self.code)
+
+
+def words(code: int) -> str:
+    return WORDS.get(ExitCode(code), "failed") if code in ExitCode._value2member_map_ else "failed"
+
+
+def stopped_workers(run_dir: Path) -> set[int]:
+    """The workers whose fetched exit file (`worker-<k>.exit` in a local run folder) says `tpuops stop` (or a
+    `--force` run) ended their job: `143 stopped`."""
+    out = set()
+    for p in run_dir.glob("worker-*.exit"):
+        k = p.name[len("worker-") : -len(".exit")]
+        try:
+            notes = exit_status(p.read_bytes())[1]
+        except OSError:
+            continue
+        if k.isdigit() and STOPPED in notes:
+            out.add(int(k))
+    return out
+
+
+def judge(
+    log: LogReport | None,
+    *,
+    steps: SopReport | None = None,
+    stopped: Iterable[int] = (),
+    lost: bool = False,
+    fail_on_recompile: bool = False,
+    deltas: list[Delta] | None = None,
+    config: str | None = None,
+    accelerator: str | None = None,
+) -> Verdict:
+    """The one verdict of a finished run.
+
+    A run that `tpuops stop` ended (`stopped`: those workers' exit files say so) and where no worker had
+    failed on its own is `stopped` (exit 14), however its jobs died of the signal. Otherwise a followed run
+    (`steps`, its step report) is judged by its steps and its log (`result.exit_code`); a run read from its
+    logs alone (`attach`, `report`) by its log: failure signatures or a baseline regression 1, compiles after
+    the warm-up 7, and a worker that could not be followed (`lost`) is never ok. A recompile check that saw
+    nothing to judge is 13, an out-of-memory of a followed run 10, each with its fix in `hint`."""
+    halted = tuple(sorted(set(stopped) | _stopped_steps(steps)))
+    if halted and not _failed_on_its_own(log, steps, halted):
+        return Verdict(ExitCode.STOPPED, None, halted)
+    if steps is not None:
+        code = exit_code(steps, log, fail_on_recompile=fail_on_recompile)
+        hint = oom_hint(config or "CONFIG", accelerator) if code == ExitCode.OOM else None
+        if code == ExitCode.UNVERIFIED:
+            hint = unverified(log, fail_on_recompile)
+        return Verdict(code, hint, halted)
+    from tpuops.run import logreport
+
+    code = ExitCode(logreport.exit_code(log, deltas)) if log is not None else ExitCode.FAILED
+    if lost:
+        code = max(code, ExitCode.FAILED)
+    hint = unverified(log, fail_on_recompile) if code == ExitCode.OK else None
+    if hint:  # a recompile check that saw no step line or no compile logging: never ok (as when it ran)
+        code = ExitCode.UNVERIFIED
+    return Verdict(code, hint, halted)
+
+
+def oom_hint(config: str, accelerator: str | None) -> str:
+    """What to do about an out-of-memory: find a batch that fits this accelerator before spending a VM on it."""
+    return (
+        f"find a batch that fits: tpuops fit {config} --accelerator {accelerator or 'TYPE'} "
+        "--set train.micro_batch=... (a smaller train.micro_batch, or more gradient accumulation)"
+    )
+
+
+def _stopped_steps(steps: SopReport | None) -> set[int]:
+    """The workers whose run step saw its job end by `tpuops stop` (the exit file's note, as the follow read it)."""
+    if steps is None:
+        return set()
+    return {w for s in steps.steps for w, o in s.outcomes.items() if o.data.get("stopped") is True}
+
+
+def _failed_on_its_own(log: LogReport | None, steps: SopReport | None, stopped: Collection[int]) -> bool:
+    """Whether some worker failed before or apart from the stop: a job that exited non-zero (or left no exit
+    file) without being stopped, or a step that failed for another reason than the stop."""
+    if log is not None and any(c != 0 and w not in stopped for w, c in log.exit_codes.items()):
+        return True
+    failure = steps.first_failure() if steps is not None else None
+    return failure is not None and failure[2].data.get("stopped") is not True
