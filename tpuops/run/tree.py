@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import tempfile
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,7 +157,7 @@ def repo_home(url: str) -> str:
     return f"~/tpuops/{name[:40]}-{hashlib.sha256(canon.encode()).hexdigest()[:8]}"
 
 
-def take(params: dict[str, object], values: dict[str, object], given: set[str], cwd: Path) -> str | None:
+def take(params: Collection[str], values: dict[str, object], given: set[str], cwd: Path) -> str | None:
     """sync=tree (the default): this checkout's uncommitted change becomes the SOP's `patch`, and one line says
     what travels; sync=commit refuses a dirty tree. Only where the run syncs this very checkout at its HEAD
     (repo_url and branch not given, no patch of the user's own)."""

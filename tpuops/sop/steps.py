@@ -156,7 +156,7 @@ else echo "tpuops: absent"; fi
             )
         if not results or not all(r.ok for r in results):
             return super().outcome(results)
-        found = markers(sync.stdout) if sync is not None else []
+        found = markers(results[0].stdout)
         if not found:
             return super().outcome(results)
         m = found[-1]
@@ -169,7 +169,7 @@ else echo "tpuops: absent"; fi
             at += f" + uncommitted (patch {applied})"
         discarded = [
             line.removeprefix("tpuops: discard ")
-            for line in sync.stdout.splitlines()
+            for line in results[0].stdout.splitlines()
             if line.startswith("tpuops: discard ")
         ]
         stash = next((x["dir"] for x in found if x["_"].startswith("stashed")), None)
