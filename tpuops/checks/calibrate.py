@@ -101,7 +101,7 @@ def calibrate(
     pub = f"{published[0]:.2f}-{published[1]:.2f} s at published efficiencies" if published else ""
     b = basis(load(find_results(cwd or Path.cwd()))) if efficiency == "measured" else None
     if b is None or "phases_s" not in est:
-        why = ("as asked (--efficiency published)" if efficiency != "measured"
+        why = ("--efficiency published" if efficiency != "measured"
                else "no accelerator results recorded here (bench/results/)")  # fmt: skip
         est["calibrated"] = None
         est["basis_line"] = f"expected {pub} ({why})" if pub else ""
