@@ -39,6 +39,15 @@ def _version(dist: str) -> str:
         return "-"
 
 
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _trainer_dir(cwd: Path) -> Path:
     """The trainer `python -m trainer.fit` runs from cwd: ./trainer, else the installed one (found, not imported)."""
     if (cwd / "trainer" / "fit").is_dir():
@@ -84,9 +93,7 @@ def check(
     bad config or target. `on_progress` hears trainer.fit's `fit: ...` lines as they come (compiling X)."""
     if accelerator and topology:
         raise UsageError("--accelerator and --topology name the same thing: pass one")
-    import importlib.util
-
-    if importlib.util.find_spec("jax") is None:  # a base install: the compile needs the tpu extra
+    if not _importable("jax"):  # a base install: the compile needs the tpu extra
         raise FitUnavailableError("jax is not installed here: pip install 'tpuops[tpu]'")
     cwd = cwd or Path.cwd()
     sets = [s.removeprefix("--set=") for s in sets or []]
