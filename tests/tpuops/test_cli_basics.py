@@ -60,6 +60,11 @@ def test_metavars_are_gcloud_style(tmp_path: Path) -> None:
     for shown in ("--set KEY=VALUE", "--zone ZONE", "--vm NAME", "--host USER@IP[:PORT]", "--parallel N"):
         assert shown in out, shown
     assert "<" not in out.split("Options:", 1)[1]  # no <list[str]> / <str>
+    # Positional arguments too: named by their metavar, `...` for one that takes several words.
+    for argv in (["run", "--help"], ["sop", "run", "--help"], ["fit", "--help"]):
+        args = tpuops(*argv, cwd=tmp_path).stdout.split("Arguments:", 1)[1].split("Options:", 1)[0]
+        assert "<" not in args, (argv, args)
+    assert "CMD ARGS ..." in tpuops("sop", "run", "--help", cwd=tmp_path).stdout
 
 
 @pytest.mark.parametrize(

@@ -39,6 +39,15 @@ def _version(dist: str) -> str:
         return "-"
 
 
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _trainer_dir(cwd: Path) -> Path:
     """The trainer `python -m trainer.fit` runs from cwd: ./trainer, else the installed one (found, not imported)."""
     if (cwd / "trainer" / "fit").is_dir():
@@ -84,6 +93,8 @@ def check(
     bad config or target. `on_progress` hears trainer.fit's `fit: ...` lines as they come (compiling X)."""
     if accelerator and topology:
         raise UsageError("--accelerator and --topology name the same thing: pass one")
+    if not _importable("jax"):  # a base install: the compile needs the tpu extra
+        raise FitUnavailableError("jax is not installed here: pip install 'tpuops[tpu]'")
     cwd = cwd or Path.cwd()
     sets = [s.removeprefix("--set=") for s in sets or []]
     if slices < 1:
@@ -216,8 +227,11 @@ def summary(result: dict[str, Any]) -> str:
 
 
 def step_seconds(result: dict[str, Any]) -> tuple[float, str]:
-    """The step time a cost is made from: the expected range's midpoint, else the bound (older verdicts)."""
+    """The step time a cost is made from: the midpoint of the range at this trainer's measured efficiency
+    (tpuops.checks.calibrate), else of the published-efficiency range, else the bound (older verdicts)."""
     est = result["estimate"]
+    if cal := est.get("calibrated"):
+        return float(cal["expected_mid_s"]), "calibrated_mid_s"
     if est.get("expected_mid_s") is not None:
         return float(est["expected_mid_s"]), "expected_mid_s"
     return float(est["step_s"]), "bound_s"
@@ -225,13 +239,14 @@ def step_seconds(result: dict[str, Any]) -> tuple[float, str]:
 
 def with_cost(result: dict[str, Any], region: str | None, endpoint: str | None = None) -> dict[str, Any]:
     """The fit result with `cost`: dollars per step and per run (train.steps), on demand and Spot, for its
-    accelerator in `region` (tpuops/cloud/pricing: the billing catalog, else the shipped table); None when no
-    price is known for the family. Never cached with the verdict: prices move, the compile does not."""
+    accelerator in `region` (tpuops/cloud/pricing: the billing catalog, else the shipped table). When the type has
+    no price there, `cost` is None and `unpriced` says why and names the nearest regions that offer it. Never
+    cached with the verdict: prices move, the compile does not."""
     from tpuops.cloud import pricing
 
     price = pricing.lookup(result["accelerator"], region, endpoint)
-    if price is None:
-        return {**result, "cost": None}
+    if isinstance(price, pricing.Unpriced):
+        return {**result, "cost": None, "unpriced": price.to_dict()}
     step_s, basis = step_seconds(result)
     steps = result.get("steps")
     return {**result, "cost": pricing.cost(step_s, steps if isinstance(steps, int) else None,

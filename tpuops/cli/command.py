@@ -72,6 +72,11 @@ def first_argument(params: list[Any], args: list[str]) -> str | None:
     return None
 
 
+def _argument_type(nargs: int) -> Callable[[Any], str | None]:
+    """The help's type column for a positional argument: `...` when it takes several words, else nothing."""
+    return lambda ctx: "..." if nargs != 1 else None
+
+
 class Command(TyperCommand):
     """Every tpuops command: option values checked before click reads them (`check_values`); an option's value
     shown in gcloud's style in --help (`--zone ZONE`, not `--zone <str>`) where it names none itself."""
@@ -81,6 +86,8 @@ class Command(TyperCommand):
         for p in self.params:
             if (_takes_value(p) or p.param_type_name == "argument") and p.metavar is None:
                 p.metavar = p.name.strip("_").upper()
+            if p.param_type_name == "argument":  # the metavar names it: no `<str>` / `<list[str]>` beside it
+                setattr(p, "display_type_rich", _argument_type(p.nargs))  # noqa: B010 (a method, per instance)
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         if not any(a in HELP for a in args):

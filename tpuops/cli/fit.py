@@ -55,17 +55,26 @@ def fit(
             help="Cloud Billing Catalog endpoint (e.g. the local emulator); default: Google's, when credentials allow.",
         ),
     ] = None,
+    efficiency: Annotated[
+        str,
+        typer.Option(
+            "--efficiency",
+            metavar="BASIS",
+            help="measured: the expected step (and the cost) at this trainer's efficiency measured on accelerators "
+            "(bench/results/); published: at published efficiencies.",
+        ),
+    ] = "measured",
     json: o.JsonOpt = False,
 ) -> None:
     """Compile every program of a training step for a TPU, on this machine (no TPU needed), and judge it.
 
     Per phase (rollout: decode_cast, prefill, decode; update): per-device bytes against HBM, FLOPs, HBM bytes,
     collectives and the step time (a bound: every op at its roofline, collectives over their ICI links with 1 us
-    per hop, the host's work; and an expected range from published efficiencies), and what a step and the run
-    cost (on demand and Spot, priced by the Cloud Billing Catalog when credentials allow, else by the table
-    shipped with tpuops).
+    per hop, the host's work; an expected range at this trainer's measured efficiency, beside the one at
+    published efficiencies), and what a step and the run cost (on demand and Spot, priced by the Cloud Billing
+    Catalog when credentials allow, else by the table shipped with tpuops, from SkyPilot's public catalog).
     Exit 0 when every phase keeps >= 10% of HBM free, 12 when not (with the cheapest override that fits).
-    Needs libtpu: pip install -e '.[tpu]'.
+    Needs jax with libtpu: pip install 'tpuops[tpu]'.
 
     \b
     Examples:
@@ -76,10 +85,14 @@ def fit(
       tpuops fit qwen2.5-7b-v6e-16 --slices 2 --json
     """
     from tpuops import console
+    from tpuops.checks import calibrate
     from tpuops.checks import fit as fitlib
     from tpuops.config import parse_sets
-    from tpuops.run import report
+    from tpuops.errors import UsageError
+    from tpuops.run import fitview
 
+    if efficiency not in ("measured", "published"):
+        raise UsageError(f"--efficiency is measured or published, received {efficiency!r}")
     sets = [f"{k}={v}" for k, v in parse_sets(set_).items()]
     # At a terminal a status line says which program compiles and for how long (minutes for a big model).
     watch = fitlib.FitProgress(config) if console.live_wanted(json) else None
@@ -92,6 +105,6 @@ def fit(
         from tpuops.config import load as load_user_config
 
         region = load_user_config().zone
-    result = fitlib.with_cost(result, region, api_endpoint)
-    report.fit_report(result, json)
+    result = fitlib.with_cost(calibrate.calibrate(result, efficiency), region, api_endpoint)
+    fitview.fit_report(result, json)
     raise typer.Exit(fitlib.exit_code(result))

@@ -1,9 +1,10 @@
-"""TPU prices per chip-hour (on demand and Spot) for a family and region, and what a step and a run cost.
+"""TPU prices per chip-hour (on demand and Spot) for a slice type and region, and what a step and a run cost.
 
-From Google's Cloud Billing Catalog API (the Compute Engine service's TPU SKUs; Spot SKUs are usage type
-"Preemptible") when credentials allow or an endpoint is given (the emulator), cached under the state home with
-the date they were fetched; otherwise from the table shipped in the package (`data/tpu_prices.json`, with its
-source page and date). Every answer says which was used and how old it is.
+From Google's Cloud Billing Catalog API (TPU SKUs of the Compute Engine and Cloud TPU services; Spot SKUs are
+usage type "Preemptible") when credentials allow or an endpoint is given (the emulator), cached under the state
+home with the date they were fetched; otherwise from the table shipped in the package (tpuops.cloud.price_table:
+SkyPilot's public catalog at a recorded commit and date). Every answer says which was used and how old it is; a
+region that does not offer the type gets no price (Unpriced, naming the nearest regions that do).
 """
 
 from __future__ import annotations
@@ -14,15 +15,17 @@ import json
 import os
 import re
 from dataclasses import asdict, dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from tpuops.cloud import accelerators
+from tpuops.cloud import accelerators, price_table
+from tpuops.cloud.price_table import Unpriced, region_of
 from tpuops.config import state_home
 
 CACHE_DAYS = 7  # a catalog fetch is reused this long
 COMPUTE_ENGINE = "Compute Engine"
+# The billing catalog prices TPUs under two services: Cloud TPU (v2, v3, v4) and Compute Engine (v5e, v5p, v6e).
+TPU_SERVICES = (COMPUTE_ENGINE, "Cloud TPU")
 DEFAULT_REGION = "us-central1"
 # A TPU SKU of the catalog: "TPU v6e chip-hour in us-east5", "Spot Preemptible TPU v5e ...", "Trillium TPU ...".
 _SKU_FAMILY = re.compile(
@@ -40,17 +43,14 @@ class Price:
     on_demand: float
     spot: float | None
     source: str  # "catalog" (Cloud Billing Catalog API) or "table" (shipped with tpuops)
-    where: str  # the catalog endpoint, or the table's source page
-    date: str  # ISO date: when the catalog was fetched, or the table's date
+    where: str  # the billing endpoint, or the table's source (catalog repository and path)
+    date: str  # ISO date: when the billing catalog was fetched, or the table's catalog date
     age_days: int
+    commit: str = ""  # the table's catalog commit ("" for the billing catalog)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "unit": "USD per chip-hour"}
-
-
-def region_of(zone: str) -> str:
-    """`us-east5-b` -> `us-east5` (a region passes through)."""
-    return zone.rsplit("-", 1)[0] if re.fullmatch(r"[a-z]+-[a-z]+\d+-[a-z]", zone) else zone
+        out = {**asdict(self), "unit": "USD per chip-hour"}
+        return {**out, "catalog": price_table.source()} if self.source == "table" else out
 
 
 def _age(date: str, today: datetime.date | None = None) -> int:
@@ -58,19 +58,15 @@ def _age(date: str, today: datetime.date | None = None) -> int:
     return max(0, (today - datetime.date.fromisoformat(date[:10])).days)
 
 
-def table() -> dict[str, Any]:
-    """The shipped price table (package data)."""
-    return json.loads(resources.files("tpuops.cloud").joinpath("data/tpu_prices.json").read_text())
-
-
-def from_table(family: str, region: str) -> Price | None:
-    t = table()
-    row = t["families"].get(family)
-    if row is None:
-        return None
-    return Price(
-        family, region, row["on_demand"], row.get("spot"), "table", t["source"], t["date"], _age(t["date"])
-    )
+def from_table(accelerator_type: str, region: str) -> Price | Unpriced:
+    """The shipped table's price per chip-hour of this slice type in `region`, or why it has none."""
+    row = price_table.price_in(accelerator_type, region)
+    if isinstance(row, Unpriced):
+        return row
+    src = price_table.source()
+    return Price(accelerators.family(accelerator_type), region, row["on_demand_per_chip"], row["spot_per_chip"],
+                 "table", f"{src['repository']}/blob/{src['commit'][:8]}/{src['path']}", src["date"],
+                 _age(src["date"]), src["commit"])  # fmt: skip
 
 
 def _money(unit_price: Any) -> float:
@@ -95,7 +91,10 @@ def parse_skus(skus: list[Any]) -> dict[str, dict[str, dict[str, float]]]:
         desc = sku.description or ""
         family = _family_of(desc)
         usage = sku.category.usage_type if sku.category else ""
+        group = sku.category.resource_group if sku.category else ""
         if family is None or _NOT_ON_DEMAND.search(desc) or usage not in ("OnDemand", "Preemptible"):
+            continue
+        if group and group != "TPU":  # a TPU VM's host CPU or RAM SKU that names the TPU
             continue
         kind = (
             "spot"
@@ -129,10 +128,10 @@ def fetch_catalog(endpoint: str | None) -> dict[str, dict[str, dict[str, float]]
         )
     else:
         client = billing_v1.CloudCatalogClient(transport="rest")
-    service = next((s for s in client.list_services() if s.display_name == COMPUTE_ENGINE), None)
-    if service is None:
-        raise LookupError(f"the catalog lists no {COMPUTE_ENGINE!r} service")
-    return parse_skus(list(client.list_skus(parent=service.name)))
+    services = [s for s in client.list_services() if s.display_name in TPU_SERVICES]
+    if not services:
+        raise LookupError(f"the catalog lists none of the services {', '.join(TPU_SERVICES)}")
+    return parse_skus([sku for s in services for sku in client.list_skus(parent=s.name)])
 
 
 def _credentials_present() -> bool:
@@ -173,9 +172,10 @@ def catalog(endpoint: str | None, *, refresh: bool = False) -> tuple[dict[str, A
     return prices, date
 
 
-def lookup(accelerator_type: str, region: str | None = None, endpoint: str | None = None) -> Price | None:
-    """The price of one chip-hour of this type's family in `region` (a zone is read as its region): the catalog
-    when it has the family in that region, else the shipped table; None when neither knows the family."""
+def lookup(accelerator_type: str, region: str | None = None, endpoint: str | None = None) -> Price | Unpriced:
+    """The price of one chip-hour of this slice type in `region` (a zone is read as its region): the billing
+    catalog when it has the family in that region, else the shipped table; Unpriced (why, and the nearest regions
+    that offer the type) when neither prices it there."""
     family = accelerators.family(accelerator_type)
     region = region_of(region) if region else DEFAULT_REGION
     found = catalog(endpoint)
@@ -185,7 +185,14 @@ def lookup(accelerator_type: str, region: str | None = None, endpoint: str | Non
         if row and "on_demand" in row:
             return Price(family, region, row["on_demand"], row.get("spot"), "catalog",
                          endpoint or "cloudbilling.googleapis.com", date, _age(date))  # fmt: skip
-    return from_table(family, region)
+    got = from_table(accelerator_type, region)
+    if isinstance(got, Unpriced) and family not in price_table.table()["families"]:
+        billing = (
+            f"the Cloud Billing Catalog lists none in {region} either" if found is not None
+            else "the Cloud Billing Catalog is read when credentials allow (gcloud auth application-default login)"
+        )  # fmt: skip
+        return Unpriced(got.accelerator, got.region, f"{got.reason}; {billing}", got.nearest)
+    return got
 
 
 def cost(
@@ -220,15 +227,17 @@ def dollars(x: float | None) -> str:
 
 def cost_line(c: dict[str, Any]) -> str:
     """`cost: $0.0094/step, $1.88/run (200 steps) on demand; Spot $0.0028/step, $0.56/run - v6e-8 (8 chips) in
-    us-central1 at $2.70/chip-hour (Spot $0.81): shipped table (cloud.google.com/tpu/pricing, 2025-06-01, 178 days
-    old)`."""
+    us-central1 at $2.70/chip-hour (Spot $0.65), step 1.57 s (expected_mid_s): shipped table (SkyPilot catalog
+    017e2502, 2026-11-29, 0 days old)`."""
     p, s, r = c["price"], c["per_step"], c["per_run"]
     run = lambda k: f", {dollars(r[k])}/run" if r else ""  # noqa: E731
     steps = f" ({c['steps']} steps)" if r else " (steps unknown)"
     spot = f"; Spot {dollars(s['spot'])}/step{run('spot')}" if s["spot"] is not None else "; no Spot price"
-    src = "Cloud Billing Catalog" if p["source"] == "catalog" else "shipped table"
-    where = p["where"].removeprefix("https://")
+    if p["source"] == "catalog":
+        src = f"Cloud Billing Catalog ({p['where'].removeprefix('https://')}, {p['date']}, {p['age_days']} days old)"
+    else:
+        src = f"shipped table (SkyPilot catalog {p['commit'][:8]}, {p['date']}, {p['age_days']} days old)"
     spot_rate = f" (Spot ${p['spot']:.2f})" if p["spot"] is not None else ""
     return (f"cost: {dollars(s['on_demand'])}/step{run('on_demand')}{steps} on demand{spot} - {c['accelerator']} "
             f"({c['chips']} chips) in {c['region']} at ${p['on_demand']:.2f}/chip-hour{spot_rate}, step "
-            f"{c['step_s']:.2f} s ({c['step_basis']}): {src} ({where}, {p['date']}, {p['age_days']} days old)")  # fmt: skip
+            f"{c['step_s']:.2f} s ({c['step_basis']}): {src}")  # fmt: skip

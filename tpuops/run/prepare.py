@@ -122,6 +122,8 @@ def fit_preflight(
         from tpuops.cloud.pricing import cost_line
 
         note(cost_line(result["cost"]))
+    elif unpriced := result.get("unpriced"):
+        note(f"cost: no price: {unpriced['reason']}")
     peak = max((p["peak_bytes"] for p in result["phases"].values()), default=None)
     return line, {"config": config, "accelerator": accelerator, "cost": result["cost"], "peak_bytes": peak,
                   "tightest_phase": result["tightest_phase"]}  # fmt: skip

@@ -338,61 +338,6 @@ def microbench_table(ms: list[dict[str, Any]]) -> Table:
     return table
 
 
-def fit_report(result: dict[str, Any], as_json: bool) -> None:
-    """`tpuops fit`: one row per phase (per-device bytes, headroom, cost, collectives, estimated seconds)."""
-    from tpuops.checks.fit import GB, summary
-
-    if as_json:
-        emit_json(result, default=float)
-    title = (
-        f"{result['config']} on {result['accelerator']} ({result['topology']}: {result['devices']} x "
-        f"{result['device_kind']}, {result['hbm_bytes_per_device'] / GB:.1f} GB HBM each) - loss {result['impl']}, "
-        f"mesh {result['mesh']}, rollout mesh {result['rollout_mesh']}, {result['method']}"
-    )
-    t = Table("phase", "arguments", "outputs", "temp", "resident", "peak", "headroom", "TFLOP", "HBM GB",
-              "collective GB", "bound s", "expected s", "largest", title=title, title_justify="left")  # fmt: skip
-    for name, p in result["phases"].items():
-        t.add_row(
-            name, *(f"{p[k] / GB:.2f}" for k in ("argument_bytes", "output_bytes", "temp_bytes", "resident_bytes")),
-            f"{p['peak_bytes'] / GB:.2f}", f"[{'green' if p['fits'] else 'bold red'}]{p['headroom']:.0%}[/]",
-            f"{p['flops'] / 1e12:.2f}", f"{p.get('hbm_bytes', p['bytes_accessed']) / GB:.2f}",
-            f"{p['collective_bytes']['moved'] / GB:.2f}", f"{p['seconds']:.3f}",
-            "-".join(f"{s:.2f}" for s in p.get("expected_s", [p["seconds"]] * 2)), p["largest_term"],
-        )  # fmt: skip
-    err.print(t)
-    est = result["estimate"]
-    if "expected_s" in est:
-        low, high = est["expected_s"]
-        err.print(f"bound: {est['bound_s']:.2f} s per step (every op at 100% of its roofline, collectives over the "
-                  "links they use + 1 us per hop, overlapped only as libtpu scheduled them, host work "
-                  f"{est['host_s']:.2f} s; not a promise); largest phase: {est['largest_phase']}")  # fmt: skip
-        err.print(f"expected: {low:.2f}-{high:.2f} s per step (midpoint {est['expected_mid_s']:.2f} s) at documented "
-                  "efficiencies:")  # fmt: skip
-        for kind, e in est["efficiency"].items():
-            err.print(f"  {kind}: {e['low']:.0%}-{e['high']:.0%} of the roofline, {escape(e['source'])}")
-    else:  # a verdict cached before the expected range
-        err.print(f"estimate: {est['step_s']:.2f} s per step at 100% of the roofline (a lower bound, not a promise); "
-                  f"largest phase: {est['largest_phase']}")  # fmt: skip
-    if dcn := result.get("dcn"):
-        err.print(
-            f"DCN ({dcn['slices']} slices): {dcn['bytes_per_device'] / GB:.3f} GB per device, "
-            f"{dcn['bytes_per_host'] / GB:.3f} GB per host per step, {dcn['seconds']:.3f} s at "
-            f"{dcn['bandwidth_per_host'] / 1e9:.0f} GB/s per host; "
-            + ("[bold red]dominates[/]: longer than the step's bound" if dcn["dominates"]
-               else f"under the step's bound of {dcn['step_bound_s']:.3f} s")
-        )  # fmt: skip
-    style = "green" if result["fits"] else "bold red"
-    err.print(f"[{style}]{escape(summary(result))}[/]" + (" (cached)" if result.get("cached") else ""))
-    if result.get("cost"):
-        from tpuops.cloud.pricing import cost_line
-
-        err.print(escape(cost_line(result["cost"])), highlight=False)
-    elif "cost" in result:
-        err.print(
-            f"cost: no price known for {escape(result['accelerator'])} (tpuops/cloud/data/tpu_prices.json)"
-        )
-
-
 def top_table(top: Top, as_json: bool) -> None:
     """`tpuops top`: one row per worker and chip (HBM in use, duty cycle), or why there are no memory fields."""
     if as_json:

@@ -77,6 +77,23 @@ def test_without_libtpu_fit_names_the_pip_command(tmp_path: Path) -> None:
     assert "Traceback" not in r.stderr
 
 
+def test_a_base_install_without_jax_is_one_line_naming_the_tpu_extra(tmp_path: Path) -> None:
+    """`pip install tpuops` without the tpu extra: jax is not there; fit says which extra to install (exit 2)."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _NoJax:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'jax' or name.startswith('jax.'):\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, _NoJax())\n"
+    )
+    r = tpuops("fit", "qwen2.5-0.5b-v4-8", env={"PYTHONPATH": str(tmp_path)})
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "jax is not installed here: pip install 'tpuops[tpu]'" in lines[0]
+    assert "PackageNotFoundError" not in r.stderr and "Traceback" not in r.stderr
+
+
 def test_an_unknown_accelerator_is_one_line_exit_2() -> None:
     r = tpuops("fit", "tiny", "--accelerator", "v9-8")
     assert r.returncode == 2 and "unknown accelerator type 'v9-8'" in r.stderr and "v6e-8" in r.stderr

@@ -47,6 +47,9 @@ def test_a_vm_whose_tpu_cannot_hold_the_config_is_refused_before_any_ssh(
 @pytest.mark.slow
 def test_the_dry_run_plan_shows_the_fit_verdict(cloud: Cloud, vm_name: str, tmp_path: Path) -> None:
     _vm(cloud, vm_name, "v4-8", tmp_path)
+    # Google offers v4 in us-central2 only (the emulator's catalog starts from the shipped table): price it in the
+    # emulator's zone's region, so the preflight has a billing-catalog price to use.
+    cloud.emu.admin("catalog", family="v4", region="us-east1", on_demand=3.22, spot=0.9215)
     r = tpuops(cloud, ["run", "grpo", "--vm", vm_name, "--zone", ZONE, "--identity", str(cloud.identity),
                        "--set", "repo_url=/nonexistent.git", "--set", "branch=main", "--dry-run", "--json"],
                tmp_path, timeout=900)  # fmt: skip

@@ -1,6 +1,9 @@
-"""The Cloud Billing Catalog routes the real `google-cloud-billing` client calls: services, and a service's SKUs
-(Compute Engine's TPU SKUs, on demand and Spot per region, priced from the shipped table until a test sets a
-price with `/admin/catalog`), with pages so the client's pager is exercised."""
+"""The Cloud Billing Catalog routes the real `google-cloud-billing` client calls: services, and a service's SKUs,
+with pages so the client's pager is exercised. Shaped as the real catalog prices TPUs: Compute Engine's service
+holds v5e, v5p and v6e, the Cloud TPU service v2-v4 (as dstack's gpuhunt reads them); a TPU SKU has resource
+group "TPU", an hourly unit per chip, a `Tpu...` name in its description, usage type OnDemand or Preemptible (Spot),
+and beside them stand commitments and a TPU VM's host SKUs that a reader must leave out. Prices per chip-hour are
+the shipped table's (its smallest slice of the family per region) until a test sets one with `/admin/catalog`."""
 
 from __future__ import annotations
 
@@ -12,42 +15,60 @@ from tpuops.cloud.emulator.records import ApiError
 
 COMPUTE = {"name": "services/6F81-5844-456A", "serviceId": "6F81-5844-456A", "displayName": "Compute Engine",
            "businessEntityName": "businessEntities/GCP"}  # fmt: skip
+CLOUD_TPU = {"name": "services/E000-3F24-B8AA", "serviceId": "E000-3F24-B8AA", "displayName": "Cloud TPU",
+             "businessEntityName": "businessEntities/GCP"}  # fmt: skip
 OTHERS = [
     {"name": "services/95FF-2EF5-5EA1", "serviceId": "95FF-2EF5-5EA1", "displayName": "Cloud Storage",
      "businessEntityName": "businessEntities/GCP"},
 ]  # fmt: skip
-REGIONS = ("us-central1", "us-east1", "us-east5", "europe-west4", "asia-northeast1")
-NAMES = {"v4": "TPU v4", "v5e": "TPU v5e", "v5p": "TPU v5p", "v6e": "TPU v6e"}
+NAMES = {"v4": "Tpu-v4", "v5e": "TpuV5e", "v5p": "TpuV5p", "v6e": "TpuV6e"}
+SERVICE_OF = {"v4": CLOUD_TPU, "v5e": COMPUTE, "v5p": COMPUTE, "v6e": COMPUTE}
 
 
 class Catalog:
     """Per family and region: (on demand, Spot) USD per chip-hour."""
 
     def __init__(self) -> None:
-        from tpuops.cloud.pricing import table
+        from tpuops.cloud.price_table import table
 
         self.lock = threading.Lock()
-        rows = table()["families"]
-        self.prices = {(f, r): (p["on_demand"], p["spot"]) for f, p in rows.items() for r in REGIONS}
+        self.prices: dict[tuple[str, str], tuple[float, float]] = {}
+        for family, body in table()["families"].items():
+            if family not in NAMES:
+                continue
+            for size in sorted(body["slices"], key=int, reverse=True):  # the smallest slice's price wins
+                for region, row in body["slices"][size]["regions"].items():
+                    spot = (
+                        row["spot_per_chip"]
+                        if row["spot_per_chip"] is not None
+                        else row["on_demand_per_chip"]
+                    )
+                    self.prices[(family, region)] = (row["on_demand_per_chip"], spot)
 
     def set(self, family: str, region: str, on_demand: float, spot: float) -> None:
         with self.lock:
             self.prices[(family, region)] = (float(on_demand), float(spot))
 
-    def skus(self) -> list[dict[str, Any]]:
+    def skus(self, service: dict[str, str]) -> list[dict[str, Any]]:
         with self.lock:
             items = sorted(self.prices.items())
-        out = [_sku("6F81-0001-0001", "N1 Predefined Instance Core running in Americas", "OnDemand", "us-central1",
-                    0.031611, "Compute", "CPU")]  # fmt: skip
+        out = []
+        if service is COMPUTE:
+            out.append(_sku("6F81-0001-0001", "N1 Predefined Instance Core running in Americas", "OnDemand",
+                            "us-central1", 0.031611, "Compute", "CPU"))  # fmt: skip
         for n, ((family, region), (on_demand, spot)) in enumerate(items):
+            if SERVICE_OF[family] is not service:
+                continue
             name = NAMES[family]
             out.append(
                 _sku(f"7A{n:02d}-0000-0001", f"{name} chip-hour in {region}", "OnDemand", region, on_demand)
             )
-            out.append(_sku(f"7A{n:02d}-0000-0002", f"Spot Preemptible {name} chip-hour in {region}", "Preemptible",
+            out.append(_sku(f"7A{n:02d}-0000-0002", f"{name} Spot Preemptible chip-hour in {region}", "Preemptible",
                             region, spot))  # fmt: skip
             out.append(_sku(f"7A{n:02d}-0000-0003", f"Commitment v1: {name} chip-hour in {region} for 1 Year",
                             "Commit1Yr", region, on_demand * 0.63))  # fmt: skip
+            out.append(_sku(f"7A{n:02d}-0000-0004", f"{name} VM host RAM running in {region}", "OnDemand", region,
+                            0.004, "Compute", "RAM"))  # fmt: skip
         return out
 
 
@@ -78,11 +99,12 @@ def _page(items: list[dict[str, Any]], key: str, q: dict[str, str]) -> dict[str,
 def route(catalog: Catalog, method: str, path: str, q: dict[str, str]) -> dict[str, Any] | None:
     """The answer to a catalog call, or None when the path is not the catalog's."""
     if method == "GET" and path == "/v1/services":
-        return _page([COMPUTE, *OTHERS], "services", q)
+        return _page([COMPUTE, CLOUD_TPU, *OTHERS], "services", q)
     if method == "GET" and (r := re.fullmatch(r"/v1/services/([^/]+)/skus", path)):
-        if r[1] != COMPUTE["serviceId"]:
-            if any(s["serviceId"] == r[1] for s in OTHERS):
-                return _page([], "skus", q)
-            raise ApiError(404, "NOT_FOUND", f"service services/{r[1]} not found")
-        return _page(catalog.skus(), "skus", q)
+        for service in (COMPUTE, CLOUD_TPU):
+            if r[1] == service["serviceId"]:
+                return _page(catalog.skus(service), "skus", q)
+        if any(s["serviceId"] == r[1] for s in OTHERS):
+            return _page([], "skus", q)
+        raise ApiError(404, "NOT_FOUND", f"service services/{r[1]} not found")
     return None
