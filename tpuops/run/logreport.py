@@ -114,11 +114,21 @@ def chip_lines(report: LogReport) -> list[str]:
     out = []
     for w, series in sorted(report.chips.items()):
         s = series[-1]
-        hbm = f"HBM {s['hbm_gb_min']:.2f}-{s['hbm_gb_max']:.2f} GB" if "hbm_gb_max" in s else "HBM -"
+        hbm = chip_span(s, "hbm_gb", ".2f")
         peak = f" (peak {s['hbm_gb_peak']:.2f})" if "hbm_gb_peak" in s else ""
-        duty = f", duty {s['duty_pct_min']:.0f}-{s['duty_pct_max']:.0f}%" if "duty_pct_max" in s else ""
-        out.append(f"chips w{w} at step {s['step']}: {hbm}{peak}{duty} over {len(series)} samples")
+        duty = chip_span(s, "duty_pct", ".0f")
+        out.append(
+            f"chips w{w} at step {s['step']}: HBM {hbm or '-'}{' GB' if hbm else ''}{peak}"
+            f"{f', duty {duty}%' if duty else ''} over {len(series)} samples"
+        )
     return out
+
+
+def chip_span(sample: dict[str, Any], prefix: str, fmt: str) -> str:
+    """`min-max` of a chip sample's `PREFIX_min`/`PREFIX_max`, whichever of them it has ("" for neither): a
+    step line may carry any of its optional fields."""
+    found = [format(v, fmt) for k in ("min", "max") if isinstance(v := sample.get(f"{prefix}_{k}"), int | float)]
+    return "-".join(found)
 
 
 def render(
