@@ -70,7 +70,10 @@ def test_a_partial_line_is_exit_0_in_report_and_its_html_page_charts_what_is_the
     assert r.returncode == 0, r.stderr
     assert "chips w0 at step 2: HBM 22.40 GB, duty 61% over 3 samples" in r.stderr
     charts = figures(page.read_text())
-    assert charts["hbm"]["series"] == ["w0 max", "w1 max"] and charts["duty"]["series"] == ["w0 min", "w1 min"]
+    assert charts["hbm"]["series"] == ["w0 max", "w1 max"] and charts["duty"]["series"] == [
+        "w0 min",
+        "w1 min",
+    ]
 
 
 @pytest.mark.parametrize("fields", [(f,) for f in OPTIONAL] + [()])
