@@ -16,6 +16,7 @@ from tpuops import jsonout
 from tpuops.config import TargetSpec, UserConfig, write_atomic
 from tpuops.errors import ExitCode, TpuopsError, UsageError
 from tpuops.logs.events import Event, LogReport
+from tpuops.logs.fields import parse_columns
 from tpuops.logs.follow import Readings
 from tpuops.run import prepare
 from tpuops.run.result import Planned, RunResult, exit_code, unverified
@@ -131,6 +132,7 @@ def _check(req: RunRequest, spec: TargetSpec, cfg: UserConfig, cwd: Path) -> _Ch
     sop = loader.load(loader.find(req.sop, loader.search_dirs(cwd)))
     sets: dict[str, object] = dict(req.sets)
     pattern = _step_pattern(sop, sets)
+    columns = None if "columns" in sop.params else parse_columns(sets.pop("columns", None))
     _take_command(sop, req.command, sets)
     context = prepare.context_defaults(
         sop.params, spec, cwd, given={*sets, *cfg.params}, given_values={**cfg.params, **sets}
@@ -138,6 +140,8 @@ def _check(req: RunRequest, spec: TargetSpec, cfg: UserConfig, cwd: Path) -> _Ch
     values = sop.resolve(sets, {**context, **cfg.params})  # type: ignore[arg-type]
     if pattern:
         values["step_pattern"] = pattern  # the scan's, the live follower's and attach's step lines
+    if columns:
+        values["columns"] = columns  # the steps table's fields (run.json keeps them for `tpuops report`)
     prepare.check_env_files(sop, values, {*sets, *cfg.params}, cwd)
     prepare.check_trainer(sop, values)
     _check_plan(sop, values, cwd)

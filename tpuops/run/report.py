@@ -394,7 +394,7 @@ def fit_report(result: dict[str, Any], as_json: bool) -> None:
 
 def top_table(top: Top, as_json: bool) -> None:
     """`tpuops top`: one row per worker and chip (HBM in use, duty cycle), or why there are no memory fields."""
-    from tpuops.run.logreport import chip_span
+    from tpuops.run.logtext import chip_span
 
     if as_json:
         emit_json(top.to_dict())

@@ -11,7 +11,7 @@ import pytest
 from tests.tpuops.run.test_logreport import figures, tpuops
 from tpuops.console import err
 from tpuops.logs.events import CHIP_FIELDS, CHIP_LISTS
-from tpuops.run import logreport, report
+from tpuops.run import htmlpage, logreport, report
 from tpuops.run.scan import LogScanner
 from tpuops.run.top import Top, WorkerTop
 
@@ -78,7 +78,7 @@ def test_a_partial_line_is_exit_0_in_report_and_its_html_page_charts_what_is_the
 
 @pytest.mark.parametrize("fields", [(f,) for f in OPTIONAL] + [()])
 def test_the_html_page_of_any_single_chip_field(fields: tuple[str, ...]) -> None:
-    page = logreport.page(scanned(fields))
+    page = htmlpage.page(scanned(fields))
     assert 'id="verdict">ok (exit code 0)' in page
     drawn = figures(page)
     assert ("hbm" in drawn) == bool({"hbm_gb_min", "hbm_gb_max"} & set(fields))
