@@ -137,7 +137,7 @@ def load(cwd: Path | None = None) -> UserConfig:
     for path in config_paths(cwd):
         if not path.is_file():
             continue
-        text = path.read_text()
+        text = _read_text(path)
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
@@ -151,6 +151,29 @@ def load(cwd: Path | None = None) -> UserConfig:
     cfg = UserConfig(**merged)
     cfg._params_at = params_at
     return cfg
+
+
+def _read_text(path: Path) -> str:
+    """A TOML file's text: UTF-8, as TOML defines it (a UTF-8 byte-order mark is dropped). Any other encoding
+    (UTF-16 from an editor on Windows, a Latin-1 byte) or an unreadable file is exit 2 naming the file."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise UsageError(f"{path}: cannot be read ({e.strerror or e})") from None
+    bom = data[:2] in (b"\xff\xfe", b"\xfe\xff")
+    if bom or b"\x00" in data:  # UTF-16: its byte-order mark, or the NUL bytes of its ASCII characters
+        raise UsageError(
+            f"{path}: is UTF-16 text{'' if bom else ' (it holds NUL bytes)'}; a TOML file is UTF-8",
+            hint=f"save it as UTF-8 (e.g. iconv -f UTF-16 -t UTF-8 {path.name} > {path.name}.new)",
+        )
+    try:
+        return data.removeprefix(b"\xef\xbb\xbf").decode()
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise UsageError(
+            f"{path}:{line}: byte {e.start} (0x{data[e.start]:02x}) is not UTF-8; a TOML file is UTF-8",
+            hint=f"save it as UTF-8 (e.g. iconv -f LATIN1 -t UTF-8 {path.name} > {path.name}.new)",
+        ) from None
 
 
 def _spellings(path: Path, text: str, data: dict[str, Any]) -> None:

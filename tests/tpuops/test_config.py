@@ -99,6 +99,29 @@ def test_a_bad_config_file_is_exit_2_with_one_line_on_the_command_line(tmp_path:
     assert f"{tmp_path / 'tpuops.toml'}:2: parallel must be" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        ('zone = "us-east1-d"\n'.encode("utf-16"), "tpuops.toml: is UTF-16 text; a TOML file is UTF-8"),
+        ('zone = "us-east1-d"\n'.encode("utf-16-be"), "tpuops.toml: is UTF-16 text (it holds NUL bytes)"),
+        ('vm = "a"\n# caf\xe9\nzone = "b"\n'.encode("latin-1"), "tpuops.toml:2: byte 14 (0xe9) is not UTF-8"),
+    ],
+)
+def test_a_config_file_that_is_not_utf8_is_one_line_exit_2(tmp_path: Path, data: bytes, says: str) -> None:
+    (tmp_path / "tpuops.toml").write_bytes(data)
+    r = subprocess.run(
+        [sys.executable, "-m", "tpuops", "sop", "run", "sync", "--host", "me@10.0.0.2", "--dry-run", "--offline"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert says in r.stderr and "save it as UTF-8" in r.stderr
+
+
+def test_a_utf8_byte_order_mark_is_read_past(tmp_path: Path) -> None:
+    (tmp_path / "tpuops.toml").write_bytes('\ufeffzone = "us-east1-d"\n'.encode())
+    assert config.load(tmp_path).zone == "us-east1-d"
+
+
 def test_a_flag_given_either_way_wins_over_the_file_and_the_file_over_the_default(tmp_path: Path) -> None:
     (tmp_path / "tpuops.toml").write_text("internal_ip = true\nkey_push = false\ntunnel_through_iap = true\n")
     cfg = config.load(tmp_path)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.tpuops.test_usage_errors import tpuops
-from tpuops.run import logreport
+from tpuops.run import htmlpage
 from tpuops.run.scan import scan_file
 
 LINES = [
@@ -62,7 +62,7 @@ def test_a_run_json_and_its_result_json_are_valid(tmp_path: Path) -> None:
 def test_html_plots_skip_non_finite_points_and_say_so(tmp_path: Path) -> None:
     log = tmp_path / "nan.log"
     log.write_text("\n".join(LINES) + "\n")
-    page = logreport.page(scan_file(log, warmup=0))
+    page = htmlpage.page(scan_file(log, warmup=0))
     assert (
         "grad_norm (1 non-finite value (nan/inf) not drawn)" in page
     )  # loss is not plotted (about 0 in GRPO)

@@ -31,6 +31,15 @@ StepPatternOpt = Annotated[
         "(default: step=N, step: N, Step N/M, [step N]).",
     ),
 ]
+ColumnsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--columns",
+        metavar="A,B,C",
+        help="The step lines' fields the steps table shows, in order (default: the first few the lines have; "
+        "a run's own `--set columns=...`).",
+    ),
+]
 ThresholdOpt = Annotated[
     float, typer.Option("--threshold", min=0.0, help="Relative change counted as a regression (0.1 = 10%).")
 ]
@@ -46,6 +55,7 @@ def report(
     baseline: BaselineOpt = None,
     threshold: ThresholdOpt = 0.1,
     step_pattern: StepPatternOpt = None,
+    columns: ColumnsOpt = None,
 ) -> None:
     """Report a training log (exit 0 ok, 1 failures or a baseline regression, 7 recompiles after warm-up, 14 a
     run `tpuops stop` ended). A RUN_ID whose logs are not here yet is fetched from its workers first.
@@ -55,11 +65,14 @@ def report(
       tpuops report ~/.tpuops/runs/20260101-grpo/worker-0.log
       tpuops report 20260101-grpo --warmup 2 --html report.html
       tpuops report run.log --json --baseline baseline.json --threshold 0.05
+      tpuops report train.log --columns loss,acc,dt --html report.html
     """
     from tpuops import console
     from tpuops.run import logreport, review
 
-    r, hint = review.review(target, warmup, baseline, threshold, html, step_pattern, notice=console.event)
+    r, hint = review.review(
+        target, warmup, baseline, threshold, html, step_pattern, columns, notice=console.event
+    )
     logreport.render(r.report, r.code, json, r.deltas, html, r.estimate)
     if hint:
         console.event(f"fix: {hint}")

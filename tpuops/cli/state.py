@@ -61,7 +61,10 @@ def run_sop(
     # One library call: it loads the config, resolves the target once and decides the VM watch itself.
     # At a terminal the run is followed under a status line (phase, step N/total, elapsed, ETA, reward).
     detach = threading.Event()  # the first Ctrl-C: stop following, the job goes on
-    with detach_on_sigint(detach), console.Live(Progress() if console.live_wanted(json) else None) as live:
+    from tpuops.logs.fields import parse_columns
+
+    live_view = Progress(columns=parse_columns(sets.get("columns"))) if console.live_wanted(json) else None
+    with detach_on_sigint(detach), console.Live(live_view) as live:
         result = launch.start(
             req,
             max_recoveries=recover,

@@ -11,6 +11,10 @@ from tpuops.cloud.vm_state import wait_state
 from tpuops.errors import CloudError, CommandTimeoutError, UsageError
 
 _CAPACITY = 8  # google.rpc.Code.RESOURCE_EXHAUSTED: no capacity in the zone, or quota
+# The most slices one multislice may ask for. The API states no maximum (node_count "needs to be > 1"); the
+# largest multislice Google has documented is 199 slices of v5e-256 (50,944 chips, Google Cloud blog, November
+# 2023). 256 leaves room above that and refuses a typo such as 1000 before any request is made.
+MAX_SLICES = 256
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,15 @@ class CreateRequest:
     ssh_keys: str = ""  # GCP `ssh-keys` metadata: "user:ssh-ed25519 AAAA... comment" lines
     internal_ips: bool = False  # no external IPs (gcloud's --internal-ips): reached over IAP or the VPC
     slices: int = 1  # > 1: a multislice, one queued resource whose nodes are NAME-0..NAME-(slices-1)
+
+
+def check_slices(slices: int) -> None:
+    """--slices within 1..MAX_SLICES (exit 2), before anything is asked of the API."""
+    if not 1 <= slices <= MAX_SLICES:
+        raise UsageError(
+            f"--slices must be 1 to {MAX_SLICES}, received {slices}",
+            hint=f"the largest multislice Google documents has 199 slices; {MAX_SLICES} is tpuops' bound",
+        )
 
 
 def _node(api: Api, req: CreateRequest) -> dict:
@@ -44,8 +57,7 @@ def create_vm(api: Api, req: CreateRequest) -> VmInfo:
     Queued: a queued resource in the one zone, awaited to ACTIVE with --wait."""
     if not req.zones:
         raise UsageError("vm create needs --zone (repeat it to try several zones in turn)")
-    if req.slices < 1:
-        raise UsageError(f"--slices must be 1 or more, received {req.slices}")
+    check_slices(req.slices)
     if req.queued or req.slices > 1:  # the Cloud TPU API makes a multislice only as a queued resource
         if len(req.zones) > 1:
             what = "--slices" if req.slices > 1 else "--queued"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tpuops import config
 from tpuops.cloud.client import Api, Notify, connect
-from tpuops.cloud.create import CreateRequest, create_vm
+from tpuops.cloud.create import CreateRequest, check_slices, create_vm
 from tpuops.cloud.keys import default_user
 from tpuops.cloud.locate import find_vm, remember_zone
 from tpuops.cloud.tpu_api import VmInfo, list_vms
@@ -86,6 +86,7 @@ def create(
     """Through the Cloud TPU API or Compute Engine (compute_create.choose_api: TPU7x always Compute Engine)."""
     from tpuops.cloud.compute_create import choose_api
 
+    check_slices(slices)
     cfg = config.load()
     which = choose_api(accelerator_type, api_name, cfg.api)
     if which == "tpu" and not runtime_version:

@@ -56,6 +56,8 @@ class StepRow:
     duty_pct_max: float | None = None
     hbm_gb_chips: list[float] | None = None  # per chip, in the process's device order
     duty_pct_chips: list[float] | None = None
+    # The line's other numeric fields (a user's `acc=0.91 lr=1e-4`), by the line's names (logs/fields.py).
+    extra: dict[str, float] = field(default_factory=dict)
 
 
 CHIP_FIELDS = ("hbm_gb_min", "hbm_gb_max", "hbm_gb_peak", "hbm_gb_limit", "duty_pct_min", "duty_pct_max")
@@ -135,6 +137,10 @@ class LogReport:
     update_mean: float | None = None
     tokens_per_s_mean: float | None = None
     malformed_steps: int = 0
+    # The numeric fields of the step lines in the order first seen (`dt` where the duration is); what the steps
+    # table, the live rows and the page show: the first few, or `columns` when the user chose them.
+    fields: list[str] = field(default_factory=list)
+    columns: list[str] | None = None
     compiles: dict[str, int] = field(default_factory=dict)  # total, warmup, eval, after_warmup, open
     compiles_by_step: dict[int, int] = field(default_factory=dict)
     recompiles: list[Compile] = field(default_factory=list)

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from tpuops.logs.events import StepRow
+from tpuops.logs.fields import pick, value
 from tpuops.logs.scanner import config_summary, step_row
 
 # What a SOP step kind is doing, in the words of the status line (anything else: the step's title).
@@ -21,17 +22,24 @@ PHASES = {
     "fetch_log": "fetching logs",
 }
 DONE = "done"
-# The compact step row: the fields that say whether the run learns first, then time and the rest.
-COLUMNS = (
-    ("reward", "reward_mean", "{:.4f}", 6),
-    ("Δ", "reward_delta", "{:+.3f}", 6),
-    ("entropy", "entropy", "{:.3f}", 7),
-    ("dt", "dt", "{:.2f}s", 7),
-    ("kl_old", "kl_old", "{:.2g}", 7),
-    ("clip", "clip_frac", "{:.3f}", 5),
-    ("grad", "grad_norm", "{:.3f}", 6),
-    ("tok/s", "tokens_per_s", "{:.0f}", 6),
-)
+# How the compact step row shows a field: its header, format and width.
+FORMATS = {
+    "reward_mean": ("reward", "{:.4f}", 6),
+    "reward_delta": ("Δ", "{:+.3f}", 6),
+    "entropy": ("entropy", "{:.3f}", 7),
+    "dt": ("dt", "{:.2f}s", 7),
+    "kl_old": ("kl_old", "{:.2g}", 7),
+    "clip_frac": ("clip", "{:.3f}", 5),
+    "grad_norm": ("grad", "{:.3f}", 6),
+    "tokens_per_s": ("tok/s", "{:.0f}", 6),
+    "rollout_generate": ("generate", "{:.2f}s", 8),
+    "update": ("update", "{:.2f}s", 7),
+}
+
+
+def column(name: str) -> tuple[str, str, int]:
+    """A field's header, format and width in the compact row (any other field: its own name, 4 digits)."""
+    return FORMATS.get(name, (name, "{:.4g}", max(len(name), 7)))
 
 
 def _clock(seconds: float) -> str:
@@ -52,6 +60,10 @@ class Progress:
     dts: list[float] = field(default_factory=list)  # dt of every step line, in order
     rewards: list[float] = field(default_factory=list)
     waiting_since: float | None = None  # when the job started and no step line had come yet
+    columns: list[str] | None = (
+        None  # the user's `--set columns=...`; else the first step line's first fields
+    )
+    shown: list[str] = field(default_factory=list)  # the columns of the rows printed so far
     header_shown: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -81,9 +93,9 @@ class Progress:
     def line(self, worker: int, text: str) -> str:
         """A followed log line as the live view prints it: a step line becomes a compact row (the header
         before the first one); the trainer's `config:` line gives the total; other lines unchanged."""
-        row = step_row(text)
+        parsed = step_row(text)
         with self.lock:
-            if row is None:
+            if parsed is None:
                 summary = config_summary(text)
                 if summary is None:
                     return text
@@ -93,19 +105,22 @@ class Progress:
                 self.step, self.dts, self.rewards, self.header_shown = None, [], [], False
                 # The file's path is long and in the run directory anyway (`tpuops logs` shows the line whole).
                 return "config: " + " ".join(f"{k}={v}" for k, v in summary.items() if k != "file")
+            row, order = parsed
             self.step = row.step
             if row.dt is not None:
                 self.dts.append(row.dt)
             if row.reward_mean is not None:
                 self.rewards.append(row.reward_mean)
             first = not self.header_shown
+            if first:  # the log's own fields, as its first step line has them (or the user's choice)
+                self.shown = pick(order, self.columns)
             self.header_shown = True
         compact = self.row(row)
         return f"{self.header()}\n{compact}" if first else compact
 
     def header(self) -> str:
         width = len(self._step_cell(0))
-        return "step".rjust(width) + "".join(f"  {name:>{w}}" for name, _, _, w in COLUMNS)
+        return "step".rjust(width) + "".join(f"  {h:>{w}}" for h, _, w in map(column, self.shown))
 
     def _step_cell(self, step: int) -> str:
         total = self.total if self.total is not None else 0
@@ -114,9 +129,10 @@ class Progress:
 
     def row(self, row: StepRow) -> str:
         cells = []
-        for _, attr, fmt, w in COLUMNS:
-            value = getattr(row, attr)
-            cells.append(f"  {'' if value is None else fmt.format(value):>{w}}")
+        for name in self.shown:
+            _, fmt, w = column(name)
+            v = value(row, name)
+            cells.append(f"  {'' if v is None else fmt.format(v):>{w}}")
         return self._step_cell(row.step) + "".join(cells)
 
     def steady_s_per_step(self) -> float | None:

@@ -24,6 +24,7 @@ from tpuops.logs.events import (
     chip_sample,
     mean,
 )
+from tpuops.logs.fields import MAX_FIELDS, STEP_LISTS, floats, kv, num, parse
 
 # ---- The regex table: every line shape we read (docs/contracts.md section 2, JAX's compile logging) ----
 STEP = re.compile(rb"^step=(?P<step>-?\d+) .*?\bdt=(?P<dt>[0-9.]+)s")
@@ -45,7 +46,6 @@ DT_ANY = re.compile(
     r"(?<![\w.])(?:dt|step_time|time|step_s|elapsed)(?:\s*[=:]\s*|\s+)"
     r"(?P<dt>\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)\s*(?P<unit>ms|s)?(?![\w.:-])"
 )
-KV = re.compile(r"(?P<k>[A-Za-z_][\w.]*)=(?P<v>\S+)")
 RECORD = re.compile(
     r"^(?P<kind>start|batch|eval_begin|eval_end|eval|checkpoint|reward_errors|chips)(?::|\s|$)"
 )
@@ -87,10 +87,6 @@ FAILURES: tuple[tuple[str, re.Pattern[str]], ...] = (
 FAILURE_HINT = re.compile(
     r"RESOURCE_EXHAUSTED|ut of memory|OOM when|already in use|TPU is held|libtpu_lockfile|/dev/vfio"
     r"|/dev/accel|wandb|Run initialization|api_key|arrier timed out|RegisterTask|oordinat|heartbeats|has not"
-)
-# The step table's other columns, as `key=value` or `key: value` on any step line.
-LOOSE_KV = re.compile(
-    r"(?<![\w.])(rollout_generate|update|reward_mean|loss|tokens_per_s)(?:\s*[=:]\s*|\s+)([-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)"
 )
 WORKER_LOG = re.compile(r"^worker-(?P<k>\d+)\.log$")
 
@@ -161,19 +157,6 @@ def _duration(text: str) -> float | None:
     return _seconds(text.removesuffix("s"), "s")
 
 
-def _kv(text: str) -> dict[str, str]:
-    return {m["k"]: m["v"] for m in KV.finditer(text)}
-
-
-def _num(v: str) -> int | float | str:
-    for kind in (int, float):
-        try:
-            return kind(v.removesuffix("s"))
-        except ValueError:
-            pass
-    return v
-
-
 def _dt_value(key: bytes | float) -> float | None:
     if isinstance(key, float):
         return key
@@ -185,50 +168,25 @@ def _dt_value(key: bytes | float) -> float | None:
         return None
 
 
-# Every number of the trainer's step line the step table keeps (StepRow); the per-chip lists apart.
-STEP_LISTS = ("hbm_gb_chips", "duty_pct_chips")
-STEP_FIELDS = tuple(f for f in StepRow.__dataclass_fields__ if f not in ("step", *STEP_LISTS))
-
-
-def _floats(text: str | None) -> list[float] | None:
-    """`10.10/12.30` (one value per chip) -> [10.1, 12.3]; None when absent or not numbers."""
-    if not text:
+def step_row(line: str) -> tuple[StepRow, list[str]] | None:
+    """A `step=` line's row and its fields in the line's order (the live view's compact row); None for any
+    other line. The trainer's line (with `dt=`) and anyone's `step=N loss=... time=...` alike."""
+    if not line.startswith("step="):
         return None
-    try:
-        return [float(x) for x in text.split("/")]
-    except ValueError:
+    data = line.encode()
+    if STEP.match(data):
+        return parse(data)
+    m = STEP_ANY.match(line)
+    if m is None:
         return None
-
-
-def _row(line: bytes | tuple[int, float | None, str]) -> StepRow | None:
-    if isinstance(line, tuple):  # another format's step line: (step, dt, the text after the step number)
-        step, dt, rest = line
-        row = StepRow(step=step, dt=dt)
-        for k, v in LOOSE_KV.findall(rest):
-            setattr(row, k, float(v))
-        return row
-    kv = _kv(line.decode(errors="replace"))
-    try:
-        row = StepRow(step=int(kv["step"]))
-    except (KeyError, ValueError):
-        return None
-    for name in STEP_FIELDS:
-        v = _num(kv[name]) if name in kv else None
-        setattr(row, name, float(v) if isinstance(v, int | float) else None)
-    for name in STEP_LISTS:
-        setattr(row, name, _floats(kv.get(name)))
-    return row
-
-
-def step_row(line: str) -> StepRow | None:
-    """A `step=` line's fields (the live view's compact row); None for any other line."""
-    return _row(line.encode()) if line.startswith("step=") else None
+    d = DT_ANY.search(line, m.end())
+    return parse((int(m["step"]), _seconds(d["dt"], d["unit"]) if d else None, line[m.end() :]))
 
 
 def config_summary(line: str) -> dict[str, str] | None:
     """The `config: key=value ...` line's fields (`steps` is the run's total); None for any other line."""
     m = CONFIG_SUMMARY.match(line)
-    return _kv(m["kv"]) if m else None
+    return kv(m["kv"]) if m else None
 
 
 class LogScanner:
@@ -509,7 +467,7 @@ class LogScanner:
         elif m := JSON_LINE.match(text):
             self._json(m["kind"], m["json"])
         elif m := CONFIG_SUMMARY.match(text):
-            self.r.config_summary = _kv(m["kv"])
+            self.r.config_summary = kv(m["kv"])
         elif m := WANDB_URL.match(text):
             self.r.wandb_url = m["url"]
         elif m := WANDB_STATE.match(text):
@@ -578,23 +536,23 @@ class LogScanner:
             self._in_eval = False
         elif kind == "eval":
             if len(r.evals) < MAX_EVENTS:
-                r.evals.append({k: _num(v) for k, v in _kv(text).items()})
+                r.evals.append({k: num(v) for k, v in kv(text).items()})
         elif kind == "checkpoint":
             r.checkpoints += 1
-            r.last_checkpoint = _kv(text).get("path")
+            r.last_checkpoint = kv(text).get("path")
         elif kind == "reward_errors":
-            kv = _kv(text)
-            name = kv.get("name", "?")
-            count = _num(kv.get("count", "1"))
+            pairs = kv(text)
+            name = pairs.get("name", "?")
+            count = num(pairs.get("count", "1"))
             r.reward_errors[name] = r.reward_errors.get(name, 0) + (
                 int(count) if isinstance(count, int) else 1
             )
         elif kind in ("start", "batch"):
-            setattr(r, kind, _kv(text))
+            setattr(r, kind, kv(text))
         elif kind == "chips":  # another process's chips: `chips: step=N process=P hbm_gb_min=...`
-            kv = _kv(text)
-            values: dict[str, object] = {k: _num(v) for k, v in kv.items() if k not in STEP_LISTS}
-            values.update({k: _floats(kv.get(k)) for k in STEP_LISTS})
+            pairs = kv(text)
+            values: dict[str, object] = {k: num(v) for k, v in pairs.items() if k not in STEP_LISTS}
+            values.update({k: floats(pairs.get(k)) for k in STEP_LISTS})
             step, process = values.get("step"), values.get("process")
             sample = chip_sample(step if isinstance(step, int) else -1, values)
             if sample is not None:  # keyed by the process that printed it (worker k runs process k)
@@ -617,13 +575,17 @@ class LogScanner:
     def report(self) -> LogReport:
         """A snapshot (the scanner keeps going): steady-state statistics, kept rows, open compile window."""
         r = self.r
-        rows = [row for line in self._rows if (row := _row(line))]
+        parsed = [p for line in self._rows if (p := parse(line))]
         if (
             self._last_row is not None
-            and (last := _row(self._last_row))
-            and (not rows or rows[-1].step != last.step)
+            and (last := parse(self._last_row))
+            and (not parsed or parsed[-1][0].step != last[0].step)
         ):
-            rows.append(last)
+            parsed.append(last)
+        rows = [row for row, _ in parsed]
+        names: dict[str, None] = {}
+        for _, order in parsed:
+            names.update((n, None) for n in order if len(names) < MAX_FIELDS)
         counts: Counter[float] = Counter(self._dt_coarse)
         for k, c in self._dt.items():
             v = _dt_value(k)
@@ -631,7 +593,7 @@ class LogScanner:
                 counts[v] += c
         steady = [x for j, x in enumerate(rows) if j * r.row_stride >= self.warmup]
         out = copy.deepcopy(r)
-        out.rows, out.dt = rows, Stats.of(counts)
+        out.rows, out.dt, out.fields = rows, Stats.of(counts), list(names)
         own = [s for row in rows if (s := chip_sample(row.step, vars(row)))]
         if own:  # this worker's step lines carried its chips (process 0)
             out.chips[self.worker] = own

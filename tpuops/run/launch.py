@@ -16,6 +16,7 @@ from tpuops import jsonout
 from tpuops.config import TargetSpec, UserConfig, write_atomic
 from tpuops.errors import ExitCode, TpuopsError, UsageError
 from tpuops.logs.events import Event, LogReport
+from tpuops.logs.fields import parse_columns
 from tpuops.logs.follow import Readings
 from tpuops.run import prepare, tree
 from tpuops.run.result import Planned, RunResult
@@ -142,6 +143,7 @@ def _check(
             on_notice(note)
     sets: dict[str, object] = dict(req.sets)
     pattern = _step_pattern(sop, sets)
+    columns = None if "columns" in sop.params else parse_columns(sets.pop("columns", None))
     _take_command(sop, req.command, sets)
     context = prepare.context_defaults(
         sop.params, spec, cwd, given={*sets, *cfg.params}, given_values={**cfg.params, **sets}
@@ -149,6 +151,8 @@ def _check(
     values = sop.resolve(sets, {**context, **cfg.params})  # type: ignore[arg-type]
     if pattern:
         values["step_pattern"] = pattern  # the scan's, the live follower's and attach's step lines
+    if columns:
+        values["columns"] = columns  # the steps table's fields (run.json keeps them for `tpuops report`)
     travels = tree.take(sop.params, values, {*sets, *cfg.params}, cwd)  # the uncommitted change, if any
     if travels and on_notice:
         on_notice(travels)

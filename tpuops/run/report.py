@@ -340,6 +340,8 @@ def microbench_table(ms: list[dict[str, Any]]) -> Table:
 
 def top_table(top: Top, as_json: bool) -> None:
     """`tpuops top`: one row per worker and chip (HBM in use, duty cycle), or why there are no memory fields."""
+    from tpuops.run.logtext import chip_span
+
     if as_json:
         emit_json(top.to_dict())
         return
@@ -348,7 +350,7 @@ def top_table(top: Top, as_json: bool) -> None:
     for w in top.workers:
         c = w.chips or {}
         hbm, duty = c.get("hbm_gb_chips") or [], c.get("duty_pct_chips") or []
-        span = f"{c['hbm_gb_min']:.2f}-{c['hbm_gb_max']:.2f}" if "hbm_gb_max" in c else "-"
+        span = chip_span(c, "hbm_gb", ".2f") or "-"
         common = [span, f"{c['hbm_gb_peak']:.2f}" if "hbm_gb_peak" in c else "-",
                   f"{c['hbm_gb_limit']:.2f}" if "hbm_gb_limit" in c else "-"]  # fmt: skip
         state = escape(w.state + (f" ({w.detail})" if w.detail else ""))

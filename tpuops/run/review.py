@@ -75,6 +75,7 @@ def review(
     threshold: float,
     html: Path | None,
     step_pattern: str | None = None,
+    columns: str | None = None,
     *,
     notice: Callable[[str], None] | None = None,
 ) -> tuple[Reviewed, str | None]:
@@ -88,7 +89,7 @@ def review(
     if not path.exists() and (user_config.state_home() / "runs" / target / "run.json").is_file():
         rec = load(target)
         fetch(target, notice=notice)
-    r = logreport.review(target, warmup, baseline, threshold, html, step_pattern)
+    r = logreport.review(target, warmup, baseline, threshold, html, step_pattern, columns)
     if rec is None and not path.is_dir():
         return r, None  # a log file: its own lines are all there is to judge
     verdict = finish.judge(

@@ -83,6 +83,12 @@ def run_report(report: LogReport | None, run_dir: Path) -> LogReport:
             f"no worker-*.log in {run_dir}", hint="fetch the run's logs first, or pass a log file"
         )
     report.source = str(run_dir)
+    try:  # the columns the run was started with (`--set columns=...`): its steps table shows those
+        chosen = json.loads((run_dir / "run.json").read_text()).get("values", {}).get("columns")
+    except (OSError, ValueError, AttributeError):
+        chosen = None
+    if isinstance(chosen, list) and all(isinstance(c, str) for c in chosen):
+        report.columns = report.columns or chosen or None
     full = run_dir / "config.json"  # the trainer's resolved config, fetched beside the logs
     if report.config is None and full.is_file():
         try:

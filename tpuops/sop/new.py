@@ -65,18 +65,60 @@ def write(name: str, command: list[str], cwd: Path) -> tuple[Path, str | None]:
     words = command or ["python", "-u", "scripts/train.py"]
     text = TEMPLATE.format(
         name=name,
-        cmd=yaml.safe_dump(words, default_flow_style=True, width=10_000).strip(),
-        description=f"Runs `{shlex.join(words)}` in this repository on every worker.",
+        cmd=_flow(words),
+        description=_visible(f"Runs `{shlex.join(words)}` in this repository on every worker."),
     )
+    _check(name, text, words)  # before any file is touched
+    made = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
     try:
-        loader.load(path)  # what we wrote must load: a broken starting point helps nobody
-    except UsageError:
+        with path.open("x") as f:  # never over a file made since the check above
+            f.write(text)
+    except FileExistsError:
+        raise UsageError(f"{path} exists", hint="edit it, or pick another name") from None
+    try:
+        loader.load(path)  # beside the user's own SOPs (`extends: job` may find theirs)
+    except UsageError as e:
         path.unlink()
-        raise
+        if made:
+            folder.rmdir()
+        raise UsageError(
+            f"sop new {name}: the SOP would not load beside your SOPs in {folder}: {e.line()}"
+        ) from None
     shadows = (loader.sops_dir() / f"{name}.yaml").exists()
     return path, f"it shadows the built-in SOP {name!r} wherever {folder} is found" if shadows else None
+
+
+def _flow(words: list[str]) -> str:
+    """The command as one YAML flow list that reads back word for word: plain where every word is printable,
+    else every word double-quoted with escapes (a newline or a tab inside a word stays on one line)."""
+    if all(w.isprintable() for w in words):
+        return yaml.safe_dump(words, default_flow_style=True, width=10_000).strip()
+    return yaml.safe_dump(words, default_flow_style=True, default_style='"', width=10_000).strip()
+
+
+def _visible(text: str) -> str:
+    """One line of text for the description: control characters (a newline in a word) shown as escapes."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
+def _check(name: str, text: str, words: list[str]) -> None:
+    """The SOP as it would be written loads and carries the command word for word (else exit 2, nothing written)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="tpuops-sop-new-") as tmp:
+        trial = Path(tmp) / f"{name}.yaml"
+        trial.write_text(text)
+        try:
+            sop = loader.load(trial)
+        except UsageError as e:
+            raise UsageError(f"sop new {name}: the command cannot be written as a SOP: {e.line()}") from None
+    given = sop.params["cmd"].default if "cmd" in sop.params else None
+    if given != words:
+        raise UsageError(
+            f"sop new {name}: the command does not read back word for word from YAML",
+            hint="write the SOP by hand (docs/sops.md), or pass the command after `--` when you run it",
+        )
 
 
 def _top(cwd: Path) -> Path:

@@ -1,7 +1,9 @@
 """The local .env: read literally, written in one form that `sh` and python-dotenv read back exactly.
 
-Reading: python-dotenv's own parser (quotes, escapes, `export`, comments) with no `${VAR}` interpolation, so a
-value is what the file says (`PW=pa$$wd${HOME}` is sent as exactly that text). A byte-order mark and CRLF line
+Reading: python-dotenv's own parser (quotes, escapes, `export`, comments, quoted values spanning lines) with no
+`${VAR}` interpolation, so a value is what the file says (`PW=pa$$wd${HOME}` is sent as exactly that text). A line
+without `=` (python-dotenv's key without a value: mostly a value wrapped onto its own line) and a key that is not a
+shell name are errors naming the line number only, never the line's text. A byte-order mark and CRLF line
 endings are removed and reported. Writing (`serialize`): one `KEY='value'` or `KEY="value"` line per key,
 chosen per value so that `set -a; . ./.env` in a POSIX shell and `dotenv_values(path, interpolate=False)`
 both give back the value exactly. Values are never shown: only key names, hashes and fix notes leave here.
@@ -57,12 +59,21 @@ def parse(data: bytes) -> tuple[dict[str, str], list[str], list[str]]:
     # sent to workers has LF ends, and the note says so.
     for b in parse_stream(io.StringIO(text, newline="")):
         crlf = crlf or b.original.string.endswith("\r\n")
+        line = b.original.line
         if b.error:
             m = _KEY_OF_LINE.match(b.original.string)
             what = f"{m.group(1)} " if m else ""
-            errors.append(f"line {b.original.line}: {what}cannot be parsed (check its quotes)")
-        elif b.key is not None:
-            values[b.key] = b.value or ""
+            errors.append(f"line {line}: {what}cannot be parsed (check its quotes)")
+        elif b.key is None:  # a blank line or a comment
+            continue
+        elif b.value is None:
+            # python-dotenv takes a line without `=` for a key with no value: mostly the rest of a value wrapped
+            # onto a line of its own, that is a piece of a secret. Neither its text nor a "key" is shown.
+            errors.append(f"line {line} has no `=` (a value may span lines only inside quotes)")
+        elif not _NAME.fullmatch(b.key):  # not shown either: it may be a wrapped value holding a `=`
+            errors.append(f"line {line}: its key is not a shell variable name (letters, digits and _)")
+        else:
+            values[b.key] = b.value
     if crlf:
         fixes.append("CRLF line endings")
     return values, fixes, errors
@@ -91,12 +102,11 @@ def load(path: Path) -> EnvFile:
         ) from None
     values, fixes, errors = parse(data)
     if errors:
-        raise UsageError(f"{path} {errors[0]}", hint="KEY=value, KEY='value' or KEY=\"value\", one per line")
+        raise UsageError(
+            f"{path} {errors[0]}",
+            hint="KEY=value, KEY='value' or KEY=\"value\", one per line; a value spanning lines is quoted",
+        )
     for key, value in values.items():
-        if not _NAME.fullmatch(key):
-            raise UsageError(
-                f"{path}: key {key!r} is not a shell variable name", hint="use letters, digits and _"
-            )
         _form(key, value, path)
     return EnvFile(values, tuple(fixes))
 

@@ -7,6 +7,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.data import DATA
 from tests.tpuops.cloud.conftest import Cloud
 from tests.tpuops.cloud.test_recovery import ZONE, _preempt_after, _recover_smoke
@@ -120,3 +122,16 @@ def test_the_default_job_runs_across_two_slices_of_two_workers(
     assert log["start"]["process_count"] == "4"
     assert log["start"]["mesh"] == "dcn:2,dp:1,fsdp:2,tp:1"
     assert log["exit_codes"] == {str(w): 0 for w in range(4)}
+
+
+@pytest.mark.parametrize("slices", ["1000", "0", "257"])
+def test_slices_beyond_what_google_offers_are_refused_before_any_request(
+    cloud: Cloud, vm_name: str, slices: str
+) -> None:
+    before = len(cloud.calls())
+    r = cloud.cli(
+        "vm", "create", vm_name, "--type", "v4-16", "--slices", slices, "--zone", ZONE, "--runtime-version", "base"
+    )  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"--slices must be 1 to 256, received {slices}" in r.stderr
+    assert cloud.calls(before) == []  # nothing asked of the API

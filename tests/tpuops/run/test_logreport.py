@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.tpuops.run.test_scan import NEW_MISS, compiling, step_line
-from tpuops.run import logreport
+from tpuops.run import htmlpage, logreport
 from tpuops.run.scan import LogScanner, scan_file
 
 REPO = Path(__file__).resolve().parents[3]
@@ -185,15 +185,16 @@ def test_html_page_is_self_contained_and_escaped() -> None:
     s.feed("Traceback (most recent call last):")
     s.feed('  File "x.py", line 1, in <module>')
     s.feed("ValueError: <script>alert(1)</script>")
-    page = logreport.page(s.close())
+    page = htmlpage.page(s.close())
+    # The log's own fields only: no grad_norm, kl_old or clip_frac panel for a line without them; its other
+    # fields (the steps table's first few) get a chart each.
     assert list(figures(page)) == [
         "dt",
         "reward",
         "entropy",
-        "grad_norm",
-        "kl_old",
-        "clip_frac",
         "tokens_per_s",
+        "completion_len_mean",
+        "completion_len_max",
     ]
     assert "<script" not in page and "&lt;script&gt;" in page
     assert not re.search(r"""(?:src|href)\s*=\s*["'](?!#)|@import|url\((?!#)""", page)  # nothing is fetched
@@ -201,7 +202,7 @@ def test_html_page_is_self_contained_and_escaped() -> None:
 
 
 def test_charts_show_bounded_quantities_on_their_range_and_step_time_on_a_log_axis() -> None:
-    charts = figures(logreport.page(realistic_report()))
+    charts = figures(htmlpage.page(realistic_report()))
     dt = charts["dt"]
     assert dt["yscale"] == "log" and dt["series"] == ["dt", "rollout_generate", "update"]
     lo, hi = dt["ylim"]
@@ -223,30 +224,27 @@ def test_charts_show_bounded_quantities_on_their_range_and_step_time_on_a_log_ax
         5,
         10,
     )  # even steps
-    marked = figures(logreport.page(realistic_report(recompile_at=20)))["dt"]
+    marked = figures(htmlpage.page(realistic_report(recompile_at=20)))["dt"]
     assert marked["legend"][-1] == "recompile" and 'id="recompile-20"' in marked["body"]
 
 
 def test_html_says_what_was_not_measured_and_draws_no_empty_series() -> None:
     """Compile logging off: the Compiles table says "not logged", not 0s, and no compiles chart is drawn; a
-    log without grad_norm gets a "no data" chart, not an empty axis."""
+    log without grad_norm gets no grad_norm panel at all (nor kl_old, clip_frac), not an empty axis."""
     s = LogScanner()
     for i in range(6):
         s.feed(step_line(i, 1.0, reward=i / 6, loss=0.0))
-    page = logreport.page(s.close())
+    page = htmlpage.page(s.close())
     compiles = page.split("<h2>Compiles</h2>", 1)[1].split("</table>", 1)[0]
     assert compiles.count("not logged") == 5 and ">0<" not in compiles
     charts = figures(page)
-    assert (
-        "compiles" not in charts
-        and charts["grad_norm"]["series"] == []
-        and "no data" in charts["grad_norm"]["body"]
-    )
+    assert "compiles" not in charts and not {"grad_norm", "kl_old", "clip_frac"} & set(charts)
+    assert "no data" not in page
     logged = LogScanner()
     logged.feed(compiling("step"))
     for i in range(3):
         logged.feed(step_line(i, 1.0))
-    assert "not logged" not in logreport.page(logged.close())
+    assert "not logged" not in htmlpage.page(logged.close())
 
 
 def test_the_page_starts_with_the_runs_metadata_and_shows_numbers_readably(tpuops_home: Path) -> None:
@@ -257,20 +255,20 @@ def test_the_page_starts_with_the_runs_metadata_and_shows_numbers_readably(tpuop
               "started": 1_795_000_000.0, "argv": ["tpuops", "run", "grpo", "--vm", "mllm-jax-v6e-8"]}  # fmt: skip
     (run / "run.json").write_text(json.dumps(record))
     (run / "result.json").write_text(json.dumps({"ok": True, "exit_code": 0, "finished": 1_795_000_071.4}))
-    meta = logreport.run_meta(run.name)
+    meta = htmlpage.run_meta(run.name)
     assert meta is not None and meta["SOP"] == "grpo" and meta["commit"] == "430589e4"
     assert meta["duration"] == "71 s" and meta["command"] == "tpuops run grpo --vm mllm-jax-v6e-8"
     assert meta["config"] == "arith --set=train.steps=40" and meta["target"].startswith("mllm-jax-v6e-8")
     report = realistic_report()
     report.summary = {"steps": 40, "dt_p50": 0.13999999999999999, "rollout_generate_mean": 0.6851234567}
-    page = logreport.page(report, None, meta)
+    page = htmlpage.page(report, None, meta)
     head = page.split("<h2>", 1)[0]
     assert all(
         f"<td>{k}</td>" in head for k in ("SOP", "config", "commit", "target", "start", "duration", "command")
     )
     summary = page.split("<h2>Summary", 1)[1].split("</table>", 1)[0]
     assert ">0.14<" in summary and ">0.6851<" in summary and "0.13999" not in summary
-    assert logreport.run_meta(str(run / "worker-0.log")) is None  # a bare log file has no record
+    assert htmlpage.run_meta(str(run / "worker-0.log")) is None  # a bare log file has no record
 
 
 # ---- the page in a real browser ----

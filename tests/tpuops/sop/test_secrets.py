@@ -102,7 +102,7 @@ def test_values_are_literal_and_fixes_are_named(tmp_path: Path) -> None:
     ("text", "says"),
     [
         ('A="never closed\nB=1\n', "line 1: A cannot be parsed"),
-        ("my-key=1\n", "key 'my-key' is not a shell variable name"),
+        ("A=1\nmy-key=1\n", "line 2: its key is not a shell variable name"),
         ('K="a\'b$c"\n', "the value of K has ' or \\ and also $ or `"),
         ('K="a\\\\"\n', "the value of K ends with \\"),
     ],
@@ -113,6 +113,47 @@ def test_a_local_env_that_cannot_round_trip_is_bad_input(tmp_path: Path, text: s
         secrets.load(tmp_path / ".env")
     assert says in e.value.line()
     assert e.value.exit_code == ExitCode.USAGE
+
+
+def test_quoted_values_span_lines_as_in_python_dotenv(tmp_path: Path) -> None:
+    f = tmp_path / ".env"
+    f.write_text("CERT=\"-----BEGIN-----\nabc\n-----END-----\"\nexport KEY='line one\n  line two'\nAFTER=1\n")
+    env = secrets.load(f)
+    assert env.values == dotenv_values(f, interpolate=False)
+    assert env.values == {
+        "CERT": "-----BEGIN-----\nabc\n-----END-----",
+        "KEY": "line one\n  line two",
+        "AFTER": "1",
+    }
+    assert secrets.parse(secrets.serialize(env.values)) == (env.values, [], [])
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("TOKEN=abc123\nsk-live-wrapped-part\nB=1\n", 2),  # a value wrapped onto a line of its own
+        ("A=1\n\n# c\n  tail0f+the/secret\n", 4),
+        ("TOKEN=abc\nwrappedSecretPart\n", 2),  # a valid shell name: python-dotenv's key with no value
+        ("export A=1\nexport wrappedSecretPart\n", 2),
+        ("A=1\nsk.live-part=more\n", 2),  # a wrapped piece holding a `=`, not a shell name
+    ],
+)
+def test_a_line_without_an_assignment_names_its_number_never_its_text(
+    tmp_path: Path, text: str, line: int
+) -> None:
+    f = tmp_path / ".env"
+    f.write_text(text)
+    with pytest.raises(UsageError) as e:
+        secrets.load(f)
+    shown = e.value.line()
+    assert f"line {line}" in shown and e.value.exit_code == ExitCode.USAGE
+    secret = text.splitlines()[line - 1].strip().removeprefix("export ")
+    for piece in (secret, *secret.split("=")):
+        assert piece not in shown
+    # doctor compares the local keys by name: the wrapped piece is not taken for one
+    values, _fixes, errors = secrets.parse(text.encode())
+    assert errors and not any(piece in k for k in values for piece in secret.split("="))
+    assert not any(secret in m for m in errors)
 
 
 def tpuops(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

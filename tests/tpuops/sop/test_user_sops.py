@@ -92,3 +92,46 @@ def test_sop_new_writes_a_commented_sop_for_the_users_command_that_runs(tmp_path
         and note is not None
         and "shadows the built-in SOP 'job'" in note
     )
+
+
+HOSTILE_WORDS = [
+    "line one\nline two",
+    "tab\there",
+    "cr\r",
+    "quote \" and ' and \\",
+    "{name} {{x}} %s",
+    "# not a comment",
+    "key: value",
+    "- item",
+    "é☃ \u2028 \x85 \x07",
+    "",
+    "  padded  ",
+    "*alias &anchor !tag",
+    "`$(id)`",
+]
+
+
+@pytest.mark.parametrize("word", HOSTILE_WORDS)
+def test_sop_new_carries_any_word_verbatim_or_touches_nothing(tmp_path: Path, word: str) -> None:
+    words = ["python", "-c", word, "--flag", word]
+    path, _ = new_sop.write("odd", words, tmp_path)
+    assert loader.load(path).params["cmd"].default == words
+    text = path.read_text()
+    description = text.split("description: |\n", 1)[1].split("\n", 1)[0]
+    assert description.startswith("  Runs `python -c ")  # one line, whatever the word holds
+    # Any SOP that cannot be written (a name past the regex, say) leaves no folder and no file behind.
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    with pytest.raises(UsageError) as e:
+        new_sop.write("bad\nname", words, fresh)
+    assert e.value.exit_code == 2 and list(fresh.iterdir()) == []
+
+
+def test_sop_new_on_the_command_line_with_a_newline_in_a_word(tmp_path: Path) -> None:
+    made = cli("sop", "new", "nl", "--", "python", "-c", "print(1)\nprint(2)", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    assert loader.load(tmp_path / "sops" / "nl.yaml").params["cmd"].default == [
+        "python",
+        "-c",
+        "print(1)\nprint(2)",
+    ]

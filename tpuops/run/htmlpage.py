@@ -1,0 +1,349 @@
+"""`tpuops report --html`: the whole report as one page (inline CSS and matplotlib's SVG, no script, nothing
+fetched). Its charts are the log's own fields: step time, then the trainer's GRPO panels only when its fields are
+there, any other run's loss and the fields its steps table shows; the chips; the run's record at the top."""
+
+from __future__ import annotations
+
+import html as html_lib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from tpuops.logs.events import LogReport
+from tpuops.logs.fields import NOT_SHOWN, pick, value
+from tpuops.run.baseline import Delta
+from tpuops.run.logtext import NOT_LOGGED, chip_lines, compiles_logged, exit_code
+
+# The bundled trainer's GRPO panels (beside step time and reward), each drawn only when its field is there.
+GRPO_SMALL = (
+    ("entropy", "entropy (nats)", (0.0, None)),
+    ("grad_norm", "grad_norm", (0.0, None)),
+    ("kl_old", "kl_old", (0.0, None)),
+    ("clip_frac", "clip_frac (0..1)", (0.0, 1.0)),
+)
+TIMES = ("dt", "rollout_generate", "update")  # seconds per step: one chart, log scale
+MAX_OTHER_CHARTS = 8  # other fields charted (those the steps table shows)
+
+
+def grpo(report: LogReport) -> bool:
+    """The log is the bundled trainer's GRPO (its reward is on the step lines): its panels and notes apply."""
+    return "reward_mean" in report.fields
+
+
+CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#222;background:#fff;max-width:1100px}
+h1{font-size:20px;margin-bottom:4px}h2{font-size:16px;margin-top:28px}table{border-collapse:collapse;font-size:13px}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.bad{color:#b00020;font-weight:bold}.ok{color:#1b7f3b;font-weight:bold}.warn{color:#b36b00;font-weight:bold}
+pre{background:#f6f6f6;padding:6px;white-space:pre-wrap;font-size:12px}figure.chart{margin:6px 0}
+figure.chart svg{max-width:100%;height:auto}.grid{display:grid;grid-template-columns:1fr 1fr;gap:4px 16px}
+.note{color:#555;font-size:13px}table.meta th{background:#f3f3f3;width:9em}"""
+
+
+def _esc(v: object) -> str:
+    return html_lib.escape(str(v))
+
+
+def _num(v: object, digits: int = 4) -> str:
+    """A number as people read it: 4 significant digits, integers whole, no 16-digit floats."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return str(v)
+    if isinstance(v, int) or (float(v).is_integer() and abs(v) < 1e15):
+        return str(int(v))
+    return f"{v:.{digits}g}"
+
+
+def _table(header: list[str], rows: list[list[object]], cls: str = "") -> str:
+    th = "".join(f"<th>{_esc(h)}</th>" for h in header) if header else ""
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f"<td class='num'>{_esc(_num(c))}</td>" if isinstance(c, int | float) and not isinstance(c, bool)
+            else f"<td>{_esc(c)}</td>"
+            for c in r
+        )
+        + "</tr>"
+        for r in rows
+    )  # fmt: skip
+    head = f"<tr>{th}</tr>" if th else ""
+    return f"<table{f' class={cls!r}' if cls else ''}>{head}{body}</table>"
+
+
+def run_meta(target: str, runs_home: Path | None = None) -> dict[str, str] | None:
+    """What run.json (and result.json) say of the run a report is about, when the target is a run id or a
+    run directory: SOP, config, commit, target, start, duration, command line. None for a bare log file."""
+    path = Path(target).expanduser()
+    if not path.is_dir():
+        if runs_home is None:
+            from tpuops.config import state_home
+
+            runs_home = state_home() / "runs"
+        path = runs_home / target
+    try:
+        rec = json.loads((path / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    try:
+        res = json.loads((path / "result.json").read_text())
+    except (OSError, ValueError):
+        res = {}
+    import time
+
+    values = rec.get("values") or {}
+    t = rec.get("target") or {}
+    where = t.get("vm") or ", ".join(t.get("hosts") or []) or "local"
+    started = rec.get("started")
+    meta = {
+        "run": str(rec.get("run_id", path.name)),
+        "SOP": str(rec.get("sop", "")),
+        "config": " ".join(
+            [str(values.get("config", "")), *map(str, values.get("trainer_sets") or [])]
+        ).strip(),
+        "commit": str(values.get("branch", "")),
+        "target": f"{where} (workers {rec.get('workers')})",
+        "start": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started)) if started else "",
+        "duration": f"{res['finished'] - started:.0f} s" if started and res.get("finished") else "",
+        "command": " ".join(rec.get("argv") or []),
+        "outcome": ""
+        if not res
+        else "ok"
+        if res.get("ok")
+        else f"{'stopped' if res.get('stopped') else 'failed'} (exit code {res.get('exit_code')})",
+    }
+    return {k: v for k, v in meta.items() if v}
+
+
+def charts(report: LogReport) -> list[str]:
+    """The page's charts, each an inline SVG from matplotlib (tpuops.run.charts): only fields the log has."""
+    from tpuops.run.charts import Chart, Series, nice_ceiling, svg
+
+    rows, has = report.rows, set(report.fields)
+    xs = [r.step for r in rows]
+
+    def ys(name: str) -> list[float | None]:
+        return [value(r, name) for r in rows]
+
+    marks = sorted({c.step for c in report.recompiles if c.step is not None})
+    warm = min(report.warmup, len(rows))
+    out: list[str] = []
+    times = [n for n in TIMES if n in has]
+    if times:
+        out.append(svg(Chart("dt", "step time (s, log scale; warm-up shaded, not scaled)", xs,
+                             [Series(n, ys(n)) for n in times], log=True, warmup=warm, marks=marks)))  # fmt: skip
+    charted = {*TIMES}
+    small: list[Chart] = []
+    if grpo(report):
+        rewards = [v for v in ys("reward_mean") if v is not None and math.isfinite(v)]
+        given = report.config_summary.get("max_reward", "")
+        try:
+            top = float(given)
+        except ValueError:  # an older log: the data's own round ceiling (1 for rewards within 0..1)
+            top = nice_ceiling(max([*rewards, 1e-9]))
+        low = min([0.0, *rewards])
+        out.append(svg(Chart("reward", f"reward_mean (axis: 0 to the task's max reward {top:g})", xs,
+                             [Series("reward_mean", ys("reward_mean"))], ylim=(low, top))))  # fmt: skip
+        small += [
+            Chart(n, title, xs, [Series(n, ys(n))], ylim=lim) for n, title, lim in GRPO_SMALL if n in has
+        ]
+        charted |= {"reward_mean", "loss", *(n for n, _, _ in GRPO_SMALL)}  # GRPO's loss: see the note
+    elif "loss" in has:
+        out.append(svg(Chart("loss", "loss", xs, [Series("loss", ys("loss"))], marks=marks)))
+        charted.add("loss")
+    if "tokens_per_s" in has:
+        small.append(Chart("tokens_per_s", "tokens/s (warm-up shaded)", xs, [Series("tokens/s", ys("tokens_per_s"))],
+                           ylim=(0.0, None), warmup=warm))  # fmt: skip
+        charted.add("tokens_per_s")
+    others = [n for n in pick(report.fields, report.columns) if n not in charted and n not in NOT_SHOWN]
+    small += [Chart(_id(n), n, xs, [Series(n, ys(n))]) for n in others[:MAX_OTHER_CHARTS]]
+    if compiles_logged(report) and report.steps:
+        by_step: list[float | None] = [float(report.compiles_by_step.get(x, 0)) for x in xs]
+        small.append(Chart("compiles", "compiles per step", xs, [Series("compiles", by_step)], ylim=(0.0, None),
+                           bars=True))  # fmt: skip
+    if small:
+        out.append('<div class="grid">' + "".join(svg(c, size=(3.8, 2.3)) for c in small) + "</div>")
+    return out
+
+
+def _id(name: str) -> str:
+    """A field's name as a chart's id (ids hold no dots: `eval.acc` -> `eval-acc`)."""
+    return "".join(c if c.isalnum() or c in "_-" else "-" for c in name)
+
+
+def chip_charts(report: LogReport) -> list[str]:
+    """HBM in use (min and max over each worker's chips) and duty cycle, per worker over the steps."""
+    from tpuops.run.charts import Chart, Series, svg
+
+    xs = sorted({s["step"] for series in report.chips.values() for s in series})
+    hbm: list[Series] = []
+    duty: list[Series] = []
+    for w, series in sorted(report.chips.items()):
+        by = {s["step"]: s for s in series}
+        for key, label, into in (("hbm_gb_max", "max", hbm), ("hbm_gb_min", "min", hbm),
+                                 ("duty_pct_max", "max", duty), ("duty_pct_min", "min", duty)):  # fmt: skip
+            ys = [by[x].get(key) if x in by else None for x in xs]
+            if any(y is not None for y in ys):
+                into.append(Series(f"w{w} {label}", ys))
+    limit = report.hbm_limit_gb
+    out = []
+    if hbm:
+        out.append(Chart("hbm", "HBM in use per chip (GB; min and max over each worker's chips)", xs, hbm,
+                         ylim=(0.0, limit)))  # fmt: skip
+    if duty:
+        out.append(
+            Chart("duty", "duty cycle (%, min and max over each worker's chips)", xs, duty, ylim=(0.0, 100.0))
+        )
+    return [svg(c) for c in out]
+
+
+def page(
+    report: LogReport,
+    deltas: list[Delta] | None = None,
+    meta: dict[str, str] | None = None,
+    estimate: dict[str, Any] | None = None,
+) -> str:
+    """The whole report as one self-contained HTML page (people would rather look than read)."""
+    code = exit_code(report, deltas)
+    verdict = {0: ("ok", "ok"), 7: ("warn", "recompiles after warm-up")}.get(code, ("bad", "failed"))
+    rows = report.rows
+    title = (meta or {}).get("run") or report.source
+    parts = [
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>",
+        f"<title>tpuops report {_esc(title)}</title>",
+        f"<style>{CSS}</style></head><body><h1>tpuops report: {_esc(title)}</h1>",
+        f'<p class="{verdict[0]}" id="verdict">{verdict[1]} (exit code {code})</p>',
+    ]
+    if meta:
+        parts.append(_table([], [[k, v] for k, v in meta.items()], cls="meta"))
+    first = next((r for r in rows if r.reward_mean is not None), None)
+    last = next((r for r in reversed(rows) if r.reward_mean is not None), None)
+    glance: list[list[object]] = [
+        ["log", report.source],
+        [
+            "steps",
+            f"{report.steps}" + (f" ({report.first_step}..{report.last_step})" if report.steps else ""),
+        ],
+        ["workers", ", ".join(f"w{w}" for w in report.workers)],
+        ["warm-up", f"{report.warmup} step(s): compiles expected, left out of the steady state"],
+    ]
+    if first is not None and last is not None and last is not first:
+        change = last.reward_mean - first.reward_mean  # type: ignore[operator]
+        glance.append(["reward_mean", f"{first.reward_mean:.4f} at step {first.step} -> {last.reward_mean:.4f} at "
+                                      f"step {last.step} ({change:+.4f})"])  # fmt: skip
+    if not grpo(report):
+        for name in pick(report.fields, report.columns)[:4]:
+            if name in TIMES:
+                continue
+            have = [r for r in rows if value(r, name) is not None]
+            if len(have) > 1:
+                a, b = have[0], have[-1]
+                glance.append([name, f"{_num(value(a, name))} at step {a.step} -> {_num(value(b, name))} at step "
+                                     f"{b.step}"])  # fmt: skip
+    if report.dt:
+        d = report.dt
+        glance.append(
+            [
+                "steady step time",
+                f"p50 {d.p50:.3f} s, mean {d.mean:.3f} s, p90 {d.p90:.3f} s over {d.n} steps",
+            ]
+        )
+    if report.wandb_url or report.wandb:
+        glance.append(["W&B", report.wandb_url or report.wandb or ""])
+    parts.append("<h2>At a glance</h2>" + _table([], glance, cls="meta"))
+    parts.append("<h2>Per step</h2>")
+    if report.row_stride > 1:
+        parts.append(f"<p class='note'>every {report.row_stride}th step of {report.steps} is plotted</p>")
+    parts += charts(report)
+    if grpo(report) and "loss" in report.fields:
+        parts.append(
+            "<p class='note'>loss is not plotted: in GRPO it is about 0 by construction (the advantages of a group sum"
+            " to 0), so it says nothing about progress; its values are in the table below.</p>"
+        )
+    parts.append("<h2 id='chips'>Chips</h2>")
+    if report.chips:
+        parts += chip_charts(report)
+        latest = [[f"w{w}", s["step"], i, *(_cell(v[i]) if v and i < len(v) else "" for v in
+                   (s.get("hbm_gb_chips"), s.get("duty_pct_chips")))]
+                  for w, ss in sorted(report.chips.items()) for s in ss[-1:]
+                  for i in range(max(len(s.get("hbm_gb_chips") or []), len(s.get("duty_pct_chips") or []), 1))]  # fmt: skip
+        parts.append(_table(["worker", "step", "chip", "HBM GB", "duty %"], latest, cls="chips"))
+    else:
+        parts.append(f"<p class='note' id='no-chips'>{_esc(chip_lines(report)[0])}</p>")
+    from tpuops.run.estimate import compare, lines
+
+    against = compare(estimate, report)
+    if against["cost"] or against["hbm"]:
+        parts.append(
+            "<h2>Against the fit</h2>" + "".join(f"<p class='note'>{_esc(x)}</p>" for x in lines(against))
+        )
+        parts += [f"<p class='warn'>{_esc(w)}</p>" for w in against["warnings"]]
+    if report.dt:
+        d = report.dt
+        parts.append("<h2>Steady state (from the warm-up on)</h2>")
+        means = [(h, v) for h, v in (("rollout_generate s", report.rollout_generate_mean),
+                                     ("update s", report.update_mean), ("tokens/s", report.tokens_per_s_mean))
+                 if v is not None]  # fmt: skip
+        parts.append(
+            _table(
+                ["steps", "dt mean s", "dt p50 s", "dt p90 s", "dt min s", "dt max s", *(h for h, _ in means)],
+                [[d.n, round(d.mean, 4), round(d.p50, 4), round(d.p90, 4), round(d.min, 4), round(d.max, 4),
+                  *(round(v, 4) for _, v in means)]],
+            )
+        )  # fmt: skip
+    c = report.compiles
+    parts.append("<h2>Compiles</h2>")
+    keys = ["total", "warmup", "eval", "after_warmup", "open"]
+    logged = compiles_logged(report)
+    parts.append(
+        _table(
+            ["total", "warm-up", "eval", "after warm-up", "after the last step"],
+            [[c.get(k, 0) if logged else "not logged" for k in keys]],
+        )
+    )
+    if not logged:
+        parts.append(f"<p class='warn'>compiles: {_esc(NOT_LOGGED)}</p>")
+    for comp in report.recompiles:
+        parts.append(
+            f"<p class='warn'>recompile at step {comp.step} (w{comp.worker}): {_esc(comp.function)}</p>"
+        )
+        if comp.explanation:
+            parts.append(f"<pre>{_esc(comp.explanation)}</pre>")
+    if report.failures:
+        parts.append("<h2>Failure signatures</h2>")
+        parts.append(
+            _table(
+                ["worker", "kind", "line", "message", "where"],
+                [[f"w{f.worker}", f.kind, f.line, f.message, f.detail] for f in report.failures],
+            )
+        )
+    if report.evals:
+        ekeys = sorted({k for e in report.evals for k in e})
+        parts.append("<h2>Eval</h2>" + _table(ekeys, [[e.get(k, "") for k in ekeys] for e in report.evals]))
+    if deltas:
+        parts.append("<h2>Against the baseline (+ is worse)</h2>")
+        parts.append(
+            _table(
+                ["metric", "baseline", "now", "change", ""],
+                [[d.metric, f"{d.baseline:.4g}", f"{d.current:.4g}", f"{d.change:+.1%}",
+                  "regressed" if d.regressed else ""] for d in deltas],
+            )
+        )  # fmt: skip
+    if report.summary:
+        parts.append("<h2>Summary (the trainer's summary line)</h2>")
+        parts.append(_table(["figure", "value"], [[k, v] for k, v in report.summary.items()]))
+    if report.config_summary:
+        parts.append(
+            "<h2>Config</h2>"
+            + _table(["setting", "value"], [[k, v] for k, v in report.config_summary.items()])
+        )
+    if rows:
+        shown = [f for f in report.fields if f not in NOT_SHOWN]
+        parts.append(f"<details><summary>every plotted step ({len(rows)} rows)</summary>")
+        parts.append(
+            _table(["step", *shown], [[r.step, *(_cell(value(r, f)) for f in shown)] for r in rows])
+            + "</details>"
+        )
+    return "".join(parts) + "</body></html>\n"
+
+
+def _cell(v: float | int | None) -> object:
+    return "" if v is None else v
