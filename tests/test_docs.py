@@ -144,10 +144,10 @@ def problems(doc: Path, root: Path = ROOT) -> Iterator[str]:
         for m in SECTION.finditer(line):
             file, section = m.groups()
             candidates = [resolve(doc, file), root / file]
-            path = next((p for p in candidates if p.exists()), None)
-            if path is None:
+            found = next((p for p in candidates if p.exists()), None)
+            if found is None:
                 yield f"{where}: {file}: no such file"
-            elif not any(section.lower() in s for s in section_names(path)):
+            elif not any(section.lower() in s for s in section_names(found)):
                 yield f'{where}: {file}, "{section}": no heading or bold lead-in by that name'
 
 
