@@ -22,7 +22,7 @@ TEST_REF = re.compile(r"(?<![\w/.-])(tests/[\w./*-]*[\w/*])((?:::\w+(?:\[[^\]\s`
 # `::test_name` on its own in backticks: a second test of the file named last on the same line.
 TEST_MORE = re.compile(r"`::(\w+)(?:\[[^\]`]*\])?`")
 LINK = re.compile(r"\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)\)")
-DOC_PATH = re.compile(r"(?<![\w/.\[(-])(docs/[\w./-]+\.md)(#[\w-]+)?")
+DOC_PATH = re.compile(r"(?<![\w/.\[-])(?<!\]\()(docs/[\w./-]+\.md)(#[\w-]+)?")  # not a link's target
 SECTION = re.compile(r"((?:docs/)?[\w.-]+\.md)\)?,? \"([^\"]+)\"")
 
 
@@ -169,7 +169,7 @@ def test_the_checker_finds_what_is_broken(tmp_path: Path) -> None:
         "`tests/test_a.py::TestB::test_c[x-1]`, `::no_such_test` and `tests/no_such_file.py`, `tests/x*.py`.\n"
         "[here](#a-heading), [gone](#no-heading), [missing](nothing.md)\n"
         "```bash\n# not a heading\n```\n"
-        '[self](doc.md#not-a-heading) and doc.md, "A heading" and doc.md, "Nothing"\n',
+        '[self](doc.md#not-a-heading) and doc.md, "A heading" and doc.md, "Nothing" (docs/nothing.md)\n',
         encoding="utf-8",
     )
     assert list(problems(doc, tmp_path)) == [
@@ -179,6 +179,7 @@ def test_the_checker_finds_what_is_broken(tmp_path: Path) -> None:
         "doc.md:3: link #no-heading: doc.md has no heading with anchor #no-heading",
         "doc.md:3: link nothing.md: no such file",
         "doc.md:7: link doc.md#not-a-heading: doc.md has no heading with anchor #not-a-heading",
+        "doc.md:7: docs/nothing.md: no such file",
         'doc.md:7: doc.md, "Nothing": no heading or bold lead-in by that name',
     ]
 
