@@ -48,6 +48,11 @@ def env_script(env: Mapping[str, str]) -> bytes:
     return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()).encode()
 
 
+# Ends the preamble a run puts before each step's own script (sop/claim.guarded: the run lock still this run's);
+# the in-memory transport matches its expectations on what follows it, the step's own commands.
+STEP_BEGINS = "# tpuops: the step's own commands"
+
+
 def with_stdin_env(command: str) -> str:
     """Wrap a command so it first reads its environment from stdin (see env_script)."""
     return f'eval "$(cat)"; {command}'

@@ -80,18 +80,26 @@ def run_sop(
         report.dry_run(result, json, verbose=verbose)
         return
     if result.report.interrupted:
-        console.event(interrupted_line(result.run_id, result.report.interrupted))
+        console.event(
+            interrupted_line(result.run_id, result.report.interrupted, result.report.stopped_at_end)
+        )
     if json or not result.report.interrupted:
         report.sop_report(result, json)
     raise typer.Exit(int(result.code))
 
 
-def interrupted_line(run_id: str, how: str) -> str:
+def interrupted_line(run_id: str, how: str, stopped: dict[int, str] | None = None) -> str:
     """The one line after Ctrl-C: where the job is and the two commands that reach it again."""
     if how == "detached":
         return (
             f"detached: run {run_id} is still running on the workers; "
             f"follow it again with `tpuops attach {run_id}`, stop it with `tpuops stop {run_id}`"
+        )
+    if stopped:
+        where = ", ".join(f"w{w}" for w in sorted(stopped))
+        return (
+            f"interrupted before the job started: stopped {sorted(stopped.values())[0]} on {where}; "
+            f"nothing of run {run_id} was left running on the workers"
         )
     return f"interrupted before the job started: nothing of run {run_id} was left running on the workers"
 

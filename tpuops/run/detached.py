@@ -167,6 +167,7 @@ def stop(run_id: str, *, grace_s: float = 10.0) -> Stopped:
         # can outlive the leader. `kill -SIG -PGID`, not `kill -SIG -- -PGID`: dash has no `--`.
         script = f"""{HELPERS}
 rd={rd}; k={w}; tpu={shell.path(lock)}; rid={shell.quote(run_id)}
+if [ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ]; then : > "$lock/stopping"; fi  # nothing of it starts now
 pid=$(pid_of "$rd/worker-$k.pid")
 if [ ! -f "$rd/worker-$k.pid" ]; then echo "tpuops: no pid file"
 elif [ -z "$pid" ] || ! running "$pid"; then echo "tpuops: not running"; else
@@ -179,7 +180,8 @@ elif [ -z "$pid" ] || ! running "$pid"; then echo "tpuops: not running"; else
   [ -e "$rd/worker-$k.exit" ] || put_exit "$rd" $k "143 {STOPPED}"
 fi
 if [ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ]; then
-  h=$(pid_of "$lock/pid"); [ -n "$h" ] && [ "$h" != "$pid" ] && kill "$h" 2>/dev/null
+  stop_step  # a git sync or venv of the run still preparing the workers
+  h=$(pid_of "$lock/pid"); [ -n "$h" ] && [ "$h" != "$pid" ] && held && kill "$h" 2>/dev/null
   rm -rf "$lock"; echo "tpuops: run lock released"; fi
 if [ -f "$rd/worker-$k.exit" ]; then set -- $(cat "$rd/worker-$k.exit"); echo "tpuops: exit code=$1 note=${{2:-}}"; fi
 rm -f "$tpu" && echo "tpuops: lock cleared"

@@ -52,6 +52,9 @@ class SopReport:
     # Ctrl-C: "detached" (the job goes on; attach/stop it by its run id) or "interrupted" (before any job
     # started: nothing was left running); None when the SOP ran to its end.
     interrupted: str | None = None
+    # What the end of the SOP stopped on a worker that a step of this run still ran there (Ctrl-C during a git
+    # sync: "step git_sync of run R"), by worker.
+    stopped_at_end: dict[int, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -235,7 +238,10 @@ class Executor:
             finally:
                 release = [w for w in claimed if w not in holding]
                 if release:
-                    list(pool.map(lambda w: self._release(w, run_id), release))
+                    ended = dict(
+                        zip(release, pool.map(lambda w: self._release(w, run_id), release), strict=True)
+                    )
+                    report.stopped_at_end = {w: what for w, what in ended.items() if what}
         return self._done(report, t0)
 
     def _steps(
@@ -331,11 +337,23 @@ class Executor:
         sr.duration_s = time.monotonic() - t0
         return sr
 
-    def _release(self, w: int, run_id: str) -> None:
+    def _lost(self, w: int, run_id: str) -> bool:
+        """Whether the run lost the worker's lock (`tpuops stop`): asked after a step failed there."""
         try:
-            self.transport.run(w, claim.release_script(run_id, w), timeout=30)
+            return claim.LOST in self.transport.run(w, claim.lost_script(run_id), timeout=30).stdout
         except TpuopsError:
-            pass  # unreachable now: the lock's stand-in holder ends by itself (CLAIM_TTL_S), or `tpuops stop`
+            return False
+
+    def _release(self, w: int, run_id: str) -> str | None:
+        """The lock given back; what of the run it had to stop there (a step still running), if anything."""
+        try:
+            r = self.transport.run(w, claim.release_script(run_id, w), timeout=30)
+        except TpuopsError:
+            return None  # unreachable now: the lock's stand-in holder ends by itself (CLAIM_TTL_S), or `tpuops stop`
+        return next(
+            (m["_"].removeprefix("stopped ") for m in markers(r.stdout) if m["_"].startswith("stopped step")),
+            None,
+        )
 
     def _check_actions(
         self, sop: Sop, w: int, n: int, run_id: str, values: dict[str, object]
@@ -468,8 +486,15 @@ class Executor:
                     def doing(what: str, w: int = w) -> None:
                         on_phase(w, step.title, step.kind, f"doing {self.redact(what)}")
 
+                if claims(sop):  # only while this run holds the lock: after `tpuops stop` nothing starts
+                    actions = [claim.guard(a, run_id, f"step {step.title} of run {run_id}") for a in actions]
                 results = self._run_actions(w, actions, cancel, doing)
+                lost = [r for r in results if r.exit_code == claim.LOST_EXIT and claim.LOST in r.stdout]
                 outcome = step.outcome(results) if results or not actions else Outcome("ok")
+                killed = outcome.status in FAILED and bool(results) and _killed(results[-1])
+                if claims(sop) and (lost or (killed and self._lost(w, run_id))):
+                    what = lost[0].stderr.strip() if lost else "tpuops stop ended this step"
+                    outcome = Outcome("failed", f"stopped: {what}", {"stopped": True})
                 sr.results[w] = results
             except TpuopsError as e:
                 outcome = Outcome("failed", self.redact(e.line()))
@@ -578,6 +603,14 @@ CHECKS_TITLE = "checks"
 CLAIMING = frozenset({"git_sync", "python_env", "clear_lockfile", "sync_env", "run"})
 
 
+def _killed(r: CmdResult) -> bool:
+    """A command that died of a signal on its worker (as `tpuops stop` ends a step): over SSH no exit status
+    (255, with the transport's words), here a negative return code, or a shell's 128+SIGTERM/SIGKILL."""
+    return r.kind is Kind.EXIT and (
+        r.exit_code < 0 or r.exit_code in (143, 137) or "killed on the worker" in (r.error or "")
+    )
+
+
 def claims(sop: Sop) -> bool:
     return any(step.kind in CLAIMING for step in sop.steps)
 
@@ -594,13 +627,26 @@ def claim_outcome(r: CmdResult) -> Outcome:
         if "No space left on device" in r.stderr:
             return Outcome("failed", "no space left on device for the run lock in the home directory")
         return Step.model_construct(kind="lock").outcome([r])
-    stopped = [f"run {m['run']} (pid {m['pid']})" for m in found if m["_"].startswith("stopped")]
-    stale = [m["run"] for m in found if m["_"].startswith("stale")]
+    stopped = [f"run {m['run']} (pid {m['pid']})" for m in found if m["_"].startswith("stopped run=")]
+    steps = [m["_"].removeprefix("stopped ") for m in found if m["_"].startswith("stopped step ")]
+    also = "".join(f"; stopped {s}, which it had left running" for s in steps)
+    stale = [
+        f"{m['run']} ({STALE.get(m.get('why', ''), 'its holder is gone')})"
+        for m in found
+        if m["_"].startswith("stale")
+    ]
     if stopped:
-        return Outcome("changed", f"stopped {', '.join(stopped)}; lock taken", {"stopped": stopped})
+        return Outcome("changed", f"stopped {', '.join(stopped)}{also}; lock taken", {"stopped": stopped})
     if stale:
-        return Outcome("changed", f"took over the stale lock of run {', '.join(stale)}")
+        return Outcome("changed", f"took over the stale lock of run {', '.join(stale)}{also}")
     return Outcome("ok", "lock taken")
+
+
+STALE = {  # why a lock's holder is gone (sop/claim.py's claim script says which)
+    "gone": "its holder is gone",
+    "reused": "its pid now belongs to another process, left as it is",
+    "reboot": "taken before the worker rebooted",
+}
 
 
 CONSISTENT = ("sha", "versions", "env_sha")  # what must be identical on every worker before a run starts

@@ -68,7 +68,8 @@ put "$rd"/worker-$k.pid $pid 2>/dev/null || true
 if [ "$(pid_of "$rd"/worker-$k.pid)" != "$pid" ]; then
   stop_group $pid; put_exit "$rd" $k "143 {STOPPED}" 2>/dev/null
   echo "the pid file $rd/worker-$k.pid could not be written: the job was stopped" >&2; exit 1; fi
-[ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ] && [ -f "$lock/pid" ] && put "$lock/pid" $pid 2>/dev/null
+if [ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ] && [ -f "$lock/pid" ]; then  # the job holds the lock now
+  [ -f "$lock/start" ] && put "$lock/start" "$(stime $pid)" 2>/dev/null; put "$lock/pid" $pid 2>/dev/null; fi
 if [ -n "$h" ]; then kill "$h" 2>/dev/null; fi
 echo "tpuops: started pid=$pid"
 """

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tpuops import shell
 from tpuops.errors import ConnectError
 from tpuops.transport.base import CANCELLED_EXIT, CmdResult, Kind, LineSink, Worker
 
@@ -110,7 +111,8 @@ class MemoryTransport:
             if cancel is not None and cancel.is_set():  # fail-fast: another worker failed first
                 return CmdResult(worker, command, CANCELLED_EXIT, error="cancelled: another worker failed",
                                  kind=Kind.CANCELLED)  # fmt: skip
-            found = next((e for e in self.expectations if e.matches(worker, command)), None)
+            own = command.split(shell.STEP_BEGINS + "\n", 1)[-1]  # a step's own commands, not the run's guard
+            found = next((e for e in self.expectations if e.matches(worker, own)), None)
             if found is None:
                 raise UnexpectedCommandError(
                     f"w{worker} was asked to run a command no expectation matches:\n{command}"

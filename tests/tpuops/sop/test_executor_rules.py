@@ -205,6 +205,9 @@ def test_a_start_that_ends_without_its_answer_is_stopped_there_too(kind: Kind, e
         .expect(STOP, worker=0, stdout="tpuops: stopped pid=4141\ntpuops: released\n")
         .expect(STOP, worker=1, stdout="tpuops: stopped pid=4242\ntpuops: released\n")
         .expect(RELEASE)
+        .expect(
+            "lock-lost", worker=0
+        )  # a step killed on its worker: did `tpuops stop` end it? (no: still ours)
     )
     report = Executor(t).execute(
         sop({"kind": "run", "command": "train", "runs_dir": "~/runs"}), {}, "r", [0, 1]
