@@ -26,14 +26,16 @@ class CacheCounter:
             with self._lock:
                 self.hits += 1
 
-    def _duration(self, event: str, duration: float, **_: str | int) -> None:
+    def _duration(self, event: str, duration_secs: float, **_: str | int) -> None:
         if event == SAVED:
             with self._lock:
-                self.saved_s += duration
+                self.saved_s += duration_secs
 
     def summary(self) -> dict[str, object]:
         """The summary line's fields: where the cache is (`off` without one), programs read, seconds saved."""
-        where = jax.config.jax_compilation_cache_dir if jax.config.jax_enable_compilation_cache else None
+        cfg = jax.config  # typed without its flags: read them by name
+        on = getattr(cfg, "jax_enable_compilation_cache", True)
+        where = getattr(cfg, "jax_compilation_cache_dir", None) if on else None
         if not where:
             return {"compile_cache": "off"}
         return {"compile_cache_hits": self.hits, "compile_cache_saved_s": round(self.saved_s, 3)}

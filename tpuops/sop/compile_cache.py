@@ -30,7 +30,7 @@ def export(value: str, cwd: str) -> str:
         return f"unset {VAR};"
     if v == "auto":
         return f'[ -n "${{{VAR}:-}}" ] || {VAR}={shell.path(default_dir(cwd))}; export {VAR};'
-    if not v or any(c.isspace() for c in v):
+    if not v:
         raise UsageError(
             f"compile_cache must be auto, off, a folder or gs://BUCKET/PATH, received {value!r}",
             hint="for example --set compile_cache=gs://my-bucket/jax-cache",
