@@ -16,19 +16,24 @@ def check(ctx: PlanContext, port: int | str | None) -> list[Action]:
     Before the job starts nothing listens there, so a refused connection is the answer expected (the port is
     reached); a connect that gets no answer at all within WAIT_S seconds is dropped by a firewall, and
     jax.distributed.initialize would hang on it."""
-    if port is None or ctx.num_workers < 2 or ctx.worker == 0:
+    if port is None or ctx.num_workers < 2:
         return []
     number = int(ctx.raw(port) if isinstance(port, str) else port)
-    host = ctx.coordinator_host
+    # Worker 0 itself: nothing may hold the port yet (jax's coordinator could not bind it).
+    host = "127.0.0.1" if ctx.worker == 0 else ctx.coordinator_host
     # bash's /dev/tcp: a connect from the worker itself, with no tool the image may lack.
     script = (
         f"h={shell.quote(host)}; p={number}; "
         f'out=$(timeout {WAIT_S} bash -c \'exec 3<>"/dev/tcp/$0/$1"\' "$h" "$p" 2>&1); rc=$?; '
         "if [ $rc = 0 ]; then r=open; elif [ $rc = 124 ]; then r=filtered; "
         "else case $out in *refused*) r=closed;; *) r=unreachable;; esac; fi; "
-        'echo "tpuops: coordinator=$h:$p reach=$r"'
+        f'echo "tpuops: coordinator=$h:$p reach=$r worker={ctx.worker}"'
     )
-    what = f"reach worker 0's coordinator port {host}:{number} from this worker"
+    what = (
+        f"the coordinator port {number} free on worker 0"
+        if ctx.worker == 0
+        else f"reach worker 0's coordinator port {ctx.coordinator_host}:{number} from this worker"
+    )
     return [Command(script, timeout=WAIT_S + 25, what=what)]
 
 
@@ -41,6 +46,15 @@ def verdict(results: list[CmdResult]) -> Outcome:
         return Outcome("failed", f"the coordinator port check did not run: {why[:200]}")
     m = found[-1]
     where, reach = m.get("coordinator", "?"), m.get("reach", "?")
+    if m.get("worker") == "0":  # worker 0 asked itself: is the port still free for jax's coordinator?
+        if reach == "open":
+            port = where.rsplit(":", 1)[-1]
+            detail = (
+                f"the coordinator port {port} is already taken on worker 0 (another process listens there): "
+                "stop it, or pass --set coordinator_port=A_FREE_PORT"
+            )
+            return Outcome("failed", detail, {"port": int(port) if port.isdigit() else port})
+        return Outcome("ok", f"coordinator port {where.rsplit(':', 1)[-1]} free")
     if reach in ("open", "closed"):
         return Outcome("ok", f"coordinator {where} reached ({reach})")
     port = where.rsplit(":", 1)[-1]
