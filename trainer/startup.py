@@ -11,7 +11,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from trainer import distributed, metrics
+from trainer import compile_cache, distributed, metrics
 from trainer.config import Config, ConfigError, dumps
 from trainer.sharding import make_mesh
 from trainer.tokenizer import load_tokenizer
@@ -48,6 +48,7 @@ def start_platforms(cfg: Config | None = None) -> None:
 
 def setup_jax(cfg: Config) -> None:
     start_platforms(cfg)
+    compile_cache.watch()  # the summary line says what the persistent cache (JAX_COMPILATION_CACHE_DIR) gave
     if cfg.log.log_compiles:  # the config owns it: no JAX_LOG_COMPILES side door
         jax.config.update("jax_log_compiles", True)
         jax.config.update("jax_explain_cache_misses", True)

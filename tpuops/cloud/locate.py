@@ -206,7 +206,16 @@ def workers_of(
         user = spec.user or extra.get("ssh-user") or default_user()
         port = int(extra.get("ssh-port", 22))
         workers.append(
-            Worker(w.index, host, port, user, pin, internal_host=w.internal_ip, slice_index=w.slice)
+            Worker(
+                w.index,
+                host,
+                port,
+                user,
+                pin,
+                internal_host=w.internal_ip,
+                slice_index=w.slice,
+                peer_host=extra.get("peer-host"),
+            )
         )
     return workers
 

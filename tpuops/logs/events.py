@@ -144,6 +144,7 @@ class LogReport:
     compiles: dict[str, int] = field(default_factory=dict)  # total, warmup, eval, after_warmup, open
     compiles_by_step: dict[int, int] = field(default_factory=dict)
     recompiles: list[Compile] = field(default_factory=list)
+    cache_hits: int = 0  # JAX's `Persistent compilation cache hit for ...` lines
     evals: list[dict[str, Any]] = field(default_factory=list)
     checkpoints: int = 0
     last_checkpoint: str | None = None
@@ -188,6 +189,18 @@ class LogReport:
     def recompiled(self) -> bool:
         return self.compiles.get("after_warmup", 0) > 0
 
+    @property
+    def compile_cache(self) -> dict[str, Any] | None:
+        """Programs JAX read from its persistent compilation cache: the trainer's summary counts them (and the
+        compile seconds saved); another job's log, when it logs compiles, by JAX's cache-hit lines. None: the
+        log does not say."""
+        s = self.summary or {}
+        if isinstance(s.get("compile_cache_hits"), int):
+            return {"hits": s["compile_cache_hits"], "saved_s": s.get("compile_cache_saved_s")}
+        if s.get("compile_cache") == "off":
+            return {"hits": 0, "saved_s": None, "off": True}
+        return {"hits": self.cache_hits, "saved_s": None} if self.cache_hits else None
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         cause = self.cause()
@@ -196,6 +209,7 @@ class LogReport:
         data["exit_codes"] = {str(k): v for k, v in self.exit_codes.items()}
         data["chips"] = {str(k): v for k, v in self.chips.items()}
         data["hbm_peak_gb"] = self.hbm_peak_gb
+        data["compile_cache"] = self.compile_cache
         return data
 
     def add_failure(self, f: Failure) -> None:

@@ -57,6 +57,9 @@ WANDB_STATE = re.compile(r"^wandb: (?P<state>mode=\S+.*|disabled)\s*$")
 # jax >= 0.4.36 "Compiling jit(f) with global shapes ..."; 0.4.1x-0.4.35 "Compiling f for with global shapes";
 # older "Compiling f (1403...) for args". "Compiling module X with FDO profile" repeats a compile: skipped.
 COMPILE = re.compile(r"Compiling (?!module )(?P<fn>\S+?)(?: \(\d+\))? (?:for|with)\b")
+# JAX's line for a program read from the persistent compilation cache (logged under jax_log_compiles; its
+# `Compiling ...` line comes too, so a hit is still a compile to the recompile check).
+CACHE_HIT = re.compile(r"Persistent compilation cache hit for '(?P<fn>[^']*)'")
 CACHE_MISS = re.compile(r"TRACING CACHE MISS at (?P<site>.*?)(?: because)?:\s*$")
 MISS_FN = re.compile(r"^\s+(?:for (?P<fn>\S+)|(?P<unseen>\S+) id=\d+)")
 TRACEBACK = re.compile(r"^Traceback \(most recent call last\):")
@@ -458,6 +461,8 @@ class LogScanner:
             return
         if m := COMPILE.search(text):
             self._compile(m["fn"])
+        elif CACHE_HIT.search(text):
+            self.r.cache_hits += 1
         elif CACHE_MISS.search(text):
             self._miss = [text[text.index("TRACING CACHE MISS") :]]
         elif TRACEBACK.match(text):

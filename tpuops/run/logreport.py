@@ -16,7 +16,7 @@ from tpuops.errors import UsageError, error_class
 from tpuops.logs.events import LogReport
 from tpuops.logs.fields import pick, value
 from tpuops.run.baseline import Delta, compare
-from tpuops.run.logtext import NOT_LOGGED, chip_lines, compiles_logged, exit_code
+from tpuops.run.logtext import NOT_LOGGED, cache_line, chip_lines, compiles_logged, exit_code
 
 HEAD_ROWS = 10  # the terminal table shows the first and last steps; --json and --html have every kept row
 
@@ -160,6 +160,8 @@ def render(
             f"compiles: {c.get('total', 0)} total, {c.get('warmup', 0)} in warm-up, {c.get('eval', 0)} in "
             f"eval, {c.get('after_warmup', 0)} after warm-up, {c.get('open', 0)} after the last step"
         )
+    if cached := cache_line(report):
+        err.print(escape(cached))
     for comp in report.recompiles:
         err.print(f"[bold yellow]recompile[/] at step {comp.step} (w{comp.worker}): {escape(comp.function)}")
         if comp.explanation:

@@ -56,3 +56,16 @@ NOT_LOGGED = (
 def compiles_logged(report: LogReport) -> bool:
     """With logging on, step 0 always compiles: no compile at all in a run with steps means it was off."""
     return report.compiles.get("total", 0) > 0 or not report.steps
+
+
+def cache_line(report: LogReport) -> str | None:
+    """What JAX's persistent compilation cache gave the run, as its log says (None: the log does not say)."""
+    c = report.compile_cache
+    if c is None:
+        return None
+    if c.get("off"):
+        return "compile cache: off (every program was compiled)"
+    saved = c.get("saved_s")
+    tail = f", {saved:.1f}s of compiling saved" if isinstance(saved, int | float) else ""
+    n = c["hits"]
+    return f"compile cache: {n} program{'s' if n != 1 else ''} from the persistent cache{tail}"

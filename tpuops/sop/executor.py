@@ -204,6 +204,8 @@ class Executor:
         paths = frozenset(k for k, p in sop.params.items() if p.type == "path")
         first = self.transport.workers[0]
         coordinator = first.internal_host or (first.host if first.host != "localhost" else "127.0.0.1")
+        if worker < n and (route := self.transport.workers[worker].peer_host):
+            coordinator = route  # where this worker reaches worker 0 (an emulated filtered port's route)
         slices = len({w.slice_index for w in self.transport.workers})
         here = self.transport.workers[worker].slice_index if worker < n else 0
         return PlanContext(
@@ -383,6 +385,8 @@ class Executor:
                     got = step.check_outcome(results)
                     if got.status in FAILED:
                         outcome = got
+                        if isinstance(kind := got.data.get("error_kind"), str):
+                            sr.error_kind[w] = kind  # a port no worker can reach is a connection failure (3)
                         break
             except TpuopsError as e:
                 outcome = Outcome("failed", self.redact(e.line()))

@@ -6,6 +6,7 @@ from typing import ClassVar, Literal
 
 from tpuops import shell
 from tpuops.logs.events import NOSPACE, STOPPED
+from tpuops.sop import compile_cache, ports
 from tpuops.sop.actions import Action, Command, Fetch, Follow
 from tpuops.sop.claim import HELPERS, WIDTH
 from tpuops.sop.model import Outcome, PlanContext, Step, markers
@@ -26,12 +27,29 @@ class Run(Step):
     env: dict[str, str] = {}
     secret_env: list[str] = []
     source_env_file: str | None = None  # a worker-side .env sourced by the job (secrets never on argv)
-    template_fields: ClassVar[tuple[str, ...]] = ("command", "cwd", "runs_dir", "env", "source_env_file")
+    # JAX's persistent compilation cache for the job (sop/compile_cache.py): auto, off, a path or gs://...;
+    # None leaves the job's environment as it is.
+    compile_cache: str | None = None
+    # worker 0's jax.distributed coordinator port: on a multi-worker VM each other worker must reach it before
+    # the job starts (sop/ports.py)
+    coordinator_port: int | str | None = None
+    template_fields: ClassVar[tuple[str, ...]] = (
+        "command", "cwd", "runs_dir", "env", "source_env_file", "compile_cache", "coordinator_port",
+    )  # fmt: skip
+
+    def check(self, ctx: PlanContext) -> list[Action]:
+        """A multi-worker job's coordinator port on worker 0, reached from each other worker (none: no check)."""
+        return ports.check(ctx, self.coordinator_port)
+
+    def check_outcome(self, results: list[CmdResult]) -> Outcome:
+        return ports.verdict(results)
 
     def plan(self, ctx: PlanContext) -> list[Action]:
         rd = run_dir(ctx.raw(self.runs_dir), ctx.run_id)
         k = ctx.worker
         body = cmd = ctx.command(self.command)
+        if self.compile_cache is not None:  # after .env is read: `auto` keeps a cache the .env names
+            body = f"{compile_cache.export(ctx.raw(self.compile_cache), ctx.raw(self.cwd or ''))} {body}"
         if self.source_env_file:
             f = shell.path(ctx.raw(self.source_env_file))
             body = f"if [ -f {f} ]; then set -a; . {f}; set +a; fi; {body}"

@@ -30,6 +30,9 @@ class Worker:
         None  # the address other workers reach it at (the coordinator's, for worker 0)
     )
     slice_index: int = 0  # its slice on a multislice VM (workers are numbered across slices, slice 0 first)
+    # The address this worker reaches worker 0 at, where it is not worker 0's internal_host (the emulator's
+    # route for a filtered port, cloud/emulator/ports.py).
+    peer_host: str | None = None
 
     @property
     def label(self) -> str:

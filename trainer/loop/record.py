@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import optax
 
-from trainer import checkpoint, chips, metrics
+from trainer import checkpoint, chips, compile_cache, metrics
 from trainer.distributed import to_host
 from trainer.eval import evaluate
 from trainer.loop.state import Rollout, Run, Scores, State
@@ -72,6 +72,7 @@ def finish(run: Run, state: State) -> dict[str, Any]:
     out["param_norm"] = float(jax.jit(optax.global_norm)(state.params))
     if run.cfg.log.param_digest:
         out["param_digest"] = param_digest(state.params)
+    out.update(compile_cache.COUNTER.summary())
     run.emit.summary(out)
     if run.wandb_run is not None:
         run.wandb_run.finish()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuops.cloud.accelerators import worker_count
+from tpuops.cloud.emulator import ports
 from tpuops.cloud.emulator.catalog import Catalog
 from tpuops.cloud.emulator.records import (
     EMULATOR_NS,
@@ -247,6 +248,7 @@ class Model:
                     {"namespace": "hostkeys", "key": keytype, "value": blob},
                     {"namespace": "guestInventory", "key": "hostname", "value": rec.hostname(i)},
                     {"namespace": EMULATOR_NS, "key": "ssh-port", "value": str(w.port)},
+                    *ports.attributes(rec.name, i),  # a filtered port's route to worker 0 (emulator/ports.py)
                 ]
                 if not self.oslogin_on(rec):  # with OS Login the login name is the profile's POSIX user
                     items.append({"namespace": EMULATOR_NS, "key": "ssh-user", "value": w.user})
