@@ -249,7 +249,9 @@ def test_doctor_compares_env_keys_by_hash_and_shows_no_value(
     assert sync.returncode == 0, sync.stderr
     # Worker 1 drifts: another W&B key, no HF token.
     (workers[1].home / _checkout(git_remote[0]) / ".env").write_text(f"WANDB_API_KEY={other}\n")
-    r = tpuops("doctor", *sshd_pool.host_args(workers), "--json", "--lockfile", "~/l", cwd=tmp_path)
+    # The repository the run synced (this folder is no checkout: named as the run named it).
+    r = tpuops("doctor", *sshd_pool.host_args(workers), "--json", "--lockfile", "~/l",
+               "--set", f"repo_url={git_remote[0]}", cwd=tmp_path)  # fmt: skip
     assert r.returncode == 1
     data = json.loads(r.stdout)
     assert data[0]["env_keys"] == {"HF_TOKEN": "match", "WANDB_API_KEY": "match"}

@@ -23,6 +23,7 @@ import pytest
 from tests.data import DATA
 from tests.tpuops.cloud.conftest import Cloud
 from tpuops.cloud.emulator.sshd import free_port
+from tpuops.errors import ExitCode
 
 REPO = Path(__file__).resolve().parents[3]
 ZONE = "us-east1-d"
@@ -333,7 +334,7 @@ def test_detached_run_on_one_worker_runs_logs_stop_attach(vm1: Vm, tmp_path: Pat
 
     # Attach to the stopped run: it shows the lines the killed follower had not, then reports how it ended.
     attached = tpuops(vm1.cloud, ["attach", run_id, "--json"], tmp_path)
-    assert attached.returncode == 1, attached.stderr
+    assert attached.returncode == ExitCode.STOPPED, attached.stderr
     steps = step_numbers(shown) + step_numbers(attached.stderr.splitlines())
     assert steps == list(range(len(steps))) and 5 < len(steps) < 2000  # none lost, none twice, stopped early
     assert followed == steps  # `logs -f` printed the whole log, from the first line to the last

@@ -102,7 +102,7 @@ def test_a_runs_columns_are_its_reports_columns(tpuops_home: Path, tmp_path: Pat
                 "target": {"local": True},
                 "started": 0.0,
             }
-        )  # fmt: skip
+        )
     )
     (run / "result.json").write_text(json.dumps({"ok": True, "exit_code": 0}))
     assert scan.scan_run(run).columns == ["acc"]
