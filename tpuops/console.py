@@ -15,6 +15,14 @@ from tpuops.sop.status import Status
 out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
 err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
 _JSON = {"on": False}  # the running command's --json
+_VERBOSE = {"on": False}  # -v/--verbose: routine confirmations are shown too
+
+
+class Routine(str):
+    """A note that confirms what was already so (a key already present): shown only with -v/--verbose. A str, so
+    every `notify` callable takes it and a test that collects notes still sees it."""
+
+    __slots__ = ()
 
 
 # Control characters a worker's output may hold: C0 but tab and newline, DEL, C1 (0x9b is a one-byte CSI), and the
@@ -115,7 +123,7 @@ def log_sink(*, prefix: bool) -> Callable[[int, str], None]:
 class Watched(Protocol):
     """What the live view shows (tpuops.logs.progress.Progress): the status line and the lines above it."""
 
-    def status(self) -> str: ...
+    def status(self, now: float | None = None, width: int | None = None) -> str: ...
 
     def line(self, worker: int, text: str) -> str: ...
 
@@ -144,6 +152,7 @@ class Live:
         self.watched = watched
         self.phase = watched.phase if watched is not None else None
         self._live: Any = None
+        self._spinner: Any = None
 
     def line(self, worker: int, text: str) -> None:
         shown = self.watched.line(worker, text) if self.watched is not None else text
@@ -151,11 +160,18 @@ class Live:
             line(worker, piece)
 
     def _status(self) -> Any:
+        """The one spinner, its text renewed: a new Spinner at every refresh would start at its first frame
+        each time and never turn. The text fits the terminal's width less the spinner's 2 columns."""
         from rich.spinner import Spinner
         from rich.text import Text
 
         assert self.watched is not None
-        return Spinner("dots", Text(self.watched.status(), style="bold cyan"), style="cyan")
+        text = Text(self.watched.status(width=max(err.width - 2, 20)), style="bold cyan", no_wrap=True)
+        if self._spinner is None:
+            self._spinner = Spinner("dots", text, style="cyan")
+        else:
+            self._spinner.update(text=text)
+        return self._spinner
 
     def __enter__(self) -> Live:
         if self.watched is not None and err.is_terminal:
@@ -179,9 +195,26 @@ def event(text: str) -> None:
     err.print(f"[bold magenta]tpuops[/]: {escape(text)}")
 
 
+def verbose(on: bool) -> None:
+    """-v/--verbose: routine confirmations (`Routine` notes) are shown too."""
+    _VERBOSE["on"] = on
+
+
+def is_verbose() -> bool:
+    return _VERBOSE["on"]
+
+
 def note(message: str) -> None:
-    """A progress line from the cloud layer (retries, state changes, skipped zones)."""
+    """A progress line from the cloud layer (retries, state changes, skipped zones); a `Routine` one only with
+    -v/--verbose."""
+    if isinstance(message, Routine) and not _VERBOSE["on"]:
+        return
     err.print(f"[dim]tpu-api[/dim] {escape(message)}")
+
+
+def say(message: str) -> None:
+    """A progress line from tpuops' own checks; the message names its subject itself (`fit: ...`, `cost: ...`)."""
+    err.print(escape(message))
 
 
 def json_mode(on: bool) -> None:

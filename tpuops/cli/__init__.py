@@ -38,6 +38,12 @@ def _root(
     version: bool = typer.Option(
         False, "--version", "-V", callback=_version, is_eager=True, help="Print the version and exit."
     ),
+    verbose: bool = typer.Option(
+        False,
+        "--verbose",
+        "-v",
+        help="Routine confirmations too (e.g. `tpuops -v logs RUN_ID`: a key already in the VM's ssh-keys).",
+    ),
     config_file: str | None = typer.Option(
         None,
         "--config",
@@ -47,6 +53,10 @@ def _root(
     ),
 ) -> None:
     """Run TPU-VM procedures (SOPs) on every worker: git-sync, clear the TPU lock, sync .env, run, follow."""
+    if verbose:
+        from tpuops import console
+
+        console.verbose(True)
     if config_file is not None:  # read by tpuops.config.project_file, in this process and the ones it starts
         os.environ["TPUOPS_CONFIG"] = str(Path(config_file).expanduser().absolute())
 
@@ -110,7 +120,9 @@ def main() -> None:
     exits, click_errors, aborts = _click_exceptions()
     try:
         # Without standalone mode click returns a command's typer.Exit code instead of exiting.
-        code = app(standalone_mode=False)
+        # prog_name: usage lines and shell completion (`_TPUOPS_COMPLETE`) name the program as users type it,
+        # however it was started (`python -m tpuops` too).
+        code = app(standalone_mode=False, prog_name="tpuops")
     except TpuopsError as e:
         if os.environ.get("TPUOPS_DEBUG") == "1":
             raise
