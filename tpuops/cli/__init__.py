@@ -29,8 +29,37 @@ def _version(value: bool) -> None:
     if value:
         from importlib.metadata import version
 
-        typer.echo(f"tpuops {version('tpuops')}")
+        commit = checkout_commit(Path(__file__).resolve().parents[2])
+        typer.echo(f"tpuops {version('tpuops')}{f'+g{commit[:7]}' if commit else ''}")
         raise typer.Exit(0)
+
+
+def checkout_commit(root: Path) -> str | None:
+    """The commit checked out at `root` when tpuops runs from a git checkout (an editable install), read from
+    the files git keeps (a worktree's `.git` file, its `commondir`, loose or packed refs); None for an install
+    from a wheel or anything unreadable. No git process: `--version` stays instant."""
+    try:
+        if not (root / "pyproject.toml").is_file() or not (root / "tpuops").is_dir():
+            return None
+        gitdir = root / ".git"
+        if gitdir.is_file():  # a worktree: `gitdir: PATH`
+            gitdir = (root / gitdir.read_text().split(":", 1)[1].strip()).resolve()
+        common = gitdir / (gitdir / "commondir").read_text().strip() if (gitdir / "commondir").is_file() else gitdir
+        head = (gitdir / "HEAD").read_text().strip()
+        if not head.startswith("ref: "):
+            return head if len(head) == 40 else None
+        ref = head.removeprefix("ref: ")
+        for folder in (gitdir, common):
+            if (folder / ref).is_file():
+                return (folder / ref).read_text().strip()
+        packed = common / "packed-refs"
+        for line in packed.read_text().splitlines() if packed.is_file() else []:
+            sha, _, name = line.partition(" ")
+            if name == ref:
+                return sha
+    except (OSError, IndexError):
+        return None
+    return None
 
 
 @app.callback()

@@ -12,11 +12,11 @@ from rich.table import Table
 
 from tpuops import jsonout
 from tpuops.console import err, escape, out
-from tpuops.errors import UsageError, error_class
+from tpuops.errors import ExitCode, UsageError, error_class
 from tpuops.logs.events import LogReport
 from tpuops.logs.fields import pick, value
 from tpuops.run.baseline import Delta, compare
-from tpuops.run.logtext import NOT_LOGGED, chip_lines, compiles_logged, exit_code
+from tpuops.run.logtext import NOT_LOGGED, NOT_SEEN, chip_lines, compiles_logged, exit_code
 
 HEAD_ROWS = 10  # the terminal table shows the first and last steps; --json and --html have every kept row
 
@@ -153,8 +153,8 @@ def render(
             f"steady dt over {d.n} steps: mean {d.mean:.3f}s  p50 {d.p50:.3f}s  p90 {d.p90:.3f}s{extra}"
         )
     c = report.compiles
-    if not compiles_logged(report):
-        err.print(f"compiles: {NOT_LOGGED}")
+    if not compiles_logged(report):  # a recompile check (exit 13) is not told to run a recompile check
+        err.print(f"compiles: {NOT_SEEN if code == ExitCode.UNVERIFIED else NOT_LOGGED}")
     else:
         err.print(
             f"compiles: {c.get('total', 0)} total, {c.get('warmup', 0)} in warm-up, {c.get('eval', 0)} in "

@@ -240,6 +240,8 @@ def doctor(health: list[WorkerHealth], as_json: bool) -> None:
         ]
         table.add_row(f"w{h.worker}", h.address, conn, h.lock, *cells)
     err.print(table)
+    for fix in (f for h in health for f in h.fixes):
+        err.print(f"[bold]fix[/]: {escape(fix)}")
 
 
 def rollout_bench(results: list[VariantResult], as_json: bool) -> None:
