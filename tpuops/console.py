@@ -6,6 +6,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rich.console import Console
@@ -83,6 +84,89 @@ def status_cell(status: str, detail: str) -> str:
 def id_column(table: Any, header: str, ids: list[str]) -> None:
     """Add a column of IDs people copy (run ids, VM names): never cut or wrapped; the other columns give way."""
     table.add_column(header, no_wrap=True, min_width=max([len(header), *map(len, ids)]))
+
+
+@dataclass(frozen=True)
+class Col:
+    """A column of `table_of`. `kind`: "id" (ids, names, zones, numbers: never cut or wrapped), "wrap" (wrapped
+    at spaces, no word cut) or "prose" (one line, cut with an ellipsis). `drop` > 0: left out when the terminal is
+    too narrow for every column, the highest first."""
+
+    header: str
+    kind: str = "id"
+    drop: int = 0
+    justify: str = "left"
+
+
+def _cell_len(cell: str) -> int:
+    from rich.text import Text
+
+    return Text.from_markup(cell).cell_len
+
+
+def _least(col: Col, cells: list[str]) -> int:
+    """The narrowest a column may be: its longest cell (id), longest word (wrap), or a few characters (prose)."""
+    if col.kind == "id":
+        return max([len(col.header), *map(_cell_len, cells)])
+    if col.kind == "wrap":
+        words = [w for c in cells for w in _plain(c).split()]
+        return max([len(w) for w in [*col.header.split(), *words]] or [1])
+    return min(max([len(col.header), 8]), max([len(col.header), *map(_cell_len, cells)]))
+
+
+def _plain(cell: str) -> str:
+    from rich.text import Text
+
+    return Text.from_markup(cell).plain
+
+
+def table_width(cols: list[Col], rows: list[list[str]]) -> int:
+    """The narrowest the table of these columns can be with nothing cut (the default box: a border before each
+    column and after the last, padding 1+1)."""
+    return sum(_least(c, [r[i] for r in rows]) + 3 for i, c in enumerate(cols)) + 1
+
+
+def table_of(cols: list[Col], rows: list[list[str]], width: int, **kw: Any) -> Any:
+    """A rich Table that fits `width` with every id whole: columns with `drop` go first (the caption names
+    them: --json has every field), prose is cut with an ellipsis, wrapped columns wrap between words."""
+    from rich.table import Table
+
+    keep = list(range(len(cols)))
+
+    def need(ix: list[int]) -> int:
+        return table_width([cols[i] for i in ix], [[r[i] for i in ix] for r in rows])
+
+    for i in sorted((i for i in keep if cols[i].drop), key=lambda i: -cols[i].drop):
+        if need(keep) <= width:
+            break
+        keep.remove(i)
+    left_out = [cols[i].header for i in range(len(cols)) if i not in keep]
+    if left_out:
+        kw["caption"] = f"left out at {width} columns: {', '.join(left_out)} (--json has every field)"
+        kw.setdefault("caption_justify", "left")
+    # Every column's width decided here (rich would squeeze one wrapped column and then overflow the others):
+    # ids at their longest cell, then the room left goes to wrapped columns, then to prose, up to their longest.
+    widths = {i: _least(cols[i], [r[i] for r in rows]) for i in keep}
+    spare = width - need(keep)
+    for kind in ("wrap", "prose"):
+        for i in (i for i in keep if cols[i].kind == kind):
+            natural = max([len(cols[i].header), *(_cell_len(r[i]) for r in rows)])
+            more = max(min(natural - widths[i], spare), 0)
+            widths[i] += more
+            spare -= more
+    table = Table(**kw)
+    for i in keep:
+        c = cols[i]
+        table.add_column(
+            c.header,
+            width=widths[i],
+            no_wrap=c.kind != "wrap",
+            overflow="fold" if c.kind == "wrap" else "ellipsis",
+            justify=c.justify,  # type: ignore[arg-type]
+        )
+    for r in rows:
+        table.add_row(*(r[i] for i in keep))
+    return table
 
 
 def line(worker: int, text: str) -> None:

@@ -86,12 +86,16 @@ def add_fixes(health: list[WorkerHealth], target: str) -> None:
     for h in health:
         h.fixes = []
         if not h.connected:
-            h.fixes.append(f"w{h.worker} not reached: fix what the error says, then `tpuops doctor {target}` again")
+            h.fixes.append(
+                f"w{h.worker} not reached: fix what the error says, then `tpuops doctor {target}` again"
+            )
             continue
         stale = sorted(k for k, s in h.env_keys.items() if s in ("missing", "differs"))
         if stale:
             keys = ", ".join(stale)
-            h.fixes.append(f"w{h.worker} .env lacks or differs in {keys}: `tpuops sop run sync {target}` sends yours")
+            h.fixes.append(
+                f"w{h.worker} .env lacks or differs in {keys}: `tpuops sop run sync {target}` sends yours"
+            )
         unreadable = sorted(k for k, s in h.env_keys.items() if s == "unreadable")
         if unreadable:
             h.fixes.append(f"w{h.worker} .env has an unreadable line for {', '.join(unreadable)}: rewrite it as "

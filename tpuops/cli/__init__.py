@@ -44,7 +44,11 @@ def checkout_commit(root: Path) -> str | None:
         gitdir = root / ".git"
         if gitdir.is_file():  # a worktree: `gitdir: PATH`
             gitdir = (root / gitdir.read_text().split(":", 1)[1].strip()).resolve()
-        common = gitdir / (gitdir / "commondir").read_text().strip() if (gitdir / "commondir").is_file() else gitdir
+        common = (
+            gitdir / (gitdir / "commondir").read_text().strip()
+            if (gitdir / "commondir").is_file()
+            else gitdir
+        )
         head = (gitdir / "HEAD").read_text().strip()
         if not head.startswith("ref: "):
             return head if len(head) == 40 else None

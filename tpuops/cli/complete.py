@@ -37,7 +37,9 @@ def remember_vms(vms: Iterable[VmInfo], zones: Iterable[str] = (), *, forget: It
     gone = set(forget)
     try:
         old = _read()
-        kept = {n: v for n, v in old.get("vms", {}).items() if v.get("zone") not in searched and n not in gone}
+        kept = {
+            n: v for n, v in old.get("vms", {}).items() if v.get("zone") not in searched and n not in gone
+        }
         kept.update({v.name: {"zone": v.zone, "accelerator": v.accelerator_type} for v in listed})
         data = {"saved": time.time(), "vms": kept, "zones": sorted(set(old.get("zones", [])) | searched)}
         write_atomic(cache_file(), json.dumps(data, indent=1, sort_keys=True))
@@ -64,7 +66,8 @@ def vm_names(incomplete: str) -> list[Item]:
     """The VMs of the last `vm list` (and those `vm create` made since), with their zone and type."""
     vms: dict[str, dict[str, str]] = _read().get("vms", {})
     return _matching(
-        ((n, f"{v.get('accelerator', '')} in {v.get('zone', '')}") for n, v in sorted(vms.items())), incomplete
+        ((n, f"{v.get('accelerator', '')} in {v.get('zone', '')}") for n, v in sorted(vms.items())),
+        incomplete,
     )
 
 
@@ -106,7 +109,7 @@ def sop_names(incomplete: str) -> list[Item]:
     names: dict[str, str] = {}
     try:
         dirs = loader.search_dirs(Path.cwd())
-    except Exception:  # noqa: BLE001 - a broken tpuops.toml must not break TAB: the built-ins still complete
+    except Exception:  # a broken tpuops.toml must not break TAB: the built-ins still complete
         dirs = [loader.sops_dir()]
     for d in dirs:
         for f in sorted(d.glob("*.yaml")) if d.is_dir() else []:

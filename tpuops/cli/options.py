@@ -48,7 +48,8 @@ ZoneOpt = Annotated[
     ),
 ]
 VmNameArg = Annotated[
-    str, typer.Argument(help="TPU VM name.", callback=_checked("vm", "NAME"), autocompletion=complete.vm_names)
+    str,
+    typer.Argument(help="TPU VM name.", callback=_checked("vm", "NAME"), autocompletion=complete.vm_names),
 ]
 ProjectOpt = Annotated[
     str | None,

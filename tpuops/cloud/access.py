@@ -107,7 +107,9 @@ def authorize(
         return Authorized("oslogin", posix, pushed=False)
     user = user or default_user()
     if has_key(project_md.get(SSH_KEYS, ""), user, identity):
-        notify(Routine(f"{vm.name}: metadata keys: {user}'s key is in the project's ssh-keys; nothing to add"))
+        notify(
+            Routine(f"{vm.name}: metadata keys: {user}'s key is in the project's ssh-keys; nothing to add")
+        )
         return Authorized("metadata", user, pushed=False)
     existing = vm.metadata.get(SSH_KEYS, "")
     if has_key(existing, user, identity):

@@ -67,7 +67,11 @@ def target_words(spec: TargetSpec) -> str:
         words += ["--project", spec.project] if spec.project else []
     elif spec.hosts:
         keys = [*spec.hostkey, *[""] * len(spec.hosts)]
-        words = [w for h, k in zip(spec.hosts, keys, strict=False) for w in ("--host", h, *(("--hostkey", k) if k else ()))]
+        words = [
+            w
+            for h, k in zip(spec.hosts, keys, strict=False)
+            for w in ("--host", h, *(("--hostkey", k) if k else ()))
+        ]
     else:
         return "--local"
     return shlex.join(words + (["--identity", spec.identity] if spec.identity else []))

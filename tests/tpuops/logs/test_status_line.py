@@ -10,7 +10,9 @@ from rich.console import Console
 from tpuops import console
 from tpuops.logs.progress import Progress, fit_line
 
-STEP = "step={i} reward_mean=0.{i} entropy=1.2000 dt={dt:.2f}s kl_old=0.0001 grad_norm=0.5 tokens_per_s=1500.0"
+STEP = (
+    "step={i} reward_mean=0.{i} entropy=1.2000 dt={dt:.2f}s kl_old=0.0001 grad_norm=0.5 tokens_per_s=1500.0"
+)
 CONFIG = "config: task=arith steps=20 max_reward=1 file=/runs/x/config.json"
 
 
@@ -79,6 +81,8 @@ def test_after_attach_the_total_eta_and_elapsed_since_the_start_are_kept() -> No
 
 def test_the_summary_line_shows_numbers_rounded_for_people() -> None:
     p = Progress()
-    shown = p.line(0, 'summary: {"steps":20,"dt_p50":0.21500000000000002,"loss_last":-1.25e-05,"params":{"a":1}}')
+    shown = p.line(
+        0, 'summary: {"steps":20,"dt_p50":0.21500000000000002,"loss_last":-1.25e-05,"params":{"a":1}}'
+    )
     assert shown == "summary: steps=20 dt_p50=0.215 loss_last=-1.25e-05"
     assert p.line(0, "summary: not json") == "summary: not json"
