@@ -185,15 +185,18 @@ class FitProgress:
         elif text.startswith("trying "):
             self.trying = text.removeprefix("trying ")
 
-    def status(self) -> str:
-        t = self.clock()
+    def status(self, now: float | None = None, width: int | None = None) -> str:
+        t = self.clock() if now is None else now
         doing = (
             f"compiling {self.now} for the TPU {t - self.since:.0f}s"
             if self.now
             else "tracing the step's programs"
         ) + (f" (trying --set {self.trying})" if self.trying else "")
         done = f" · compiled: {', '.join(self.done)}" if self.done else ""
-        return f"fit {self.config}: {doing} · elapsed {t - self.started:.0f}s{done}"
+        line = f"fit {self.config}: {doing} · elapsed {t - self.started:.0f}s{done}"
+        return (
+            line if width is None or len(line) <= width else line[: width - 1] + "…"
+        )  # what compiled: cut last
 
     def line(self, worker: int, text: str) -> str:
         return text

@@ -36,8 +36,8 @@ def _version(value: bool) -> None:
 
 def checkout_commit(root: Path) -> str | None:
     """The commit checked out at `root` when tpuops runs from a git checkout (an editable install), read from
-    the files git keeps (a worktree's `.git` file, its `commondir`, loose or packed refs); None for an install
-    from a wheel or anything unreadable. No git process: `--version` stays instant."""
+    the files git keeps (a worktree's `.git` file, its `commondir`, loose or packed refs); None for a wheel's
+    install or anything unreadable. No git process: `--version` stays instant."""
     try:
         if not (root / "pyproject.toml").is_file() or not (root / "tpuops").is_dir():
             return None

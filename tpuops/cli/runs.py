@@ -254,24 +254,21 @@ def top(
 ) -> None:
     """Show each worker's chips at its latest step: HBM in use per chip (min-max, peak, limit) and duty cycle,
     asked of every worker of a multi-host run at once; again every --interval seconds until the job ends
-    (Ctrl-C to leave). On a CPU backend the memory fields are absent, and the command says so.
+    (`q` or Ctrl-C to leave; `q` exits 0). On a CPU backend the memory fields are absent, and the command says so.
 
     \b
     Examples:
       tpuops top 20260101-120000-grpo-ab12
       tpuops top 20260101-120000-grpo-ab12 --once --json
     """
-    import time
-
     from tpuops.run import report
     from tpuops.run import top as library
 
     while True:
         snap = library.snapshot(run_id)
         report.top_table(snap, json)
-        if once or json or not snap.running:
+        if once or json or not snap.running or library.quit_pressed(interval):
             return
-        time.sleep(interval)
 
 
 @o.wired

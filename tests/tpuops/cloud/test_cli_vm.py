@@ -183,6 +183,9 @@ def test_serve_prints_the_export_line_applies_faults_and_stops_cleanly(tmp_path:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+    (stopping,) = [ln for ln in proc.stderr.read().splitlines() if "stopping:" in ln]  # type: ignore[union-attr]
+    assert stopping.startswith("tpuops: stopping: the API server, 1 VM and their sshd workers, ")
+    assert stopping.endswith(f"(state kept in {state})")
     sshd_pids = list(state.glob("nodes/*/w*/sshd.pid"))
     assert sshd_pids, "the VM had an sshd"
     for pidfile in sshd_pids:
