@@ -146,11 +146,13 @@ class Progress:
         return "step".rjust(width) + "".join(f"  {h:>{w}}" for h, _, w in map(column, self.shown))
 
     def _step_cell(self, step: int) -> str:
-        """`N/total` with N counted from 1 (the log's step=0 is row 1), as the status line counts: one numbering."""
-        total = self.total if self.total is not None else 0
+        """`N/total` with N counted from 1 (the trainer's step=0 is 1/20), as the status line counts: one numbering.
+        Without a total (a program of the user's), the log's own step number, in both."""
+        if not self.total:
+            return str(step)
         done = step + 1
-        digits = max(len(str(total)), len(str(done)))
-        return f"{done:>{digits}}/{total}" if self.total else f"{done:>{digits}}"
+        digits = max(len(str(self.total)), len(str(done)))
+        return f"{done:>{digits}}/{self.total}"
 
     def row(self, row: StepRow) -> str:
         cells = []
@@ -173,7 +175,7 @@ class Progress:
             parts = [self._doing(now), f"elapsed {_clock(now - self.started)}"]
             if self.step is not None:
                 done = self.step + 1
-                parts.insert(1, f"step {done}/{self.total}" if self.total else f"step {done}")
+                parts.insert(1, f"step {done}/{self.total}" if self.total else f"step {self.step}")
                 rate = self.steady_s_per_step()
                 if rate is not None:
                     parts.append(f"{rate:.2f} s/step")
