@@ -6,6 +6,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rich.console import Console
@@ -15,6 +16,14 @@ from tpuops.sop.status import Status
 out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
 err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
 _JSON = {"on": False}  # the running command's --json
+_VERBOSE = {"on": False}  # -v/--verbose: routine confirmations are shown too
+
+
+class Routine(str):
+    """A note that confirms what was already so (a key already present): shown only with -v/--verbose. A str, so
+    every `notify` callable takes it and a test that collects notes still sees it."""
+
+    __slots__ = ()
 
 
 # Control characters a worker's output may hold: C0 but tab and newline, DEL, C1 (0x9b is a one-byte CSI), and the
@@ -77,6 +86,89 @@ def id_column(table: Any, header: str, ids: list[str]) -> None:
     table.add_column(header, no_wrap=True, min_width=max([len(header), *map(len, ids)]))
 
 
+@dataclass(frozen=True)
+class Col:
+    """A column of `table_of`. `kind`: "id" (ids, names, zones, numbers: never cut or wrapped), "wrap" (wrapped
+    at spaces, no word cut) or "prose" (one line, cut with an ellipsis). `drop` > 0: left out when the terminal is
+    too narrow for every column, the highest first."""
+
+    header: str
+    kind: str = "id"
+    drop: int = 0
+    justify: str = "left"
+
+
+def _cell_len(cell: str) -> int:
+    from rich.text import Text
+
+    return Text.from_markup(cell).cell_len
+
+
+def _least(col: Col, cells: list[str]) -> int:
+    """The narrowest a column may be: its longest cell (id), longest word (wrap), or a few characters (prose)."""
+    if col.kind == "id":
+        return max([len(col.header), *map(_cell_len, cells)])
+    if col.kind == "wrap":
+        words = [w for c in cells for w in _plain(c).split()]
+        return max([len(w) for w in [*col.header.split(), *words]] or [1])
+    return min(max([len(col.header), 8]), max([len(col.header), *map(_cell_len, cells)]))
+
+
+def _plain(cell: str) -> str:
+    from rich.text import Text
+
+    return Text.from_markup(cell).plain
+
+
+def table_width(cols: list[Col], rows: list[list[str]]) -> int:
+    """The narrowest the table of these columns can be with nothing cut (the default box: a border before each
+    column and after the last, padding 1+1)."""
+    return sum(_least(c, [r[i] for r in rows]) + 3 for i, c in enumerate(cols)) + 1
+
+
+def table_of(cols: list[Col], rows: list[list[str]], width: int, **kw: Any) -> Any:
+    """A rich Table that fits `width` with every id whole: columns with `drop` go first (the caption names
+    them: --json has every field), prose is cut with an ellipsis, wrapped columns wrap between words."""
+    from rich.table import Table
+
+    keep = list(range(len(cols)))
+
+    def need(ix: list[int]) -> int:
+        return table_width([cols[i] for i in ix], [[r[i] for i in ix] for r in rows])
+
+    for i in sorted((i for i in keep if cols[i].drop), key=lambda i: -cols[i].drop):
+        if need(keep) <= width:
+            break
+        keep.remove(i)
+    left_out = [cols[i].header for i in range(len(cols)) if i not in keep]
+    if left_out:
+        kw["caption"] = f"left out at {width} columns: {', '.join(left_out)} (--json has every field)"
+        kw.setdefault("caption_justify", "left")
+    # Every column's width decided here (rich would squeeze one wrapped column and then overflow the others):
+    # ids at their longest cell, then the room left goes to wrapped columns, then to prose, up to their longest.
+    widths = {i: _least(cols[i], [r[i] for r in rows]) for i in keep}
+    spare = width - need(keep)
+    for kind in ("wrap", "prose"):
+        for i in (i for i in keep if cols[i].kind == kind):
+            natural = max([len(cols[i].header), *(_cell_len(r[i]) for r in rows)])
+            more = max(min(natural - widths[i], spare), 0)
+            widths[i] += more
+            spare -= more
+    table = Table(**kw)
+    for i in keep:
+        c = cols[i]
+        table.add_column(
+            c.header,
+            width=widths[i],
+            no_wrap=c.kind != "wrap",
+            overflow="fold" if c.kind == "wrap" else "ellipsis",
+            justify=c.justify,  # type: ignore[arg-type]
+        )
+    for r in rows:
+        table.add_row(*(r[i] for i in keep))
+    return table
+
+
 def line(worker: int, text: str) -> None:
     """One live log line, prefixed with its worker (cyan on a colour terminal), control characters inert.
 
@@ -115,7 +207,7 @@ def log_sink(*, prefix: bool) -> Callable[[int, str], None]:
 class Watched(Protocol):
     """What the live view shows (tpuops.logs.progress.Progress): the status line and the lines above it."""
 
-    def status(self) -> str: ...
+    def status(self, now: float | None = None, width: int | None = None) -> str: ...
 
     def line(self, worker: int, text: str) -> str: ...
 
@@ -144,6 +236,7 @@ class Live:
         self.watched = watched
         self.phase = watched.phase if watched is not None else None
         self._live: Any = None
+        self._spinner: Any = None
 
     def line(self, worker: int, text: str) -> None:
         shown = self.watched.line(worker, text) if self.watched is not None else text
@@ -151,11 +244,18 @@ class Live:
             line(worker, piece)
 
     def _status(self) -> Any:
+        """The one spinner, its text renewed: a new Spinner at every refresh would start at its first frame
+        each time and never turn. The text fits the terminal's width less the spinner's 2 columns."""
         from rich.spinner import Spinner
         from rich.text import Text
 
         assert self.watched is not None
-        return Spinner("dots", Text(self.watched.status(), style="bold cyan"), style="cyan")
+        text = Text(self.watched.status(width=max(err.width - 2, 20)), style="bold cyan", no_wrap=True)
+        if self._spinner is None:
+            self._spinner = Spinner("dots", text, style="cyan")
+        else:
+            self._spinner.update(text=text)
+        return self._spinner
 
     def __enter__(self) -> Live:
         if self.watched is not None and err.is_terminal:
@@ -179,9 +279,26 @@ def event(text: str) -> None:
     err.print(f"[bold magenta]tpuops[/]: {escape(text)}")
 
 
+def verbose(on: bool) -> None:
+    """-v/--verbose: routine confirmations (`Routine` notes) are shown too."""
+    _VERBOSE["on"] = on
+
+
+def is_verbose() -> bool:
+    return _VERBOSE["on"]
+
+
 def note(message: str) -> None:
-    """A progress line from the cloud layer (retries, state changes, skipped zones)."""
+    """A progress line from the cloud layer (retries, state changes, skipped zones); a `Routine` one only with
+    -v/--verbose."""
+    if isinstance(message, Routine) and not _VERBOSE["on"]:
+        return
     err.print(f"[dim]tpu-api[/dim] {escape(message)}")
+
+
+def say(message: str) -> None:
+    """A progress line from tpuops' own checks; the message names its subject itself (`fit: ...`, `cost: ...`)."""
+    err.print(escape(message))
 
 
 def json_mode(on: bool) -> None:

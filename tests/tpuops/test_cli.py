@@ -257,6 +257,10 @@ def test_doctor_compares_env_keys_by_hash_and_shows_no_value(
     assert data[0]["env_keys"] == {"HF_TOKEN": "match", "WANDB_API_KEY": "match"}
     assert data[1]["env_keys"] == {"HF_TOKEN": "missing", "WANDB_API_KEY": "differs"}
     assert all(h["connected"] for h in data)
+    assert data[0]["fixes"] == [] and data[1]["fixes"] == [
+        "w1 .env lacks or differs in HF_TOKEN, WANDB_API_KEY: `tpuops sop run sync "
+        f"{' '.join(sshd_pool.host_args(workers))}` sends yours"
+    ]
     for text in (r.stdout, r.stderr):
         assert secret not in text and other not in text and "hf-abcdef" not in text
 
@@ -277,6 +281,7 @@ def test_doctor_looks_where_the_run_keeps_things_repo_dir_and_lockfile_from_tpuo
     assert r.returncode == 0, r.stderr
     (health,) = json.loads(r.stdout)
     assert health["env_keys"] == {"WANDB_API_KEY": "match"} and health["lock"] == "present"
+    assert len(health["fixes"]) == 1 and "`tpuops sop run lockfile --host " in health["fixes"][0]
     # --set wins over the file, as it does for a run
     r = tpuops("doctor", *sshd_pool.host_args([w]), "--json", "--set", "lockfile=~/nolock", cwd=tmp_path)
     assert json.loads(r.stdout)[0]["lock"] == "absent"

@@ -15,6 +15,8 @@ import pytest
 
 from tpuops.errors import ExitCode
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 def tpuops(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -25,7 +27,11 @@ def tpuops(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str
 
 def test_version_and_short_help(tmp_path: Path) -> None:
     r = tpuops("--version", cwd=tmp_path)
-    assert r.returncode == 0 and r.stdout.strip() == f"tpuops {version('tpuops')}"
+    # Run from this git checkout: the version with the commit checked out (as `git rev-parse --short=7 HEAD`).
+    head = subprocess.run(
+        ["git", "rev-parse", "--short=7", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert r.returncode == 0 and r.stdout.strip() == f"tpuops {version('tpuops')}+g{head}"
     assert tpuops("-V", cwd=tmp_path).stdout == r.stdout
     short, long = tpuops("vm", "list", "-h", cwd=tmp_path), tpuops("vm", "list", "--help", cwd=tmp_path)
     assert short.returncode == 0 and short.stdout == long.stdout and "vm list [OPTIONS]" in short.stdout

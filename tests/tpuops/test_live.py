@@ -65,7 +65,7 @@ def test_status_says_phase_step_elapsed_rate_eta_and_reward_trend() -> None:
     shown = p.line(0, STEP.format(i=0, r=0.0, dt=11.0))
     header, row = shown.split("\n")
     assert header.split() == ["step", "reward", "Δ", "entropy", "dt", "kl_old", "clip", "grad", "tok/s"]
-    assert row.split()[:5] == ["0/20", "0.0000", "+0.100", "1.200", "11.00s"] and len(row) < 80
+    assert row.split()[:5] == ["1/20", "0.0000", "+0.100", "1.200", "11.00s"] and len(row) < 80
     for i in range(1, 8):
         assert "\n" not in p.line(0, STEP.format(i=i, r=0.1 * i, dt=0.5 if i % 2 else 0.7))
     assert p.status(now=t0 + 20) == (
@@ -76,7 +76,7 @@ def test_status_says_phase_step_elapsed_rate_eta_and_reward_trend() -> None:
     p.line(0, "config: task=arith steps=5 max_reward=1")
     p.waiting_since = t0 + 30
     assert p.status(now=t0 + 33).startswith("compiling (first step) 3s (w0-w1) · elapsed 00:33")
-    assert p.line(0, STEP.format(i=0, r=0.0, dt=3.0)).split("\n")[1].split()[0] == "0/5"  # the header again
+    assert p.line(0, STEP.format(i=0, r=0.0, dt=3.0)).split("\n")[1].split()[0] == "1/5"  # the header again
 
 
 def _run_in_a_terminal(argv: list[str], cwd: Path, env: dict[str, str], timeout: float = 120) -> str:
@@ -122,7 +122,7 @@ def test_a_run_at_a_terminal_shows_the_status_line_and_compact_rows(tmp_path: Pa
     # Polled every 0.5 s and redrawn 4 times a second: some step's status is seen, whichever a busy machine shows.
     assert re.search(r"stepping · step [2-5]/6 · elapsed 00:\d\d · [\d.]+ s/step · ETA 00:0\d", seen), seen
     assert "reward 0.00 → " in seen
-    assert "[w0] step  reward" in seen and "[w0] 5/6  0.5000  +0.100" in seen  # compact rows
+    assert "[w0] step  reward" in seen and "[w0] 6/6  0.5000  +0.100" in seen  # compact rows
     assert "step=3 reward_mean" not in seen  # the full line stays in the log
     ci = _run_in_a_terminal(argv, tmp_path, _env(CI="true"))  # CI logs: full lines, no status line
     assert "elapsed" not in ci and "[w0] step=3 reward_mean=0.3" in ci
@@ -142,7 +142,7 @@ def test_through_a_pipe_or_with_json_the_lines_stay_whole(tmp_path: Path) -> Non
     piped = run()
     assert "[w0] step=5 reward_mean=0.5" in piped.stderr and "elapsed" not in piped.stderr
     forced = run(TPUOPS_LIVE="1")  # compact rows through a pipe; a status line needs a terminal
-    assert "[w0] 5/6  0.5000" in forced.stderr and "elapsed" not in forced.stderr
+    assert "[w0] 6/6  0.5000" in forced.stderr and "elapsed" not in forced.stderr
     as_json = run("--json", TPUOPS_LIVE="1")
     assert "[w0] step=5 reward_mean=0.5" in as_json.stderr and as_json.stdout.lstrip().startswith("{")
 

@@ -22,6 +22,7 @@ class WorkerHealth:
     env_keys: dict[str, str] = field(default_factory=dict)  # key -> match|differs|missing|extra|unreadable
     env_hashes: dict[str, str] = field(default_factory=dict)  # key -> short sha256 of the worker's value
     lock: str = ""
+    fixes: list[str] = field(default_factory=list)  # one line per problem: what to run (add_fixes)
 
 
 def local_env(env_file: Path) -> dict[str, str]:
@@ -76,3 +77,29 @@ def exit_code(health: list[WorkerHealth]) -> int:
         for h in health
     )
     return int(ExitCode.FAILED if bad else ExitCode.OK)
+
+
+def add_fixes(health: list[WorkerHealth], target: str) -> None:
+    """Each problem's fix, as the command to run (`target`: the words that name the target, `--vm NAME`):
+    a worker not reached, .env keys missing or different (the sync SOP sends the local .env), a line the
+    worker's .env cannot be read at, a TPU lock left behind."""
+    for h in health:
+        h.fixes = []
+        if not h.connected:
+            h.fixes.append(
+                f"w{h.worker} not reached: fix what the error says, then `tpuops doctor {target}` again"
+            )
+            continue
+        stale = sorted(k for k, s in h.env_keys.items() if s in ("missing", "differs"))
+        if stale:
+            keys = ", ".join(stale)
+            h.fixes.append(
+                f"w{h.worker} .env lacks or differs in {keys}: `tpuops sop run sync {target}` sends yours"
+            )
+        unreadable = sorted(k for k, s in h.env_keys.items() if s == "unreadable")
+        if unreadable:
+            h.fixes.append(f"w{h.worker} .env has an unreadable line for {', '.join(unreadable)}: rewrite it as "
+                           f"KEY=VALUE there, or send yours with `tpuops sop run sync {target}`")  # fmt: skip
+        if h.lock == "present":
+            h.fixes.append(f"w{h.worker} TPU lock file present: `tpuops sop run lockfile {target}` shows who holds "
+                           "it and clears it (--force stops the holders)")  # fmt: skip

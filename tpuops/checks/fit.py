@@ -104,7 +104,7 @@ def check(
     entry = state_home() / "fit" / f"{cache_key(config, sets, target, cwd)}.json"
     if use_cache and entry.is_file():
         try:
-            return {**json.loads(entry.read_text()), "cached": True}
+            return {**json.loads(entry.read_text()), "cached": True, "cached_at": entry.stat().st_mtime}
         except (OSError, ValueError):
             pass  # a damaged entry is recomputed
     argv = [sys.executable, "-m", "trainer.fit", "--config", config, "--json"]
@@ -185,15 +185,18 @@ class FitProgress:
         elif text.startswith("trying "):
             self.trying = text.removeprefix("trying ")
 
-    def status(self) -> str:
-        t = self.clock()
+    def status(self, now: float | None = None, width: int | None = None) -> str:
+        t = self.clock() if now is None else now
         doing = (
             f"compiling {self.now} for the TPU {t - self.since:.0f}s"
             if self.now
             else "tracing the step's programs"
         ) + (f" (trying --set {self.trying})" if self.trying else "")
         done = f" · compiled: {', '.join(self.done)}" if self.done else ""
-        return f"fit {self.config}: {doing} · elapsed {t - self.started:.0f}s{done}"
+        line = f"fit {self.config}: {doing} · elapsed {t - self.started:.0f}s{done}"
+        return (
+            line if width is None or len(line) <= width else line[: width - 1] + "…"
+        )  # what compiled: cut last
 
     def line(self, worker: int, text: str) -> str:
         return text
@@ -224,6 +227,19 @@ def summary(result: dict[str, Any]) -> str:
         f"{line}: lower train.micro_batch, set train.remat=full, or pick a larger TPU (tpuops fit --accelerator)"
         f"{skipped}"
     )
+
+
+def cached_words(result: dict[str, Any], accelerator: str | None) -> str:
+    """After the verdict line: where it came from when no compile ran (the cache is per config, overrides, TPU
+    type and trainer source), and how to compile again; '' for a fresh verdict."""
+    if not result.get("cached"):
+        return ""
+    import time
+
+    when = result.get("cached_at")
+    at = f", compiled {time.strftime('%Y-%m-%d %H:%M', time.localtime(when))}" if when else ""
+    return (f" (cached verdict for this config and {accelerator or result.get('accelerator', 'this TPU')}{at}; "
+            "`tpuops fit --no-cache` compiles again)")  # fmt: skip
 
 
 def step_seconds(result: dict[str, Any]) -> tuple[float, str]:

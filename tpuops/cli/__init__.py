@@ -29,14 +29,53 @@ def _version(value: bool) -> None:
     if value:
         from importlib.metadata import version
 
-        typer.echo(f"tpuops {version('tpuops')}")
+        commit = checkout_commit(Path(__file__).resolve().parents[2])
+        typer.echo(f"tpuops {version('tpuops')}{f'+g{commit[:7]}' if commit else ''}")
         raise typer.Exit(0)
+
+
+def checkout_commit(root: Path) -> str | None:
+    """The commit checked out at `root` when tpuops runs from a git checkout (an editable install), read from
+    the files git keeps (a worktree's `.git` file, its `commondir`, loose or packed refs); None for a wheel's
+    install or anything unreadable. No git process: `--version` stays instant."""
+    try:
+        if not (root / "pyproject.toml").is_file() or not (root / "tpuops").is_dir():
+            return None
+        gitdir = root / ".git"
+        if gitdir.is_file():  # a worktree: `gitdir: PATH`
+            gitdir = (root / gitdir.read_text().split(":", 1)[1].strip()).resolve()
+        common = (
+            gitdir / (gitdir / "commondir").read_text().strip()
+            if (gitdir / "commondir").is_file()
+            else gitdir
+        )
+        head = (gitdir / "HEAD").read_text().strip()
+        if not head.startswith("ref: "):
+            return head if len(head) == 40 else None
+        ref = head.removeprefix("ref: ")
+        for folder in (gitdir, common):
+            if (folder / ref).is_file():
+                return (folder / ref).read_text().strip()
+        packed = common / "packed-refs"
+        for line in packed.read_text().splitlines() if packed.is_file() else []:
+            sha, _, name = line.partition(" ")
+            if name == ref:
+                return sha
+    except (OSError, IndexError):
+        return None
+    return None
 
 
 @app.callback()
 def _root(
     version: bool = typer.Option(
         False, "--version", "-V", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+    verbose: bool = typer.Option(
+        False,
+        "--verbose",
+        "-v",
+        help="Routine confirmations too (e.g. `tpuops -v logs RUN_ID`: a key already in the VM's ssh-keys).",
     ),
     config_file: str | None = typer.Option(
         None,
@@ -47,6 +86,10 @@ def _root(
     ),
 ) -> None:
     """Run TPU-VM procedures (SOPs) on every worker: git-sync, clear the TPU lock, sync .env, run, follow."""
+    if verbose:
+        from tpuops import console
+
+        console.verbose(True)
     if config_file is not None:  # read by tpuops.config.project_file, in this process and the ones it starts
         os.environ["TPUOPS_CONFIG"] = str(Path(config_file).expanduser().absolute())
 
@@ -110,7 +153,9 @@ def main() -> None:
     exits, click_errors, aborts = _click_exceptions()
     try:
         # Without standalone mode click returns a command's typer.Exit code instead of exiting.
-        code = app(standalone_mode=False)
+        # prog_name: usage lines and shell completion (`_TPUOPS_COMPLETE`) name the program as users type it,
+        # however it was started (`python -m tpuops` too).
+        code = app(standalone_mode=False, prog_name="tpuops")
     except TpuopsError as e:
         if os.environ.get("TPUOPS_DEBUG") == "1":
             raise

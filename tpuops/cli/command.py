@@ -89,6 +89,15 @@ class Command(TyperCommand):
             if p.param_type_name == "argument":  # the metavar names it: no `<str>` / `<list[str]>` beside it
                 setattr(p, "display_type_rich", _argument_type(p.nargs))  # noqa: B010 (a method, per instance)
 
+    def get_short_help_str(self, limit: int = 45) -> str:
+        """The line a group's --help lists: `short_help`, else the help's first sentence, whole (click would cut it
+        at the column's width with `...`; the list wraps it instead)."""
+        if self.short_help:
+            return " ".join(self.short_help.split())
+        words = " ".join((self.help or "").split("\n\n")[0].split())
+        end = words.find(". ")
+        return words if end < 0 else words[: end + 1]
+
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         if not any(a in HELP for a in args):
             check_values(self.get_params(ctx), args, ctx)
@@ -125,10 +134,9 @@ class SopCommand(Command):
             (f"{n} {p.type.upper()}", f"{p.description} [default: {p.shown_default}]".strip())
             for n, p in sop.params.items()
         ]
-        with formatter.section(
-            f"Parameters of SOP {sop.name} (--set NAME=VALUE; tpuops sop show {sop.name})"
-        ):
+        with formatter.section(f"Parameters of SOP {sop.name} (--set NAME=VALUE)"):
             formatter.write_dl(rows)
+            formatter.write_text(f"(tpuops sop show {sop.name}: its steps too)")
 
 
 def sop_command(sop: str) -> type[SopCommand]:

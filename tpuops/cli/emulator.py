@@ -42,6 +42,7 @@ def serve(
     """Serve the TPU v2 REST API on loopback until Ctrl-C; prints the `export TPUOPS_TPU_API=...` line."""
     from pathlib import Path
 
+    from tpuops import console
     from tpuops.cloud import tables
     from tpuops.cloud.emulator import control
     from tpuops.config import state_home
@@ -63,6 +64,7 @@ def serve(
         faults=faults,
         verbose=verbose,
         on_ready=ready,
+        on_stop=console.event,
     )
 
 

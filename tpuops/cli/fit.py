@@ -15,15 +15,7 @@ def fit(
         str, typer.Argument(help="Trainer config: a preset name (trainer/configs) or a YAML path.")
     ],
     set_: o.SetOpt = None,
-    accelerator: Annotated[
-        str | None,
-        typer.Option(
-            "--accelerator",
-            "--accelerator-type",
-            metavar="TYPE",
-            help="TPU type, e.g. v6e-8 (default: the config's mesh.accelerator); as in `vm create`.",
-        ),
-    ] = None,
+    accelerator: o.AcceleratorOpt = None,
     topology: Annotated[
         str | None, typer.Option("--topology", help="JAX topology instead, e.g. v6e:2x4.")
     ] = None,

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from tpuops import validators
+from tpuops.cli import complete
 
 if typing.TYPE_CHECKING:
     from tpuops.config import TargetSpec
@@ -33,6 +34,7 @@ VmOpt = Annotated[
         metavar="NAME",
         help="TPU VM name (found through the TPU API).",
         callback=_checked("vm", "--vm"),
+        autocompletion=complete.vm_names,
     ),
 ]
 ZoneOpt = Annotated[
@@ -42,9 +44,13 @@ ZoneOpt = Annotated[
         metavar="ZONE",
         help="Zone of the VM; searched when omitted.",
         callback=_checked("zone", "--zone"),
+        autocompletion=complete.zones,
     ),
 ]
-VmNameArg = Annotated[str, typer.Argument(help="TPU VM name.", callback=_checked("vm", "NAME"))]
+VmNameArg = Annotated[
+    str,
+    typer.Argument(help="TPU VM name.", callback=_checked("vm", "NAME"), autocompletion=complete.vm_names),
+]
 ProjectOpt = Annotated[
     str | None,
     typer.Option(
@@ -121,7 +127,12 @@ DryRunOpt = Annotated[
 ]
 VerboseOpt = Annotated[
     bool,
-    typer.Option("--verbose", help="With --dry-run: every command of the plan in full (the exact shell)."),
+    typer.Option(
+        "--verbose",
+        "-v",
+        help="Routine confirmations too (a key already in the VM's ssh-keys); with --dry-run: every command of "
+        "the plan in full (the exact shell).",
+    ),
 ]
 OfflineOpt = Annotated[
     bool, typer.Option("--offline", help="With --dry-run: the plan only, never connect to a worker.")
@@ -190,6 +201,26 @@ KeyTtlOpt = Annotated[
     str | None,
     typer.Option(
         "--key-ttl", metavar="DURATION", help="OS Login: the imported key expires after this (30m, 12h, 7d)."
+    ),
+]
+AcceleratorOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--accelerator",
+        "--accelerator-type",
+        metavar="TYPE",
+        help="TPU type, e.g. v6e-8 (default: the config's mesh.accelerator); as in `vm create`.",
+        autocompletion=complete.accelerator_types,
+    ),
+]
+RunIdArg = Annotated[
+    str, typer.Argument(help="A run id (tpuops runs).", autocompletion=complete.run_ids, show_default=False)
+]
+SopNameArg = Annotated[
+    str,
+    typer.Argument(
+        help="SOP name (tpuops sop list), e.g. grpo; `tpuops run grpo -h` lists its parameters.",
+        autocompletion=complete.sop_names,
     ),
 ]
 ApiEndpointOpt = Annotated[
@@ -290,6 +321,8 @@ def wired(fn: Callable[..., None]) -> Callable[..., None]:
         from tpuops import console
 
         console.json_mode(bool(kwargs.get("json")))
+        if kwargs.get("verbose"):
+            console.verbose(True)
         for name, group in groups.items():
             kwargs[name] = group(**{f.name: kwargs.pop(f.name) for f in dataclasses.fields(group)})
         fn(**kwargs)

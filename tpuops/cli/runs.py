@@ -13,10 +13,7 @@ from tpuops.cli import options as o
 from tpuops.cli.command import App, SopCommand, sop_command
 from tpuops.cli.state import detach_on_sigint, finish_json, interrupted_line, run_sop
 
-SopNameArg = Annotated[
-    str,
-    typer.Argument(help="SOP name (tpuops sop list), e.g. grpo; `tpuops run grpo -h` lists its parameters."),
-]
+SopNameArg = o.SopNameArg
 LossArg = Annotated[str, typer.Argument(help="Which loss: grpo or ce.")]
 ImplOpt = Annotated[
     list[str] | None,
@@ -148,7 +145,7 @@ def register(app: typer.Typer) -> None:
     add("doctor", doctor, "Check every worker: connection, .env keys, TPU lock.")
 
 
-RunIdArg = Annotated[str, typer.Argument(help="A run id (tpuops runs).")]
+RunIdArg = o.RunIdArg
 
 
 @o.wired
@@ -185,21 +182,21 @@ def attach(
     from tpuops import console
     from tpuops.logs.progress import Progress
     from tpuops.run import detached as library
-    from tpuops.run import logreport
+    from tpuops.run import logreport, store
 
     finish_json(json)
     console.raw_output(raw)
     detach = threading.Event()  # the first Ctrl-C: stop following, the job goes on
-    with (
-        detach_on_sigint(detach),
-        console.Live(Progress.following() if console.live_wanted(json) else None) as live,
-    ):
+    # The status line as the run's own had it: elapsed from the run's start, total and ETA from the lines before.
+    view = Progress.following(store.load(run_id).started) if console.live_wanted(json) else None
+    with detach_on_sigint(detach), console.Live(view) as live:
         attached = library.attach(
             run_id,
             on_line=live.line,
             stream="all" if all_workers else "first",
             from_start=from_start,
             detach=detach,
+            on_past=view.past if view is not None else None,
         )
     if attached.detached:
         console.event(interrupted_line(attached.run_id, "detached"))
@@ -257,24 +254,21 @@ def top(
 ) -> None:
     """Show each worker's chips at its latest step: HBM in use per chip (min-max, peak, limit) and duty cycle,
     asked of every worker of a multi-host run at once; again every --interval seconds until the job ends
-    (Ctrl-C to leave). On a CPU backend the memory fields are absent, and the command says so.
+    (`q` or Ctrl-C to leave; `q` exits 0). On a CPU backend the memory fields are absent, and the command says so.
 
     \b
     Examples:
       tpuops top 20260101-120000-grpo-ab12
       tpuops top 20260101-120000-grpo-ab12 --once --json
     """
-    import time
-
     from tpuops.run import report
     from tpuops.run import top as library
 
     while True:
         snap = library.snapshot(run_id)
         report.top_table(snap, json)
-        if once or json or not snap.running:
+        if once or json or not snap.running or library.quit_pressed(interval):
             return
-        time.sleep(interval)
 
 
 @o.wired

@@ -29,7 +29,7 @@ def list_(json: o.JsonOpt = False) -> None:
 
 @app.command("show")
 @o.wired
-def show(name: str, json: o.JsonOpt = False) -> None:
+def show(name: o.SopNameArg, json: o.JsonOpt = False) -> None:
     """Show a SOP's parameters and steps."""
     from tpuops.run import report
     from tpuops.sop import loader

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from tpuops.cli import complete
 from tpuops.cli import options as o
 from tpuops.cli.command import App
 
@@ -15,7 +16,8 @@ app = App(
 )
 
 ZonesOpt = Annotated[
-    list[str] | None, typer.Option("--zone", help="Zone (repeatable); all zones when omitted.")
+    list[str] | None,
+    typer.Option("--zone", help="Zone (repeatable); all zones when omitted.", autocompletion=complete.zones),
 ]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", min=1, help="Seconds before the wait gives up.")]
 
@@ -39,6 +41,7 @@ def list_(
     from tpuops.cloud import tables, vms
 
     found, zones = vms.list_(_target(project, api_endpoint), zone or [], console.note)
+    complete.remember_vms(found, zones)  # the names TAB offers (never an API call on TAB)
     tables.vm_list(found, zones, json)
 
 
@@ -72,6 +75,7 @@ def create(
             "--type",
             metavar="TYPE",
             help="Accelerator type: v4-8, v5litepod-16, v6e-8, tpu7x-8, tpu7x-16, ... (--type: the older name).",
+            autocompletion=complete.accelerator_types,
         ),
     ],
     runtime_version: Annotated[
@@ -145,6 +149,7 @@ def create(
         image=image,
         slices=slices,
     )
+    complete.remember_vms([vm])
     tables.vm_describe(vm, json, verb="created")
 
 
@@ -170,6 +175,7 @@ def delete(
             raise UsageError(f"deleting {name} needs confirmation", hint="pass --yes")
         typer.confirm(f"delete TPU VM {name}?", abort=True)
     vm = vms.delete(_target(project, api_endpoint, zone), name, timeout, console.note)
+    complete.remember_vms([], forget=[vm.name])
     tables.vm_deleted(vm.name, vm.zone, json)
 
 

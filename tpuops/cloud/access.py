@@ -10,6 +10,7 @@ from tpuops.cloud.client import Api, Notify
 from tpuops.cloud.keys import Identity, default_user
 from tpuops.cloud.tpu_api import VmInfo
 from tpuops.cloud.vm_state import update_metadata
+from tpuops.console import Routine  # confirmations that change nothing: shown only with -v
 from tpuops.errors import ConnectError, PermissionDeniedError
 
 SSH_KEYS = "ssh-keys"
@@ -106,11 +107,13 @@ def authorize(
         return Authorized("oslogin", posix, pushed=False)
     user = user or default_user()
     if has_key(project_md.get(SSH_KEYS, ""), user, identity):
-        notify(f"{vm.name}: metadata keys: {user}'s key is in the project's ssh-keys; nothing to add")
+        notify(
+            Routine(f"{vm.name}: metadata keys: {user}'s key is in the project's ssh-keys; nothing to add")
+        )
         return Authorized("metadata", user, pushed=False)
     existing = vm.metadata.get(SSH_KEYS, "")
     if has_key(existing, user, identity):
-        notify(f"{vm.name}: metadata keys: {user}'s key is in the VM's ssh-keys; nothing to add")
+        notify(Routine(f"{vm.name}: metadata keys: {user}'s key is in the VM's ssh-keys; nothing to add"))
         return Authorized("metadata", user, pushed=False)
     if not key_push:
         raise ConnectError(

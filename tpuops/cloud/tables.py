@@ -6,22 +6,26 @@ from typing import Any
 
 from rich.table import Table
 
-from tpuops.console import emit_json, err, escape, id_column, out
+from tpuops.console import Col, emit_json, err, escape, out, table_of
 
 
 def vm_list(vms: list[Any], zones: list[str], as_json: bool) -> None:
     if as_json:
         emit_json({"ok": True, "zones_searched": zones, "vms": [v.to_dict() for v in vms]})
         return
-    table = Table(title=f"{len(vms)} TPU VMs in {len(zones)} zones", title_justify="left")
-    id_column(table, "name", [v.name for v in vms])
-    for col in ("zone", "api", "type", "state", "health", "spot", "workers"):
-        table.add_column(col)
+    # At 80 columns every name, zone, type, state and count stays whole; spot, api and health give way first.
+    cols = [Col("name"), Col("zone"), Col("api", "wrap", 2), Col("type"), Col("state"), Col("health", drop=1),
+            Col("spot", drop=3), Col("workers", justify="right")]  # fmt: skip
+    rows = []
     for v in vms:
         spot = "spot" if v.spot else "preemptible" if v.preemptible else ""
         api = v.api if v.kind == "node" else f"compute ({v.kind})"
-        table.add_row(v.name, v.zone, api, v.accelerator_type, v.state, v.health, spot, str(len(v.workers)))
-    err.print(table)
+        rows.append([v.name, v.zone, api, v.accelerator_type, v.state, v.health, spot, str(len(v.workers))])
+    err.print(
+        table_of(
+            cols, rows, err.width, title=f"{len(vms)} TPU VMs in {len(zones)} zones", title_justify="left"
+        )
+    )
 
 
 def vm_describe(vm: Any, as_json: bool, verb: str = "") -> None:

@@ -79,6 +79,7 @@ class Follower:
     transport: Transport
     redact: Redactor = field(default_factory=Redactor)
     on_line: LineSink | None = None  # the lines shown, already redacted
+    on_past: LineSink | None = None  # attach: the lines an earlier follow showed (not shown again), redacted
     on_event: Callable[[Event], None] | None = None
     # Bytes of each worker's log already shown: following starts there and keeps it current (for attach).
     offsets: dict[int, int] = field(default_factory=dict)
@@ -139,7 +140,11 @@ class Follower:
             # as the fetched copy has them. Lines an earlier follow showed are only fed.
             old, new = _split(block, shown - start)
             if old:
-                scanner.feed_bytes(self.redact(old.decode(errors="replace")).encode())
+                past = self.redact(old.decode(errors="replace"))
+                scanner.feed_bytes(past.encode())
+                if show and self.on_past is not None:
+                    for ln in past.splitlines():
+                        self.on_past(w, ln)
                 polled.clear()  # their events went out when they were shown
             if new:
                 text = self.redact(new.decode(errors="replace"))

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from tpuops.logs.events import StepRow
 from tpuops.logs.fields import pick, value
-from tpuops.logs.scanner import config_summary, step_row
+from tpuops.logs.scanner import config_summary, json_fields, step_row
 
 # What a SOP step kind is doing, in the words of the status line (anything else: the step's title).
 PHASES = {
@@ -68,11 +68,34 @@ class Progress:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
-    def following(cls) -> Progress:
-        """A run already started (attach): process 0's log is being followed."""
+    def following(cls, started_at: float | None = None) -> Progress:
+        """A run already started (attach): process 0's log is being followed; elapsed counts from the run's
+        start (`started_at`, seconds since the epoch) when it is known. The lines shown before are fed through
+        `past`, so the total, the step times and the ETA are there again."""
         p = cls()
+        if started_at is not None:
+            p.started = time.monotonic() - max(time.time() - started_at, 0.0)
         p.phase(0, "follow", "follow", "begin")
         return p
+
+    def past(self, worker: int, text: str) -> None:
+        """A line an earlier follow already showed (attach): it counts (total, steps, dt, reward), unprinted."""
+        if worker != 0:
+            return
+        parsed = step_row(text)
+        with self.lock:
+            if parsed is None:
+                summary = config_summary(text)
+                if summary is not None:
+                    self.total = int(summary["steps"]) if summary.get("steps", "").isdigit() else self.total
+                    self.step, self.dts, self.rewards = None, [], []
+                return
+            row, _ = parsed
+            self.step = row.step
+            if row.dt is not None:
+                self.dts.append(row.dt)
+            if row.reward_mean is not None:
+                self.rewards.append(row.reward_mean)
 
     def phase(self, worker: int, title: str, kind: str, state: str) -> None:
         """The executor's hook: a worker began a step ("begin") or ended it (its status)."""
@@ -98,7 +121,7 @@ class Progress:
             if parsed is None:
                 summary = config_summary(text)
                 if summary is None:
-                    return text
+                    return rounded_json(text)
                 if summary.get("steps", "").isdigit():
                     self.total = int(summary["steps"])
                 # A trainer starting: the next run of the same command (bench variants) counts afresh.
@@ -123,9 +146,13 @@ class Progress:
         return "step".rjust(width) + "".join(f"  {h:>{w}}" for h, _, w in map(column, self.shown))
 
     def _step_cell(self, step: int) -> str:
-        total = self.total if self.total is not None else 0
-        digits = max(len(str(total)), len(str(step)))
-        return f"{step:>{digits}}/{total}" if self.total else f"{step:>{digits}}"
+        """`N/total` with N counted from 1 (the trainer's step=0 is 1/20), as the status line counts: one numbering.
+        Without a total (a program of the user's), the log's own step number, in both."""
+        if not self.total:
+            return str(step)
+        done = step + 1
+        digits = max(len(str(self.total)), len(str(done)))
+        return f"{done:>{digits}}/{self.total}"
 
     def row(self, row: StepRow) -> str:
         cells = []
@@ -139,8 +166,10 @@ class Progress:
         """The median dt of the steps after the first (the first one compiles); None before two steps."""
         return statistics.median(self.dts[1:]) if len(self.dts) > 1 else None
 
-    def status(self, now: float | None = None) -> str:
-        """The status line: what is going on, how far, how long, how long still, and where the reward goes."""
+    def status(self, now: float | None = None, width: int | None = None) -> str:
+        """The status line: what is going on, how far, how long, how long still, and where the reward goes.
+        Within `width` columns: what is going on is cut first (with an ellipsis), then the reward and the
+        s/step; the step, the elapsed time and the ETA always stay."""
         now = time.monotonic() if now is None else now
         with self.lock:
             parts = [self._doing(now), f"elapsed {_clock(now - self.started)}"]
@@ -154,7 +183,7 @@ class Progress:
                         parts.append(f"ETA {_clock(max(self.total - done, 0) * rate)}")
             if self.rewards:
                 parts.append(self._trend())
-        return " · ".join(parts)
+        return fit_line(parts, width)
 
     def _doing(self, now: float) -> str:
         workers = sorted(self.phases)
@@ -181,3 +210,36 @@ class Progress:
         slope = recent[-1] - recent[0]
         arrow = "↑" if slope > 1e-9 else "↓" if slope < -1e-9 else "→"
         return f"reward {first:.2f} → {last:.2f} {arrow}"
+
+
+SEP = " · "
+KEEP = 12  # what is going on is never cut shorter than this
+
+
+def fit_line(parts: list[str], width: int | None) -> str:
+    """`parts` joined within `width`: the reward trend and the s/step are dropped first, then the first part
+    (what is going on) is cut with an ellipsis; the step, the elapsed time and the ETA stay whole."""
+    parts = list(parts)
+    if width is None:
+        return SEP.join(parts)
+    droppable = [i for i, p in enumerate(parts) if p.startswith("reward ") or p.endswith(" s/step")]
+    for i in reversed(droppable):
+        if len(SEP.join(parts)) - len(parts[0]) + KEEP <= width:
+            break
+        del parts[i]
+    room = width - len(SEP.join(parts[1:])) - len(SEP)
+    if len(parts[0]) > room:
+        parts[0] = parts[0][: max(room, KEEP) - 1].rstrip() + "…"
+    return SEP.join(parts)
+
+
+def rounded_json(text: str) -> str:
+    """A `summary: {json}` line for people: `key=value` pairs, numbers to 4 significant digits (`dt_p50=0.215`,
+    not 0.21500000000000002), nested values left out (`tpuops logs` shows the line whole); any other line as it is."""
+    fields = json_fields(text)
+    if fields is None:
+        return text
+    kind, data = fields
+    shown = {k: f"{v:.4g}" if isinstance(v, float) else str(v) for k, v in data.items()
+             if not isinstance(v, dict | list)}  # fmt: skip
+    return f"{kind}: " + " ".join(f"{k}={v}" for k, v in shown.items())

@@ -192,6 +192,18 @@ def config_summary(line: str) -> dict[str, str] | None:
     return kv(m["kv"]) if m else None
 
 
+def json_fields(line: str) -> tuple[str, dict[str, object]] | None:
+    """A `summary: {json}` or `metrics: {json}` line's kind and object; None for any other line."""
+    m = JSON_LINE.match(line)
+    if m is None or m["kind"] == "config":
+        return None
+    try:
+        data = json.loads(m["json"])
+    except json.JSONDecodeError:
+        return None
+    return (m["kind"], data) if isinstance(data, dict) else None
+
+
 class LogScanner:
     """Feed lines (live) or bytes (files); `report()` at any time. Memory is bounded whatever the log size.
 

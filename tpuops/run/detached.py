@@ -40,13 +40,15 @@ def attach(
     timeout: float = 86400.0,
     from_start: bool = False,
     detach: threading.Event | None = None,
+    on_past: LineSink | None = None,
 ) -> Attached:
     """Follow a detached run from the byte offset already shown, fetch its logs, judge and record its end.
 
     The lines shown before (by the run's own follow, in a process now gone) are not shown again, but this
     follower's scanners read each log from its start: the report judges the whole log, each line once.
     `detach`, set from outside (Ctrl-C), stops following at once: the job goes on, the offsets shown so far
-    are kept for the next attach, and nothing is fetched, judged or recorded (`Attached.detached`)."""
+    are kept for the next attach, and nothing is fetched, judged or recorded (`Attached.detached`).
+    `on_past` hears the lines shown before (the live view's total, step times and ETA), unshown."""
     rec = load(run_id)
     redact = rec.redactor()
     exits: dict[int, int | None] = {}
@@ -63,6 +65,7 @@ def attach(
         transport,
         redact=redact,
         on_line=on_line,
+        on_past=on_past,
         on_event=ended,
         offsets={} if from_start else saved_offsets(run_id),
         on_offset=None if from_start else OffsetWriter(run_id),

@@ -58,7 +58,7 @@ def _width(rows: list[dict[str, str]], columns: tuple[str, ...]) -> int:
 
 def fit_report(result: dict[str, Any], as_json: bool) -> None:
     """`tpuops fit`: per phase the per-device bytes and headroom, FLOPs, bytes moved and estimated seconds."""
-    from tpuops.checks.fit import GB, summary
+    from tpuops.checks.fit import GB, cached_words, summary
 
     if as_json:
         emit_json(result, default=float)
@@ -84,7 +84,7 @@ def fit_report(result: dict[str, Any], as_json: bool) -> None:
                else f"under the step's bound of {dcn['step_bound_s']:.3f} s")
         )  # fmt: skip
     style = "green" if result["fits"] else "bold red"
-    err.print(f"[{style}]{escape(summary(result))}[/]" + (" (cached)" if result.get("cached") else ""))
+    err.print(f"[{style}]{escape(summary(result))}[/]" + escape(cached_words(result, None)))
     if result.get("cost"):
         from tpuops.cloud.pricing import cost_line
 

@@ -45,7 +45,7 @@ def examine(
     redact = Redactor(local_values.values())
     transport = open_transport(resolve(spec, cfg), redact)
     try:
-        return doctor.examine(
+        health = doctor.examine(
             transport,
             local_values,
             remote_env=remote_env or f"{value('repo_dir').rstrip('/')}/.env",
@@ -54,6 +54,27 @@ def examine(
         )
     finally:
         transport.close()
+    doctor.add_fixes(health, target_words(spec))
+    return health
+
+
+def target_words(spec: TargetSpec) -> str:
+    """The options that name `spec` again in a command to copy (`--vm NAME --zone ZONE`, `--host ...`)."""
+    import shlex
+
+    if spec.vm:
+        words = ["--vm", spec.vm, *(["--zone", spec.zone] if spec.zone else [])]
+        words += ["--project", spec.project] if spec.project else []
+    elif spec.hosts:
+        keys = [*spec.hostkey, *[""] * len(spec.hosts)]
+        words = [
+            w
+            for h, k in zip(spec.hosts, keys, strict=False)
+            for w in ("--host", h, *(("--hostkey", k) if k else ()))
+        ]
+    else:
+        return "--local"
+    return shlex.join(words + (["--identity", spec.identity] if spec.identity else []))
 
 
 exit_code = doctor.exit_code

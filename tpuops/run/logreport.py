@@ -11,12 +11,12 @@ from typing import Any
 from rich.table import Table
 
 from tpuops import jsonout
-from tpuops.console import err, escape, out
-from tpuops.errors import UsageError, error_class
+from tpuops.console import Col, err, escape, out, table_of
+from tpuops.errors import ExitCode, UsageError, error_class
 from tpuops.logs.events import LogReport
 from tpuops.logs.fields import pick, value
 from tpuops.run.baseline import Delta, compare
-from tpuops.run.logtext import NOT_LOGGED, cache_line, chip_lines, compiles_logged, exit_code
+from tpuops.run.logtext import NOT_LOGGED, NOT_SEEN, cache_line, chip_lines, compiles_logged, exit_code
 
 HEAD_ROWS = 10  # the terminal table shows the first and last steps; --json and --html have every kept row
 
@@ -153,8 +153,8 @@ def render(
             f"steady dt over {d.n} steps: mean {d.mean:.3f}s  p50 {d.p50:.3f}s  p90 {d.p90:.3f}s{extra}"
         )
     c = report.compiles
-    if not compiles_logged(report):
-        err.print(f"compiles: {NOT_LOGGED}")
+    if not compiles_logged(report):  # a recompile check (exit 13) is not told to run a recompile check
+        err.print(f"compiles: {NOT_SEEN if code == ExitCode.UNVERIFIED else NOT_LOGGED}")
     else:
         err.print(
             f"compiles: {c.get('total', 0)} total, {c.get('warmup', 0)} in warm-up, {c.get('eval', 0)} in "
@@ -222,15 +222,17 @@ def steps_table(report: LogReport) -> Table:
     shown = rows if len(rows) <= 2 * HEAD_ROWS else [*rows[:HEAD_ROWS], None, *rows[-HEAD_ROWS:]]
     stride = f", every {report.row_stride}th kept" if report.row_stride > 1 else ""
     cols = pick(report.fields, report.columns)
-    table = Table(title=f"steps ({len(rows)} rows{stride})", title_justify="left")
-    for col in ("step", *cols):
-        table.add_column(escape(col), justify="right")
-    for r in shown:
-        if r is None:
-            table.add_row("…", *[""] * len(cols))
-            continue
-        table.add_row(str(r.step), *(_f(value(r, c), TABLE_FORMATS.get(c, ".6g")) for c in cols))
-    return table
+    cells = [
+        ["…", *[""] * len(cols)] if r is None
+        else [str(r.step), *(_f(value(r, c), TABLE_FORMATS.get(c, ".6g")) for c in cols)]
+        for r in shown
+    ]  # fmt: skip
+    # Every number whole: at a narrow terminal the last fields are left out (the caption names them).
+    heads = [
+        Col("step", justify="right"),
+        *(Col(escape(c), drop=k + 1, justify="right") for k, c in enumerate(cols)),
+    ]
+    return table_of(heads, cells, err.width, title=f"steps ({len(rows)} rows{stride})", title_justify="left")
 
 
 def failures_table(report: LogReport) -> Table:

@@ -52,6 +52,8 @@ NOT_LOGGED = (
     "trainer, or JAX_LOG_COMPILES=1 for any JAX program turns it on)"
 )
 
+NOT_SEEN = "not logged (no JAX compile line was seen; the fix line below says what may hide them)"
+
 
 def compiles_logged(report: LogReport) -> bool:
     """With logging on, step 0 always compiles: no compile at all in a run with steps means it was off."""

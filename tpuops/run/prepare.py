@@ -104,7 +104,7 @@ def fit_preflight(
     if sop.fit is None or skip or not accelerator:
         return None, None
     from tpuops.checks import fit
-    from tpuops.console import note
+    from tpuops.console import say as note  # fit and cost lines name their subject themselves
 
     config = TEMPLATE.sub(lambda m: str(values[m.group(1)]), sop.fit.config)
     given = values.get(sop.fit.sets.strip("{}"), []) if sop.fit.sets else []
@@ -116,7 +116,7 @@ def fit_preflight(
         return f"not checked: {e.message}", None
     fit.require_fit(result)
     line = fit.summary(result)
-    note(f"fit: {line}{' (cached)' if result.get('cached') else ''}")
+    note(f"fit: {line}{fit.cached_words(result, accelerator)}")
     result = fit.with_cost(result, zone, endpoint)
     if result["cost"]:
         from tpuops.cloud.pricing import cost_line

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from tpuops.console import emit_json, err, escape, id_column, out, status_cell
+from tpuops.console import Col, emit_json, err, escape, id_column, out, status_cell, table_of, table_width
 from tpuops.logs.events import at_step
 from tpuops.run.result import RunResult
 from tpuops.sop.actions import render_plan, summarize_plan
@@ -37,17 +37,22 @@ def sop_report(report: RunResult, as_json: bool) -> None:
     if as_json:
         emit_json(report.to_dict())
         return
-    table = Table(title=f"{report.sop}  run {report.run_id}  ({report.transport})", title_justify="left")
-    table.add_column("step")
-    for w in report.workers:
-        table.add_column(f"w{w}")
-    for s in report.steps:
-        cells = []
-        for w in report.workers:
-            o = s.outcomes.get(w)
-            cells.append("" if o is None else status_cell(o.status, o.detail))
-        table.add_row(s.title, *cells)
-    err.print(table)
+    # Each worker's detail wraps between words (a path with the run id in it stays whole): nothing is cut.
+    cols = [Col("step", "wrap"), *(Col(f"w{w}", "wrap") for w in report.workers)]
+    rows = [
+        [escape(s.title), *("" if (o := s.outcomes.get(w)) is None else status_cell(o.status, o.detail)
+                            for w in report.workers)]
+        for s in report.steps
+    ]  # fmt: skip
+    title = f"{report.sop}  run {report.run_id}  ({report.transport})"
+    if len(report.workers) > 1 and table_width(cols, rows) > err.width:  # narrow: one row per step and worker
+        cols = [Col("step", "wrap"), Col("worker"), Col("outcome", "wrap")]
+        rows = [
+            [escape(s.title) if k == 0 else "", f"w{w}", status_cell(o.status, o.detail)]
+            for s in report.steps
+            for k, (w, o) in enumerate(sorted(s.outcomes.items()))
+        ]
+    err.print(table_of(cols, rows, err.width, title=title, title_justify="left"))
     failure = report.first_failure()
     if failure:
         step, worker, outcome = failure
@@ -140,10 +145,9 @@ def sop_list(
         ]
         emit_json(ok + bad)
         return
-    table = Table("SOP", "from", "description", "file")
-    for n, d, p, o in rows:
-        table.add_row(n, o, d, p)
-    out.print(table)
+    # The name stays whole; the file, then where it is from, give way; a description is cut with an ellipsis.
+    cols = [Col("SOP"), Col("from", "wrap", 2), Col("description", "prose"), Col("file", drop=1)]
+    out.print(table_of(cols, [[escape(n), o, escape(d), escape(p)] for n, d, p, o in rows], out.width))
     for p, e in broken:  # the loader's message starts with the file (and line) already
         err.print(f"[bold red]broken SOP[/] {escape(e if e.startswith(p) else f'{p}: {e}')}")
 
@@ -185,14 +189,16 @@ def runs_table(states: list[RunState], as_json: bool) -> None:
     if as_json:
         emit_json(rows)
         return
-    table = Table()
-    id_column(table, "run", [row["run_id"] for row in rows])
-    for col in ("SOP", "target", "workers", "started", "status"):
-        table.add_column(col)
-    for row in rows:
-        status = f"{row['status']} ({row['detail']})" if row["detail"] else row["status"]
-        table.add_row(row["run_id"], row["sop"], row["target"], str(row["workers"]), row["started"], status)
-    out.print(table)
+    # The run id and target stay whole (the next command takes them); workers, started, then the SOP (the run
+    # id ends with its name) give way.
+    cols = [Col("run"), Col("SOP", drop=1), Col("target"), Col("workers", "wrap", 3), Col("started", "wrap", 2),
+            Col("status", "wrap")]  # fmt: skip
+    cells = [
+        [row["run_id"], row["sop"], escape(row["target"]), ",".join(map(str, row["workers"])), row["started"],
+         escape(f"{row['status']} ({row['detail']})" if row["detail"] else row["status"])]
+        for row in rows
+    ]  # fmt: skip
+    out.print(table_of(cols, cells, out.width))
 
 
 def stop_table(run_id: str, results: dict[int, CmdResult], as_json: bool) -> None:
@@ -217,14 +223,9 @@ def doctor(health: list[WorkerHealth], as_json: bool) -> None:
         emit_json([h.__dict__ for h in health])
         return
     keys = sorted({k for h in health for k in h.env_keys})
-    table = Table(
-        "worker",
-        "address",
-        "connection",
-        "TPU lock",
-        *keys,
-        title=".env keys compared by hash (values never shown)",
-    )
+    # Addresses and lock states stay whole; a key's state and hash wrap onto two lines before anything is cut.
+    cols = [Col("worker", "wrap"), Col("address"), Col("TPU lock", "wrap"), *(Col(k, "wrap") for k in keys)]
+    rows = []
     style = {
         "match": "green",
         "differs": "bold red",
@@ -233,13 +234,18 @@ def doctor(health: list[WorkerHealth], as_json: bool) -> None:
         "unreadable": "bold red",
     }
     for h in health:
-        conn = "[green]ok[/]" if h.connected else f"[red]{escape(h.error or 'failed')}[/]"
+        who = f"w{h.worker}" if h.connected else f"[red]w{h.worker} not reached[/]"  # why: under the table
         cells = [
             f"[{style[h.env_keys[k]]}]{h.env_keys[k]}[/] {h.env_hashes.get(k, '')}" if k in h.env_keys else ""
             for k in keys
         ]
-        table.add_row(f"w{h.worker}", h.address, conn, h.lock, *cells)
-    err.print(table)
+        rows.append([who, escape(h.address), h.lock, *cells])
+    err.print(table_of(cols, rows, err.width, title=".env keys compared by hash (values never shown)"))
+    for h in health:
+        if not h.connected:
+            err.print(f"[red]w{h.worker} not reached[/]: {escape(h.error or 'failed')}")
+    for fix in (f for h in health for f in h.fixes):
+        err.print(f"[bold]fix[/]: {escape(fix)}")
 
 
 def rollout_bench(results: list[VariantResult], as_json: bool) -> None:

@@ -97,3 +97,31 @@ def snapshot(run_id: str) -> Top:
     finally:
         transport.close()
     return Top(run_id, tuple(found))
+
+
+def quit_pressed(seconds: float, fd: int | None = None) -> bool:
+    """Wait up to `seconds` for the next snapshot; True as soon as `q` is typed (stdin a terminal: read key by
+    key, the terminal's mode restored after). Without a terminal it only waits (Ctrl-C still ends `top`)."""
+    import os
+    import select
+    import sys
+    import time
+
+    fd = sys.stdin.fileno() if fd is None else fd
+    if not os.isatty(fd):
+        time.sleep(seconds)
+        return False
+    import termios
+    import tty
+
+    before = termios.tcgetattr(fd)
+    try:
+        tty.setcbreak(fd)  # keys arrive one by one, unechoed; Ctrl-C still interrupts
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready and os.read(fd, 1) in (b"q", b"Q"):
+                return True
+        return False
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, before)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from tests.tpuops.cloud.conftest import Cloud
+from tpuops.cli import complete
 from tpuops.errors import ExitCode
 
 
@@ -29,6 +30,9 @@ def test_vm_lifecycle_and_a_sop_on_a_two_worker_vm(cloud: Cloud, vm_name: str) -
     listed = _json(cloud.cli("vm", "list", "--json"))
     assert len(listed["zones_searched"]) == 4
     assert [v["name"] for v in listed["vms"] if v["name"] == vm_name] == [vm_name]
+    # What TAB offers after it (tests/tpuops/test_complete.py: through bash), with no API call on TAB.
+    assert (vm_name, "v4-16 in us-east5-a") in complete.vm_names(vm_name[:3])
+    assert "us-east5-a" in [z for z, _ in complete.zones("us-")]
 
     described = _json(cloud.cli("vm", "describe", vm_name, "--json"))["vm"]  # no --zone: searched
     assert [(w["internal_ip"], w["external_ip"]) for w in described["workers"]] == [
@@ -179,6 +183,9 @@ def test_serve_prints_the_export_line_applies_faults_and_stops_cleanly(tmp_path:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+    (stopping,) = [ln for ln in proc.stderr.read().splitlines() if "stopping:" in ln]  # type: ignore[union-attr]
+    assert stopping.startswith("tpuops: stopping: the API server, 1 VM and their sshd workers, ")
+    assert stopping.endswith(f"(state kept in {state})")
     sshd_pids = list(state.glob("nodes/*/w*/sshd.pid"))
     assert sshd_pids, "the VM had an sshd"
     for pidfile in sshd_pids:

@@ -63,6 +63,9 @@ def test_a_dry_run_pushes_no_key_and_reads_the_workers_once_the_key_is_there(
     n = len(cloud.emu.model.requests)
     r = cloud.cli(*sync, "--dry-run", "--json", env={"HOME": str(home)})
     assert r.returncode == 0, r.stderr
+    assert "would add" not in r.stderr and "nothing to add" not in r.stderr  # a routine confirmation: -v only
+    r = cloud.cli(*sync, "--dry-run", "--json", "-v", env={"HOME": str(home)})
+    assert r.returncode == 0, r.stderr
     assert "would add" not in r.stderr and "is in the VM's ssh-keys; nothing to add" in r.stderr
     assert [p["error"] for p in json.loads(r.stdout)["preview"]] == [None, None]
     assert get_vm(api, ZONE, vm_name).metadata == after

@@ -26,8 +26,10 @@ def serve(
     faults: dict[str, Any],
     verbose: bool,
     on_ready: Callable[[str, str, list[str]], None],
+    on_stop: Callable[[str], None] | None = None,
 ) -> None:
-    """Start, call on_ready(url, identity, zones), block until Ctrl-C or SIGTERM, then stop every sshd."""
+    """Start, call on_ready(url, identity, zones), block until Ctrl-C or SIGTERM, then stop every sshd (on_stop
+    hears what is being cleaned up first: the teardown takes seconds per VM)."""
     if not sshd_available():
         raise UsageError(
             "the emulator needs OpenSSH's sshd and ssh-keygen", hint="apt-get install openssh-server"
@@ -62,6 +64,14 @@ def serve(
     except KeyboardInterrupt:
         pass
     finally:
+        if on_stop is not None:
+            m = emu.model
+            vms = len(m.nodes) + (
+                len(getattr(m.compute, "instances", {}) or {}) if m.compute is not None else 0
+            )
+            users = len(m.created)
+            on_stop(f"stopping: the API server, {vms} VM{'s' * (vms != 1)} and their sshd workers, {users} worker "
+                    f"user{'s' * (users != 1)} and their homes (state kept in {state_dir})")  # fmt: skip
         emu.stop()
 
 
