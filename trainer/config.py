@@ -196,6 +196,37 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class ProfileConfig:
+    """JAX's profiler (trainer/profiling.py): a server others capture from, and a trace of chosen steps."""
+
+    # jax.profiler.start_server(port) at start-up (`tpuops profile RUN_ID` captures through it); 0 = none.
+    # JAX binds it on every interface: reach it through SSH on the worker's loopback, never open it in a firewall.
+    port: int = 0
+    steps: str = ""  # "A-B": trace steps A to B (inclusive) into dir; "" = none
+    dir: str = ""  # where a steps trace goes (dir/plugins/profile/<time>/<host>.xplane.pb); "" = log.output_dir/profile
+
+    def __post_init__(self) -> None:
+        _check(
+            0 <= self.port < 65536, f"profile.port must be in 0..65535 (0 = no server), received {self.port}"
+        )
+        if self.steps:
+            first, sep, last = self.steps.partition("-")
+            ok = first.strip().isdigit() and (not sep or last.strip().isdigit())
+            _check(ok, f"profile.steps must be A-B or N (for example 5-7), received {self.steps!r}")
+            _check(
+                not sep or int(first) <= int(last),
+                f"profile.steps must be A-B with A <= B, received {self.steps!r}",
+            )
+
+    @property
+    def step_range(self) -> tuple[int, int] | None:
+        if not self.steps:
+            return None
+        first, sep, last = self.steps.partition("-")
+        return int(first), int(last) if sep else int(first)
+
+
+@dataclass(frozen=True)
 class RewardConfig:
     number: float = 0.9  # arith: the completion is a bare number (the format)
     exact: float = 0.1  # arith: the completion is the right sum
@@ -217,6 +248,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
 
     def __post_init__(self) -> None:
         task = tasks.get(self.data.task)

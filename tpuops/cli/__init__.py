@@ -11,6 +11,7 @@ import typer
 from tpuops.cli import emulator, runs, sop, vm
 from tpuops.cli.command import App
 from tpuops.cli.fit import fit
+from tpuops.cli.profile import profile
 from tpuops.cli.report import report
 
 app = App(
@@ -101,6 +102,9 @@ app.add_typer(vm.app, name="vm", short_help="Find, describe, create, delete and 
 app.add_typer(emulator.app, name="emulator", short_help="A local TPU API emulator to rehearse against.")
 app.command("report", short_help="Steps, step times, compiles and failures of a log.")(report)
 app.command("fit", short_help="Will a trainer config fit its TPU? (compiles it here)")(fit)
+app.command("profile", short_help="A JAX profile of a running job: top ops, busy vs idle, the trace.")(
+    profile
+)
 
 
 def _click_exceptions() -> tuple[tuple[type[BaseException], ...], ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -120,6 +121,12 @@ class LocalTransport:
                 return f.read(-1 if limit is None else limit)
         except FileNotFoundError:
             return None
+
+    def open_tcp(self, worker: int, port: int) -> socket.socket:
+        """A connection to `port` on this machine's loopback (every local worker is this machine)."""
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.settimeout(None)  # a capture's call is quiet for its whole duration
+        return sock
 
     def close(self) -> None:
         pass

@@ -247,6 +247,21 @@ class SshTransport:
         if client is not None:
             client.close()
 
+    def open_tcp(self, worker: int, port: int) -> paramiko.Channel:
+        """A connection to `port` on the worker's own loopback, through its SSH connection (direct-tcpip): a
+        service that listens only there (the job's profiler server) is reached without opening any port."""
+        connection = self._client(worker).get_transport()
+        if connection is None or not connection.is_active():
+            raise ConnectionError(f"connection to {self.workers[worker].label} lost")
+        try:
+            return connection.open_channel(
+                "direct-tcpip", ("127.0.0.1", port), ("127.0.0.1", 0), timeout=self.connect_timeout
+            )
+        except paramiko.ChannelException as e:
+            raise ConnectionRefusedError(f"port {port} on {self.workers[worker].label}: {e.text}") from None
+        except (paramiko.SSHException, EOFError) as e:
+            raise ConnectionError(f"{self.workers[worker].label}: {e or type(e).__name__}") from None
+
     # -- files ---------------------------------------------------------------------------------------
     def _sftp(self, worker: int) -> paramiko.SFTPClient:
         """One SFTP session per worker, kept open (follow polls through it twice a second)."""

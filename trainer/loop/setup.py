@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from trainer import checkpoint, data, metrics, tasks
+from trainer import checkpoint, data, metrics, profiling, tasks
 from trainer.config import Config
 from trainer.kernels import resolve_impl
 from trainer.layout import decode_layout, init_opt_state
@@ -26,6 +26,7 @@ def setup(cfg: Config, emit: metrics.Emitter | None) -> tuple[Run, State]:
     emit, mesh, process_index, process_count = start_up(cfg, emit)
     cfg.check_batch(process_count, batch_devices(mesh))
     emit.batch(cfg.batch_line(batch_devices(mesh)))
+    profiling.start_server(cfg, emit)
     wandb_run = init_wandb(cfg, emit)
     mconf, params, tokenizer = load_model(cfg, mesh, process_index)
     task = tasks.get(cfg.data.task)
