@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import time
 from collections.abc import Iterator
@@ -14,6 +15,23 @@ from trainer import metrics
 from trainer.config import Config
 
 PHASE_PREFIX = "phase/"  # docs/contracts.md: what a trace summary reads as a step's phases
+
+
+# Facts of the launch, in the environment as TRAINER_COORDINATOR is (tpuops' grpo SOP sets them; the config's
+# profile.port and profile.dir, when given, win): process k's server listens on the base port + k, so the
+# processes of one host never collide; a steps trace goes into the run's own folder.
+ENV_PORT_BASE, ENV_DIR = "TRAINER_PROFILE_PORT_BASE", "TRAINER_PROFILE_DIR"
+
+
+def launch_port() -> int:
+    """The profiler port the launch gave this process (0: none)."""
+    from trainer.distributed import ENV_ID
+
+    base = os.environ.get(ENV_PORT_BASE, "")
+    if not base.isdigit() or int(base) == 0:
+        return 0
+    k = os.environ.get(ENV_ID, "0")
+    return int(base) + (int(k) if k.isdigit() else 0)
 
 
 def port_free(port: int) -> bool:
@@ -29,7 +47,7 @@ def port_free(port: int) -> bool:
 def start_server(cfg: Config, emit: metrics.Emitter) -> None:
     """profile.port > 0: JAX's profiler server on it, said in the log (`profiler: server port=N`); a port in use
     is said too, and the run goes on without a server."""
-    port = cfg.profile.port
+    port = cfg.profile.port or launch_port()
     if not port:
         return
     if not port_free(port):
@@ -45,7 +63,7 @@ class StepTracer:
 
     def __init__(self, cfg: Config, emit: metrics.Emitter) -> None:
         self.range = cfg.profile.step_range
-        out = cfg.profile.dir or str(Path(cfg.log.output_dir) / "profile")
+        out = cfg.profile.dir or os.environ.get(ENV_DIR) or str(Path(cfg.log.output_dir) / "profile")
         self.dir = Path(out).expanduser()
         self.emit = emit
         self.tracing = False
