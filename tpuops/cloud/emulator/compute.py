@@ -24,10 +24,9 @@ from tpuops.cloud.emulator.compute_records import (
     _now,
     _short,
 )
-from tpuops.cloud.emulator.compute_routes import route
 from tpuops.cloud.emulator.records import EMULATOR_NS, ApiError, _power_off, authorized_keys_from_metadata
 
-__all__ = ["Compute", "InstanceRec", "route"]
+__all__ = ["Compute", "InstanceRec"]
 
 
 class Compute(MigOps):
