@@ -27,7 +27,7 @@ def _not_found(name: str, where: str, vms: list[VmInfo], hint_zone: bool) -> Clo
     names = sorted({v.name for v in vms})
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
     if close:
-        zones = {v.name: f"{v.zone}, {backend_of(v).words}" for v in vms}
+        zones = {v.name: v.zone for v in vms}
         hint = "did you mean " + ", ".join(f"{c} ({zones[c]})" for c in close) + "?"
     else:
         listed = [f"{v.name} ({backend_of(v).words})" for v in sorted(vms, key=lambda v: v.name)]

@@ -73,5 +73,5 @@ def not_offered(accelerator_type: str, zone: str, api: Api) -> CloudError:
     where = ", ".join(offering[:12]) + (f" (+{len(offering) - 12} more)" if len(offering) > 12 else "")
     return CloudError(
         f"{accelerator_type} is not offered in {zone}" + (f"; zones that offer it: {where}" if where else ""),
-        hint=f"pass one of them with --zone (e.g. --zone {offering[0]})" if offering else "",
+        hint=f"e.g. --zone {offering[0]}" if offering else "",
     )
