@@ -3,12 +3,13 @@ Compute Engine machine type and accelerator topology of the same slice (and back
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+from functools import cache
+from importlib import resources
 
 from tpuops.errors import UsageError
-
-_TYPE = re.compile(r"^(?P<family>v2|v3|v4|v5p|v5litepod|v5e|v6e|tpu7x)-(?P<size>\d+)$")
 
 
 @dataclass(frozen=True)
@@ -48,22 +49,84 @@ KNOWN_HOSTS: dict[str, int] = {
 }  # fmt: skip
 
 
-def worker_count(accelerator_type: str) -> int:
-    """Number of hosts (TPU-VM workers) of a slice; UsageError naming the valid forms otherwise."""
-    m = _TYPE.match(accelerator_type)
-    if not m:
+@dataclass(frozen=True)
+class AcceleratorType:
+    """One accelerator type, parsed and checked: `v5litepod-16` -> family v5litepod, size 16."""
+
+    family: str  # as the API names it (v5litepod, not v5e)
+    size: int  # what FAMILIES[family].unit counts
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}-{self.size}"
+
+    @property
+    def price_family(self) -> str:
+        """The family as prices and Compute Engine name it: v5litepod -> v5e."""
+        return "v5e" if self.family == "v5litepod" else self.family
+
+    @property
+    def chips(self) -> int:
+        return self.size // 2 if FAMILIES[self.family].unit == "cores" else self.size
+
+    @property
+    def hosts(self) -> int:
+        fam = FAMILIES[self.family]
+        return 1 if self.size <= fam.single_host_max else self.size // fam.per_host
+
+
+def known_sizes(family: str) -> list[int]:
+    """The sizes of a family tpuops knows: the shipped price table's slices, the worked examples above, and
+    (for the families Compute Engine serves) every topology it knows. `family` as the API names it."""
+    fam = "v5e" if family == "v5litepod" else family
+    sizes = {int(k.rsplit("-", 1)[1]) for k in KNOWN_HOSTS if k.rsplit("-", 1)[0] in (family, fam)}
+    sizes |= set(_priced_sizes().get(fam, ()))
+    if family in MACHINE_PREFIX:
+        per_chip = 2 if FAMILIES[family].unit == "cores" else 1
+        topologies = _TOPOLOGY_3D if family in THREE_D else _TOPOLOGY_2D
+        sizes |= {chips * per_chip for chips in topologies}
+    return sorted(sizes)
+
+
+@cache
+def _priced_sizes() -> dict[str, tuple[int, ...]]:
+    """Each family's slice sizes in the shipped price table (data/tpu_prices.json, which price_table reads for
+    the prices: read here too, since that module parses types with this one)."""
+    raw = json.loads(resources.files("tpuops.cloud").joinpath("data/tpu_prices.json").read_text())
+    return {fam: tuple(int(s) for s in entry["slices"]) for fam, entry in raw["families"].items()}
+
+
+def _sizes_words(sizes: list[int]) -> str:
+    shown = ", ".join(map(str, sizes[:10]))
+    return shown + (f", ... ({len(sizes)} sizes up to {sizes[-1]})" if len(sizes) > 10 else "")
+
+
+def parse(accelerator_type: str) -> AcceleratorType:
+    """The one parse of an accelerator type: a known family and one of its known sizes (`known_sizes`), else a
+    UsageError (exit 2) naming the families or that family's sizes, with a close match when there is one."""
+    import difflib
+
+    family, _, size = accelerator_type.strip().rpartition("-")
+    if family not in FAMILIES or not size.isdigit():
+        close = difflib.get_close_matches(family or accelerator_type, list(FAMILIES), n=1, cutoff=0.5)
+        mean = f"did you mean {close[0]}-{size if size.isdigit() else 8}? " if close else ""
         raise UsageError(
             f"unknown accelerator type {accelerator_type!r}",
-            hint=f"expected FAMILY-SIZE with FAMILY one of {', '.join(FAMILIES)}, e.g. v6e-8 or v4-16",
+            hint=f"{mean}expected FAMILY-SIZE with FAMILY one of {', '.join(FAMILIES)}, e.g. v6e-8 or v4-16",
         )
-    fam, size = FAMILIES[m["family"]], int(m["size"])
-    if size <= fam.single_host_max:
-        return 1
-    if size % fam.per_host:
+    sizes = known_sizes(family)
+    if int(size) not in sizes:
+        near = min(sizes, key=lambda n: (abs(n - int(size)), n))
         raise UsageError(
-            f"accelerator type {accelerator_type!r}: {size} {fam.unit} is not a whole number of hosts"
+            f"unknown accelerator type {accelerator_type!r}: {family} has no slice of {size} {FAMILIES[family].unit}",
+            hint=f"did you mean {family}-{near}? {family} sizes: {_sizes_words(sizes)}",
         )
-    return size // fam.per_host
+    return AcceleratorType(family, int(size))
+
+
+def worker_count(accelerator_type: str) -> int:
+    """Number of hosts (TPU-VM workers) of a slice; UsageError naming the valid forms otherwise."""
+    return parse(accelerator_type).hosts
 
 
 # Compute Engine TPU machine types per family (chips per VM in the name: -4t = 4 chips), from Google's
@@ -107,10 +170,8 @@ def _topology(family: str, chips: int) -> str:
 
 def compute_shape(accelerator_type: str) -> Shape:
     """`tpu7x-16` -> Shape(tpu7x-standard-4t, 2x2x2, 2 VMs): what `vm create --api compute` asks for."""
-    worker_count(accelerator_type)  # the same errors as the TPU API path
-    m = _TYPE.match(accelerator_type)
-    assert m is not None
-    family, size = m["family"], int(m["size"])
+    acc = parse(accelerator_type)  # the same errors as the TPU API path
+    family, size = acc.family, acc.size
     if family not in MACHINE_PREFIX:
         raise UsageError(
             f"{accelerator_type} has no Compute Engine machine type",
@@ -118,7 +179,7 @@ def compute_shape(accelerator_type: str) -> Shape:
             "use the Cloud TPU API for the others (drop --api compute)",
         )
     chips = _chips(family, size)
-    vms = worker_count(accelerator_type)
+    vms = acc.hosts
     per_vm = chips if vms == 1 else chips // vms
     return Shape(accelerator_type, f"{MACHINE_PREFIX[family]}-{per_vm}t", _topology(family, chips), vms)
 
@@ -163,17 +224,9 @@ def slice_of(machine_type: str, vms: int) -> tuple[str, str]:
 
 def family(accelerator_type: str) -> str:
     """The family of a type as prices name it: `v5litepod-8` -> `v5e`, `v6e-8` -> `v6e`."""
-    m = _TYPE.match(accelerator_type)
-    if not m:
-        raise UsageError(
-            f"unknown accelerator type {accelerator_type!r}",
-            hint=f"expected FAMILY-SIZE with FAMILY one of {', '.join(FAMILIES)}, e.g. v6e-8 or v4-16",
-        )
-    return "v5e" if m["family"] == "v5litepod" else m["family"]
+    return parse(accelerator_type).price_family
 
 
 def chips(accelerator_type: str) -> int:
     """Chips of a slice (what TPU prices count): TensorCore-named families have 2 cores per chip."""
-    fam = family(accelerator_type)
-    size = int(accelerator_type.rsplit("-", 1)[1])
-    return size // 2 if FAMILIES[fam].unit == "cores" else size
+    return parse(accelerator_type).chips

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tpuops.cloud.backends import backend_of
 from tpuops.cloud.client import Api, Notify
 from tpuops.cloud.keys import Identity, default_user
 from tpuops.cloud.tpu_api import VmInfo
@@ -134,7 +135,7 @@ def authorize(
     except PermissionDeniedError as e:
         raise PermissionDeniedError(
             f"{vm.name}: adding your key to the VM's ssh-keys metadata was refused: {e.message}",
-            hint=f"needs {'roles/tpu.admin' if vm.api == 'tpu' else 'roles/compute.instanceAdmin.v1'} on the "
+            hint=f"needs {backend_of(vm).admin_role} on the "
             "project (or ask an admin to add the key, then use --no-key-push)",
         ) from None
     notify(

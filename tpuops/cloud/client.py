@@ -148,23 +148,23 @@ def api_error(what: str, e: Exception) -> Exception:
     from google.api_core import exceptions as gexc
 
     if isinstance(e, gexc.NotFound):
-        return ApiNotFoundError(f"TPU API {what}: not found: {e.message}")
+        return ApiNotFoundError(f"TPU API {what}: not found: {_message(e)}")
     if isinstance(e, gexc.PermissionDenied | gexc.Forbidden):
         return PermissionDeniedError(
             f"TPU API {what}: permission denied: {short_error(e)}", hint=_role_hint(what)
         )
     if isinstance(e, gexc.Unauthenticated):
         return CloudError(
-            f"TPU API {what}: {e.message}",
+            f"TPU API {what}: {_message(e)}",
             hint="check the project and `gcloud auth application-default login`",
         )
     if isinstance(e, gexc.ResourceExhausted):
         return CloudError(
-            f"TPU API {what}: capacity or quota exhausted: {e.message}",
+            f"TPU API {what}: capacity or quota exhausted: {_message(e)}",
             hint="try another zone (--zone, repeatable)",
         )
     if isinstance(e, gexc.GoogleAPICallError):
-        return CloudError(f"TPU API {what}: {e.code} {e.message}")
+        return CloudError(f"TPU API {what}: {e.code} {_message(e)}")
     return e
 
 
@@ -178,13 +178,17 @@ def _role_hint(what: str) -> str:
     return "needs roles/tpu.admin on the project (creating, deleting and changing TPU VMs)"
 
 
+def _message(e: Any) -> str:
+    """An API error's message without the REST transport's "GET http://...: " prefix: the method and URL
+    add nothing for the user (and a user-facing line never carries a URL the user did not give)."""
+    return re.sub(r"^[A-Z]+ \S+: ", "", str(getattr(e, "message", "") or ""))
+
+
 def short_error(e: BaseException) -> str:
     from google.api_core import exceptions as gexc
 
     if isinstance(e, gexc.GoogleAPICallError):
-        # The REST transport prefixes "GET http://...: "; the method and URL add nothing for the user.
-        message = re.sub(r"^[A-Z]+ \S+: ", "", e.message or "")
-        return f"{e.code} {message}".strip()
+        return f"{e.code} {_message(e)}".strip()
     return type(e).__name__
 
 
@@ -198,30 +202,47 @@ def connect(project: str | None, endpoint: str | None, notify: Notify | None = N
 _built = itertools.count(1)
 
 
-@functools.cache
-def _client(endpoint: str | None) -> tuple[Any, str]:
-    """A REST client, built once per process and endpoint (each holds its own credentials and connection pool):
-    anonymous credentials against `endpoint` (the emulator), else Application Default Credentials against
-    tpu.googleapis.com. A failure is not cached: the next call tries again."""
-    from google.api_core.client_options import ClientOptions
-    from google.cloud import tpu_v2
-
+def credentials(endpoint: str | None) -> Any:
+    """The credentials of every Google client tpuops builds: anonymous against a custom `endpoint` (the
+    emulator), else Application Default Credentials (a CloudError naming the fix when there are none)."""
     if endpoint:
         from google.auth.credentials import AnonymousCredentials
 
-        client = tpu_v2.TpuClient(
-            transport="rest",
-            credentials=AnonymousCredentials(),
-            client_options=ClientOptions(api_endpoint=endpoint),
-        )
-    else:
-        import google.auth.exceptions
+        return AnonymousCredentials()
+    import google.auth
+    import google.auth.exceptions
 
-        try:
-            client = tpu_v2.TpuClient(transport="rest")
-        except google.auth.exceptions.DefaultCredentialsError as e:
-            raise CloudError(
-                f"no Google credentials: {str(e).splitlines()[0]}",
-                hint="run `gcloud auth application-default login`, or use the emulator with --api-endpoint",
-            ) from None
-    return client, f"{os.getpid()}-{next(_built)}"
+    try:
+        creds, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+    except google.auth.exceptions.DefaultCredentialsError as e:
+        raise CloudError(
+            f"no Google credentials: {str(e).splitlines()[0]}",
+            hint="run `gcloud auth application-default login`, or use the emulator with --api-endpoint",
+        ) from None
+    return creds
+
+
+def client_kwargs(endpoint: str | None) -> dict[str, Any]:
+    """The keyword arguments of every Google client tpuops builds (TPU, Compute Engine, OS Login, billing):
+    REST, `credentials(endpoint)`, and the endpoint itself when one is given."""
+    kw: dict[str, Any] = {"transport": "rest", "credentials": credentials(endpoint)}
+    if endpoint:
+        from google.api_core.client_options import ClientOptions
+
+        kw["client_options"] = ClientOptions(api_endpoint=endpoint)
+    return kw
+
+
+def build(factory: Callable[..., T], endpoint: str | None) -> T:
+    """One Google client class (`tpu_v2.TpuClient`, `compute_v1.InstancesClient`, ...) for `endpoint`: the
+    one place that chooses between the emulator and real credentials."""
+    return factory(**client_kwargs(endpoint))
+
+
+@functools.cache
+def _client(endpoint: str | None) -> tuple[Any, str]:
+    """A TPU API REST client, built once per process and endpoint (each holds its own credentials and
+    connection pool). A failure is not cached: the next call tries again."""
+    from google.cloud import tpu_v2
+
+    return build(tpu_v2.TpuClient, endpoint), f"{os.getpid()}-{next(_built)}"

@@ -4,9 +4,11 @@ model. Which API a create uses: TPU7x always Compute Engine, the others the Clou
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from tpuops.cloud import compute_api as cc
+from tpuops.cloud import compute_client as cx
 from tpuops.cloud.accelerators import compute_shape
 from tpuops.cloud.client import Api
 from tpuops.cloud.compute_api import policy_name, region_of, template_name
@@ -77,19 +79,21 @@ def create_vm(api: Api, req: CreateRequest, image: str = "") -> VmInfo:
             else:
                 _mig(api, req, zone, shape, image)
         except CloudError as e:
-            if not cc.capacity_error(e):
+            if not cx.capacity_error(e):
                 raise
             refused.append(zone)
             api.notify(f"{zone}: {e.message}")
             continue
-        kind = "instance" if shape.vms == 1 else "mig"
         if req.wait:
-            from tpuops.cloud.vm_state import wait_state
+            from tpuops.cloud.waits import wait_for
 
-            vm = wait_state(api, zone, req.name, kind, "READY", req.timeout)
+            get = cc.get_instance if shape.vms == 1 else cc.get_mig
+            vm = wait_for(
+                api, zone, req.name, functools.partial(get, api, zone, req.name), "READY", req.timeout
+            )
             assert vm is not None
             return vm
-        return cc.get_vm(api, zone, req.name, kind)
+        return cc.get_instance(api, zone, req.name) if shape.vms == 1 else cc.get_mig(api, zone, req.name)
     raise CloudError(
         f"no capacity for {req.accelerator_type} ({shape.machine_type}) in {', '.join(refused)}",
         hint="try other zones (--zone A --zone B ...) or --spot",
@@ -97,48 +101,48 @@ def create_vm(api: Api, req: CreateRequest, image: str = "") -> VmInfo:
 
 
 def _instance(api: Api, req: CreateRequest, zone: str, machine: str, image: str) -> None:
-    c = cc.clients(api)
+    c = cx.clients(api)
     body = {"name": req.name, **_properties(req, f"zones/{zone}/machineTypes/{machine}", image)}
-    op = cc.call(
+    op = cx.call(
         api, f"create {req.name} in {zone}", c.instances.insert, project=api.project, zone=zone,
         instance_resource=body,
     )  # fmt: skip
-    cc.wait_op(api, op, f"create {req.name} in {zone}", req.timeout)
+    cx.wait_op(api, op, f"create {req.name} in {zone}", req.timeout)
 
 
 def _mig(api: Api, req: CreateRequest, zone: str, shape: Any, image: str) -> None:
     """Template (global) + workload policy (regional, HIGH_THROUGHPUT, the topology) + MIG (zonal)."""
-    c = cc.clients(api)
+    c = cx.clients(api)
     region = region_of(zone)
     tpl, wp = template_name(req.name), policy_name(req.name)
     made: list[tuple[str, Any, dict[str, Any]]] = []
     try:
-        op = cc.call(
+        op = cx.call(
             api, f"create template {tpl}", c.templates.insert, project=api.project,
             instance_template_resource={"name": tpl, "properties": _properties(req, shape.machine_type, image)},
         )  # fmt: skip
-        cc.wait_op(api, op, f"create template {tpl}", req.timeout)
+        cx.wait_op(api, op, f"create template {tpl}", req.timeout)
         made.append(("template", c.templates.delete, {"instance_template": tpl}))
         policy = {
             "name": wp,
             "workload_policy": {"type_": "HIGH_THROUGHPUT", "accelerator_topology": shape.topology},
         }
-        op = cc.call(
+        op = cx.call(
             api, f"create workload policy {wp}", c.policies.insert, project=api.project, region=region,
             resource_policy_resource=policy,
         )  # fmt: skip
-        cc.wait_op(api, op, f"create workload policy {wp}", req.timeout)
+        cx.wait_op(api, op, f"create workload policy {wp}", req.timeout)
         made.append(("workload policy", c.policies.delete, {"region": region, "resource_policy": wp}))
         mig = {
             "name": req.name, "base_instance_name": req.name, "target_size": shape.vms,
             "instance_template": f"projects/{api.project}/global/instanceTemplates/{tpl}",
             "resource_policies": {"workload_policy": f"projects/{api.project}/regions/{region}/resourcePolicies/{wp}"},
         }  # fmt: skip
-        op = cc.call(
+        op = cx.call(
             api, f"create MIG {req.name} in {zone}", c.migs.insert, project=api.project, zone=zone,
             instance_group_manager_resource=mig,
         )  # fmt: skip
-        cc.wait_op(api, op, f"create MIG {req.name} in {zone}", req.timeout)
+        cx.wait_op(api, op, f"create MIG {req.name} in {zone}", req.timeout)
     except CloudError:
         _undo(api, req.name, zone, made)
         raise
@@ -148,12 +152,12 @@ def _undo(api: Api, name: str, zone: str, made: list[tuple[str, Any, dict[str, A
     """A failed slice leaves nothing behind: its MIG (if any) and what was made for it, newest first."""
     from tpuops.cloud.client import ApiNotFoundError
 
-    c = cc.clients(api)
+    c = cx.clients(api)
     steps = [("MIG", c.migs.delete, {"zone": zone, "instance_group_manager": name}), *reversed(made)]
     for what, fn, kw in steps:
         try:
-            op = cc.call(api, f"delete {what} of {name}", fn, project=api.project, **kw)
-            cc.wait_op(api, op, f"delete {what} of {name}", 300.0)
+            op = cx.call(api, f"delete {what} of {name}", fn, project=api.project, **kw)
+            cx.wait_op(api, op, f"delete {what} of {name}", 300.0)
         except ApiNotFoundError:
             continue
         except CloudError as e:

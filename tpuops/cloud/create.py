@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
 from tpuops.cloud.client import Api
 from tpuops.cloud.tpu_api import VmInfo, get_vm, wait_op
-from tpuops.cloud.vm_state import wait_state
+from tpuops.cloud.waits import wait_for
 from tpuops.errors import CloudError, CommandTimeoutError, UsageError
 
 _CAPACITY = 8  # google.rpc.Code.RESOURCE_EXHAUSTED: no capacity in the zone, or quota
@@ -80,7 +81,9 @@ def create_vm(api: Api, req: CreateRequest) -> VmInfo:
         if raw.error.code:
             raise CloudError(f"create {req.name} in {zone}: {raw.error.message}")
         if req.wait:
-            wait_state(api, zone, req.name, "node", "READY", req.timeout)
+            wait_for(
+                api, zone, req.name, functools.partial(get_vm, api, zone, req.name), "READY", req.timeout
+            )
         return get_vm(api, zone, req.name)
     raise CloudError(
         f"no capacity for {req.accelerator_type} in {', '.join(refused)}",
@@ -130,8 +133,13 @@ def _create_queued(api: Api, req: CreateRequest, zone: str) -> VmInfo:
         time.sleep(interval)
         interval = min(5.0, interval * 1.5)
         state = _qr_state(api, qr_name)
-    return wait_state(
-        api, zone, req.name, "node", "READY", max(1.0, req.timeout - (time.monotonic() - start))
+    return wait_for(
+        api,
+        zone,
+        req.name,
+        lambda: get_vm(api, zone, req.name),
+        "READY",
+        max(1.0, req.timeout - (time.monotonic() - start)),
     ) or get_vm(api, zone, req.name)
 
 

@@ -5,74 +5,34 @@ IP, internal IP, IAP) chosen, the key authorised at first connection."""
 from __future__ import annotations
 
 import difflib
-import json
-import os
-import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 
+from tpuops.cloud.backends import Listing, backend_of
 from tpuops.cloud.client import Api, ApiNotFoundError, Notify, connect
 from tpuops.cloud.keys import default_user
-from tpuops.cloud.tpu_api import VmInfo, get_multislice, host_keys, list_vms, list_zone
-from tpuops.cloud.vm_state import get_vm
-from tpuops.config import TargetSpec, state_home
-from tpuops.errors import CloudError, ConnectError, PermissionDeniedError, PreemptedError, UsageError
+from tpuops.cloud.tpu_api import VmInfo
+from tpuops.cloud.vm_state import find_in_zone, get_vm, list_all, search
+from tpuops.cloud.zone_cache import _cached, cached_zone, remember_zone
+
+__all__ = ["Reach", "cached_zone", "find_vm", "locate_workers", "reach", "remember_zone"]
+from tpuops.config import TargetSpec
+from tpuops.errors import CloudError, ConnectError, PreemptedError, UsageError
 from tpuops.transport.base import Prepared, Worker
 
-CACHE_TTL_S = 600.0  # a VM does not move zones; the entry is dropped as soon as the VM is not found there
 _KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ssh-rsa")  # paramiko's preference order
 
 
-def _cache_path() -> Path:
-    return state_home() / "zone-cache.json"
-
-
-def _cache_key(api: Api, name: str) -> str:
-    return f"{api.endpoint or 'tpu.googleapis.com'}|{api.project}|{name}"
-
-
-def _cached(api: Api, name: str) -> dict | None:
-    try:
-        entry = json.loads(_cache_path().read_text()).get(_cache_key(api, name))
-    except (OSError, ValueError):
-        return None
-    return entry if entry and time.time() - entry["t"] < CACHE_TTL_S else None
-
-
-def cached_zone(api: Api, name: str) -> str | None:
-    entry = _cached(api, name)
-    return entry["zone"] if entry else None
-
-
-def remember_zone(api: Api, name: str, zone: str | None, kind: str = "node") -> None:
-    """Record (or with zone=None forget) where a VM lives and what it is (node, instance, mig); expired
-    entries are dropped on every write."""
-    path = _cache_path()
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        data = {}
-    now = time.time()
-    data = {k: v for k, v in data.items() if now - v["t"] < CACHE_TTL_S}
-    if zone:
-        data[_cache_key(api, name)] = {"zone": zone, "t": now, "kind": kind}
-    else:
-        data.pop(_cache_key(api, name), None)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
-
-
 def _not_found(name: str, where: str, vms: list[VmInfo], hint_zone: bool) -> CloudError:
+    """Not found: the close names (with zone and API) or the VMs there, of every backend."""
     names = sorted({v.name for v in vms})
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
     if close:
         zones = {v.name: v.zone for v in vms}
         hint = "did you mean " + ", ".join(f"{c} ({zones[c]})" for c in close) + "?"
     else:
-        hint = f"VMs there: {', '.join(names[:8])}" if names else "no TPU VMs there"
-        hint += " (searched Cloud TPU nodes, Compute Engine TPU instances and MIGs)"
+        listed = [f"{v.name} ({backend_of(v).words})" for v in sorted(vms, key=lambda v: v.name)]
+        hint = f"VMs there: {', '.join(listed[:8])}" if listed else "no TPU VMs there"
+        hint += " (searched Cloud TPU nodes and multislices, Compute Engine TPU instances and MIGs)"
     if hint_zone:
         hint += "; omit --zone to search every zone"
     return CloudError(f"TPU VM {name!r} not found in {where}", hint=hint)
@@ -85,49 +45,13 @@ def _get(api: Api, zone: str, name: str, kind: str) -> VmInfo | None:
         return None
 
 
-def find_in_zone(api: Api, zone: str, name: str, first: str | None) -> VmInfo | None:
-    """A Cloud TPU node, else a Compute Engine instance, else a MIG of that name (the cached kind first): one
-    call per kind at most. A refused Cloud TPU API (disabled, no role) does not hide a Compute Engine VM."""
-    denied: PermissionDeniedError | None = None
-    for kind in sorted(("node", "instance", "mig"), key=lambda k: k != first):
-        try:
-            vm = _get(api, zone, name, kind)
-        except PermissionDeniedError as e:
-            denied = denied or e
-            continue
-        if vm is not None:
-            return vm
-    if denied:
-        raise denied
-    return None
-
-
-def _search(api: Api, name: str) -> tuple[list[VmInfo], list[VmInfo], int]:
-    """(hits, every TPU node seen, zones searched): the Cloud TPU API's zones at once, then (when no node has
-    the name) Compute Engine's aggregated lists of instances and MIGs."""
-    tpu_error: CloudError | None = None
-    vms: list[VmInfo] = []
-    zones: list[str] = []
-    try:
-        vms, zones = list_vms(api)
-    except CloudError as e:  # the Cloud TPU API refused or is disabled: Compute Engine may still have it
-        tpu_error = e
-    hits = [v for v in vms if v.name == name]
-    if not hits:  # a multislice is listed as its slices' nodes: find it by their queued resource
-        qr_zones = {v.zone for v in vms if v.queued_resource.endswith(f"/queuedResources/{name}")}
-        hits = [multi for z in sorted(qr_zones) if (multi := get_multislice(api, z, name))]
-    if not hits:
-        from tpuops.cloud import compute_api
-
-        try:
-            hits = compute_api.search(api, name)
-        except CloudError:
-            if tpu_error:
-                raise tpu_error from None
-            raise
-        if not hits and tpu_error:
-            raise tpu_error
-    return hits, vms, len(zones)
+def _there(api: Api, zones: list[str], listing: Listing | None = None) -> tuple[list[VmInfo], int]:
+    """(the VMs of every backend in `zones` (all when empty), TPU zones searched): a not-found's hint.
+    Raises only when every API failed."""
+    vms, searched, errors = list_all(api, zones, listing)
+    if errors and not vms and len(errors) > 1:
+        raise errors[0]
+    return vms, len(searched)
 
 
 def find_vm(api: Api, name: str, zone: str | None) -> VmInfo:
@@ -136,7 +60,7 @@ def find_vm(api: Api, name: str, zone: str | None) -> VmInfo:
     if zone:
         vm = find_in_zone(api, zone, name, entry["kind"] if entry and entry["zone"] == zone else None)
         if vm is None:
-            raise _not_found(name, f"zone {zone}", list_zone(api, zone), hint_zone=True)
+            raise _not_found(name, f"zone {zone}", _there(api, [zone])[0], hint_zone=True)
         remember_zone(api, name, zone, vm.kind)
         return vm
     if entry:
@@ -144,12 +68,16 @@ def find_vm(api: Api, name: str, zone: str | None) -> VmInfo:
         if vm is not None:
             return vm
         remember_zone(api, name, None)
-    hits, vms, n_zones = _search(api, name)
+    listing = Listing([])
+    hits, errors = search(api, name, listing)
     if not hits:
+        if errors and len(errors) > 1:  # no API answered: say why
+            raise errors[0]
+        vms, n_zones = _there(api, [], listing)
         raise _not_found(name, f"any of {n_zones} zones of project {api.project}", vms, hint_zone=False)
     if len(hits) > 1:
         mixed = len({v.kind for v in hits}) > 1
-        where = ", ".join(f"{v.zone} ({v.api_words})" if mixed else v.zone for v in hits)
+        where = ", ".join(f"{v.zone} ({backend_of(v).words})" if mixed else v.zone for v in hits)
         raise UsageError(
             f"TPU VM {name!r} exists in several zones: {where}", hint=f"pass --zone {hits[0].zone}"
         )
@@ -160,7 +88,7 @@ def find_vm(api: Api, name: str, zone: str | None) -> VmInfo:
 def check_ready(vm: VmInfo) -> None:
     if vm.state == "READY":
         return
-    if vm.kind == "mig" and vm.state in ("PREEMPTED", "REPAIRING"):
+    if backend_of(vm).repairs_itself and vm.state in ("PREEMPTED", "REPAIRING"):
         raise PreemptedError(
             f"TPU VM {vm.name} in {vm.zone} is {vm.state}: some of its instances were preempted or are being "
             "recreated",
@@ -243,22 +171,8 @@ def route_of(vm: VmInfo, spec: TargetSpec, notify: Notify) -> str:
 
 
 def instance_names(vm: VmInfo, attrs: list[dict[str, dict[str, str]]]) -> list[str]:
-    """Each worker's Compute Engine instance name: the instances themselves on Compute Engine; for a Cloud TPU
-    node the guest attribute `hostname`, as gcloud reads it for IAP."""
-    if vm.api == "compute":
-        return list(vm.instances)
-    names = []
-    for w in vm.workers:
-        per = attrs[w.index] if w.index < len(attrs) else {}
-        name = next((keys["hostname"] for keys in per.values() if "hostname" in keys), None)
-        if not name:
-            raise ConnectError(
-                f"{vm.name} w{w.index} publishes no `hostname` guest attribute, so IAP cannot name its instance",
-                hint="the VM must be READY and HEALTHY, created after 2022-03-24, and the org policy "
-                "compute.disableGuestAttributesAccess must not be enforced",
-            )
-        names.append(name)
-    return names
+    """Each worker's Compute Engine instance name (what IAP tunnels to), as its backend knows it."""
+    return backend_of(vm).instance_names(vm, attrs)
 
 
 NOT_READ = "not read: a dry run logs in only with a key the VM already accepts (the run adds it)"
@@ -348,13 +262,9 @@ def reach(spec: TargetSpec, notify: Notify | None = None, api: Api | None = None
 
 
 def guest_attributes(api: Api, vm: VmInfo) -> list[dict[str, dict[str, str]]]:
-    """Per worker: {namespace: {key: value}}. A node: one getGuestAttributes for all workers; Compute Engine:
-    one per instance (query path `hostkeys/`), at once."""
-    if vm.kind == "node":
-        return host_keys(api, vm.zone, vm.name, vm.slices)
-    from tpuops.cloud import compute_api
-
-    return compute_api.guest_attributes(api, vm)
+    """Per worker: {namespace: {key: value}}, as its backend reads them (a node: one call for every worker;
+    Compute Engine: one per instance, at once)."""
+    return backend_of(vm).guest_attributes(api, vm)
 
 
 def locate_workers(spec: TargetSpec, notify: Notify | None = None) -> list[Worker]:

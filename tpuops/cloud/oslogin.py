@@ -51,23 +51,12 @@ def _token_email(credentials: Any) -> str | None:
 
 def client(endpoint: str | None) -> tuple[Any, Any]:
     """(OsLoginServiceClient over REST, its credentials): anonymous against an emulator endpoint."""
-    from google.api_core.client_options import ClientOptions
     from google.cloud import oslogin_v1
 
-    if endpoint:
-        from google.auth.credentials import AnonymousCredentials
+    from tpuops.cloud.client import client_kwargs
 
-        anonymous = AnonymousCredentials()
-        return (
-            oslogin_v1.OsLoginServiceClient(
-                transport="rest", credentials=anonymous, client_options=ClientOptions(api_endpoint=endpoint)
-            ),
-            anonymous,
-        )
-    import google.auth
-
-    creds, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
-    return oslogin_v1.OsLoginServiceClient(transport="rest", credentials=creds), creds
+    kw = client_kwargs(endpoint)
+    return oslogin_v1.OsLoginServiceClient(**kw), kw["credentials"]
 
 
 def import_key(

@@ -117,17 +117,9 @@ def fetch_catalog(endpoint: str | None) -> dict[str, dict[str, dict[str, float]]
     against `endpoint`, Application Default Credentials otherwise)."""
     from google.cloud import billing_v1
 
-    if endpoint:
-        from google.api_core.client_options import ClientOptions
-        from google.auth.credentials import AnonymousCredentials
+    from tpuops.cloud.client import build
 
-        client = billing_v1.CloudCatalogClient(
-            transport="rest",
-            credentials=AnonymousCredentials(),
-            client_options=ClientOptions(api_endpoint=endpoint),
-        )
-    else:
-        client = billing_v1.CloudCatalogClient(transport="rest")
+    client = build(billing_v1.CloudCatalogClient, endpoint)
     services = [s for s in client.list_services() if s.display_name in TPU_SERVICES]
     if not services:
         raise LookupError(f"the catalog lists none of the services {', '.join(TPU_SERVICES)}")

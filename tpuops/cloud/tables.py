@@ -6,6 +6,7 @@ from typing import Any
 
 from rich.table import Table
 
+from tpuops.cloud.backends import backend_of
 from tpuops.console import Col, emit_json, err, escape, out, table_of
 
 
@@ -19,8 +20,9 @@ def vm_list(vms: list[Any], zones: list[str], as_json: bool) -> None:
     rows = []
     for v in vms:
         spot = "spot" if v.spot else "preemptible" if v.preemptible else ""
-        api = v.api if v.kind == "node" else f"compute ({v.kind})"
-        rows.append([v.name, v.zone, api, v.accelerator_type, v.state, v.health, spot, str(len(v.workers))])
+        api = backend_of(v).label
+        workers = f"{len(v.workers)} ({len(v.slices)} slices)" if v.slices else str(len(v.workers))
+        rows.append([v.name, v.zone, api, v.accelerator_type, v.state, v.health, spot, workers])
     err.print(
         table_of(
             cols, rows, err.width, title=f"{len(vms)} TPU VMs in {len(zones)} zones", title_justify="left"
@@ -36,18 +38,14 @@ def vm_describe(vm: Any, as_json: bool, verb: str = "") -> None:
         ("name", vm.name),
         ("zone", vm.zone),
         ("project", vm.project),
-        ("api", "Cloud TPU API (node)" if vm.api == "tpu" else f"Compute Engine ({vm.kind})"),
+        ("api", backend_of(vm).words),
         ("state", vm.state + (f" (instances: {vm.status})" if vm.status else "")),
         ("health", vm.health),
         ("accelerator type", vm.accelerator_type),
-        *([("machine type", vm.machine_type), ("topology", vm.topology)] if vm.api == "compute" else []),
-        ("runtime version" if vm.api == "tpu" else "image", vm.runtime_version or "-"),
+        *backend_of(vm).detail_rows(vm),
         ("spot / preemptible", f"{'yes' if vm.spot else 'no'} / {'yes' if vm.preemptible else 'no'}"),
-        ("queued resource", vm.queued_resource or "-"),
         ("workers", str(len(vm.workers))),
     ]
-    if vm.slices:
-        rows.append(("slices", f"{len(vm.slices)}: {', '.join(vm.slices)}"))
     table = Table(title=f"{verb + ' ' if verb else ''}{vm.name}", title_justify="left", show_header=False)
     table.add_column("field")
     table.add_column("value")

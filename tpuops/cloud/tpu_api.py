@@ -44,8 +44,10 @@ class VmInfo:
     slices: tuple[str, ...] = ()
     # The node's metadata (ssh-keys, enable-oslogin, ...); not in to_dict: ssh-keys is long and not state.
     metadata: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
-    api: str = "tpu"  # "tpu": a Cloud TPU node; "compute": a Compute Engine instance or MIG (compute_api.py)
-    kind: str = "node"  # "node", "instance" (one TPU VM) or "mig" (a MIG whose instances are the workers)
+    api: str = "tpu"  # "tpu": the Cloud TPU API; "compute": Compute Engine (compute_api.py)
+    # Which backend serves it (tpuops.cloud.backends: the one place that chooses by it): "node", "multislice"
+    # (one queued resource, several nodes), "instance" (one Compute Engine TPU VM) or "mig" (a MIG's slice).
+    kind: str = "node"
     machine_type: str = ""  # Compute Engine: each VM's machine type (tpu7x-standard-4t, ...)
     topology: str = ""  # Compute Engine: the slice's accelerator topology (2x2x1, 4x4, ...)
     status: str = ""  # Compute Engine: the instances' own status (RUNNING, TERMINATED, ...); `state` maps it
@@ -54,13 +56,6 @@ class VmInfo:
     # Compute Engine: each instance's own metadata and its fingerprint (setMetadata needs both); not in to_dict.
     instance_metadata: tuple[dict[str, str], ...] = field(default=(), compare=False, repr=False)
     fingerprints: tuple[str, ...] = field(default=(), compare=False, repr=False)
-
-    @property
-    def api_words(self) -> str:
-        """Which API serves it, in words: `Cloud TPU API node`, `Compute Engine instance` or `... MIG`."""
-        return {"node": "Cloud TPU API node", "instance": "Compute Engine instance"}.get(
-            self.kind, "Compute Engine MIG"
-        )
 
     def to_dict(self) -> dict[str, Any]:
         out = {**asdict(self), "worker_count": len(self.workers)}
@@ -164,6 +159,11 @@ def get_multislice(api: Api, zone: str, name: str) -> VmInfo | None:
             nodes.append(get_vm_node(api, zone, node_id))
         except ApiNotFoundError:
             nodes.append(replace(_absent(api, zone, node_id), state=f"QUEUED:{qr.state.state.name}"))
+    return join_slices(name, qr_name, nodes)
+
+
+def join_slices(name: str, qr_name: str, nodes: list[VmInfo]) -> VmInfo:
+    """A multislice's nodes (in slice order) -> one VmInfo: every slice's workers numbered across slices."""
     per_slice = [(s, w) for s, n in enumerate(nodes) for w in n.workers]
     workers = tuple(replace(w, index=k, slice=s) for k, (s, w) in enumerate(per_slice))
     first = nodes[0]
@@ -174,8 +174,16 @@ def get_multislice(api: Api, zone: str, name: str) -> VmInfo | None:
         health=next((n.health for n in nodes if n.health not in ("", "HEALTHY")), first.health),
         workers=workers,
         queued_resource=qr_name,
-        slices=ids,
+        slices=tuple(n.name for n in nodes),
+        kind="multislice",
     )
+
+
+def multislice_of(node: VmInfo) -> str:
+    """The multislice a node is a slice of (its queued resource's id, when the node is named ID-K), else ''."""
+    qr = node.queued_resource.rsplit("/", 1)[-1]
+    prefix, _, k = node.name.rpartition("-")
+    return qr if qr and prefix == qr and k.isdigit() else ""
 
 
 def get_vm_node(api: Api, zone: str, name: str) -> VmInfo:

@@ -7,12 +7,14 @@ from pathlib import Path
 
 from tpuops import config
 from tpuops.cloud.client import Api, Notify, connect
-from tpuops.cloud.create import CreateRequest, check_slices, create_vm
+from tpuops.cloud.create import CreateRequest, check_slices
 from tpuops.cloud.keys import default_user
-from tpuops.cloud.locate import find_vm, remember_zone
-from tpuops.cloud.tpu_api import VmInfo, list_vms
+from tpuops.cloud.locate import find_vm
+from tpuops.cloud.tpu_api import VmInfo
 from tpuops.cloud.vm_state import delete_vm, wait_state
-from tpuops.errors import CloudError, UsageError
+from tpuops.cloud.zone_cache import remember_zone
+from tpuops.cloud.zones import check_zone, known_zones, not_offered
+from tpuops.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -30,37 +32,26 @@ class ApiTarget:
 
 
 def list_(target: ApiTarget, zones: list[str], notify: Notify) -> tuple[list[VmInfo], list[str]]:
-    """Cloud TPU nodes (explicit zones only; none means every TPU zone in parallel) and Compute Engine TPU VMs
-    (two aggregated lists). One API failing while the other answers is a note, not an error."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from tpuops.cloud import compute_api
+    """Every backend's VMs (tpuops.cloud.backends) in `zones` (none: every zone): the Cloud TPU API's zones in
+    parallel, Compute Engine's two aggregated lists at once; a multislice is one VM with its slices. One API
+    failing while another answers is a note, not an error."""
+    from tpuops.cloud.vm_state import list_all
 
     api, _ = target.resolve(notify)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        tpu = pool.submit(list_vms, api, zones or None)
-        compute = pool.submit(compute_api.list_vms, api, zones or None)
-        errors: list[CloudError] = []
-        found: list[VmInfo] = []
-        searched: list[str] = list(zones)
-        try:
-            nodes, searched = tpu.result()
-            found += nodes
-        except CloudError as e:
-            errors.append(e)
-        try:
-            found += compute.result()
-        except CloudError as e:
-            errors.append(e)
-    if len(errors) == 2:
+    for z in zones:
+        check_zone(z, api.endpoint, api)
+    found, searched, errors = list_all(api, list(zones))
+    if errors and not found and len(errors) > 1:
         raise errors[0]
     for skipped in errors:
         notify(f"skipped: {skipped.message}")
-    return sorted(found, key=lambda v: (v.zone, v.name)), sorted(set(searched) | {v.zone for v in found})
+    return found, sorted(set(searched) | set(zones) | {v.zone for v in found})
 
 
 def describe(target: ApiTarget, name: str, notify: Notify) -> VmInfo:
     api, zone = target.resolve(notify)
+    if zone:
+        check_zone(zone, api.endpoint, api)
     return find_vm(api, name, zone)
 
 
@@ -83,9 +74,14 @@ def create(
     image: str | None = None,
     slices: int = 1,
 ) -> VmInfo:
-    """Through the Cloud TPU API or Compute Engine (compute_create.choose_api: TPU7x always Compute Engine)."""
+    """Through the backend the type and `--api` choose (compute_create.choose_api: TPU7x always Compute Engine;
+    backends.for_create). The type and zones are checked before any call."""
+    from tpuops.cloud.accelerators import parse
+    from tpuops.cloud.backends import for_create
+    from tpuops.cloud.client import ApiNotFoundError
     from tpuops.cloud.compute_create import choose_api
 
+    acc = parse(accelerator_type)  # exit 2 naming the families or the family's sizes, before any call
     check_slices(slices)
     cfg = config.load()
     which = choose_api(accelerator_type, api_name, cfg.api)
@@ -101,18 +97,25 @@ def create(
         )
     if which == "tpu" and image:
         raise UsageError("--image is for Compute Engine TPU VMs", hint="add --api compute, or drop --image")
-    api, zone = target.resolve(notify)
+    endpoint = target.api_endpoint or cfg.api_endpoint
+    default_zone = target.zone or cfg.zone
+    wanted: list[str] = list(zones or ([default_zone] if default_zone else []))
+    for z in wanted:
+        if z in known_zones(endpoint):
+            continue
+        check_zone(z, endpoint, target.resolve(notify)[0])  # only a zone tpuops does not know asks the API
     ssh_keys = ""
     if ssh_public_key:
         path = Path(ssh_public_key).expanduser()
         if not path.is_file():
             raise UsageError(f"--ssh-public-key {ssh_public_key}: no such file")
         ssh_keys = f"{user or default_user()}:{path.read_text().strip()}"
+    api, _ = target.resolve(notify)
     req = CreateRequest(
         name,
         accelerator_type,
         runtime_version or "",
-        tuple(zones or ([zone] if zone else [])),
+        tuple(wanted),
         spot=spot,
         queued=queued,
         wait=wait,
@@ -121,13 +124,16 @@ def create(
         ssh_keys=ssh_keys,
         internal_ips=internal_ips,
     )
-    if which == "compute":
-        from tpuops.cloud import compute_create
-
-        notify(f"{name}: {accelerator_type} through Compute Engine")
-        vm = compute_create.create_vm(api, req, image or "")
-    else:
-        vm = create_vm(api, req)
+    backend = for_create(which, acc.hosts, slices)
+    if backend.api != "tpu":
+        notify(f"{name}: {accelerator_type} through {backend.words}")
+    try:
+        vm = backend.create(api, req, image or "")
+    except ApiNotFoundError as e:
+        zone = next((z for z in wanted if z in e.message), wanted[0] if len(wanted) == 1 else "")
+        if not zone:
+            raise
+        raise not_offered(accelerator_type, zone, api) from None
     remember_zone(api, name, vm.zone, vm.kind)
     return vm
 
@@ -146,7 +152,7 @@ def wait(
     """(VM in `state`, or None once DELETED; its zone)."""
     api, zone = target.resolve(notify)
     if zone and state.upper() == "DELETED":
-        from tpuops.cloud.locate import find_in_zone
+        from tpuops.cloud.vm_state import find_in_zone
 
         found = find_in_zone(api, zone, name, None)
         if found is None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from tpuops.logs.events import StepRow
 from tpuops.logs.fields import pick, value
-from tpuops.logs.scanner import config_summary, json_fields, step_row
+from tpuops.logs.lines import config_summary, json_fields, step_row
 
 # What a SOP step kind is doing, in the words of the status line (anything else: the step's title).
 PHASES = {

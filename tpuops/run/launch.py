@@ -172,7 +172,7 @@ def _check(
 def _step_pattern(sop: loader.Sop, sets: dict[str, object]) -> str | None:
     """`--set step_pattern=REGEX` (any SOP that reads a log: `scan:`), else the SOP's `scan.step_pattern`;
     checked here (exit 2 naming it). Taken out of `sets`: it is the scanner's setting, not a parameter."""
-    from tpuops.logs.scanner import compile_step_pattern
+    from tpuops.logs.lines import compile_step_pattern
 
     given = sets.pop("step_pattern", None) if "step_pattern" not in sop.params else None
     if given is not None and sop.scan is None:

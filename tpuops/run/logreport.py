@@ -44,7 +44,7 @@ def review(
     baseline; write the HTML page when asked. `columns`: the fields the steps table shows (a run's own
     `--set columns=...` otherwise); one its step lines never have is exit 2."""
     from tpuops.logs.fields import check_columns, parse_columns
-    from tpuops.logs.scanner import compile_step_pattern
+    from tpuops.logs.lines import compile_step_pattern
     from tpuops.run import scan
 
     if step_pattern:

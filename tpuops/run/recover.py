@@ -7,7 +7,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tpuops.errors import PermissionDeniedError, PreemptedError, TpuopsError
@@ -16,12 +15,10 @@ from tpuops.run.result import Recovery, RunResult
 from tpuops.run.target import Target, resolve
 
 if TYPE_CHECKING:  # the cloud modules load only on a VM target
+    from tpuops.cloud.client import Api
     from tpuops.cloud.tpu_api import VmInfo
+    from tpuops.config import TargetSpec
 
-# States in which the VM's workers are gone for good: recreate. (STOPPED is left alone: someone chose it.)
-# A Compute Engine MIG is also lost while it recreates instances (REPAIRING), or once any instance was
-# recreated (a new id: new address, new host key, none of the run's processes).
-LOST_STATES = ("PREEMPTED", "TERMINATED")
 # One attempt of the run on a target: (run id, the target, an event that aborts it, a sink for the follower's
 # typed log events) -> its result. launch.start passes it in, so recovery needs nothing of launch (and
 # launch may import this module).
@@ -115,9 +112,8 @@ def watched(
             )
         say(f"{vm.name} {lost.why} {at_step(seen['last'])}; recreating it ({n + 1}/{max_recoveries})")
         t0 = time.monotonic()
-        _recreate(target.api, vm, target.spec, ready_timeout)
-        # A MIG recreates only its lost instances: the others still run this attempt's job.
-        if vm.kind == "mig":
+        # A VM that recreates only its lost workers (a MIG) leaves the others running this attempt's job.
+        if _recreate(target.api, vm, target.spec, ready_timeout):
             _stop_survivors(run_id, say)
         # The recreated VM has new host keys and addresses: the one legitimate second resolve.
         target = resolve(target.spec, target.config, notify, api=target.api)
@@ -193,17 +189,11 @@ def _reachable(endpoints: list[tuple[str, int]], timeout: float) -> bool:
 
 
 def lost_reason(before: VmInfo, now: VmInfo) -> str | None:
-    """Why the VM `before` (as the run resolved it) is lost, seen as `now`; None while it is not."""
-    if now.state in LOST_STATES:
-        return f"was {now.state}"
-    if before.api == "compute" and now.state == "REPAIRING":
-        return "was REPAIRING (its MIG is recreating preempted instances)"
-    if before.api == "compute" and now.instance_ids and now.instance_ids != before.instance_ids:
-        changed = [
-            w for w, (a, b) in enumerate(zip(before.instance_ids, now.instance_ids, strict=False)) if a != b
-        ]
-        return f"had instances recreated (w{', w'.join(map(str, changed))}: new addresses and host keys)"
-    return None
+    """Why the VM `before` (as the run resolved it) is lost, seen as `now`; None while it is not (its backend
+    says: a lost state, a MIG repairing, an instance recreated)."""
+    from tpuops.cloud.vm_state import lost_reason as why
+
+    return why(before, now)
 
 
 def _check_now(api, vm, abort: threading.Event, watcher: threading.Thread, every: float, lost: Lost) -> None:
@@ -260,46 +250,10 @@ def _watch(
             return
 
 
-def _recreate(api, vm, spec, timeout: float) -> None:
-    """Make the lost VM whole again with the same shape. A MIG recreates its own instances: wait for READY. A
-    Cloud TPU node or a Compute Engine instance: delete it and create it again (queued resources wait
-    themselves; a multislice is deleted and queued again whole, every slice)."""
-    from tpuops.cloud.locate import remember_zone
-    from tpuops.cloud.vm_state import delete_vm, wait_state
+def _recreate(api: Api, vm: VmInfo, spec: TargetSpec, timeout: float) -> bool:
+    """Make the lost VM whole again with the same shape, as its backend does (a Cloud TPU node or a Compute
+    Engine instance deleted and created again, a multislice queued again whole, a MIG's own repair awaited).
+    True when only the lost workers were made again."""
+    from tpuops.cloud.vm_state import recreate
 
-    if vm.kind == "mig":
-        wait_state(api, vm.zone, vm.name, "mig", "READY", timeout)
-        return
-    try:
-        delete_vm(api, vm, timeout)
-    except Exception:
-        pass
-    from tpuops.cloud.create import CreateRequest
-    from tpuops.cloud.keys import default_identity, default_user
-
-    ssh_keys = ""  # the next run's first connection adds the key anyway (OS Login or metadata, as needed)
-    pub = Path(f"{Path(spec.identity).expanduser() if spec.identity else default_identity()}.pub")
-    if pub.is_file():
-        ssh_keys = f"{spec.user or default_user()}:{pub.read_text().strip()}"
-    req = CreateRequest(
-        vm.name,
-        vm.accelerator_type,
-        vm.runtime_version,
-        (vm.zone,),
-        spot=vm.spot,
-        queued=bool(vm.queued_resource),
-        wait=True,
-        slices=max(1, len(vm.slices)),  # a multislice is recreated whole: any slice lost is the run lost
-        timeout=timeout,
-        ssh_keys=ssh_keys,
-        internal_ips=not any(w.external_ip for w in vm.workers),
-    )
-    if vm.kind == "instance":
-        from tpuops.cloud import compute_create
-
-        compute_create.create_vm(api, req, vm.runtime_version)
-    else:
-        from tpuops.cloud.create import create_vm
-
-        create_vm(api, req)
-    remember_zone(api, vm.name, vm.zone, vm.kind)
+    return recreate(api, vm, spec, timeout)

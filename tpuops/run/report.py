@@ -105,10 +105,11 @@ def dry_run(dr: RunResult, as_json: bool, *, verbose: bool = False) -> None:
     err.print(f"[bold]plan for {dr.sop}[/] on {dr.transport} workers {dr.workers} (nothing was run)")
     vm = getattr(planned.target, "vm", None)
     if vm is not None:
+        from tpuops.cloud.backends import backend_of
+
+        words = backend_of(vm).words
         err.print(
-            escape(
-                f"VM {vm.name} in {vm.zone}: {vm.api_words} ({vm.accelerator_type}, {len(vm.workers)} workers)"
-            )
+            escape(f"VM {vm.name} in {vm.zone}: {words} ({vm.accelerator_type}, {len(vm.workers)} workers)")
         )
     if planned.fit:
         err.print(f"fit: {escape(planned.fit)}")

@@ -10,7 +10,8 @@ from pathlib import Path
 
 # The reader and what it hands out, under the names report and launch code reach for.
 from tpuops.logs.events import LogReport, apply_exit, exit_status, merge
-from tpuops.logs.scanner import WORKER_LOG, LogScanner
+from tpuops.logs.lines import WORKER_LOG
+from tpuops.logs.scanner import LogScanner
 
 __all__ = [
     "LogReport", "LogScanner", "apply_exit", "merge", "read_exit", "run_logs", "run_report", "scan_file", "scan_run",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpuops.cloud.accelerators import KNOWN_HOSTS, worker_count
+from tpuops.cloud.accelerators import KNOWN_HOSTS, parse, worker_count
 from tpuops.errors import UsageError
 
 
@@ -24,6 +24,35 @@ def test_malformed_type_is_a_usage_error(bad: str) -> None:
         worker_count(bad)
 
 
-def test_size_that_is_not_whole_hosts() -> None:
-    with pytest.raises(UsageError, match="not a whole number of hosts"):
-        worker_count("v6e-18")
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ("v6e-18", "did you mean v6e-16? v6e sizes: 1, 4, 8, 16, 32, 64, 128, 256"),  # not whole hosts either
+        ("v4-7", "did you mean v4-8? v4 sizes: 8, 16, 32"),
+        ("v5litepod-2", "did you mean v5litepod-1?"),
+    ],
+)
+def test_a_size_the_family_has_not_is_refused_naming_its_sizes(bad: str, says: str) -> None:
+    with pytest.raises(UsageError, match="has no slice of") as e:
+        worker_count(bad)
+    assert says in (e.value.hint or ""), e.value.hint
+
+
+def test_an_unknown_family_names_the_families_and_a_close_one() -> None:
+    with pytest.raises(UsageError) as e:
+        parse("v9z-8")
+    assert "v2, v3, v4, v5p, v5litepod, v5e, v6e, tpu7x" in (e.value.hint or "")
+    with pytest.raises(UsageError) as e:
+        parse("v6-8")
+    assert (e.value.hint or "").startswith("did you mean v6e-8?"), e.value.hint
+
+
+def test_every_priced_slice_and_every_compute_topology_parses() -> None:
+    """The sizes come from the same table fit and pricing use: each of its slices is a valid type."""
+    from tpuops.cloud import price_table
+
+    for fam, entry in price_table.table()["families"].items():
+        name = "v5litepod" if fam == "v5e" else fam
+        for size in entry["slices"]:
+            assert parse(f"{name}-{size}").size == int(size)
+    assert parse("tpu7x-128").hosts == 16 and parse("tpu7x-128").chips == 64

@@ -231,3 +231,43 @@ def test_sync_sop_over_vm_checks_out_the_repo_on_every_worker(
             text=True,
         )
         assert head.stdout.strip() == sha
+
+
+def test_bad_names_are_exit_2_before_any_call_and_no_line_carries_a_url(cloud: Cloud, vm_name: str) -> None:
+    """A size the family has not, an unknown family: exit 2 naming the sizes / families, no request made. An
+    unknown zone: exit 2 with the emulator's own zone as the did-you-mean. A zone the emulator does not serve:
+    one line naming the zones that offer the type; no line shows the endpoint's URL."""
+    base = ["vm", "create", vm_name, "--zone", "us-east1-d", "--runtime-version", "base"]
+    before = len(cloud.emu.model.requests)
+    size = cloud.cli(*base, "--accelerator", "v4-7")
+    family = cloud.cli(*base, "--accelerator", "v9z-8")
+    assert (size.returncode, family.returncode) == (ExitCode.USAGE, ExitCode.USAGE)
+    assert "did you mean v4-8? v4 sizes: 8, 16, 32" in size.stderr
+    assert "v2, v3, v4, v5p, v5litepod, v5e, v6e, tpu7x" in family.stderr
+    assert len(cloud.emu.model.requests) == before, cloud.calls(before)
+
+    zone = cloud.cli("vm", "create", vm_name, "--accelerator", "v4-8", "--zone", "us-east1-x",
+                     "--runtime-version", "base")  # fmt: skip
+    assert zone.returncode == ExitCode.USAGE and "did you mean us-east1-d" in zone.stderr, zone.stderr
+    offered = cloud.cli("vm", "create", vm_name, "--accelerator", "v4-8", "--zone", "us-central1-c",
+                        "--runtime-version", "base")  # fmt: skip
+    assert offered.returncode == ExitCode.CLOUD
+    # The test emulator's zones (none of them the table's v4 zones): the zones of this API are named.
+    assert (
+        "v4-8 is not offered in us-central1-c; zones that offer it: europe-west4-a, us-central1-a"
+        in offered.stderr
+    )
+    listed = cloud.cli("vm", "list", "--zone", "us-east1-x")
+    assert listed.returncode == ExitCode.USAGE
+    for r in (size, family, zone, offered, listed):
+        assert "http://" not in r.stderr and "googleapis" not in r.stderr, r.stderr
+
+
+def test_describe_of_a_missing_name_lists_the_compute_engine_vms_of_the_zone(
+    cloud: Cloud, vm_name: str
+) -> None:
+    made = cloud.cli("vm", "create", vm_name, "--accelerator", "tpu7x-8", "--zone", "us-east5-a")
+    assert made.returncode == 0, made.stderr
+    missing = cloud.cli("vm", "describe", "zzz-absent", "--zone", "us-east5-a")
+    assert missing.returncode == ExitCode.CLOUD
+    assert f"{vm_name} (Compute Engine instance)" in missing.stderr, missing.stderr

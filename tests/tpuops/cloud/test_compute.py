@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.tpuops.cloud.conftest import Cloud
-from tpuops.cloud import compute_api, compute_create, locate
+from tpuops.cloud import compute_api, compute_create, locate, vm_state
 from tpuops.cloud.accelerators import accelerator_of, compute_shape, slice_of
 from tpuops.cloud.client import ApiNotFoundError
 from tpuops.cloud.create import CreateRequest
@@ -102,24 +102,24 @@ def test_the_client_retries_503s_and_403s_name_the_role(cloud: Cloud, vm_name: s
     vm = _create(cloud, vm_name, "tpu7x-8")
     api = cloud.api()
     cloud.emu.admin("faults", unavailable=2, code=503)
-    assert compute_api.get_vm(api, ZONE, vm_name, "instance").state == "READY"
+    assert vm_state.get_vm(api, ZONE, vm_name, "instance").state == "READY"
     retries = [n for n in cloud.notes if "retry" in n]
     assert [n.split("; ")[-1].split(" in ")[0] for n in retries] == ["retry 1/5", "retry 2/5"], cloud.notes
     assert all(n.startswith(f"Compute API get instance {vm_name} in {ZONE}: 503 ") for n in retries), retries
     cloud.emu.admin("faults", unavailable=1, code=403)
     with pytest.raises(PermissionDeniedError) as read:
-        compute_api.get_vm(api, ZONE, vm_name, "instance")
+        vm_state.get_vm(api, ZONE, vm_name, "instance")
     assert "roles/compute.viewer" in read.value.hint
     cloud.emu.admin("faults", unavailable=1, code=403)
     with pytest.raises(PermissionDeniedError) as change:
-        compute_api.delete_vm(api, vm, timeout=30)
+        vm_state.delete_vm(api, vm, timeout=30)
     assert "roles/compute.instanceAdmin.v1" in change.value.hint
     assert "roles/iam.serviceAccountUser" in change.value.hint
     # setMetadata needs the current fingerprint: a stale one is refused (412), the metadata unchanged.
     compute_api.set_metadata(api, vm, 0, {**vm.instance_metadata[0], "k": "1"})
     with pytest.raises(CloudError, match="412 Supplied fingerprint does not match"):
         compute_api.set_metadata(api, vm, 0, {"k": "2"})
-    assert compute_api.get_vm(api, ZONE, vm_name, "instance").metadata["k"] == "1"
+    assert vm_state.get_vm(api, ZONE, vm_name, "instance").metadata["k"] == "1"
 
 
 def test_a_stockout_moves_on_to_the_next_zone_and_nothing_is_left_behind(cloud: Cloud, vm_name: str) -> None:
@@ -131,7 +131,7 @@ def test_a_stockout_moves_on_to_the_next_zone_and_nothing_is_left_behind(cloud: 
     # The refused zone's MIG is gone; its template and policy were made again (and kept) for the next zone.
     assert not [k for k in compute.migs if f"/zones/{ZONE}/" in k and k.endswith(f"/{vm_name}")]
     with pytest.raises(ApiNotFoundError):
-        compute_api.get_vm(cloud.api(), ZONE, vm_name, "mig")
+        vm_state.get_vm(cloud.api(), ZONE, vm_name, "mig")
 
 
 def test_a_recreated_mig_instance_has_a_new_host_key_and_the_slice_is_found_again(
@@ -141,7 +141,7 @@ def test_a_recreated_mig_instance_has_a_new_host_key_and_the_slice_is_found_agai
     api = cloud.api()
     before = locate.guest_attributes(api, vm)
     cloud.emu.admin("recreate", node=vm_name, worker=1)
-    after_vm = compute_api.get_vm(api, ZONE, vm_name, "mig")
+    after_vm = vm_state.get_vm(api, ZONE, vm_name, "mig")
     after = locate.guest_attributes(api, after_vm)
     assert after_vm.instances == vm.instances  # a MIG recreates an instance under its name
     assert after_vm.instance_ids[0] == vm.instance_ids[0] and after_vm.instance_ids[1] != vm.instance_ids[1]
@@ -150,6 +150,6 @@ def test_a_recreated_mig_instance_has_a_new_host_key_and_the_slice_is_found_agai
 
     assert "had instances recreated (w1" in (lost_reason(vm, after_vm) or "")
     cloud.emu.admin("preempt", node=vm_name, worker=0)
-    seen = compute_api.get_vm(api, ZONE, vm_name, "mig")
+    seen = vm_state.get_vm(api, ZONE, vm_name, "mig")
     assert seen.state in ("PREEMPTED", "REPAIRING", "READY")  # the MIG repairs it within REPAIR_DELAY_S
     assert lost_reason(vm, seen)

@@ -371,12 +371,12 @@ def test_a_compute_engine_vm_preempted_mid_run_is_made_whole_and_the_run_finishe
 ) -> None:
     """A Spot instance preempted (TERMINATED) is deleted and created again; in a MIG slice one preempted
     instance is recreated by the MIG itself (new address, new host key), and the run resolves it again."""
-    from tpuops.cloud import compute_api
+    from tpuops.cloud import vm_state
 
     made = cloud.cli("vm", "create", vm_name, "--type", accelerator, "--zone", ZONE, "--spot", "--wait")
     assert made.returncode == 0, made.stderr
     kind = "instance" if accelerator == "tpu7x-8" else "mig"
-    before = compute_api.get_vm(cloud.api(), ZONE, vm_name, kind)
+    before = vm_state.get_vm(cloud.api(), ZONE, vm_name, kind)
     lines: list[str] = []
     events: list[str] = []
     worker = {} if kind == "instance" else {"worker": 1}
@@ -388,7 +388,7 @@ def test_a_compute_engine_vm_preempted_mid_run_is_made_whole_and_the_run_finishe
     assert rec["why"].startswith(("was PREEMPTED", "was REPAIRING", "had instances recreated")), rec
     assert rec["last_step"] >= 4 and rec["resumed_step"] == 0
     assert "step=29 " in "\n".join(lines)
-    after = compute_api.get_vm(cloud.api(), ZONE, vm_name, kind)
+    after = vm_state.get_vm(cloud.api(), ZONE, vm_name, kind)
     assert after.state == "READY" and after.spot
     if kind == "instance":
         assert after.instance_ids != before.instance_ids  # deleted and inserted again

@@ -11,24 +11,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from tpuops.cloud.emulator import catalog, compute, queued
+from tpuops.cloud.emulator import catalog, compute, compute_routes, queued
 from tpuops.cloud.emulator.model import Model
 from tpuops.cloud.emulator.records import ApiError, ApiRequest
+from tpuops.cloud.zones import EMULATOR_ZONES
 
-DEFAULT_ZONES = [
-    "us-central1-a",
-    "us-central1-b",
-    "us-central2-b",
-    "us-east1-d",
-    "us-east5-a",
-    "us-east5-b",
-    "us-south1-a",
-    "us-west4-a",
-    "europe-west4-a",
-    "europe-west4-b",
-    "asia-northeast1-b",
-    "asia-southeast1-b",
-]
+DEFAULT_ZONES = EMULATOR_ZONES
 _LOC = r"/v2/projects/(?P<p>[^/]+)/locations"
 _ZONE = _LOC + r"/(?P<z>[^/:]+)"
 _STATUS = {503: "UNAVAILABLE", 429: "RESOURCE_EXHAUSTED", 403: "PERMISSION_DENIED"}
@@ -89,7 +77,7 @@ def _other_apis(m: Model, method: str, path: str, q: dict[str, str], body: dict[
     """The bits of Compute Engine (project metadata), OS Login and IAP that reaching a VM needs; the billing
     catalog's services and SKUs (prices)."""
     if path.startswith("/compute/v1/projects/") and path.count("/") > 4:
-        return compute.route(m.compute, method, path, q, body)
+        return compute_routes.route(m.compute, method, path, q, body)
     if (answer := catalog.route(m.catalog, method, path, q)) is not None:
         return answer
     if method == "GET" and (r := re.fullmatch(r"/compute/v1/projects/([^/]+)", path)):
