@@ -11,8 +11,6 @@ from typing import Any, Protocol
 
 from rich.console import Console
 
-from tpuops.sop.status import Status
-
 out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
 err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
 _JSON = {"on": False}  # the running command's --json
@@ -59,18 +57,19 @@ def escape(text: str) -> str:
     return rich_escape(inert(text))
 
 
-# One style per Status member (a test checks every member renders); anything else shows unstyled.
+# One style per step status (sop/status.Status's values: a test checks every member renders; console sits below
+# sop/, so it names them as text); anything else shows unstyled.
 _STYLE: dict[str, str] = {
-    Status.CHANGED: "green",
-    Status.OK: "green",
-    Status.NOTHING: "dim",
-    Status.FAILED: "bold red",
-    Status.BUSY: "bold yellow",
-    Status.TIMEOUT: "bold red",
-    Status.HANG: "bold red",
-    Status.CANCELLED: "yellow",
-    Status.SKIPPED: "dim",
-    Status.DETACHED: "yellow",
+    "changed": "green",
+    "ok": "green",
+    "nothing": "dim",
+    "failed": "bold red",
+    "busy": "bold yellow",
+    "timeout": "bold red",
+    "hang": "bold red",
+    "cancelled": "yellow",
+    "skipped": "dim",
+    "detached": "yellow",
 }
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.tpuops.test_usage_errors import _one_line, tpuops
-from tpuops import validators
+from tpuops.config import validators
 from tpuops.errors import UsageError
 
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpuops import shell
+from tpuops.config import secrets
 from tpuops.errors import ExitCode, TpuopsError
 from tpuops.shell import Redactor
-from tpuops.sop import secrets
 from tpuops.transport.base import Transport
 
 

@@ -11,8 +11,8 @@ from typing import Annotated, Any
 
 import typer
 
-from tpuops import validators
 from tpuops.cli import complete
+from tpuops.config import validators
 
 if typing.TYPE_CHECKING:
     from tpuops.config import TargetSpec

@@ -99,7 +99,7 @@ def attach(
 def learn_sent_env(rec: RunRecord, transport: Transport, redact: Redactor) -> None:
     """When values the run was sent are known only by their hashes (the local .env changed since), read the
     .env the workers have (worker 0's, where sync_env put it): its values are redacted in clear, the fast way."""
-    from tpuops.sop import secrets
+    from tpuops.config import secrets
 
     paths = (rec.secret_digests or {}).get("worker_files", [])
     for path in paths if redact.unknown_hashed else []:

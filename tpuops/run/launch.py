@@ -363,7 +363,7 @@ def _connect_step(workers: list[int], unreachable: dict[int, TpuopsError]) -> St
 
 def _env_values(secret_files: list[str]) -> list[str]:
     """The values of the run's local .env files (read leniently: these are only for redaction)."""
-    from tpuops.sop import secrets
+    from tpuops.config import secrets
 
     return [
         v for f in map(Path, secret_files) if f.is_file() for v in secrets.parse(f.read_bytes())[0].values()

@@ -231,7 +231,7 @@ def secret_files(sop: loader.Sop, values: dict[str, object], cwd: Path) -> list[
 def check_env_files(sop: loader.Sop, values: dict[str, object], given: set[str], cwd: Path) -> None:
     """Every .env a sync_env step would send parses and can be written (exit 2 otherwise); one named with
     --set (or tpuops.toml, or `required: true`) must exist: a typo must not leave a stale .env in use."""
-    from tpuops.sop import secrets
+    from tpuops.config import secrets
     from tpuops.sop.steps import SyncEnv
 
     ctx = plan_context(values, cwd)

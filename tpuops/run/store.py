@@ -39,7 +39,7 @@ class RunRecord:
     def redactor(self) -> Redactor:
         """Redacts from what the workers' logs say the values of the run's .env files as they are now, and the
         values that were sent with the run (kept as keyed hashes) even after the local files changed."""
-        from tpuops.sop import secrets
+        from tpuops.config import secrets
 
         files = [Path(f) for f in self.secret_files if Path(f).is_file()]
         # Read leniently: redaction must work even if a file was since edited into one tpuops would not send.

@@ -46,7 +46,7 @@ class Upload:
     remote: str
     mode: int = 0o600
     digest: str = ""  # short sha256 of what will be sent, shown instead of the content
-    plain: bool = False  # sent as it is (a patch); False: a .env, read and written by tpuops.sop.secrets
+    plain: bool = False  # sent as it is (a patch); False: a .env, read and written by tpuops.config.secrets
 
     def render(self) -> str:
         return f"sftp put {self.local.name} -> {self.remote} (mode {self.mode:04o}, sha256 {self.digest})"

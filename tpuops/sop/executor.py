@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from tpuops import shell
+from tpuops.config import secrets
 from tpuops.errors import TpuopsError, error_class
 from tpuops.logs.events import Event
 from tpuops.logs.follow import Follower, Readings
 from tpuops.shell import MIN_SECRET_CHARS, Redactor
-from tpuops.sop import claim, secrets
+from tpuops.sop import claim
 from tpuops.sop.actions import DOING, Action, Command, Fetch, Follow, Upload
 from tpuops.sop.loader import Sop
 from tpuops.sop.model import Outcome, PlanContext, Step, markers

@@ -299,7 +299,7 @@ class SyncEnv(Step):
                     what=f"no local {src.name}: remove {ctx.raw(self.dest)} if the worker has one",
                 )
             ]
-        from tpuops.sop.secrets import normalized_env_bytes  # light: python-dotenv only
+        from tpuops.config.secrets import normalized_env_bytes  # light: python-dotenv only
 
         digest = hashlib.sha256(normalized_env_bytes(src)).hexdigest()
         check = Command(

@@ -16,8 +16,8 @@ import pytest
 from dotenv import dotenv_values
 
 from tests.tpuops.conftest import SshdPool
+from tpuops.config import secrets
 from tpuops.errors import ExitCode, UsageError
-from tpuops.sop import secrets
 
 # Pieces of hostile values: quotes, backslashes, expansions, comments, blanks, line ends, unicode.
 ATOMS = [
