@@ -11,6 +11,7 @@ from rich.table import Table
 
 from tpuops.console import emit_json, err, escape, id_column, out, status_cell
 from tpuops.logs.events import at_step
+from tpuops.run.recover import notice_words
 from tpuops.run.result import RunResult
 from tpuops.sop.actions import render_plan, summarize_plan
 
@@ -71,9 +72,10 @@ def sop_report(report: RunResult, as_json: bool) -> None:
             else f"resumed at step {rec['resumed_step']}"
         )
         lost = "steps lost unknown" if rec["steps_lost"] is None else f"steps lost {rec['steps_lost']}"
+        kept = f"{notice_words(rec.get('notice_checkpoint'))}; " if rec.get("notice") else ""
         err.print(
             f"recovered: the VM {rec.get('why', 'was PREEMPTED')} {at_step(rec['last_step'])}; "
-            f"{rec['duration_s']}s to recreate, {resumed}, {lost}"
+            f"{kept}{rec['duration_s']}s to recreate, {resumed}, {lost}"
         )
     if report.log is not None and report.log.metrics:
         benches = [m for m in report.log.metrics if m.get("kind") == "microbench"]

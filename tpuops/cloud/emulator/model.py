@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuops.cloud.accelerators import worker_count
-from tpuops.cloud.emulator import ports
+from tpuops.cloud.emulator import metadata, ports
 from tpuops.cloud.emulator.catalog import Catalog
 from tpuops.cloud.emulator.records import (
     EMULATOR_NS,
@@ -201,6 +201,7 @@ class Model:
             extra_listen=(EXTERNAL_IP,),
             allow_users=(f"{self.user_prefix}o*",),
             keys_dir=self.oslogin_dir,
+            env={"GCE_METADATA_HOST": metadata.serve(directory).host},  # emulator/metadata.py
         )
         if worker.created_user:
             with self.lock:
@@ -421,3 +422,4 @@ class Model:
             delete_user(name, home)
             self.oslogin_users.give_back(name)
         self.oslogin_made = []
+        metadata.stop_under(self.state_dir)
