@@ -95,7 +95,7 @@ def watched(
                 raise
         else:
             if not result.ok:
-                noticed = on_notice(result)
+                noticed = ended_on_notice(result)
                 if noticed[0]:
                     _await_loss(vm.name, noticed[1], abort, lost, notice_wait_s, say)
                 _check_now(target.api.for_purpose("watch"), vm, abort, watcher, watch_s, lost)
@@ -179,7 +179,7 @@ def checkpoint_warnings(sets: dict[str, str]) -> list[str]:
     return []
 
 
-def on_notice(result: RunResult) -> tuple[bool, int | None]:
+def ended_on_notice(result: RunResult) -> tuple[bool, int | None]:
     """Whether the attempt's job ended on the VM's preemption notice (its exit file's note), and the step of the
     last checkpoint its log names (the trainer saves one before it exits)."""
     hit = any(o.data.get("notice") for s in result.report.steps for o in s.outcomes.values())

@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from tpuops import shell
 from tpuops.logs.events import NOSPACE, NOTICE, STOPPED
-from tpuops.sop import compile_cache, notice, ports
+from tpuops.sop import compile_cache, libtpu, notice, ports
 from tpuops.sop.actions import Action, Command, Fetch, Follow
 from tpuops.sop.claim import HELPERS, WIDTH
 from tpuops.sop.model import Outcome, PlanContext, Step, markers
@@ -35,9 +35,11 @@ class Run(Step):
     coordinator_port: int | str | None = None
     # The VM's preemption notice, watched beside the job (sop/notice.py): signal, file or off; None: off.
     preemption_notice: str | None = None
+    # On a multislice: libtpu's megascale abort on a hang or DCN error (sop/libtpu.py), true or false; None: off.
+    megascale_abort: bool | str | None = None
     template_fields: ClassVar[tuple[str, ...]] = (
         "command", "cwd", "runs_dir", "env", "source_env_file", "compile_cache", "coordinator_port",
-        "preemption_notice",
+        "preemption_notice", "megascale_abort",
     )  # fmt: skip
 
     def check(self, ctx: PlanContext) -> list[Action]:
@@ -54,6 +56,9 @@ class Run(Step):
         body = cmd = ctx.command(self.command)
         if self.compile_cache is not None:  # after .env is read: `auto` keeps a cache the .env names
             body = f"{compile_cache.export(ctx.raw(self.compile_cache), ctx.raw(self.cwd or ''))} {body}"
+        abort = None if self.megascale_abort is None else str(self.megascale_abort)
+        if hang_abort := libtpu.export(ctx, abort):  # after .env too: its own LIBTPU_INIT_ARGS come last
+            body = f"{hang_abort} {body}"
         if self.source_env_file:
             f = shell.path(ctx.raw(self.source_env_file))
             body = f"if [ -f {f} ]; then set -a; . {f}; set +a; fi; {body}"
