@@ -4,19 +4,37 @@ bundled trainer checkpoints at the step boundary and exits, `--recover` recreate
 from __future__ import annotations
 
 import io
+import json
+import re
 import subprocess
 import tempfile
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.data import DATA, PACED_TOKENIZER
 from tests.tpuops.cloud.conftest import Cloud
-from tests.tpuops.cloud.test_recovery import ZONE, _after_steps, _vm, _worker_line
+from tests.tpuops.cloud.test_recovery import ZONE, _vm, _worker_line
 from tpuops.cloud.emulator.sshd import free_port
 from tpuops.config import TargetSpec
 from tpuops.console import err
 from tpuops.run import launch, report
+
+
+def _notice_at_step(cloud: Cloud, node: str, home: Path, step: int, within: float = 300) -> None:
+    """The 20 s notice the moment worker 0's log says step `step` runs (its previous step's line is written): read
+    on the worker's own disk every 10 ms, since the follow's 0.5 s poll is longer than a toy step. Not seen in time
+    (the run failed first): nothing is done, and the test fails on the run's own failure."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        for log in (home / "tpuops" / "runs").glob("*/worker-0.log"):
+            if f"step={step - 1} " in log.read_text(errors="replace"):
+                cloud.emu.admin("preempt", node=node, notice=20)
+                return
+        time.sleep(0.01)
 
 
 @pytest.mark.slow
@@ -28,8 +46,9 @@ def test_a_notice_at_step_12_checkpoints_there_and_the_recovered_run_resumes_wit
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """20 toy steps, a periodic checkpoint every 8 (far from step 12): `tpuops emulator fault preempt --notice 20`
-    while step 12 runs; the run resumes at step 12 or 13, and its report says it checkpointed on the notice."""
+    """20 toy steps, a periodic checkpoint every 8 (far from step 12): a 20 s preemption notice while step 12 runs
+    (the emulator's `fault preempt --notice 20`); the run resumes at step 12 or 13, and its report says it
+    checkpointed on the notice."""
     node = _vm(cloud, vm_name, "v4-8", "--spot")
     ckpt = Path(tempfile.mkdtemp(prefix="tpuops-ckpt-"))
     ckpt.chmod(0o1777)  # every worker user writes there: a checkpoint that outlives the VM
@@ -45,12 +64,9 @@ def test_a_notice_at_step_12_checkpoints_there_and_the_recovered_run_resumes_wit
     }  # fmt: skip
     lines: list[str] = []
     events: list[str] = []
-    faults: list[subprocess.CompletedProcess[str]] = []
-
-    def notice() -> None:  # as an operator (or Compute Engine) would: from outside, through the CLI
-        faults.append(cloud.cli("emulator", "fault", "preempt", f"{ZONE}/{vm_name}", "--notice", "20"))
-
-    noticer = _after_steps(lines, 12, notice, within=300)  # step=0..11 seen: step 12 runs
+    home = cloud.emu.model.nodes[node].workers[0].home
+    noticer = threading.Thread(target=_notice_at_step, args=(cloud, node, home, 12), daemon=True)
+    noticer.start()
     try:
         result = launch.start(
             launch.RunRequest(
@@ -62,9 +78,8 @@ def test_a_notice_at_step_12_checkpoints_there_and_the_recovered_run_resumes_wit
             on_notice=events.append, cwd=tmp_path,
         )  # fmt: skip
     finally:
-        noticer.join()
+        noticer.join(timeout=5)
         subprocess.run(["rm", "-rf", str(ckpt)], check=False)
-    assert faults and faults[0].returncode == 0, faults and faults[0].stderr
     assert result.ok, "\n".join([str(result.first_failure()), *lines[-30:]])
     text = "\n".join(lines)
     assert "stopped: SIGTERM (preemption notice: instance/preempted=TRUE) after step=" in text
@@ -81,3 +96,35 @@ def test_a_notice_at_step_12_checkpoints_there_and_the_recovered_run_resumes_wit
     monkeypatch.setattr(err, "file", shown)
     report.sop_report(result, as_json=False)
     assert f"checkpointed on preemption notice at step {rec['resumed_step']}" in shown.getvalue()
+
+
+def test_fault_preempt_with_a_notice_announces_it_on_every_workers_metadata_then_preempts(
+    cloud: Cloud, vm_name: str, tmp_path: Path
+) -> None:
+    """The CLI returns at once; each worker's sessions find their metadata server through GCE_METADATA_HOST, which
+    says `preempted` TRUE until the VM is PREEMPTED, `--notice` seconds later."""
+    node = _vm(cloud, vm_name, "v4-16")
+    ran = cloud.cli(
+        "run", "exec", "--vm", vm_name, "--identity", str(cloud.identity), "--set", "cmd=env", "--json"
+    )
+    assert ran.returncode == 0, ran.stderr
+    (step,) = [s for s in json.loads(ran.stdout)["steps"] if s["kind"] == "shell"]
+    hosts = [re.search(r"GCE_METADATA_HOST=(\S+)", step["workers"][str(w)]["detail"]) for w in (0, 1)]
+    assert all(hosts) and hosts[0] != hosts[1]  # one server per worker
+    urls = [f"http://{m.group(1)}/computeMetadata/v1/instance/preempted" for m in hosts if m]
+
+    def preempted(url: str) -> str:
+        req = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.read().decode()
+
+    assert [preempted(u) for u in urls] == ["FALSE", "FALSE"]
+    t0 = time.monotonic()
+    faulted = cloud.cli("emulator", "fault", "preempt", f"{ZONE}/{vm_name}", "--notice", "3")
+    assert faulted.returncode == 0, faulted.stderr
+    assert [preempted(u) for u in urls] == ["TRUE", "TRUE"]
+    assert cloud.emu.model.nodes[node].state == "READY"  # the notice comes first
+    while cloud.emu.model.nodes[node].state != "PREEMPTED":
+        assert time.monotonic() - t0 < 30
+        time.sleep(0.1)
+    assert time.monotonic() - t0 >= 2.9
