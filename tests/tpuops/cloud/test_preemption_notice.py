@@ -104,8 +104,9 @@ def test_fault_preempt_with_a_notice_announces_it_on_every_workers_metadata_then
     """The CLI returns at once; each worker's sessions find their metadata server through GCE_METADATA_HOST, which
     says `preempted` TRUE until the VM is PREEMPTED, `--notice` seconds later."""
     node = _vm(cloud, vm_name, "v4-16")
+    cmd = "echo GCE_METADATA_HOST=$GCE_METADATA_HOST"
     ran = cloud.cli(
-        "run", "exec", "--vm", vm_name, "--identity", str(cloud.identity), "--set", "cmd=env", "--json"
+        "run", "exec", "--vm", vm_name, "--identity", str(cloud.identity), "--set", f"cmd={cmd}", "--json"
     )
     assert ran.returncode == 0, ran.stderr
     (step,) = [s for s in json.loads(ran.stdout)["steps"] if s["kind"] == "shell"]
