@@ -1,4 +1,5 @@
-"""`tpuops doctor`: what each worker has (.env keys by hash, host key, TPU lock) against this machine."""
+"""`tpuops doctor`: what each worker has (.env keys by hash, host key, TPU lock, worker 0's coordinator port
+reached, as a run's check reaches it) against this machine."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 from tpuops import shell
 from tpuops.errors import ExitCode, TpuopsError
 from tpuops.shell import Redactor
-from tpuops.sop import secrets
+from tpuops.sop import ports, secrets
+from tpuops.sop.actions import Command
+from tpuops.sop.model import PlanContext
 from tpuops.transport.base import Transport
 
 
@@ -22,6 +25,9 @@ class WorkerHealth:
     env_keys: dict[str, str] = field(default_factory=dict)  # key -> match|differs|missing|extra|unreadable
     env_hashes: dict[str, str] = field(default_factory=dict)  # key -> short sha256 of the worker's value
     lock: str = ""
+    # worker 0's coordinator port as a run's check finds it from this worker (sop/ports.py): "" when not checked
+    coordinator: str = ""
+    coordinator_ok: bool = True
 
 
 def local_env(env_file: Path) -> dict[str, str]:
@@ -36,9 +42,11 @@ def examine(
     remote_env: str,
     lockfile: str,
     redact: Redactor,
+    coordinator_port: int | None = None,
 ) -> list[WorkerHealth]:
     """Connect to every worker of a transport the caller opened (and closes); compare its .env with the
-    local one key by key (values never leave hashes)."""
+    local one key by key (values never leave hashes). On several workers, each runs the run's coordinator port
+    check (sop/ports.py): worker 0's port free there, reached from every other worker."""
     local = secrets.key_hashes(local_values)
 
     def one(w: int) -> WorkerHealth:
@@ -61,6 +69,7 @@ def examine(
                     h.env_keys[key] = "match" if local[key] == remote[key] else "differs"
             r = transport.run(w, f"if [ -e {shell.path(lockfile)} ]; then echo present; else echo absent; fi")
             h.lock = r.stdout.strip()
+            _coordinator(transport, w, coordinator_port, h)
         except TpuopsError as e:
             h.error = redact(e.line())
         return h
@@ -69,10 +78,22 @@ def examine(
         return list(pool.map(one, range(len(transport.workers))))
 
 
+def _coordinator(transport: Transport, w: int, port: int | None, h: WorkerHealth) -> None:
+    n = len(transport.workers)
+    ctx = PlanContext(w, n, "doctor", {}, coordinator_host=ports.coordinator_host(transport.workers, w))
+    for cmd in ports.check(ctx, port):  # none on one worker
+        assert isinstance(cmd, Command)
+        found = ports.verdict([transport.run(w, cmd.script, timeout=cmd.timeout)])
+        h.coordinator, h.coordinator_ok = found.detail, found.status == "ok"
+
+
 def exit_code(health: list[WorkerHealth]) -> int:
-    """1 when a worker is unreachable or its .env lacks or differs from a local key (or cannot be read), else 0."""
+    """1 when a worker is unreachable, its .env lacks or differs from a local key (or cannot be read), or worker
+    0's coordinator port cannot be reached from it (or is taken on worker 0), else 0."""
     bad = any(
-        not h.connected or any(s in ("differs", "missing", "unreadable") for s in h.env_keys.values())
+        not h.connected
+        or not h.coordinator_ok
+        or any(s in ("differs", "missing", "unreadable") for s in h.env_keys.values())
         for h in health
     )
     return int(ExitCode.FAILED if bad else ExitCode.OK)

@@ -51,6 +51,7 @@ def examine(
             remote_env=remote_env or f"{value('repo_dir').rstrip('/')}/.env",
             lockfile=lockfile or value("lockfile"),
             redact=redact,
+            coordinator_port=int(value("coordinator_port")),
         )
     finally:
         transport.close()

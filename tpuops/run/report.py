@@ -219,11 +219,13 @@ def doctor(health: list[WorkerHealth], as_json: bool) -> None:
         emit_json([h.__dict__ for h in health])
         return
     keys = sorted({k for h in health for k in h.env_keys})
+    ports = any(h.coordinator for h in health)
     table = Table(
         "worker",
         "address",
         "connection",
         "TPU lock",
+        *(["coordinator port"] if ports else []),
         *keys,
         title=".env keys compared by hash (values never shown)",
     )
@@ -240,7 +242,8 @@ def doctor(health: list[WorkerHealth], as_json: bool) -> None:
             f"[{style[h.env_keys[k]]}]{h.env_keys[k]}[/] {h.env_hashes.get(k, '')}" if k in h.env_keys else ""
             for k in keys
         ]
-        table.add_row(f"w{h.worker}", h.address, conn, h.lock, *cells)
+        port = [f"[{'green' if h.coordinator_ok else 'bold red'}]{escape(h.coordinator)}[/]"] if ports else []
+        table.add_row(f"w{h.worker}", h.address, conn, h.lock, *port, *cells)
     err.print(table)
 
 
