@@ -301,7 +301,9 @@ def test_the_sideways_imports_the_architecture_forbids_are_gone() -> None:
     """The loose modules and config/ sit below every room (console and config import no room above them); checks/
     and sop/ stand side by side (checks/ takes .env reading from config/, not from sop/)."""
     _, raw = graph(ROOT)
-    bad = _upward(raw, ("console", "config", "errors", "shell", "jsonout"), ("sop", "run", "cli", "checks", "logs"))
+    bad = _upward(
+        raw, ("console", "config", "errors", "shell", "jsonout"), ("sop", "run", "cli", "checks", "logs")
+    )
     bad += _upward(raw, ("checks",), ("sop",))
     assert not bad, "sideways imports:\n" + "\n".join(bad)
 

@@ -1,7 +1,9 @@
-"""`tpuops doctor`: what each worker has (.env keys by hash, host key, TPU lock) against this machine."""
+"""`tpuops doctor`: what each worker has (.env keys by hash, host key, TPU lock, worker 0's coordinator port
+reached, as a run's check reaches it) against this machine."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,9 @@ class WorkerHealth:
     env_hashes: dict[str, str] = field(default_factory=dict)  # key -> short sha256 of the worker's value
     lock: str = ""
     fixes: list[str] = field(default_factory=list)  # one line per problem: what to run (add_fixes)
+    # worker 0's coordinator port as a run's check finds it from this worker (sop/ports.py): "" when not checked
+    coordinator: str = ""
+    coordinator_ok: bool = True
 
 
 def local_env(env_file: Path) -> dict[str, str]:
@@ -37,9 +42,11 @@ def examine(
     remote_env: str,
     lockfile: str,
     redact: Redactor,
+    coordinator: Callable[[int], tuple[str, bool] | None] | None = None,
 ) -> list[WorkerHealth]:
     """Connect to every worker of a transport the caller opened (and closes); compare its .env with the
-    local one key by key (values never leave hashes)."""
+    local one key by key (values never leave hashes). `coordinator(w)`, given by the caller (run/health: the run's
+    own check, sop/ports.py): worker 0's coordinator port free there, reached from every other worker."""
     local = secrets.key_hashes(local_values)
 
     def one(w: int) -> WorkerHealth:
@@ -62,6 +69,8 @@ def examine(
                     h.env_keys[key] = "match" if local[key] == remote[key] else "differs"
             r = transport.run(w, f"if [ -e {shell.path(lockfile)} ]; then echo present; else echo absent; fi")
             h.lock = r.stdout.strip()
+            if coordinator is not None and (found := coordinator(w)) is not None:
+                h.coordinator, h.coordinator_ok = found
         except TpuopsError as e:
             h.error = redact(e.line())
         return h
@@ -71,9 +80,12 @@ def examine(
 
 
 def exit_code(health: list[WorkerHealth]) -> int:
-    """1 when a worker is unreachable or its .env lacks or differs from a local key (or cannot be read), else 0."""
+    """1 when a worker is unreachable, its .env lacks or differs from a local key (or cannot be read), or worker
+    0's coordinator port cannot be reached from it (or is taken on worker 0), else 0."""
     bad = any(
-        not h.connected or any(s in ("differs", "missing", "unreadable") for s in h.env_keys.values())
+        not h.connected
+        or not h.coordinator_ok
+        or any(s in ("differs", "missing", "unreadable") for s in h.env_keys.values())
         for h in health
     )
     return int(ExitCode.FAILED if bad else ExitCode.OK)

@@ -82,14 +82,24 @@ def preempt(
     worker: Annotated[
         int | None, typer.Option("--worker", help="Compute Engine MIG: only this worker's instance.")
     ] = None,
+    notice: Annotated[
+        float,
+        typer.Option(
+            "--notice",
+            metavar="SECONDS",
+            min=0,
+            help="Announce it first: each worker's metadata says instance/preempted=TRUE this many seconds "
+            "before the VM goes, as Compute Engine tells a Spot VM (0: no notice).",
+        ),
+    ] = 0.0,
     api_endpoint: o.ApiEndpointOpt = None,
     json: o.JsonOpt = False,
 ) -> None:
     """The VM becomes PREEMPTED (a Compute Engine instance TERMINATED) and its sshd servers stop; a MIG
-    recreates its preempted instances soon after (new address and host key)."""
-    _admin(
-        api_endpoint, "preempt", {"node": node, **({"worker": worker} if worker is not None else {})}, json
-    )
+    recreates its preempted instances soon after (new address and host key). With --notice the command returns
+    at once and the preemption follows."""
+    body: dict = {"node": node, **({"worker": worker} if worker is not None else {})}
+    _admin(api_endpoint, "preempt", {**body, **({"notice": notice} if notice else {})}, json)
 
 
 @fault.command("recreate")

@@ -148,6 +148,9 @@ class LogReport:
     evals: list[dict[str, Any]] = field(default_factory=list)
     checkpoints: int = 0
     last_checkpoint: str | None = None
+    last_checkpoint_step: int | None = (
+        None  # the step the last checkpoint saved (its `checkpoint step=N` line)
+    )
     wandb_url: str | None = None
     wandb: str | None = None
     start: dict[str, str] = field(default_factory=dict)
@@ -237,6 +240,7 @@ def quantile(sorted_counts: list[tuple[float, int]], n: int, q: float) -> float:
 
 NOSPACE = "nospace"  # exit-file note: the disk was full when the job ended (its log may be cut short)
 STOPPED = "stopped"  # exit-file note: `tpuops stop` (or `--force`) ended the job
+NOTICE = "notice"  # exit-file note: the VM's preemption notice came while the job ran (sop/notice.py)
 
 
 def exit_status(text: str | bytes | None) -> tuple[int | None, tuple[str, ...]]:

@@ -406,7 +406,9 @@ class LogScanner:
                 r.evals.append({k: num(v) for k, v in kv(text).items()})
         elif kind == "checkpoint":
             r.checkpoints += 1
-            r.last_checkpoint = kv(text).get("path")
+            pairs = kv(text)
+            r.last_checkpoint = pairs.get("path")
+            r.last_checkpoint_step = int(pairs["step"]) if pairs.get("step", "").isdigit() else None
         elif kind == "reward_errors":
             pairs = kv(text)
             name = pairs.get("name", "?")

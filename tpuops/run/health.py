@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from tpuops.checks import doctor
@@ -12,7 +13,10 @@ from tpuops.errors import UsageError
 from tpuops.run.prepare import context_defaults
 from tpuops.run.target import open_transport, resolve
 from tpuops.shell import Redactor
-from tpuops.sop import loader
+from tpuops.sop import loader, ports
+from tpuops.sop.actions import Command
+from tpuops.sop.model import PlanContext
+from tpuops.transport.base import Transport
 
 SOP = "grpo"  # the SOP whose parameters (repo_dir, lockfile, env_file) say where a run keeps things
 
@@ -51,6 +55,7 @@ def examine(
             remote_env=remote_env or f"{value('repo_dir').rstrip('/')}/.env",
             lockfile=lockfile or value("lockfile"),
             redact=redact,
+            coordinator=functools.partial(_coordinator, transport, int(value("coordinator_port"))),
         )
     finally:
         transport.close()
@@ -78,3 +83,15 @@ def target_words(spec: TargetSpec) -> str:
 
 
 exit_code = doctor.exit_code
+
+
+def _coordinator(transport: Transport, port: int, w: int) -> tuple[str, bool] | None:
+    """The run's own coordinator-port check on worker w (sop/ports.py): what it found, and whether that is fine;
+    None on one worker (nothing to reach)."""
+    n = len(transport.workers)
+    ctx = PlanContext(w, n, "doctor", {}, coordinator_host=ports.coordinator_host(transport.workers, w))
+    for cmd in ports.check(ctx, port):
+        assert isinstance(cmd, Command)
+        found = ports.verdict([transport.run(w, cmd.script, timeout=cmd.timeout)])
+        return found.detail, found.status == "ok"
+    return None

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # the cloud modules load only on a VM target
     from tpuops.cloud.tpu_api import VmInfo
     from tpuops.config import TargetSpec
 
+NOTICE_WAIT_S = 120.0  # after a preemption notice: a Spot VM goes in 30 s, a host maintenance in 60 s
 # One attempt of the run on a target: (run id, the target, an event that aborts it, a sink for the follower's
 # typed log events) -> its result. launch.start passes it in, so recovery needs nothing of launch (and
 # launch may import this module).
@@ -37,6 +38,7 @@ def watched(
     ready_timeout: float = 1800.0,
     on_notice: Callable[[str], None] | None = None,
     notify: Callable[[str], None] | None = None,
+    notice_wait_s: float = NOTICE_WAIT_S,
 ) -> RunResult:
     """Run `attempt` on the VM while watching it; whenever the VM is lost, recreate it (same type, zone,
     runtime), resolve it again and run it again.
@@ -54,6 +56,9 @@ def watched(
     path in tests). Each recovery is recorded: when, how long, why, the last step seen, the step resumed at
     (from the follower's step events of process 0: the log is not read a second time). A permission error
     of the watch ends the run (exit 6, naming the role): it would never heal by polling again.
+    A job that ended on the VM's preemption notice (sop/notice.py; the trainer checkpoints first) is followed by
+    the VM's loss within seconds: the watch waits up to `notice_wait_s` for it, and a VM still there then is
+    recreated all the same (its host is going).
     """
     assert target.reach is not None and target.api is not None, "only a VM target is watched"
     say = on_notice or (lambda _: None)
@@ -77,6 +82,7 @@ def watched(
         )  # fmt: skip
         watcher.start()
         seen["first"] = None
+        noticed: tuple[bool, int | None] = (False, None)
         run_id = base_id if n == 0 else f"{base_id}-r{n}"
         try:
             result = attempt(run_id, target, abort, stepped)
@@ -86,6 +92,9 @@ def watched(
                 raise
         else:
             if not result.ok:
+                noticed = ended_on_notice(result)
+                if noticed[0]:
+                    _await_loss(vm.name, noticed[1], abort, lost, notice_wait_s, say)
                 _check_now(target.api.for_purpose("watch"), vm, abort, watcher, watch_s, lost)
         finally:
             abort.set()  # also stops the watcher
@@ -100,8 +109,9 @@ def watched(
         if not lost.event.is_set():
             return replace(result, recoveries=tuple(recoveries))
         if max_recoveries == 0:
+            kept = f"; {notice_words(noticed[1])}" if noticed[0] else "; the run is lost with it"
             raise PreemptedError(
-                f"{vm.name} {lost.why} {at_step(seen['last'])}; the run is lost with it",
+                f"{vm.name} {lost.why} {at_step(seen['last'])}{kept}",
                 hint="rerun with --recover (and --set checkpoint.dir=gs://...) to recreate it and resume",
             )
         if n == max_recoveries:
@@ -128,6 +138,7 @@ def watched(
                 "resumed_step": None,
                 "steps_lost": None,
                 "run_id": f"{base_id}-r{n + 1}",
+                **({"notice": True, "notice_checkpoint": noticed[1]} if noticed[0] else {}),
             }
         )
         say(f"{vm.name} is READY again after {time.monotonic() - t0:.1f}s; rerunning {sop}")
@@ -162,6 +173,34 @@ def checkpoint_warnings(sets: dict[str, str]) -> list[str]:
             "and the run starts again from step 0"
         ]
     return []
+
+
+def ended_on_notice(result: RunResult) -> tuple[bool, int | None]:
+    """Whether the attempt's job ended on the VM's preemption notice (its exit file's note), and the step of the
+    last checkpoint its log names (the trainer saves one before it exits)."""
+    hit = any(o.data.get("notice") for s in result.report.steps for o in s.outcomes.values())
+    return hit, (result.log.last_checkpoint_step if hit and result.log is not None else None)
+
+
+def notice_words(checkpoint: int | None) -> str:
+    if checkpoint is None:
+        return "its job stopped on the preemption notice (its log names no checkpoint)"
+    return f"checkpointed on preemption notice at step {checkpoint}"
+
+
+def _await_loss(
+    name: str,
+    checkpoint: int | None,
+    abort: threading.Event,
+    lost: Lost,
+    wait_s: float,
+    say: Callable[[str], None],
+) -> None:
+    """After a notice the VM goes within seconds (30 s for a Spot VM): wait for the watch to see it (it sets
+    `abort` when it does, or when it fails for good); a VM still there after `wait_s` is taken as going."""
+    say(f"{name}: {notice_words(checkpoint)}; waiting up to {wait_s:g}s for the VM to go")
+    if not abort.wait(wait_s):
+        lost.set(f"gave a preemption notice and was still there after {wait_s:g}s")
 
 
 class Lost:

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from tpuops.console import Col, emit_json, err, escape, id_column, out, status_cell, table_of, table_width
 from tpuops.logs.events import at_step
+from tpuops.run.recover import notice_words
 from tpuops.run.result import RunResult
 from tpuops.sop.actions import render_plan, summarize_plan
 
@@ -76,9 +77,10 @@ def sop_report(report: RunResult, as_json: bool) -> None:
             else f"resumed at step {rec['resumed_step']}"
         )
         lost = "steps lost unknown" if rec["steps_lost"] is None else f"steps lost {rec['steps_lost']}"
+        kept = f"{notice_words(rec.get('notice_checkpoint'))}; " if rec.get("notice") else ""
         err.print(
             f"recovered: the VM {rec.get('why', 'was PREEMPTED')} {at_step(rec['last_step'])}; "
-            f"{rec['duration_s']}s to recreate, {resumed}, {lost}"
+            f"{kept}{rec['duration_s']}s to recreate, {resumed}, {lost}"
         )
     if report.log is not None and report.log.metrics:
         benches = [m for m in report.log.metrics if m.get("kind") == "microbench"]
@@ -224,8 +226,10 @@ def doctor(health: list[WorkerHealth], as_json: bool) -> None:
         emit_json([h.__dict__ for h in health])
         return
     keys = sorted({k for h in health for k in h.env_keys})
+    ports = any(h.coordinator for h in health)
     # Addresses and lock states stay whole; a key's state and hash wrap onto two lines before anything is cut.
-    cols = [Col("worker", "wrap"), Col("address"), Col("TPU lock", "wrap"), *(Col(k, "wrap") for k in keys)]
+    cols = [Col("worker", "wrap"), Col("address"), Col("TPU lock", "wrap"),
+            *([Col("coordinator port", "wrap")] if ports else []), *(Col(k, "wrap") for k in keys)]  # fmt: skip
     rows = []
     style = {
         "match": "green",
@@ -240,7 +244,8 @@ def doctor(health: list[WorkerHealth], as_json: bool) -> None:
             f"[{style[h.env_keys[k]]}]{h.env_keys[k]}[/] {h.env_hashes.get(k, '')}" if k in h.env_keys else ""
             for k in keys
         ]
-        rows.append([who, escape(h.address), h.lock, *cells])
+        port = [f"[{'green' if h.coordinator_ok else 'bold red'}]{escape(h.coordinator)}[/]"] if ports else []
+        rows.append([who, escape(h.address), h.lock, *port, *cells])
     err.print(table_of(cols, rows, err.width, title=".env keys compared by hash (values never shown)"))
     for h in health:
         if not h.connected:

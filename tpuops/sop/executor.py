@@ -16,7 +16,7 @@ from tpuops.errors import TpuopsError, error_class
 from tpuops.logs.events import Event
 from tpuops.logs.follow import Follower, Readings
 from tpuops.shell import MIN_SECRET_CHARS, Redactor
-from tpuops.sop import claim
+from tpuops.sop import claim, ports
 from tpuops.sop.actions import DOING, Action, Command, Fetch, Follow, Upload
 from tpuops.sop.loader import Sop
 from tpuops.sop.model import Outcome, PlanContext, Step, markers
@@ -203,10 +203,9 @@ class Executor:
 
     def _ctx(self, sop: Sop, worker: int, n: int, run_id: str, values: dict[str, object]) -> PlanContext:
         paths = frozenset(k for k, p in sop.params.items() if p.type == "path")
-        first = self.transport.workers[0]
-        coordinator = first.internal_host or (first.host if first.host != "localhost" else "127.0.0.1")
-        if worker < n and (route := self.transport.workers[worker].peer_host):
-            coordinator = route  # where this worker reaches worker 0 (an emulated filtered port's route)
+        coordinator = ports.coordinator_host(
+            self.transport.workers, worker
+        )  # as this worker reaches worker 0
         slices = len({w.slice_index for w in self.transport.workers})
         here = self.transport.workers[worker].slice_index if worker < n else 0
         return PlanContext(

@@ -5,9 +5,19 @@ from __future__ import annotations
 from tpuops import shell
 from tpuops.sop.actions import Action, Command
 from tpuops.sop.model import Outcome, PlanContext, markers
-from tpuops.transport.base import CmdResult
+from tpuops.transport.base import CmdResult, Worker
 
 WAIT_S = 5  # a port that has not answered a connect in this long is dropped on the way: a firewall
+
+
+def coordinator_host(workers: list[Worker], worker: int) -> str:
+    """Worker 0's address as `worker` reaches it: its internal address (else its host), or the worker's own route
+    to it where it has one (an emulated filtered port's)."""
+    first = workers[0]
+    host = first.internal_host or (first.host if first.host != "localhost" else "127.0.0.1")
+    if worker < len(workers) and (route := workers[worker].peer_host):
+        return route
+    return host
 
 
 def check(ctx: PlanContext, port: int | str | None) -> list[Action]:

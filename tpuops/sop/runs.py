@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 from tpuops import shell
-from tpuops.logs.events import NOSPACE, STOPPED
-from tpuops.sop import compile_cache, ports
+from tpuops.logs.events import NOSPACE, NOTICE, STOPPED
+from tpuops.sop import compile_cache, libtpu, notice, ports
 from tpuops.sop.actions import Action, Command, Fetch, Follow
 from tpuops.sop.claim import HELPERS, WIDTH
 from tpuops.sop.model import Outcome, PlanContext, Step, markers
@@ -33,8 +33,13 @@ class Run(Step):
     # worker 0's jax.distributed coordinator port: on a multi-worker VM each other worker must reach it before
     # the job starts (sop/ports.py)
     coordinator_port: int | str | None = None
+    # The VM's preemption notice, watched beside the job (sop/notice.py): signal, file or off; None: off.
+    preemption_notice: str | None = None
+    # On a multislice: libtpu's megascale abort on a hang or DCN error (sop/libtpu.py), true or false; None: off.
+    megascale_abort: bool | str | None = None
     template_fields: ClassVar[tuple[str, ...]] = (
         "command", "cwd", "runs_dir", "env", "source_env_file", "compile_cache", "coordinator_port",
+        "preemption_notice", "megascale_abort",
     )  # fmt: skip
 
     def check(self, ctx: PlanContext) -> list[Action]:
@@ -47,9 +52,13 @@ class Run(Step):
     def plan(self, ctx: PlanContext) -> list[Action]:
         rd = run_dir(ctx.raw(self.runs_dir), ctx.run_id)
         k = ctx.worker
+        watch = notice.mode(ctx.raw(self.preemption_notice) if self.preemption_notice else None)
         body = cmd = ctx.command(self.command)
         if self.compile_cache is not None:  # after .env is read: `auto` keeps a cache the .env names
             body = f"{compile_cache.export(ctx.raw(self.compile_cache), ctx.raw(self.cwd or ''))} {body}"
+        abort = None if self.megascale_abort is None else str(self.megascale_abort)
+        if hang_abort := libtpu.export(ctx, abort):  # after .env too: its own LIBTPU_INIT_ARGS come last
+            body = f"{hang_abort} {body}"
         if self.source_env_file:
             f = shell.path(ctx.raw(self.source_env_file))
             body = f"if [ -f {f} ]; then set -a; . {f}; set +a; fi; {body}"
@@ -59,9 +68,9 @@ class Run(Step):
         # meanwhile still gets it, with a note), atomically (tmp + mv), then gives the run lock back.
         space = f'"$rd"/worker-{k}.space'
         job = (
-            f"{body}; code=$?; note=''; "
+            f"{notice.job_start(watch, k)}{body}; code=$?; note=''; "
             f"e=$(head -c 4096 /dev/zero 2>&1 > {space}) || case $e in *'No space'*) note={NOSPACE};; esac; "
-            f"rm -f {space}; "
+            f"rm -f {space}; {notice.job_end(watch, k)}"
             f'printf "%-{WIDTH}s\\n" "$code $note" 1<> "$rd"/worker-{k}.exit.tmp; '
             f'mv -f "$rd"/worker-{k}.exit.tmp "$rd"/worker-{k}.exit; '
             '[ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ] && rm -rf "$lock"; exit $code'
@@ -70,6 +79,7 @@ class Run(Step):
         # and the exit file reserved before the job starts (a full disk fails here and starts nothing), the
         # job started in its own session, its pid written and read back (if that fails the job is stopped at
         # once: no job runs without a pid file `tpuops stop` can find), then the lock handed to the job.
+        watcher = notice.install(watch)  # the notice watcher's file, beside the job's log
         script = f"""{HELPERS}
 rd={shell.path(rd)}; k={k}; rid={shell.quote(ctx.run_id)}
 if [ -e "$rd"/worker-$k.pid ] && alive "$(pid_of "$rd"/worker-$k.pid)"; then
@@ -79,7 +89,7 @@ if ! err=$( {{ reserve "$rd"/worker-$k.pid && reserve "$rd"/worker-$k.exit.tmp &
   rm -f "$rd"/worker-$k.pid "$rd"/worker-$k.exit.tmp; echo "$err" >&2; exit 1; fi
 # The claim's stand-in holder, read before the job starts (a quick job may end and give the lock back first).
 h=""; [ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ] && h=$(pid_of "$lock/pid")
-export rd rid lock TPUOPS_RUN_DIR="$rd"  # the job may keep files beside its log (the trainer's config.json)
+{watcher}export rd rid lock TPUOPS_RUN_DIR="$rd"  # the job may keep files beside its log (the trainer's config.json)
 setsid nohup sh -c {shell.quote(job)} > "$rd"/worker-$k.log 2>&1 < /dev/null &
 pid=$!
 put "$rd"/worker-$k.pid $pid 2>/dev/null || true
@@ -156,6 +166,9 @@ class FollowStep(Step):
             return Outcome("failed", detail, {"exit_code": code, "no_space": True})
         if STOPPED in r.job_notes:
             return Outcome("failed", f"job stopped (exit {code})", {"exit_code": code, "stopped": True})
+        if NOTICE in r.job_notes and code != 0:  # it ended on the VM's notice (sop/notice.py), as asked
+            detail = f"job stopped on the VM's preemption notice (exit {code})"
+            return Outcome("failed", detail, {"exit_code": code, "notice": True})
         return Outcome("ok" if code == 0 else "failed", f"job exited {code}", {"exit_code": code})
 
     def plan(self, ctx: PlanContext) -> list[Action]:

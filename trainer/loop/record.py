@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -56,12 +58,24 @@ def record(run: Run, state: State, step: int, row: dict[str, Any]) -> None:
         kept = (
             "checkpoint saved" if run.ckpt is not None else "no checkpoint.dir: this run's progress is lost"
         )
-        emit.line(f"stopped: SIGTERM (preemption notice or tpuops stop) after step={done}; {kept}")
+        emit.line(f"stopped: SIGTERM ({stop_cause()}) after step={done}; {kept}")
         if run.wandb_run is not None:
             run.wandb_run.finish(exit_code=143)
         raise SystemExit(143)
     if cfg.eval.every and done % cfg.eval.every == 0:
         evaluate(cfg, state.params, run.mconf, run.tokenizer, run.mesh, emit, step=done)
+
+
+def stop_cause() -> str:
+    """Why SIGTERM came: the VM's notice when tpuops' watcher wrote it (TPUOPS_NOTICE_FILE holds
+    `instance/preempted=TRUE`, docs/contracts.md), else either."""
+    path = os.environ.get("TPUOPS_NOTICE_FILE", "")
+    try:
+        if path:
+            return f"preemption notice: {Path(path).read_text()[:200].strip()}"
+    except OSError:
+        pass
+    return "preemption notice or tpuops stop"
 
 
 def finish(run: Run, state: State) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuops.cloud.accelerators import worker_count
-from tpuops.cloud.emulator import ports
+from tpuops.cloud.emulator import metadata, ports
 from tpuops.cloud.emulator.catalog import Catalog
 from tpuops.cloud.emulator.logins import LoginOps
 from tpuops.cloud.emulator.records import (
@@ -198,6 +198,7 @@ class Model(LoginOps):
             extra_listen=(EXTERNAL_IP,),
             allow_users=(f"{self.user_prefix}o*",),
             keys_dir=self.oslogin_dir,
+            env={"GCE_METADATA_HOST": metadata.serve(directory).host},  # emulator/metadata.py
         )
         if worker.created_user:
             with self.lock:
@@ -352,3 +353,4 @@ class Model(LoginOps):
             delete_user(name, home)
             self.oslogin_users.give_back(name)
         self.oslogin_made = []
+        metadata.stop_under(self.state_dir)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from tpuops.cloud.emulator import catalog, compute, compute_routes, queued
+from tpuops.cloud.emulator import catalog, compute, compute_routes, metadata, queued
 from tpuops.cloud.emulator.model import Model
 from tpuops.cloud.emulator.records import ApiError, ApiRequest
 from tpuops.cloud.zones import EMULATOR_ZONES
@@ -110,13 +110,15 @@ def _id(q: dict[str, str], key: str) -> str:
 
 
 def admin(m: Model, action: str, body: dict[str, Any]) -> dict[str, Any]:
-    """Fault injection: preempt, swap-host-key, faults (unavailable N + code, capacity {zone: N},
-    oslogin_denied, iap_denied), project-metadata (project, metadata {key: value}), catalog (a TPU price),
-    state; `requests` answers the request log from index `since` on."""
+    """Fault injection: preempt (with `notice` seconds: announced on the workers' metadata servers first),
+    swap-host-key, faults (unavailable N + code, capacity {zone: N}, oslogin_denied, iap_denied), project-metadata
+    (project, metadata {key: value}), catalog (a TPU price), state; `requests` answers the request log from index `since` on."""
     if action == "requests":
         with m.lock:
             return {"requests": [r.__dict__ for r in m.requests[int(body.get("since", 0)) :]]}
-    if action == "project-metadata":
+    if action == "preempt" and float(body.get("notice") or 0) > 0:
+        _notice_then_preempt(m, {k: v for k, v in body.items() if k != "notice"}, float(body["notice"]))
+    elif action == "project-metadata":
         m.set_project_metadata(body["project"], {k: str(v) for k, v in body["metadata"].items()})
     elif action == "preempt" and (names := m.compute.resolve(body["node"])):
         for name in _pick(m, names, body):
@@ -154,6 +156,25 @@ def admin(m: Model, action: str, body: dict[str, Any]) -> dict[str, Any]:
             "faults": {"unavailable": m.faults.unavailable, "capacity": dict(m.faults.capacity)},
             "requests": len(m.requests),
         }
+
+
+def _notice_then_preempt(m: Model, body: dict[str, Any], seconds: float) -> None:
+    """`instance/preempted` TRUE on each worker's metadata server now, the preemption `seconds` later."""
+    if names := m.compute.resolve(body["node"]):
+        with m.lock:
+            workers = [w for n in _pick(m, names, body) for w in m.compute.instances[n].workers]
+    else:
+        with m.lock:
+            workers = list(m.node(_node_name(m, body["node"])).workers)
+    metadata.announce([w.state_dir for w in workers], "preempted", "TRUE")
+
+    def preempt() -> None:
+        try:
+            admin(m, "preempt", body)
+        except ApiError:  # deleted meanwhile: nothing left to preempt
+            pass
+
+    metadata.after(seconds, preempt)
 
 
 def _pick(m: Model, names: list[str], body: dict[str, Any]) -> list[str]:

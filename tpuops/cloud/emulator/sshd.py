@@ -54,9 +54,10 @@ SHARED_ENV = (
 WORKER_ENV = "TPUOPS_EMULATOR_WORKER_ENV"
 
 
-def _set_env_line() -> str:
+def _set_env_line(own: dict[str, str] | None = None) -> str:
     names = [*SHARED_ENV, *(n.strip() for n in os.environ.get(WORKER_ENV, "").split(",") if n.strip())]
     shared = [f"{k}={os.environ[k]}" for k in dict.fromkeys(names) if os.environ.get(k, "").strip()]
+    shared += [f"{k}={v}" for k, v in (own or {}).items()]  # this worker's own (its metadata server)
     return f"SetEnv {' '.join(shared)}\n" if shared and all(" " not in v for v in shared) else ""
 
 
@@ -256,12 +257,14 @@ def start_worker(
     extra_listen: tuple[str, ...] = (),
     allow_users: tuple[str, ...] = (),
     keys_dir: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> SshdWorker:
     """Start one sshd. As root each worker gets its own user and home; otherwise all share this user.
 
     `extra_listen`: more loopback addresses to listen on (the emulator's "external IPs", e.g. 127.0.0.2).
     `allow_users`: more login names (patterns) sshd accepts, e.g. the emulator's OS Login users, whose keys
     sshd reads from `keys_dir/USER` (as the OS Login guest environment asks the OS Login API; root only).
+    `env`: variables every session of this worker gets (sshd's SetEnv), e.g. its GCE_METADATA_HOST.
     """
     state_dir.mkdir(parents=True, exist_ok=True)
     key = state_dir / "ssh_host_ed25519_key"
@@ -307,7 +310,7 @@ def start_worker(
                 authorized_keys=auth,
                 extra_listen="".join(f"ListenAddress {a}\n" for a in extra_listen),
                 allow_users="".join(f" {u}" for u in allow_users),
-                set_env=_set_env_line(),
+                set_env=_set_env_line(env),
                 keys_command=(
                     f"AuthorizedKeysCommand /bin/cat {keys_dir}/%u\nAuthorizedKeysCommandUser root\n"
                     if keys_dir is not None and os.geteuid() == 0
