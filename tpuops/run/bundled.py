@@ -66,13 +66,14 @@ def version() -> str:
         return "0+unknown"
 
 
-def extras() -> dict[str, list[str]]:
-    """The installed tpuops's `trainer` and `tpu` extras, requirement by requirement (the extra's marker taken
-    off, any other marker kept)."""
-    try:
-        requires = importlib.metadata.requires("tpuops") or []
-    except importlib.metadata.PackageNotFoundError:
-        requires = []
+def extras(requires: list[str] | None = None) -> dict[str, list[str]]:
+    """The `trainer` and `tpu` extras of the installed tpuops (or of `requires`, lines as its metadata has them),
+    requirement by requirement: the extra's marker taken off, any other marker kept."""
+    if requires is None:
+        try:
+            requires = importlib.metadata.requires("tpuops") or []
+        except importlib.metadata.PackageNotFoundError:
+            requires = []
     found: dict[str, list[str]] = {e: [] for e in EXTRAS}
     for line in requires:
         req, _, marker = line.partition(";")
