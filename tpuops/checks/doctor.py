@@ -10,6 +10,7 @@ from tpuops import shell
 from tpuops.errors import ExitCode, TpuopsError
 from tpuops.shell import Redactor
 from tpuops.sop import secrets
+from tpuops.sop.homes import Home, homes
 from tpuops.transport.base import Transport
 
 
@@ -22,6 +23,7 @@ class WorkerHealth:
     env_keys: dict[str, str] = field(default_factory=dict)  # key -> match|differs|missing|extra|unreadable
     env_hashes: dict[str, str] = field(default_factory=dict)  # key -> short sha256 of the worker's value
     lock: str = ""
+    homes: list[Home] = field(default_factory=list)  # each repository's home there (sop/homes.py)
     fixes: list[str] = field(default_factory=list)  # one line per problem: what to run (add_fixes)
 
 
@@ -62,6 +64,7 @@ def examine(
                     h.env_keys[key] = "match" if local[key] == remote[key] else "differs"
             r = transport.run(w, f"if [ -e {shell.path(lockfile)} ]; then echo present; else echo absent; fi")
             h.lock = r.stdout.strip()
+            h.homes = homes(transport, w)
         except TpuopsError as e:
             h.error = redact(e.line())
         return h

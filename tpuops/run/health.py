@@ -13,6 +13,7 @@ from tpuops.run.prepare import context_defaults
 from tpuops.run.target import open_transport, resolve
 from tpuops.shell import Redactor
 from tpuops.sop import loader
+from tpuops.sop.homes import Home
 
 SOP = "grpo"  # the SOP whose parameters (repo_dir, lockfile, env_file) say where a run keeps things
 
@@ -78,3 +79,24 @@ def target_words(spec: TargetSpec) -> str:
 
 
 exit_code = doctor.exit_code
+
+
+def clean(spec: TargetSpec, *, older_than_s: int | None, cwd: Path) -> list[Home]:
+    """Each worker's homes not in use removed (with `older_than_s`: only those unused that long), the others
+    named with why they stay; every worker at once. A worker not reached fails the command (its error)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tpuops.sop.homes import homes
+
+    transport = open_transport(resolve(spec, load_config(cwd)), Redactor())
+    try:
+
+        def one(w: int) -> list[Home]:
+            transport.connect(w)
+            return homes(transport, w, remove=True, older_than_s=older_than_s)
+
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            done = list(pool.map(one, range(len(transport.workers))))
+    finally:
+        transport.close()
+    return [h for per in done for h in per]

@@ -145,8 +145,9 @@ def _check(
     pattern = _step_pattern(sop, sets)
     columns = None if "columns" in sop.params else parse_columns(sets.pop("columns", None))
     _take_command(sop, req.command, sets)
+    given = {**cfg.params, **sets}
     context = prepare.context_defaults(
-        sop.params, spec, cwd, given={*sets, *cfg.params}, given_values={**cfg.params, **sets}, trainer=sop.trainer
+        sop.params, spec, cwd, given=set(given), given_values=given, trainer=sop.trainer
     )
     if context.get("repo_url") and (made := bundled.describe(str(context["repo_url"]))) and on_notice:
         on_notice(made)

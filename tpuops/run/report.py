@@ -218,9 +218,11 @@ def stop_table(run_id: str, results: dict[int, CmdResult], as_json: bool) -> Non
         )
 
 
-def doctor(health: list[WorkerHealth], as_json: bool) -> None:
+def doctor(health: list[WorkerHealth], as_json: bool, vm: str | None = None) -> None:
+    from tpuops.run import homesview
+
     if as_json:
-        emit_json([h.__dict__ for h in health])
+        emit_json([{**h.__dict__, "homes": [homesview.as_dict(x) for x in h.homes]} for h in health])
         return
     keys = sorted({k for h in health for k in h.env_keys})
     # Addresses and lock states stay whole; a key's state and hash wrap onto two lines before anything is cut.
@@ -244,6 +246,8 @@ def doctor(health: list[WorkerHealth], as_json: bool) -> None:
     for h in health:
         if not h.connected:
             err.print(f"[red]w{h.worker} not reached[/]: {escape(h.error or 'failed')}")
+    if any(h.connected for h in health):
+        homesview.doctor_homes([x for h in health for x in h.homes], vm)
     for fix in (f for h in health for f in h.fixes):
         err.print(f"[bold]fix[/]: {escape(fix)}")
 
