@@ -122,3 +122,29 @@ def test_the_trainer_sops_say_so_and_the_key_is_checked(tmp_path: Path) -> None:
     bad.write_text("name: mine\ntrainr: true\nsteps: []\n")
     with pytest.raises(UsageError, match=r"unknown key 'trainr'.*did you mean 'trainer'"):
         loader.load(bad)
+
+
+def test_git_sync_sends_a_bundle_first_and_syncs_from_it() -> None:
+    from tpuops.sop.actions import Command, Upload
+    from tpuops.sop.model import PlanContext
+    from tpuops.sop.steps import GitSync
+    from tpuops.transport.base import CmdResult
+
+    made = bundled.make()
+    step = GitSync(
+        repo=str(made.repo), ref=made.commit, dir="~/tpuops/trainer-1/checkout", bundle=str(made.bundle)
+    )
+    upload, sync = step.plan(PlanContext(0, 2, "r1", {}))
+    assert isinstance(upload, Upload) and isinstance(sync, Command)
+    assert (
+        upload.local == made.bundle and upload.remote == "~/tpuops/trainer-1/checkout.bundle" and upload.plain
+    )
+    assert 'repo="$HOME"/tpuops/trainer-1/checkout.bundle;' in sync.script
+    # The outcome is the sync's, not the silent upload's before it.
+    sent = CmdResult(0, upload.render(), 0)
+    synced = CmdResult(0, "sync", 0, stdout=f"tpuops: sha={made.commit[:7]} changed=1\n")
+    out = step.outcome([sent, synced])
+    assert out.status == "changed" and out.data["sha"] == made.commit[:7]
+    unknown = CmdResult(0, "sync", 2, stderr="unknown branch or commit: x (branches and tags found: main)\n")
+    with pytest.raises(UsageError, match="unknown branch or commit: x"):
+        step.outcome([sent, unknown])
