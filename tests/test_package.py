@@ -17,10 +17,17 @@ REPO = Path(__file__).resolve().parents[1]
 BUILTINS = {"exec", "gradcheck", "grpo", "microbench", "recompile-check", "smoke", "sync"}
 
 
-def _run(argv: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+def _run(
+    argv: list[str], cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    own = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     return subprocess.run(  # noqa: PLW1510 - the exit code is what these tests check
-        argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**env, "COLUMNS": "200"}
+        argv,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**own, "COLUMNS": "200", **(env or {})},
     )
 
 
@@ -59,19 +66,9 @@ def _source_copy(dest: Path) -> Path:
 
 @pytest.mark.slow
 def test_a_wheel_installed_without_e_lists_and_plans_the_built_in_sops(tmp_path: Path) -> None:
-    (tmp_path / "src").mkdir()
-    src = _source_copy(tmp_path / "src")
-    built = _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
-                  str(tmp_path / "wheel"), str(src)], tmp_path)  # fmt: skip
-    assert built.returncode == 0, built.stderr[-3000:]
-    (wheel,) = (tmp_path / "wheel").glob("tpuops-*.whl")
     # A fresh venv; its dependencies come from this interpreter's site-packages, tpuops only from the wheel.
     venv = tmp_path / "venv"
-    assert _venv(venv, "--system-site-packages").returncode == 0
-    _see_the_running_environment(venv)
-    py, tpuops = venv / "bin" / "python", venv / "bin" / "tpuops"
-    put = _pip(py, "--no-deps", "--no-index", str(wheel))
-    assert put.returncode == 0, put.stderr[-3000:]
+    py, tpuops = _wheel_in_a_venv(tmp_path, venv)
     away = tmp_path / "elsewhere"  # not a checkout: nothing beside it to guess from
     away.mkdir()
     where = _run([str(py), "-c", "import tpuops; print(tpuops.__file__)"], away)
@@ -84,14 +81,55 @@ def test_a_wheel_installed_without_e_lists_and_plans_the_built_in_sops(tmp_path:
     rows = json.loads(listed.stdout)
     assert {r["name"] for r in rows} >= BUILTINS
     assert all(r["path"].startswith(str(venv)) and r["error"] is None for r in rows if r["name"] in BUILTINS)
-    # The repository to sync is named (outside a checkout there is no origin to default to).
+    # A repository named with --set is the one synced (here: this checkout), not the trainer the wheel installed.
     planned = _run(
         [str(tpuops), "run", "grpo", "--local", "--dry-run", "--verbose", "--set", f"repo_url={REPO}"], away
     )
     assert planned.returncode == 0, planned.stderr[-3000:]
     assert "== follow" in planned.stdout and '"$py" -m trainer.main --config arith' in planned.stdout
-    unnamed = _run([str(tpuops), "run", "grpo", "--local", "--dry-run"], away)
-    assert unnamed.returncode == 2 and "--set repo_url=" in unnamed.stderr, unnamed.stderr
+
+
+@pytest.mark.slow
+def test_a_wheel_runs_the_trainer_it_installed(tmp_path: Path) -> None:
+    """No repository named, none here: `run grpo --local` syncs the trainer the wheel installed (a git repository
+    made from it under the state home) and trains it; the trainer's own packages come from the running
+    environment (as `pip install 'tpuops[trainer]'` would have put them)."""
+    venv, away, home = tmp_path / "venv", tmp_path / "elsewhere", tmp_path / "state"
+    _, tpuops = _wheel_in_a_venv(tmp_path, venv)
+    away.mkdir()
+    env = {"TPUOPS_HOME": str(home)}
+
+    planned = _run([str(tpuops), "run", "grpo", "--local", "--dry-run"], away, env=env)
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    (repo,) = (home / "bundled").glob("trainer-0.1.0-*/")
+    commit = _run(["git", "-C", str(repo), "rev-parse", "HEAD"], away).stdout.strip()
+    installed = (
+        venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages" / "trainer"
+    )
+    assert f"trainer: the one installed with tpuops 0.1.0 ({installed})" in planned.stderr
+    assert f"check out {commit} of {repo}" in planned.stderr + planned.stdout
+    assert (repo / "trainer" / "main.py").read_bytes() == (installed / "main.py").read_bytes()
+    assert 'tpu = ["jax[tpu]>=0.4.35"]' in (repo / "pyproject.toml").read_text()  # the wheel's own extras
+
+    ran = _run([str(tpuops), "run", "grpo", "--local", "--set", "steps=2"], away, timeout=600, env=env)
+    assert ran.returncode == 0, ran.stderr[-4000:]
+    assert "steps 2," in ran.stdout + ran.stderr and f"changed at {commit[:7]}" in ran.stdout + ran.stderr
+
+
+def _wheel_in_a_venv(tmp_path: Path, venv: Path) -> tuple[Path, Path]:
+    """tpuops built as a wheel and installed without -e into a fresh venv that sees the running environment."""
+    (tmp_path / "src").mkdir()
+    src = _source_copy(tmp_path / "src")
+    built = _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
+                  str(tmp_path / "wheel"), str(src)], tmp_path)  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = (tmp_path / "wheel").glob("tpuops-*.whl")
+    assert _venv(venv, "--system-site-packages").returncode == 0
+    _see_the_running_environment(venv)
+    py = venv / "bin" / "python"
+    put = _pip(py, "--no-deps", "--no-index", str(wheel))
+    assert put.returncode == 0, put.stderr[-3000:]
+    return py, venv / "bin" / "tpuops"
 
 
 def test_the_cli_s_imports_are_base_dependencies() -> None:

@@ -304,7 +304,8 @@ def doctor(
     ] = None,
     set_: o.SetOpt = None,
 ) -> None:
-    """Check every worker: connection and host key, which .env keys it has (by hash) against yours, the TPU lock.
+    """Check every worker: connection and host key, which .env keys it has (by hash) against yours, the TPU lock,
+    and each repository's home there (~/tpuops/<name>-<hash>/: size, last use, whether a run uses it).
 
     Where to look comes from the same SOP parameters a run uses (`repo_dir`, `lockfile`, `env_file`: --set,
     then `params` in tpuops.toml, then the grpo SOP's defaults); --remote-env and --lockfile override them.
@@ -320,12 +321,12 @@ def doctor(
     from tpuops.run import health as library
     from tpuops.run import report
 
-    health = library.examine(
-        target.spec(), sets=parse_sets(set_), env_file=env_file, remote_env=remote_env, lockfile=lockfile,
-        cwd=Path.cwd(),
+    spec = target.spec()
+    found = library.examine(
+        spec, sets=parse_sets(set_), env_file=env_file, remote_env=remote_env, lockfile=lockfile, cwd=Path.cwd(),
     )  # fmt: skip
-    report.doctor(health, json)
-    raise typer.Exit(library.exit_code(health))
+    report.doctor(found, json, spec.vm)
+    raise typer.Exit(found.code)
 
 
 bench_app = App(help="Benchmarks run through SOPs.", no_args_is_help=True, rich_markup_mode=None)

@@ -1,4 +1,5 @@
-"""`tpuops vm list|describe|create|delete|wait`: TPU VMs through the Cloud TPU API or Compute Engine."""
+"""`tpuops vm list|describe|create|delete|wait|clean`: TPU VMs through the Cloud TPU API or Compute Engine, and
+the repositories' homes on their workers (clean)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from tpuops.cli import options as o
 from tpuops.cli.command import App
 
 app = App(
-    help="Find, describe, create, delete and wait for TPU VMs.", no_args_is_help=True, rich_markup_mode=None
+    help="Find, describe, create, delete and wait for TPU VMs; clean their workers' homes.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
 )
 
 ZonesOpt = Annotated[
@@ -200,3 +203,46 @@ def wait(
         tables.vm_gone(name, where, json)
     else:
         tables.vm_describe(vm, json, verb="waited")
+
+
+@app.command("clean")
+@o.wired
+def clean(
+    name: o.VmNameArg,
+    *,
+    older_than: Annotated[
+        str | None,
+        typer.Option(
+            "--older-than",
+            metavar="AGE",
+            help="Only homes unused this long (3600, 30m, 12h, 7d): their checkout's last sync.",
+        ),
+    ] = None,
+    zone: o.ZoneOpt = None,
+    project: o.ProjectOpt = None,
+    user: o.UserOpt = None,
+    identity: o.IdentityOpt = None,
+    internal_ip: o.InternalIpOpt = None,
+    tunnel_through_iap: o.TunnelOpt = None,
+    key_push: o.KeyPushOpt = None,
+    api_endpoint: o.ApiEndpointOpt = None,
+    json: o.JsonOpt = False,
+) -> None:
+    """Remove each repository's home (~/tpuops/<name>-<hash>/: its checkout and venv) on every worker, except
+    those in use: none while a run holds the VM's run lock (the clean holds it itself meanwhile), nor one a
+    process works in. `tpuops doctor --vm NAME` lists them first.
+
+    Examples:
+      tpuops vm clean mllm-jax-v6e-8 --older-than 7d
+    """
+    from pathlib import Path
+
+    from tpuops.config import parse_duration, target_from_options
+    from tpuops.run import health, homesview
+
+    spec = target_from_options(
+        vm=name, zone=zone, project=project, user=user, identity=identity, internal_ip=internal_ip,
+        tunnel_through_iap=tunnel_through_iap, key_push=key_push, api_endpoint=api_endpoint,
+    )  # fmt: skip
+    age = int(parse_duration("--older-than", older_than)) if older_than else None
+    homesview.cleaned(health.clean(spec, older_than_s=age, cwd=Path.cwd()), json)

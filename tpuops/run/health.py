@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 
 from tpuops.checks import doctor
@@ -15,6 +16,7 @@ from tpuops.run.target import open_transport, resolve
 from tpuops.shell import Redactor
 from tpuops.sop import loader, ports
 from tpuops.sop.actions import Command
+from tpuops.sop.homes import Home
 from tpuops.sop.model import PlanContext
 from tpuops.transport.base import Transport
 
@@ -29,9 +31,10 @@ def examine(
     remote_env: str | None = None,
     lockfile: str | None = None,
     cwd: Path,
-) -> list[WorkerHealth]:
-    """Every worker's health against the local .env (tpuops.toml's defaults apply to the target). Paths not
-    given come from the run's SOP parameters: --set, then tpuops.toml's `params`, then the SOP's defaults."""
+) -> Doctored:
+    """Every worker's health against the local .env (tpuops.toml's defaults apply to the target), and each
+    repository's home on the workers reached. Paths not given come from the run's SOP parameters: --set, then
+    tpuops.toml's `params`, then the SOP's defaults."""
     cfg = load_config(cwd)
     params = loader.load(loader.find(SOP, loader.search_dirs(cwd))).params
     given = {**cfg.params, **(sets or {})}
@@ -57,10 +60,34 @@ def examine(
             redact=redact,
             coordinator=functools.partial(_coordinator, transport, int(value("coordinator_port"))),
         )
+        found_homes = [x for h in health if h.connected for x in _homes(transport, h.worker)]
     finally:
         transport.close()
     doctor.add_fixes(health, target_words(spec))
-    return health
+    return Doctored(health, found_homes)
+
+
+@dataclass(frozen=True)
+class Doctored:
+    """What `tpuops doctor` found: each worker's health (checks/doctor.py) and each repository's home on the
+    workers it reached (sop/homes.py); run/ puts the two together, as neither room imports the other."""
+
+    workers: list[WorkerHealth]
+    homes: list[Home]
+
+    @property
+    def code(self) -> int:
+        return doctor.exit_code(self.workers)
+
+
+def _homes(transport: Transport, w: int) -> list[Home]:
+    from tpuops.errors import TpuopsError
+    from tpuops.sop.homes import homes
+
+    try:
+        return homes(transport, w)
+    except TpuopsError:  # a worker lost meanwhile: its health already says what doctor could read
+        return []
 
 
 def target_words(spec: TargetSpec) -> str:
@@ -82,9 +109,6 @@ def target_words(spec: TargetSpec) -> str:
     return shlex.join(words + (["--identity", spec.identity] if spec.identity else []))
 
 
-exit_code = doctor.exit_code
-
-
 def _coordinator(transport: Transport, port: int, w: int) -> tuple[str, bool] | None:
     """The run's own coordinator-port check on worker w (sop/ports.py): what it found, and whether that is fine;
     None on one worker (nothing to reach)."""
@@ -95,3 +119,24 @@ def _coordinator(transport: Transport, port: int, w: int) -> tuple[str, bool] | 
         found = ports.verdict([transport.run(w, cmd.script, timeout=cmd.timeout)])
         return found.detail, found.status == "ok"
     return None
+
+
+def clean(spec: TargetSpec, *, older_than_s: int | None, cwd: Path) -> list[Home]:
+    """Each worker's homes not in use removed (with `older_than_s`: only those unused that long), the others
+    named with why they stay; every worker at once. A worker not reached fails the command (its error)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tpuops.sop.homes import homes
+
+    transport = open_transport(resolve(spec, load_config(cwd)), Redactor())
+    try:
+
+        def one(w: int) -> list[Home]:
+            transport.connect(w)
+            return homes(transport, w, remove=True, older_than_s=older_than_s)
+
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            done = list(pool.map(one, range(len(transport.workers))))
+    finally:
+        transport.close()
+    return [h for per in done for h in per]

@@ -18,7 +18,7 @@ from tpuops.errors import ExitCode, TpuopsError, UsageError
 from tpuops.logs.events import Event, LogReport
 from tpuops.logs.fields import parse_columns
 from tpuops.logs.follow import Readings
-from tpuops.run import prepare, tree
+from tpuops.run import bundled, prepare, tree
 from tpuops.run.result import Planned, RunResult
 from tpuops.run.target import Target, connect_all, open_transport, resolve, select_workers
 from tpuops.shell import Redactor
@@ -145,9 +145,12 @@ def _check(
     pattern = _step_pattern(sop, sets)
     columns = None if "columns" in sop.params else parse_columns(sets.pop("columns", None))
     _take_command(sop, req.command, sets)
+    given = {**cfg.params, **sets}
     context = prepare.context_defaults(
-        sop.params, spec, cwd, given={*sets, *cfg.params}, given_values={**cfg.params, **sets}
+        sop.params, spec, cwd, given=set(given), given_values=given, trainer=sop.trainer
     )
+    if context.get("repo_url") and (made := bundled.describe(str(context["repo_url"]))) and on_notice:
+        on_notice(made)
     values = sop.resolve(sets, {**context, **cfg.params})  # type: ignore[arg-type]
     if pattern:
         values["step_pattern"] = pattern  # the scan's, the live follower's and attach's step lines

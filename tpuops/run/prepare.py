@@ -136,9 +136,12 @@ def context_defaults(
     *,
     given: set[str],
     given_values: dict[str, object] | None = None,
+    trainer: bool = False,
 ) -> dict[str, object]:
     """Defaults taken from where tpuops runs: the repository to sync is this checkout (locally, its path)
-    at its HEAD commit. Parameters the user gave (`given`: --set or the config file) are not looked up."""
+    at its HEAD commit; for a SOP of the bundled trainer (`trainer`) where no checkout holds `trainer/`, the
+    trainer installed with tpuops (run/bundled). Parameters the user gave (`given`: --set or the config
+    file) are not looked up."""
     found: dict[str, object] = {}
     env_given = given & {"venv", "python", "conda_env", "requirements", "install"}
     python = str(given_values.get("python", "")) if given_values else ""
@@ -154,13 +157,17 @@ def context_defaults(
         import sys
 
         found.update({"venv": "none", "python": sys.executable})
+    home_of = None
     if "repo_url" in params and "repo_url" not in given:
-        _this_checkout(params, target, cwd, given, found)
+        if trainer and not _trainer_checkout(target, cwd):
+            home_of = _bundled(params, target, given, found)
+        else:
+            _this_checkout(params, target, cwd, given, found)
     url = (given_values or {}).get("repo_url") if "repo_url" in given else found.get("repo_url")
     if url:  # one home per repository on a worker: its checkout and its environment (tree.repo_home)
         from tpuops.run.tree import repo_home
 
-        home = repo_home(str(url))
+        home = repo_home(home_of or str(url))
         if "repo_dir" in params and "repo_dir" not in given:
             found["repo_dir"] = f"{home}/checkout"
         if "venv" in params and "venv" not in given and "venv" not in found:
@@ -177,10 +184,9 @@ def _this_checkout(
         if target.kind == "local"
         else _git(cwd, "remote", "get-url", "origin")
     )
-    if not url and target.kind == "local":
+    if not url and target.kind == "local" and (own := _own_checkout()) is not None:
         # Outside a checkout: the checkout tpuops itself runs from (its trainer/ is what runs locally).
-        cwd = Path(__file__).resolve().parents[2]
-        url = _git(cwd, "rev-parse", "--show-toplevel")
+        cwd, url = own, str(own)
     if not url:
         return
     found["repo_url"] = url
@@ -193,6 +199,44 @@ def _this_checkout(
                 hint="git push it, or pass --set branch=NAME",
             )
         found["branch"] = head
+
+
+def _own_checkout() -> Path | None:
+    """The git checkout tpuops itself runs from (an editable install), or None (a wheel's site-packages)."""
+    root = Path(__file__).resolve().parents[2]
+    top = _git(root, "rev-parse", "--show-toplevel")
+    return root if top and Path(top).resolve() == root and (root / "trainer" / "main.py").is_file() else None
+
+
+def _trainer_checkout(target: TargetSpec, cwd: Path) -> bool:
+    """Whether a trainer SOP syncs a checkout as any SOP does: this one when it holds `trainer/` (tpuops
+    itself, a fork), or locally outside any checkout the one tpuops runs from."""
+    top = _git(cwd, "rev-parse", "--show-toplevel")
+    if top:
+        return (Path(top) / "trainer" / "main.py").is_file()
+    return target.kind == "local" and _own_checkout() is not None
+
+
+def _bundled(params: dict, target: TargetSpec, given: set[str], found: dict[str, object]) -> str:
+    """The trainer installed with tpuops as the repository to sync: locally its repository under the state
+    home, on a VM the same sent as a git bundle; the commit is its one commit, its venv filled from its
+    pyproject.toml. Returns the name its home on a worker is made from (one home for every version)."""
+    from tpuops.run import bundled
+
+    if "branch" in given:
+        raise UsageError(
+            "branch names a commit of repo_url, and no repository is named: the bundled trainer has one commit",
+            hint="pass --set repo_url=URL with it, or leave out branch to run the trainer installed with tpuops",
+        )
+    made = bundled.make()
+    found["repo_url"] = str(made.repo)
+    if "branch" in params:
+        found["branch"] = made.commit
+    if "bundle" in params and "bundle" not in given and target.kind != "local":
+        found["bundle"] = str(made.bundle)
+    if "install" in params and not given & {"install", "requirements"}:
+        found["install"] = "pyproject"
+    return bundled.URL
 
 
 def _layout(cwd: Path) -> str | None:

@@ -16,9 +16,9 @@ from tpuops.run.result import RunResult
 from tpuops.sop.actions import render_plan, summarize_plan
 
 if TYPE_CHECKING:  # the renderers' inputs, named for the type checker (imported at use by the commands)
-    from tpuops.checks.doctor import WorkerHealth
     from tpuops.run.bench import VariantResult
     from tpuops.run.detached import RunState
+    from tpuops.run.health import Doctored
     from tpuops.run.top import Top
     from tpuops.sop.executor import StepReport
     from tpuops.sop.procedure import Sop
@@ -221,9 +221,15 @@ def stop_table(run_id: str, results: dict[int, CmdResult], as_json: bool) -> Non
         )
 
 
-def doctor(health: list[WorkerHealth], as_json: bool) -> None:
+def doctor(found: Doctored, as_json: bool, vm: str | None = None) -> None:
+    from tpuops.run import homesview
+
+    health = found.workers
     if as_json:
-        emit_json([h.__dict__ for h in health])
+        emit_json(
+            [{**h.__dict__, "homes": [homesview.as_dict(x) for x in found.homes if x.worker == h.worker]}
+             for h in health]
+        )  # fmt: skip
         return
     keys = sorted({k for h in health for k in h.env_keys})
     ports = any(h.coordinator for h in health)
@@ -250,6 +256,10 @@ def doctor(health: list[WorkerHealth], as_json: bool) -> None:
     for h in health:
         if not h.connected:
             err.print(f"[red]w{h.worker} not reached[/]: {escape(h.error or 'failed')}")
+        elif not h.coordinator_ok:  # whole, under the table: a narrow terminal wraps the column
+            err.print(f"[bold red]w{h.worker} coordinator port[/]: {escape(h.coordinator)}")
+    if any(h.connected for h in health):
+        homesview.doctor_homes(found.homes, vm)
     for fix in (f for h in health for f in h.fixes):
         err.print(f"[bold]fix[/]: {escape(fix)}")
 

@@ -64,6 +64,9 @@ class Sop(Frozen):
 
     name: str
     description: str = ""
+    # Runs the trainer bundled with tpuops: with no repository named and none here that holds `trainer/`, the
+    # installed trainer is what the workers sync (tpuops/run/bundled.py).
+    trainer: bool = False
     params: dict[str, Param] = {}
     # Dotted --set keys (train.lr=1e-5) and parameters with `maps_to` go into this list parameter as
     # `--set=key=value` items: the one list of trainer overrides a SOP splices into its commands.

@@ -29,6 +29,9 @@ class GitSync(Step):
     (`git diff --binary HEAD`, deletions included) and `files/` (each changed or untracked file as it was).
     A patch tpuops applied itself is recorded in `.git/tpuops-tree` (its id and the tree's fingerprint): the
     next sync recognises those files as its own, not a person's edits, and stashes nothing.
+
+    With `bundle` (a local `git bundle`: the bundled trainer on a VM), it is sent first, beside the checkout
+    (`<dir>.bundle`), and the worker clones and fetches from it instead of `repo`.
     """
 
     kind: Literal["git_sync"] = "git_sync"
@@ -36,22 +39,24 @@ class GitSync(Step):
     ref: str = "main"
     dir: str = "~/tpuops/repo"
     patch: str = ""  # a local patch file (git diff --binary) applied after the reset
+    bundle: str = ""  # a local git bundle sent first and synced from (a repository no worker can reach)
     keep: list[str] = [".env", "runs/", ".venv/"]
     stash: str = "~/tpuops/stash"
     timeout: float = 600.0
-    template_fields: ClassVar[tuple[str, ...]] = ("repo", "ref", "dir", "patch", "keep", "stash")
+    template_fields: ClassVar[tuple[str, ...]] = ("repo", "ref", "dir", "patch", "bundle", "keep", "stash")
     preview_words: ClassVar[tuple[str, str]] = (
         "would discard (copied to the stash first)",
         "no local changes to discard",
     )
 
-    def _patch(self, ctx: PlanContext) -> tuple[Path, str] | None:
-        raw = ctx.raw(self.patch)
+    def _local(self, ctx: PlanContext, name: Literal["patch", "bundle"]) -> tuple[Path, str] | None:
+        """The local file the field `name` names (none when empty) and its short sha256."""
+        raw = ctx.raw(getattr(self, name))
         if not raw:
             return None
         path = Path(raw).expanduser()
         if not path.is_file():
-            raise ValueError(f"patch {raw}: no such file")
+            raise ValueError(f"{name} {raw}: no such file")
         return path, hashlib.sha256(path.read_bytes()).hexdigest()[:12]
 
     def _fingerprint(self, kept: str) -> str:
@@ -65,10 +70,12 @@ class GitSync(Step):
         keep = [ctx.raw(k) for k in self.keep]
         excludes = " ".join(f"-e {shell.quote(k)}" for k in keep)
         kept = " ".join(shell.quote(f":(exclude){k}") for k in keep)
-        patch = self._patch(ctx)
+        patch, bundle = self._local(ctx, "patch"), self._local(ctx, "bundle")
         want = patch[1] if patch else "none"
+        sent = ctx.raw(self.dir).rstrip("/") + ".bundle"  # where a bundle goes: beside the checkout
+        repo = shell.path(sent) if bundle else shell.quote(ctx.raw(self.repo))
         script = f"""set -e
-dir={shell.path(ctx.raw(self.dir))}; repo={shell.quote(ctx.raw(self.repo))}; ref={shell.quote(ctx.raw(self.ref))}
+dir={shell.path(ctx.raw(self.dir))}; repo={repo}; ref={shell.quote(ctx.raw(self.ref))}
 {self._fingerprint(kept)}
 cloned=0
 if [ ! -d "$dir/.git" ]; then mkdir -p "$(dirname "$dir")"; git clone --quiet -- "$repo" "$dir"; cloned=1; fi
@@ -109,7 +116,8 @@ changed=1; [ "$cloned" = 0 ] && [ "$before" = "$after" ] && [ "$dirty" = 0 ] && 
 echo "tpuops: sha=$(git rev-parse --short HEAD) changed=$changed"
 """
         what = f"check out {ctx.raw(self.ref)} of {ctx.raw(self.repo)} in {ctx.raw(self.dir)} (local edits stashed first)"
-        actions: list[Action] = [Command(script, timeout=self.timeout, what=what)]
+        actions: list[Action] = [Upload(bundle[0], sent, 0o600, bundle[1], plain=True)] if bundle else []
+        actions.append(Command(script, timeout=self.timeout, what=what))
         if patch is not None:
             remote = f"{ctx.raw(self.dir).rstrip('/')}/.git/tpuops-tree.patch"
             actions.append(Upload(patch[0], remote, 0o600, want, plain=True))
@@ -148,6 +156,9 @@ else echo "tpuops: absent"; fi
         return [line.removeprefix("tpuops: discard ") for line in out if line.startswith("tpuops: discard ")]
 
     def outcome(self, results: list[CmdResult]) -> Outcome:
+        # The sync script's result first: a bundle's upload before it (ok, silent) is not the sync.
+        while len(results) > 1 and results[0].ok and not (results[0].stdout or results[0].stderr):
+            results = results[1:]
         sync = results[0] if results else None
         if sync is not None and sync.kind is Kind.EXIT and sync.exit_code == UNKNOWN_REF_EXIT:
             lines = sync.stderr.strip().splitlines()
