@@ -89,7 +89,8 @@ def test_a_command_too_long_for_the_workers_is_refused_before_anything_changes(
 
 def _worktree(repo: Path) -> dict[str, str]:
     """A checkout's files (.git aside: the sync's fetch before the stash writes FETCH_HEAD) and its HEAD."""
-    head = subprocess.run(["git", "-c", "safe.directory=*", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True)
+    git = ["git", "-c", "safe.directory=*", "-C", str(repo)]
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=False, capture_output=True, text=True)
     files = {k: v for k, v in _tree(repo).items() if not (k == ".git" or k.startswith(".git/"))}
     assert head.returncode == 0, head.stderr
     return {**files, "HEAD": head.stdout.strip()}
@@ -100,7 +101,12 @@ def _mount_tmpfs(at: Path, size: str, user: str) -> None:
     at.mkdir()
     pw = pwd.getpwnam(user)
     opts = f"size={size},uid={pw.pw_uid},gid={pw.pw_gid},mode=0755"
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tpuops-test", str(at)], capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", opts, "tpuops-test", str(at)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
         pytest.fail(f"this test mounts a small tmpfs (root with CAP_SYS_ADMIN): {r.stderr.strip()}")
 
