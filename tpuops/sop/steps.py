@@ -8,17 +8,17 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from tpuops import shell
-from tpuops.errors import NoSpaceError, UsageError
+from tpuops.errors import UsageError
 from tpuops.sop.actions import Action, Command, Upload
 from tpuops.sop.model import Outcome, PlanContext, Step, markers
+from tpuops.sop.stash import NO_SPACE_EXIT, no_space
+from tpuops.sop.stash import script as stash_script
 from tpuops.transport.base import CmdResult, Kind
 
 # Exit code of a clear_lockfile script that found a holder and was not allowed to kill it.
 BUSY_EXIT = 75
 # Exit code of a git_sync script given a branch or commit the remote does not have (bad input: exit 2).
 UNKNOWN_REF_EXIT = 2
-# Exit code of a git_sync script whose stash of the worker's local edits ran out of disk (or quota).
-NO_SPACE_EXIT = 76
 _DEVICE_GLOB = re.compile(r"[A-Za-z0-9_./*?-]+")
 
 
@@ -92,27 +92,7 @@ if git rev-parse --verify --quiet "refs/remotes/origin/$ref^{{commit}}" >/dev/nu
 elif target=$(git rev-parse --verify --quiet "$ref^{{commit}}"); then :
 elif git fetch --quiet origin "$ref" 2>/dev/null && target=$(git rev-parse --verify --quiet "FETCH_HEAD^{{commit}}"); then :
 else echo "unknown branch or commit: $ref (branches and tags found: $(refs))" >&2; exit {UNKNOWN_REF_EXIT}; fi
-if [ "$dirty" != 0 ]; then  # nothing typed on a worker is lost silently: named, then kept outside the checkout
-  stash={shell.path(ctx.raw(self.stash))}/$(date -u +%Y%m%d-%H%M%S)-{shell.quote(ctx.run_id or "sync")}
-  edited() {{ git diff --name-only -z HEAD -- . {kept}; git ls-files -z --others --exclude-standard -- . {kept}; }}
-  if ! err=$(export LC_ALL=C; {{ mkdir -p "$stash/files" &&
-      git status --porcelain --untracked-files=all -- . {kept} > "$stash/status.txt" &&
-      git diff --binary HEAD -- . {kept} > "$stash/tracked.patch" &&
-      edited | tar --null -T - --ignore-failed-read -cf - 2>/dev/null | tar -xf - -C "$stash/files"; }} 2>&1); then
-    # A stash cut short is removed (it would only keep the disk full) and the checkout is not reset: every
-    # edit is still where it was.
-    rm -rf "$stash"
-    at=$(dirname "$stash"); [ -d "$at" ] || at=$HOME
-    free=unknown; if fs=$(stat -f -c '%a %S' "$at"); then set -- $fs; free=$(( $1 * $2 )); fi
-    need=$(edited | xargs -0 -r du -cb -- 2>/dev/null | tail -n 1 | cut -f1); need=${{need:-0}}
-    full=0; case $err in *"No space left on device"*|*"Disk quota exceeded"*) full=1 ;; esac
-    [ "$free" != unknown ] && [ "$free" -lt "$need" ] && full=1
-    if [ $full = 1 ]; then echo "tpuops: nospace free=$free need=$need path=$stash"; exit {NO_SPACE_EXIT}; fi
-    echo "could not stash the local edits to $stash (the checkout was not reset): $err" >&2; exit 1
-  fi
-  sed 's/^/tpuops: discard /' "$stash/status.txt"
-  echo "tpuops: stashed n=$dirty dir=$stash"
-fi
+{stash_script(shell.path(ctx.raw(self.stash)), shell.quote(ctx.run_id or "sync"), kept)}
 git checkout --quiet --force --detach "$target"
 git reset --quiet --hard "$target"
 git clean -fdq {excludes}
@@ -168,7 +148,7 @@ else echo "tpuops: absent"; fi
                 lines[-1] if lines else "unknown branch or commit", hint="pass --set branch=NAME"
             )
         if sync is not None and sync.kind is Kind.EXIT and sync.exit_code == NO_SPACE_EXIT:
-            raise _no_space(markers(sync.stdout))
+            raise no_space(markers(sync.stdout))
         if not results or not all(r.ok for r in results):
             return super().outcome(results)
         found = markers(results[0].stdout)
@@ -195,22 +175,6 @@ else echo "tpuops: absent"; fi
         )
         detail = f"{at}; local changes stashed to {stash} before the reset: {shown}"
         return Outcome(status, detail, {**data, "discarded": discarded, "stash": stash})
-
-
-def _no_space(found: list[dict[str, str]]) -> NoSpaceError:
-    """git_sync's stash ran out of disk: where, how many bytes were free there, what the edits need."""
-    m = next((x for x in found if x["_"].startswith("nospace")), {"_": ""})
-    path = m["_"].partition(" path=")[2] or "the stash"  # the last field: a path may hold spaces
-    free, need = (int(m[k]) if m.get(k, "").isdigit() else None for k in ("free", "need"))
-    room = "" if free is None else f"{free:,} bytes free"
-    if need:
-        room += f"{'; ' if room else ''}the local edits take {need:,} bytes"
-    return NoSpaceError(
-        f"no space left on device stashing the local edits to {path}"
-        + (f" ({room})" if room else "")
-        + ": the partial stash was removed and the checkout was not reset",
-        hint="free space on the worker, or remove the edits there yourself, then run again",
-    )
 
 
 class ClearLockfile(Step):
