@@ -18,7 +18,7 @@ from tpuops.errors import HostKeyError, TpuopsError
 from tpuops.logs.actions import Fetch, Follow
 from tpuops.logs.events import Event, Failure, LogReport, StepEvent, exit_status, merge
 from tpuops.logs.hang import HangWatch
-from tpuops.logs.lines import READ_CHUNK, pieces, shown, whole_lines
+from tpuops.logs.chunks import READ_CHUNK, pieces, shown, whole_lines
 from tpuops.logs.scanner import LogScanner
 from tpuops.shell import Redactor
 from tpuops.transport.base import CmdResult, Kind, LineSink, Transport

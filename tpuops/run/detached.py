@@ -12,7 +12,7 @@ from tpuops import shell
 from tpuops.errors import ExitCode, TpuopsError
 from tpuops.logs.events import NOSPACE, STOPPED, Event, ExitEvent, LogReport, exit_status
 from tpuops.logs.follow import Follower, Readings
-from tpuops.logs.lines import file_lines
+from tpuops.logs.chunks import file_lines
 from tpuops.run import finish, scan
 from tpuops.run.store import OffsetWriter, RunRecord, load, record_end, save_result, saved_offsets
 from tpuops.run.target import open_transport, resolve, select_workers

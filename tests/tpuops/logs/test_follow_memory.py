@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tpuops.logs.actions import Fetch, Follow
 from tpuops.logs.follow import Follower
-from tpuops.logs.lines import LINE_LIMIT, READ_CHUNK
+from tpuops.logs.chunks import LINE_LIMIT, READ_CHUNK
 from tpuops.shell import Redactor
 from tpuops.transport.local import LocalTransport
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tpuops.logs.lines import LINE_LIMIT
+from tpuops.logs.chunks import LINE_LIMIT
 
 pytestmark = pytest.mark.slow
 
