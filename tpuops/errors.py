@@ -23,6 +23,7 @@ class ExitCode(IntEnum):
     NO_FIT = 12
     UNVERIFIED = 13
     STOPPED = 14
+    RESOURCE = 15
     INTERRUPTED = 130  # 128 + SIGINT, as shells report it
     TERMINATED = 143  # 128 + SIGTERM
 
@@ -78,6 +79,12 @@ EXIT_CODES: dict[ExitCode, tuple[str, str]] = {
         "stopped",
         "the run was stopped on purpose (`tpuops stop RUN_ID`, or a `--force` run that took its TPU) and no "
         "worker had failed before: `run`, `attach`, `report` and `runs` say `stopped`",
+    ),
+    ExitCode.RESOURCE: (
+        "resource",
+        "a worker ran out of a resource: its disk (no space left on device, or its quota) while a git sync "
+        "stashed its local edits; the line names the path and the bytes free, the partial stash is removed and "
+        "the checkout is not reset",
     ),
     ExitCode.INTERRUPTED: (
         "interrupted",
@@ -150,6 +157,14 @@ class PermissionDeniedError(CloudError):
 class PreemptedError(CloudError):
     exit_code = ExitCode.PREEMPTED
     kind = "preempted"
+
+
+class NoSpaceError(TpuopsError):
+    """A worker's disk (or its quota) is full where tpuops had to write: the message names the path and the
+    bytes free; what was half-written is removed."""
+
+    exit_code = ExitCode.RESOURCE
+    kind = "no_space"
 
 
 class DoesNotFitError(TpuopsError):

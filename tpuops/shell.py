@@ -58,6 +58,18 @@ def with_stdin_env(command: str) -> str:
     return f'eval "$(cat)"; {command}'
 
 
+# A worker's sshd runs a command as one argument of the login shell (`bash -c COMMAND`), and Linux takes one
+# argument of at most MAX_ARG_STRLEN = 32 pages = 131,072 bytes, its closing NUL included: past it the exec fails
+# ("Argument list too long"), and past OpenSSH's 256 KiB packet the connection drops. So a step's command, as
+# sent (`with_stdin_env`), is at most this many bytes (tests/tpuops/sop/test_worker_limits.py measures it on sshd).
+MAX_COMMAND_BYTES = 131_071
+
+
+def command_bytes(command: str) -> int:
+    """The bytes of `command` as a worker's shell receives it (with_stdin_env's wrapper included)."""
+    return len(with_stdin_env(command).encode())
+
+
 # Values shorter than this are never redacted: a 1-3 character value (`1`, `on`, `dev`) would replace ordinary
 # text in every line (and show where the value sits by the holes it leaves), and so short a value is no secret
 # against guessing anyway. The same bound applies to each line of a multi-line value and to each encoding.

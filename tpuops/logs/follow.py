@@ -6,10 +6,9 @@ and the fetch feeds it only what the follow did not read; the run's LogReport is
 from __future__ import annotations
 
 import json
-import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -17,16 +16,13 @@ from tpuops import shell
 from tpuops.config import open_private, private_dir, write_private
 from tpuops.errors import HostKeyError, TpuopsError
 from tpuops.logs.actions import Fetch, Follow
+from tpuops.logs.chunks import READ_CHUNK, pieces, shown, whole_lines
 from tpuops.logs.events import Event, Failure, LogReport, StepEvent, exit_status, merge
+from tpuops.logs.hang import HangWatch
 from tpuops.logs.scanner import LogScanner
 from tpuops.shell import Redactor
 from tpuops.transport.base import CmdResult, Kind, LineSink, Transport
 from tpuops.transport.retry import Backoff
-
-READ_CHUNK = (
-    4 << 20
-)  # bytes per read from a worker: the client's memory stays bounded whatever the log's size
-MAX_PENDING = 1 << 20  # a partial line longer than this is shown cut (the scanner cuts lines at 1 MiB too)
 
 
 @dataclass
@@ -134,7 +130,7 @@ class Follower:
             if more:
                 code = None  # the exit file counts once the whole log is read
             start = offset - len(pending)  # where `block` starts in the log
-            block, pending = _whole_lines(pending + chunk)
+            block, pending = whole_lines(pending + chunk)
             offset += len(chunk)
             # Whole lines only (a partial one waits for the next chunk): shown and fed to the scanner redacted,
             # as the fetched copy has them. Lines an earlier follow showed are only fed.
@@ -144,7 +140,8 @@ class Follower:
                 scanner.feed_bytes(past.encode())
                 if show and self.on_past is not None:
                     for ln in past.splitlines():
-                        self.on_past(w, ln)
+                        for piece in pieces(ln):
+                            self.on_past(w, piece)
                 polled.clear()  # their events went out when they were shown
             if new:
                 text = self.redact(new.decode(errors="replace"))
@@ -181,8 +178,8 @@ class Follower:
                         for text in dump.splitlines():
                             self.on_line(w, f"tpuops: py-spy: {text}")
             if status is not None:
-                if show and self.on_line and last and fresh:
-                    self.on_line(w, last)
+                if show and last and fresh:
+                    self._show(w, last)
                 self.offsets[w] = max(offset, shown)
                 return CmdResult(w, action.render(), 0, job_exit=status, offset=offset, job_notes=notes)
             if self.detach.is_set():
@@ -199,24 +196,25 @@ class Follower:
                 self.detach.wait(action.poll_s)
 
     def _show(self, w: int, text: str) -> None:
-        """Whole lines, already redacted as one text (one search per secret form, not one per line), shown."""
-        if not text or self.on_line is None:
+        """Whole lines, already redacted as one text (one search per secret form, not one per line), shown (a
+        line longer than LINE_LIMIT in pieces)."""
+        if self.on_line is None:
             return
-        lines = text.split("\n")
-        if text.endswith("\n"):
-            lines.pop()
-        for line in lines:
+        for line in pieces(text):
             self.on_line(w, line)
 
     def show_log(self, w: int, path: str) -> None:
         """A whole worker log shown once, read and redacted READ_CHUNK at a time (`tpuops logs`)."""
-        offset, pending = 0, b""
-        while chunk := self.transport.read_from(w, path, offset, READ_CHUNK):
-            offset += len(chunk)
-            block, pending = _whole_lines(pending + chunk)
-            self._show(w, self.redact(block.decode(errors="replace")))
-        if pending:
-            self._show(w, self.redact(pending.decode(errors="replace")))
+
+        def chunks() -> Iterator[bytes]:
+            offset = 0
+            while chunk := self.transport.read_from(w, path, offset, READ_CHUNK):
+                offset += len(chunk)
+                yield chunk
+
+        if self.on_line is not None:
+            for line in shown(chunks(), self.redact):
+                self.on_line(w, line)
 
     def follow_all(self, workers: list[int], action: Follow) -> dict[int, CmdResult]:
         """Follow several workers at once (one thread each) until each one's follow ends."""
@@ -260,7 +258,7 @@ class Follower:
             with open_private(tmp) as out:
                 pending, start = b"", 0  # `start`: where the next block starts in the log
                 while data:
-                    block, pending = _whole_lines(pending + data)
+                    block, pending = whole_lines(pending + data)
                     text = self.redact(block.decode(errors="replace"))
                     out.write(text.encode())
                     _feed_unread(reading, block, start, text, self.redact)
@@ -361,60 +359,3 @@ def _split(block: bytes, at: int) -> tuple[bytes, bytes]:
     """`block` cut at byte `at` (clamped to it): (before, after)."""
     at = min(max(at, 0), len(block))
     return block[:at], block[at:]
-
-
-def _whole_lines(data: bytes) -> tuple[bytes, bytes]:
-    """(the whole lines of `data`, the partial line after them). A partial line longer than MAX_PENDING counts
-    as whole (cut), so a log with no newline cannot fill the memory."""
-    cut = data.rfind(b"\n") + 1
-    if len(data) - cut > MAX_PENDING:
-        return data, b""
-    return data[:cut], data[cut:]
-
-
-class HangWatch:
-    """Calls process 0 hung when no new step came within max(hang_min_s, hang_factor x expected step).
-
-    Fed the scanner's step events (every `step=` line, however many one poll brings), timed from the last
-    one. The expected step time is the median time per steady step (after hang_warmup steps): each step's
-    own `dt=`, or the time between its line and the one before when that is longer (work between steps
-    counts). Before any steady step exists, the longest step so far stands in (step 0's time holds the
-    compile), so a stall right after the first step line is still caught. Before the first step line only
-    the timeout applies.
-    """
-
-    def __init__(self, action: Follow, now: float | None = None) -> None:
-        self.action = action
-        self.last: float | None = None  # when the latest step line arrived
-        self.first_seen = time.monotonic() if now is None else now
-        self.steps: list[tuple[int, float]] = []  # (step, seconds it took), in arrival order
-        self.reported = False
-
-    def check(self, steps: list[StepEvent], now: float | None = None) -> str | None:
-        """The step events one poll brought (maybe none); a reason when the worker looks hung."""
-        now = time.monotonic() if now is None else now
-        for e in steps:
-            step = e.step if e.step is not None else (self.steps[-1][0] + 1 if self.steps else 0)
-            # Arrival gaps mean something only for a poll that brought one step line.
-            since = now - (self.last if self.last is not None else self.first_seen)
-            took = max(e.dt or 0.0, since if len(steps) == 1 or e.dt is None else 0.0)
-            self.steps.append((step, took))
-            self.last, self.reported = now, False
-        if self.last is None or self.reported:
-            return None
-        limit, how = self.limit()
-        quiet = now - self.last
-        if quiet <= limit:
-            return None
-        self.reported = True
-        return f"no step line for {quiet:.0f}s after step {self.steps[-1][0]} ({how}, limit {limit:.0f}s)"
-
-    def limit(self) -> tuple[float, str]:
-        a = self.action
-        steady = [t for _, t in self.steps[a.hang_warmup :]]
-        if steady:
-            expected, how = statistics.median(steady), f"median step {statistics.median(steady):.2f}s"
-        else:
-            expected = max(t for _, t in self.steps)
-            how = f"no steady step yet, longest step {expected:.2f}s"
-        return max(a.hang_factor * expected, a.hang_min_s), how

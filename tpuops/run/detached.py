@@ -10,6 +10,7 @@ from typing import Any
 from tpuops import config as user_config
 from tpuops import shell
 from tpuops.errors import ExitCode, TpuopsError
+from tpuops.logs.chunks import file_lines
 from tpuops.logs.events import NOSPACE, STOPPED, Event, ExitEvent, LogReport, exit_status
 from tpuops.logs.follow import Follower, Readings
 from tpuops.run import finish, scan
@@ -123,9 +124,8 @@ def logs(run_id: str, worker: str, *, follow: bool, on_line: LineSink) -> None:
     local = [rec.local_dir / f"worker-{w}.log" for w in chosen]
     if not follow and all(p.exists() for p in local):
         for w, p in zip(chosen, local, strict=True):
-            with p.open(errors="replace") as f:  # a line at a time: memory does not grow with the log
-                for line in f:
-                    on_line(w, line.rstrip("\n"))  # fetched copies were redacted when they were written
+            for line in file_lines(p):  # a chunk at a time, a long line in pieces: memory stays a few chunks
+                on_line(w, line)  # fetched copies were redacted when they were written
         return
     redact = rec.redactor()
     transport = open_transport(resolve(rec.spec()), redact)

@@ -213,9 +213,10 @@ def _check_plan(sop: loader.Sop, values: dict[str, object], cwd: Path) -> None:
     ctx = PlanContext(0, 1, DRY_RUN_ID, values, local_dir=cwd, paths=paths)
     for step in sop.steps:
         try:
-            step.plan(ctx)
+            actions = step.plan(ctx)
         except ValueError as e:  # a step's own check of a templated field (on_hang: stop or wait)
             raise UsageError(f"SOP {sop.name}, step {step.title}: {e}") from None
+        prepare.check_command_sizes(sop, step.title, actions)  # too long for a worker's shell: exit 2
 
 
 def _execute(

@@ -7,9 +7,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from tpuops import shell
 from tpuops.config import TargetSpec, UserConfig
 from tpuops.errors import UsageError
-from tpuops.sop import loader
+from tpuops.sop import claim, loader
+from tpuops.sop.actions import Action, Command
 from tpuops.sop.model import TEMPLATE, PlanContext, suggest
 
 
@@ -299,3 +301,26 @@ def runs_dir(sop: loader.Sop, values: dict[str, object]) -> str:
 def plan_context(values: dict[str, object], cwd: Path | None = None) -> PlanContext:
     """Worker 0's plan context: for the step fields that are the same on every worker."""
     return PlanContext(worker=0, num_workers=1, run_id="", values=values, local_dir=cwd or Path.cwd())
+
+
+# Room kept in each step's command for what differs between this check and the run: the run id in the step's own
+# paths (planned here as DRY-RUN), a worker's number. The run lock's guard around the step is counted exactly.
+COMMAND_SLACK = 1024
+
+
+def check_command_sizes(sop: loader.Sop, title: str, actions: list[Action]) -> None:
+    """A step command longer than a worker's shell takes as one argument (shell.MAX_COMMAND_BYTES) is bad input,
+    refused before anything runs (exit 2 naming both sizes), not a start that fails after the sync."""
+    rid = "20260101-000000-" + "x" * 24  # a run id's length (run/launch.new_run_id) and then some
+    limit = shell.MAX_COMMAND_BYTES - COMMAND_SLACK
+    for a in actions:
+        if not isinstance(a, Command):
+            continue
+        size = shell.command_bytes(claim.guarded(rid, f"step {title} of run {rid}", a.script))
+        if size > limit:
+            raise UsageError(
+                f"SOP {sop.name}, step {title}: its command is {size:,} bytes, over the {limit:,} a step may send to "
+                f"a worker (one argument of its shell: at most {shell.MAX_COMMAND_BYTES:,} bytes, Linux's "
+                f"MAX_ARG_STRLEN of 128 KiB, less {COMMAND_SLACK:,} for what the run adds); nothing was run",
+                hint="put the long part in a script or a config file in your repository and run that",
+            )

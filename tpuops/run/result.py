@@ -143,6 +143,8 @@ def exit_code(
         return ExitCode.CONNECT
     if kind == "usage":  # bad input only the worker could see (a branch the remote does not have)
         return ExitCode.USAGE
+    if kind == "no_space":  # a worker's disk was full where tpuops had to write (git sync's stash)
+        return ExitCode.RESOURCE
     codes = {"busy": ExitCode.TPU_BUSY, "timeout": ExitCode.TIMEOUT, "hang": ExitCode.HANG}
     if outcome.status == "failed" and cause is not None:
         return _LOG_FAILURE_CODES.get(cause.kind, ExitCode.FAILED)

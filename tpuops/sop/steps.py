@@ -11,6 +11,8 @@ from tpuops import shell
 from tpuops.errors import UsageError
 from tpuops.sop.actions import Action, Command, Upload
 from tpuops.sop.model import Outcome, PlanContext, Step, markers
+from tpuops.sop.stash import NO_SPACE_EXIT, no_space
+from tpuops.sop.stash import script as stash_script
 from tpuops.transport.base import CmdResult, Kind
 
 # Exit code of a clear_lockfile script that found a holder and was not allowed to kill it.
@@ -97,16 +99,7 @@ if git rev-parse --verify --quiet "refs/remotes/origin/$ref^{{commit}}" >/dev/nu
 elif target=$(git rev-parse --verify --quiet "$ref^{{commit}}"); then :
 elif git fetch --quiet origin "$ref" 2>/dev/null && target=$(git rev-parse --verify --quiet "FETCH_HEAD^{{commit}}"); then :
 else echo "unknown branch or commit: $ref (branches and tags found: $(refs))" >&2; exit {UNKNOWN_REF_EXIT}; fi
-if [ "$dirty" != 0 ]; then  # nothing typed on a worker is lost silently: named, then kept outside the checkout
-  stash={shell.path(ctx.raw(self.stash))}/$(date -u +%Y%m%d-%H%M%S)-{shell.quote(ctx.run_id or "sync")}
-  mkdir -p "$stash/files"
-  git status --porcelain --untracked-files=all -- . {kept} > "$stash/status.txt"
-  git diff --binary HEAD -- . {kept} > "$stash/tracked.patch"
-  {{ git diff --name-only -z HEAD -- . {kept}; git ls-files -z --others --exclude-standard -- . {kept}; }} |
-    tar --null -T - --ignore-failed-read -cf - 2>/dev/null | tar -xf - -C "$stash/files"
-  sed 's/^/tpuops: discard /' "$stash/status.txt"
-  echo "tpuops: stashed n=$dirty dir=$stash"
-fi
+{stash_script(shell.path(ctx.raw(self.stash)), shell.quote(ctx.run_id or "sync"), kept)}
 git checkout --quiet --force --detach "$target"
 git reset --quiet --hard "$target"
 git clean -fdq {excludes}
@@ -165,6 +158,8 @@ else echo "tpuops: absent"; fi
             raise UsageError(
                 lines[-1] if lines else "unknown branch or commit", hint="pass --set branch=NAME"
             )
+        if sync is not None and sync.kind is Kind.EXIT and sync.exit_code == NO_SPACE_EXIT:
+            raise no_space(markers(sync.stdout))
         if not results or not all(r.ok for r in results):
             return super().outcome(results)
         found = markers(results[0].stdout)

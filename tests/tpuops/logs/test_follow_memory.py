@@ -8,7 +8,8 @@ import tracemalloc
 from pathlib import Path
 
 from tpuops.logs.actions import Fetch, Follow
-from tpuops.logs.follow import READ_CHUNK, Follower
+from tpuops.logs.chunks import LINE_LIMIT, READ_CHUNK
+from tpuops.logs.follow import Follower
 from tpuops.shell import Redactor
 from tpuops.transport.local import LocalTransport
 
@@ -23,7 +24,7 @@ def test_follow_fetch_and_show_log_hold_a_few_chunks_whatever_the_log_size(tmp_p
     with log.open("wb") as f:
         for i in range(LOG_MB * 128):
             f.write(b"token=SECRET-42 " + line if i % 1000 == 0 else line)
-        f.write(b"y" * (READ_CHUNK + 5))  # a line longer than MAX_PENDING: shown cut in two, not held whole
+        f.write(b"y" * (READ_CHUNK + 5))  # a line longer than LINE_LIMIT: shown in pieces, not held whole
         f.write(b"\nlast")
     (run / "worker-0.exit").write_text("0\n")
     size = log.stat().st_size
@@ -44,7 +45,8 @@ def test_follow_fetch_and_show_log_hold_a_few_chunks_whatever_the_log_size(tmp_p
         tracemalloc.stop()
     assert r.ok and r.job_exit == 0 and r.offset == size and fetched.ok
     assert peak < 6 * READ_CHUNK, f"peak {peak / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB log"
-    # Every line shown twice (follow, show_log), the long one cut in two at the read after MAX_PENDING.
-    assert counted == {"lines": 2 * (LOG_MB * 128 + 2 + 1), "secret": 0}, counted
+    # Every line shown twice (follow, show_log), the long one as pieces of LINE_LIMIT characters.
+    pieces = READ_CHUNK // LINE_LIMIT + 1
+    assert counted == {"lines": 2 * (LOG_MB * 128 + 1 + pieces), "secret": 0}, counted
     copy = (tmp_path / "local" / "r1" / "worker-0.log").read_bytes()
     assert copy == log.read_bytes().replace(b"SECRET-42", b"***")
