@@ -15,6 +15,7 @@ from tpuops.cloud.tpu_api import VmInfo, WorkerAddr
 from tpuops.logs.scanner import LogScanner
 from tpuops.run import logreport, report
 from tpuops.run.detached import RunState
+from tpuops.run.health import Doctored
 from tpuops.run.result import RunResult
 from tpuops.run.store import RunRecord
 from tpuops.sop.executor import SopReport, StepReport
@@ -100,7 +101,7 @@ def test_doctor_with_its_fix_lines(width: int) -> None:
         WorkerHealth(2, "10.128.0.125:22", False, error="connect to 10.128.0.125:22: connection refused"),
     ]  # fmt: skip
     add_fixes(health, "--vm mllm-jax-v6e-8")
-    text = rendered(lambda: report.doctor(health, False))
+    text = rendered(lambda: report.doctor(Doctored(health, []), False))
     whole(
         text, "10.128.0.123:22", "10.128.0.124:22", "1a2b3c4d5e6f", "0f9e8d7c6b5a", "99aa88bb77cc", "present"
     )
