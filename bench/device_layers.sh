@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for issue 28's third GPU session (docs/performance.md "Third session on one NVIDIA H100"): the
+# One device call (docs/performance.md "On a real accelerator"): the
 # decode's layer loop, scan against unrolled (`rollout.decode_layers`), at 3B shapes and 128 sequences
 # (bench/device_decode.py: ms per position; the unrolled run profiled kernel by kernel), then the seed's workload
 # (bench/device_step.py, size 3b-seed) with the loop the trainer picks on a GPU (auto: unrolled).

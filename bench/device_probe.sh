@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for issue 28's second GPU session (docs/performance.md "On a real accelerator"): where the
+# One device call (docs/performance.md "On a real accelerator"): where the
 # decode loop's time goes (bench/device_decode.py: ms per token at 128 and 32 sequences, a profiled rollout,
 # the compiled decode program), then google-tunix's GRPO step beside this trainer's on the GPU
 # (bench/bench_peers.py, tunix from the wheels `bash bench/device_wheels.sh` put in .whl/, carried along).

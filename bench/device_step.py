@@ -44,7 +44,7 @@ SIZES: dict[str, tuple[str, str | None, int, float]] = {
     "0.5b": ("qwen2.5-0.5b-v4-8", "Qwen2.5-0.5B-Instruct.json", 16, 0.28),
     "1.5b": ("qwen2.5-1.5b-v6e-8", "Qwen2.5-1.5B-Instruct.json", 16, 0.32),
     "3b": ("qwen2.5-3b-v6e-8", "Qwen2.5-3B-Instruct.json", 8, 0.40),
-    # the seed's workload (issue 28): its preset's 1024 new tokens and attention windows (rollout.attention_block)
+    # the seed's workload: its preset's 1024 new tokens and attention windows (rollout.attention_block)
     "3b-seed": ("qwen2.5-3b-v6e-8-seed", "Qwen2.5-3B-Instruct.json", 8, 1.0),
 }
 # tiny: a CPU check of the script, not a benchmark (2 prompts x 2 samples, 8 new tokens).

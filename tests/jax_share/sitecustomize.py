@@ -4,7 +4,7 @@ compilation-cache key per CPU program in every process of a jax.distributed grou
 **Cheaper CPU compiles.** The suite is CPU-bound and most of its CPU is XLA compiling the tiny model's programs for
 the CPU. `XLA_FLAGS` gets `--xla_cpu_use_fusion_emitters=false --xla_llvm_disable_expensive_passes=true` (unless
 already there): XLA's classic CPU fusion emitters and LLVM without its costliest passes. A cold 4-step toy run
-costs about 20% less CPU with the same step lines to the last digit (docs/performance.md, "Fifteenth session");
+costs about 20% less CPU with the same step lines to the last digit (docs/ci.md, "What the test settings save");
 the programs run a little slower, which the tiny model does not notice. The product's own CPU runs keep XLA's
 defaults. `TPUOPS_TESTS_XLA_DEFAULTS=1` leaves XLA_FLAGS alone.
 

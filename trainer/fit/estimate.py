@@ -46,7 +46,7 @@ class Efficiency:
 EFFICIENCY: dict[str, Efficiency] = {
     # Decode loops are HBM-bound: published TPU decode reaches about half to two thirds of HBM bandwidth.
     "decode": Efficiency(
-        0.50, 0.68, "JetStream decode on v5e-8, 50-68% of HBM bandwidth (as surveyed in issue 28)"
+        0.50, 0.68, "JetStream decode on v5e-8, 50-68% of HBM bandwidth"
     ),
     # Training-like programs (the prefill's forward, the update): the planning MFU of the jax-ml scaling book.
     "train": Efficiency(

@@ -485,7 +485,7 @@ def decode_step_layers(
     """`decode_step` with the layers unrolled: `params` from `unstack_layers`, `caches` one (keys, values) pair
     [1, B, S, K, H] per layer. The same arithmetic layer for layer; each layer's matmuls and attention read its
     own weight and cache buffers. (Inside the layer scan XLA:GPU copies each layer's weights and cache row out of
-    the stacks before using them, every position: docs/performance.md, "Second session on one NVIDIA H100".)
+    the stacks before using them, every position: docs/performance.md, "Where a GPU decode's time goes".)
 
     Returns (logits_BTV float32, caches) with each layer's cache updated in place."""
     c = config
