@@ -142,6 +142,8 @@ class Follower:
                     for ln in past.splitlines():
                         for piece in pieces(ln):
                             self.on_past(w, piece)
+                if hang is not None:  # attach: the steps shown before count, timed from now
+                    hang.check([e for e in polled if isinstance(e, StepEvent)])
                 polled.clear()  # their events went out when they were shown
             if new:
                 text = self.redact(new.decode(errors="replace"))

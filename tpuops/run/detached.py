@@ -3,22 +3,27 @@ logs, stop, and each run's state (`tpuops runs`). `tpuops report RUN_ID` is run/
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpuops import config as user_config
 from tpuops import shell
-from tpuops.errors import ExitCode, TpuopsError
+from tpuops.errors import ExitCode, PreemptedError, TpuopsError
 from tpuops.logs.chunks import file_lines
 from tpuops.logs.events import NOSPACE, STOPPED, Event, ExitEvent, LogReport, exit_status
 from tpuops.logs.follow import Follower, Readings
 from tpuops.run import finish, scan
 from tpuops.run.store import OffsetWriter, RunRecord, load, record_end, save_result, saved_offsets
-from tpuops.run.target import open_transport, resolve, select_workers
+from tpuops.run.target import Target, open_transport, resolve, select_workers
 from tpuops.shell import Redactor
 from tpuops.sop.actions import Fetch, Follow
 from tpuops.transport.base import CmdResult, Kind, LineSink, Transport
+
+if TYPE_CHECKING:
+    from tpuops.run.recover import Lost
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,8 @@ def attach(
         if isinstance(event, ExitEvent):
             exits[event.worker] = event.code
 
-    transport = open_transport(resolve(rec.spec()), redact)
+    target = resolve(rec.spec())
+    transport = open_transport(target, redact)
     learn_sent_env(rec, transport, redact)
     follower = Follower(
         transport,
@@ -74,7 +80,13 @@ def attach(
         reads=Readings(int(judged.get("warmup", 1)), pattern),
     )
     try:
-        results = follower.follow_all(rec.workers, Follow(rec.remote_dir, stream=stream, timeout=timeout))
+        with _watched(rec, target, follower.abort) as lost_vm:  # a VM run: watched as the run watched it
+            results = follower.follow_all(rec.workers, _follow_as_run(rec, stream, timeout))
+        if lost_vm is not None and lost_vm.event.is_set():
+            raise PreemptedError(
+                f"{rec.spec().vm} {lost_vm.why} while attached to run {run_id}",
+                hint="rerun with --recover (and --set checkpoint.dir=gs://...) to recreate it and resume",
+            )
         if follower.detach.is_set() or any(r.kind is Kind.DETACHED for r in results.values()):
             return Attached(run_id, LogReport(), int(ExitCode.INTERRUPTED), {}, detached=True)
         for w in rec.workers:
@@ -90,11 +102,42 @@ def attach(
     stopped = finish.stopped_workers(rec.local_dir) | {
         w for w, r in results.items() if STOPPED in r.job_notes
     }  # fmt: skip
+    hung = any(r.kind is Kind.HUNG for r in results.values())
+    config, accelerator = finish.named(rec.values, rec.estimate)
     verdict = finish.judge(
-        log, stopped=stopped, lost=bool(lost), fail_on_recompile=bool(judged.get("fail_on_recompile"))
-    )
+        log, stopped=stopped, lost=bool(lost) and not hung, hung=hung,
+        fail_on_recompile=bool(judged.get("fail_on_recompile")), config=config, accelerator=accelerator,
+    )  # fmt: skip
     record_end(run_id, exits, verdict.code)
     return Attached(run_id, log, int(verdict.code), lost, verdict.hint)
+
+
+def _follow_as_run(rec: RunRecord, stream: str, timeout: float) -> Follow:
+    """The follow of attach, with the run's own hang watch (its follow step's, kept in the run record)."""
+    kept = (rec.watch or {}).get("follow") or {}
+    hang = {
+        k: v
+        for k, v in kept.items()
+        if k in ("hang_factor", "hang_min_s", "hang_warmup", "on_hang", "poll_s")
+    }
+    return Follow(rec.remote_dir, stream=stream, timeout=timeout, **hang)
+
+
+@contextlib.contextmanager
+def _watched(rec: RunRecord, target: Target, abort: threading.Event) -> Iterator[Lost | None]:
+    """A VM run's VM watched while attached (recover.vm_watch, with the run's own unreachable_s); `abort` set
+    when it is lost, so the follow ends at once. Nothing to watch elsewhere."""
+    if target.reach is None or target.api is None:
+        yield None
+        return
+    from tpuops.run.recover import vm_watch
+
+    watch = rec.watch or {}
+    with vm_watch(
+        target, watch_s=float(watch.get("watch_s", 10.0)),
+        unreachable_s=float(watch.get("unreachable_s", user_config.load().unreachable_s)), on_lost=abort.set,
+    ) as lost:  # fmt: skip
+        yield lost
 
 
 def learn_sent_env(rec: RunRecord, transport: Transport, redact: Redactor) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tpuops.errors import ExitCode
 from tpuops.logs.events import STOPPED, LogReport, exit_status
@@ -56,6 +57,7 @@ def judge(
     steps: SopReport | None = None,
     stopped: Iterable[int] = (),
     lost: bool = False,
+    hung: bool = False,
     fail_on_recompile: bool = False,
     deltas: list[Delta] | None = None,
     config: str | None = None,
@@ -66,9 +68,11 @@ def judge(
     A run that `tpuops stop` ended (`stopped`: those workers' exit files say so) and where no worker had
     failed on its own is `stopped` (exit 14), however its jobs died of the signal. Otherwise a followed run
     (`steps`, its step report) is judged by its steps and its log (`result.exit_code`); a run read from its
-    logs alone (`attach`, `report`) by its log: failure signatures or a baseline regression 1, compiles after
-    the warm-up 7, and a worker that could not be followed (`lost`) is never ok. A recompile check that saw
-    nothing to judge is 13, an out-of-memory of a followed run 10, each with its fix in `hint`."""
+    logs alone (`attach`, `report RUN_ID`) by its log with the same rule (`_from_log`): an out-of-memory 10, a TPU
+    held by another process 4, other failure signatures or a baseline regression 1, compiles after the warm-up 7
+    where the run fails on them (`fail_on_recompile`: a recompile check), a job that stopped making progress
+    (`hung`) 9, and a worker that could not be followed (`lost`) is never ok. A recompile check that saw nothing
+    to judge is 13; an out-of-memory names the fix in `hint`, read any way."""
     halted = tuple(sorted(set(stopped) | _stopped_steps(steps)))
     if halted and not _failed_on_its_own(log, steps, halted):
         return Verdict(ExitCode.STOPPED, None, halted)
@@ -78,15 +82,35 @@ def judge(
         if code == ExitCode.UNVERIFIED:
             hint = unverified(log, fail_on_recompile)
         return Verdict(code, hint, halted)
-    from tpuops.run import logreport
-
-    code = ExitCode(logreport.exit_code(log, deltas)) if log is not None else ExitCode.FAILED
-    if lost:
-        code = max(code, ExitCode.FAILED)
+    code = _from_log(log, deltas, fail_on_recompile)
+    if hung and code in (ExitCode.OK, ExitCode.FAILED):  # a job that made no progress: as a followed run says
+        code = ExitCode.HANG
+    if lost and code == ExitCode.OK:
+        code = ExitCode.FAILED
     hint = unverified(log, fail_on_recompile) if code == ExitCode.OK else None
     if hint:  # a recompile check that saw no step line or no compile logging: never ok (as when it ran)
         code = ExitCode.UNVERIFIED
+    if code == ExitCode.OOM:
+        hint = oom_hint(config or "CONFIG", accelerator)
     return Verdict(code, hint, halted)
+
+
+def _from_log(log: LogReport | None, deltas: list[Delta] | None, fail_on_recompile: bool) -> ExitCode:
+    """A run's code from its log alone, by the rule a followed run's log is judged by (`result.exit_code`): its
+    cause (an out-of-memory 10, a TPU held by another process 4, another failure 1), a baseline regression 1,
+    compiles after the warm-up 7 where the run fails on them."""
+    from tpuops.run.result import LOG_FAILURE_CODES
+
+    if log is None:
+        return ExitCode.FAILED
+    cause = log.cause()
+    if cause is not None:
+        return LOG_FAILURE_CODES.get(cause.kind, ExitCode.FAILED)
+    if log.failed or any(d.regressed for d in deltas or []):
+        return ExitCode.FAILED
+    if fail_on_recompile and log.recompiled:
+        return ExitCode.RECOMPILE
+    return ExitCode.OK
 
 
 def oom_hint(config: str, accelerator: str | None) -> str:
@@ -111,3 +135,11 @@ def _failed_on_its_own(log: LogReport | None, steps: SopReport | None, stopped: 
         return True
     failure = steps.first_failure() if steps is not None else None
     return failure is not None and failure[2].data.get("stopped") is not True
+
+
+def named(values: dict[str, Any], estimate: dict[str, Any] | None) -> tuple[str | None, str | None]:
+    """The config and accelerator a run's hint names (`judge`'s keywords), from its record."""
+    est = estimate or {}
+    config = values.get("config") or est.get("config")
+    accelerator = est.get("accelerator")
+    return (str(config) if config else None), (str(accelerator) if accelerator else None)

@@ -93,6 +93,8 @@ def start(
     cfg = target.config if target else user_config.load(cwd)
     spec = target.spec if target else req.target.with_defaults(cfg)  # the VM may come from tpuops.toml
     watched = not req.dry_run and (max_recoveries is not None or spec.kind == "vm")
+    unreachable = cfg.unreachable_s if unreachable_s is None else unreachable_s
+    watch = {"unreachable_s": unreachable, "watch_s": watch_s} if watched else None  # attach watches the same
     if watched and spec.kind != "vm":
         raise UsageError("--recover needs --vm: only a VM can be watched and recreated")
     checked = _check(req, spec, cfg, cwd, on_notice)
@@ -110,7 +112,7 @@ def start(
     ) -> RunResult:
         return _execute(
             replace(req, run_id=run_id), checked, now, on_line=on_line, on_step=on_step, on_phase=on_phase, cwd=cwd,
-            abort=abort, on_event=on_event, detach=detach,
+            abort=abort, on_event=on_event, detach=detach, watch=watch,
         )  # fmt: skip
 
     return recover.watched(
@@ -120,7 +122,7 @@ def start(
         sop=req.sop,
         max_recoveries=max_recoveries or 0,
         watch_s=watch_s,
-        unreachable_s=cfg.unreachable_s if unreachable_s is None else unreachable_s,
+        unreachable_s=unreachable,
         ready_timeout=ready_timeout,
         on_notice=on_notice,
         notify=notify,
@@ -231,6 +233,7 @@ def _execute(
     abort: threading.Event | None = None,
     on_event: Callable[[Event], None] | None = None,
     detach: threading.Event | None = None,
+    watch: dict[str, float] | None = None,
 ) -> RunResult:
     """One attempt on a resolved target: the fit preflight, then the plan or the run and its one result."""
     sop, values = checked.sop, checked.values
@@ -284,6 +287,7 @@ def _execute(
         _worker_env_files(sop, values, cwd),
         None if sop.scan is None else {**sop.scan.model_dump(), "step_pattern": values.get("step_pattern")},
         estimate,
+        {**(watch or {}), "follow": prepare.hang_watch(sop, values, cwd)},
     )
     tree.keep(user_config.state_home() / "runs" / run_id, values)
     from tpuops.run.store import OffsetWriter, save_result
@@ -405,6 +409,7 @@ def _record(
     worker_env_files: list[str],
     scan: dict | None = None,
     estimate: dict | None = None,
+    watch: dict[str, object] | None = None,
 ) -> None:
     """Remember how to reach a run again (`tpuops runs`, attach, logs); holds no secret (only where they are)."""
     d = user_config.run_folder(run_id)
@@ -422,5 +427,6 @@ def _record(
         "runs_dir": runs_dir,
         "scan": scan,  # how the run's logs are judged (attach judges them the same way)
         "estimate": estimate,  # the fit's cost and predicted peak HBM: `tpuops report RUN_ID` sets the run beside it
+        "watch": watch,  # how the run is watched (its VM, its hang): `tpuops attach` watches it the same way
     }
     write_atomic(d / "run.json", jsonout.dumps(record, indent=1))  # never half a record

@@ -324,3 +324,20 @@ def check_command_sizes(sop: loader.Sop, title: str, actions: list[Action]) -> N
                 f"MAX_ARG_STRLEN of 128 KiB, less {COMMAND_SLACK:,} for what the run adds); nothing was run",
                 hint="put the long part in a script or a config file in your repository and run that",
             )
+
+
+def hang_watch(sop: loader.Sop, values: dict[str, object], cwd: Path) -> dict[str, object] | None:
+    """The run's follow step's hang watch (hang_factor, hang_min_s, hang_warmup, on_hang) as it runs: the run
+    record keeps it, so `tpuops attach` watches for a hang as the run's own follow did. None without a follow."""
+    from dataclasses import asdict
+
+    from tpuops.logs.actions import Follow
+
+    ctx = plan_context(values, cwd)
+    for step in sop.steps:
+        if step.kind == "follow":
+            for action in step.plan(ctx):
+                if isinstance(action, Follow):
+                    keep = ("hang_factor", "hang_min_s", "hang_warmup", "on_hang", "poll_s")
+                    return {k: v for k, v in asdict(action).items() if k in keep}
+    return None

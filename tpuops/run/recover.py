@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -296,3 +297,27 @@ def _recreate(api: Api, vm: VmInfo, spec: TargetSpec, timeout: float) -> bool:
     from tpuops.cloud.vm_state import recreate
 
     return recreate(api, vm, spec, timeout)
+
+
+@contextlib.contextmanager
+def vm_watch(
+    target: Target, *, watch_s: float, unreachable_s: float, on_lost: Callable[[], None]
+) -> Iterator[Lost]:
+    """The VM of `target` watched as a run watches it (`watched`: a lost state, or no worker answering on SSH for
+    `unreachable_s`) while the block runs; `on_lost` is called once when it is lost (attach stops following)."""
+    assert target.reach is not None and target.api is not None, "only a VM target is watched"
+    abort, lost = threading.Event(), Lost()
+    api, vm, endpoints = target.api.for_purpose("watch"), target.reach.vm, target.reach.watch_endpoints()
+
+    def run() -> None:
+        _watch(api, vm, endpoints, watch_s, unreachable_s, abort, lost)
+        if lost.event.is_set():
+            on_lost()
+
+    watcher = threading.Thread(target=run, daemon=True)
+    watcher.start()
+    try:
+        yield lost
+    finally:
+        abort.set()
+        watcher.join(timeout=watch_s + 5)

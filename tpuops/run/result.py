@@ -114,7 +114,7 @@ class RunResult:
         }  # fmt: skip
 
 
-_LOG_FAILURE_CODES = {"oom": ExitCode.OOM, "tpu_busy": ExitCode.TPU_BUSY}
+LOG_FAILURE_CODES = {"oom": ExitCode.OOM, "tpu_busy": ExitCode.TPU_BUSY}
 
 
 def exit_code(
@@ -129,7 +129,7 @@ def exit_code(
     cause = log.cause() if log is not None else None
     if failure is None:
         if cause is not None:
-            return _LOG_FAILURE_CODES.get(cause.kind, ExitCode.FAILED)
+            return LOG_FAILURE_CODES.get(cause.kind, ExitCode.FAILED)
         if unverified(log, fail_on_recompile):
             return ExitCode.UNVERIFIED  # fail closed: a check that saw nothing never says ok
         if log is not None and fail_on_recompile and log.recompiled:
@@ -147,7 +147,7 @@ def exit_code(
         return ExitCode.RESOURCE
     codes = {"busy": ExitCode.TPU_BUSY, "timeout": ExitCode.TIMEOUT, "hang": ExitCode.HANG}
     if outcome.status == "failed" and cause is not None:
-        return _LOG_FAILURE_CODES.get(cause.kind, ExitCode.FAILED)
+        return LOG_FAILURE_CODES.get(cause.kind, ExitCode.FAILED)
     return codes.get(str(outcome.status), ExitCode.FAILED)
 
 

@@ -92,11 +92,16 @@ def review(
     r = logreport.review(target, warmup, baseline, threshold, html, step_pattern, columns)
     if rec is None and not path.is_dir():
         return r, None  # a log file: its own lines are all there is to judge
+    if rec is None and (path / "run.json").is_file():  # a run's own folder: judged by its own record
+        rec = load(path.name) if (user_config.state_home() / "runs" / path.name) == path.resolve() else None
+    config, accelerator = finish.named(rec.values, rec.estimate) if rec else (None, None)
     verdict = finish.judge(
         r.report,
         stopped=finish.stopped_workers(rec.local_dir if rec else path),
         deltas=r.deltas,
         fail_on_recompile=bool((rec.scan or {}).get("fail_on_recompile")) if rec else False,
+        config=config,
+        accelerator=accelerator,
     )
     return dataclasses.replace(r, code=int(verdict.code)), verdict.hint
 

@@ -35,6 +35,12 @@ class RunRecord:
         None  # keyed hashes of the .env values sent (launch._secret_digests)
     )
     scan: dict[str, Any] | None = None  # the SOP's scan settings (warmup, fail_on_recompile, step_pattern)
+    watch: dict[str, Any] | None = (
+        None  # a VM run's watch (unreachable_s, watch_s): attach watches it the same
+    )
+    estimate: dict[str, Any] | None = (
+        None  # the fit's estimate (config, accelerator): a verdict's hint names them
+    )
 
     def redactor(self) -> Redactor:
         """Redacts from what the workers' logs say the values of the run's .env files as they are now, and the
@@ -84,6 +90,8 @@ def load(run_id: str) -> RunRecord:
         runs_dir=data.get("runs_dir"),
         secret_digests=data.get("secret_digests"),
         scan=data.get("scan"),
+        watch=data.get("watch"),
+        estimate=data.get("estimate"),
     )
 
 
