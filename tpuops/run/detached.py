@@ -23,7 +23,7 @@ from tpuops.sop.actions import Fetch, Follow
 from tpuops.transport.base import CmdResult, Kind, LineSink, Transport
 
 if TYPE_CHECKING:
-    from tpuops.run.recover import Lost
+    from tpuops.run.vmwatch import Lost
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def _watched(rec: RunRecord, target: Target, abort: threading.Event) -> Iterator
     if target.reach is None or target.api is None:
         yield None
         return
-    from tpuops.run.recover import vm_watch
+    from tpuops.run.vmwatch import vm_watch
 
     watch = rec.watch or {}
     with vm_watch(

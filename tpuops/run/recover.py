@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from tpuops.errors import PermissionDeniedError, PreemptedError, TpuopsError
+from tpuops.errors import PreemptedError, TpuopsError
 from tpuops.logs.events import Event, StepEvent, at_step
 from tpuops.run.result import Recovery, RunResult
 from tpuops.run.target import Target, resolve
+from tpuops.run.vmwatch import Lost, lost_reason, watch
 
 if TYPE_CHECKING:  # the cloud modules load only on a VM target
     from tpuops.cloud.client import Api
@@ -76,7 +75,7 @@ def watched(
         abort = threading.Event()
         lost = Lost()
         watcher = threading.Thread(
-            target=_watch,
+            target=watch,
             args=(target.api.for_purpose("watch"), vm, target.reach.watch_endpoints(), watch_s, unreachable_s,
                   abort, lost),
             daemon=True,
@@ -204,38 +203,6 @@ def _await_loss(
         lost.set(f"gave a preemption notice and was still there after {wait_s:g}s")
 
 
-class Lost:
-    """Set by the watcher when the VM is gone, with the reason in words."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.why = ""
-        self.error: TpuopsError | None = None  # the watch itself failed for good (a permission error)
-
-    def set(self, why: str) -> None:
-        self.why = why
-        self.event.set()
-
-
-def _reachable(endpoints: list[tuple[str, int]], timeout: float) -> bool:
-    """Does any worker accept a TCP connection on its SSH port? (No login: cheap, and says the host is up.)"""
-    for host, port in endpoints:
-        try:
-            with socket.create_connection((host, port), timeout=timeout):
-                return True
-        except OSError:
-            continue
-    return False
-
-
-def lost_reason(before: VmInfo, now: VmInfo) -> str | None:
-    """Why the VM `before` (as the run resolved it) is lost, seen as `now`; None while it is not (its backend
-    says: a lost state, a MIG repairing, an instance recreated)."""
-    from tpuops.cloud.vm_state import lost_reason as why
-
-    return why(before, now)
-
-
 def _check_now(api, vm, abort: threading.Event, watcher: threading.Thread, every: float, lost: Lost) -> None:
     """An attempt that failed (a worker refused its connection, a step failed) may have failed because the VM
     went: ask the API once more now, instead of reporting the symptom (exit 3) the watcher's next poll would
@@ -254,42 +221,6 @@ def _check_now(api, vm, abort: threading.Event, watcher: threading.Thread, every
         lost.set(why)
 
 
-def _watch(
-    api,
-    vm,
-    endpoints: list[tuple[str, int]],
-    every: float,
-    unreachable_s: float,
-    abort: threading.Event,
-    lost: Lost,
-) -> None:
-    from tpuops.cloud.vm_state import refresh
-
-    since: float | None = None  # when every worker was first seen unreachable, in a row
-    while not abort.wait(every):
-        try:
-            now = refresh(api, vm)
-            state, why = now.state, lost_reason(vm, now)
-        except PermissionDeniedError as e:  # polling again will not grant the role: end the run
-            lost.error = PermissionDeniedError(f"watching {vm.name}: {e.message}", hint=e.hint)
-            abort.set()
-            return
-        except Exception:  # a watcher must outlive a flaky API (the client has retried): reachability counts
-            state, why = None, None
-        if why:
-            lost.set(why)
-            abort.set()
-            return
-        if not endpoints or _reachable(endpoints, timeout=min(5.0, max(every, 1.0))):
-            since = None
-            continue
-        since = since if since is not None else time.monotonic()
-        if time.monotonic() - since >= unreachable_s:
-            lost.set(f"was unreachable (no worker answered on SSH for {unreachable_s:g}s; API state {state})")
-            abort.set()
-            return
-
-
 def _recreate(api: Api, vm: VmInfo, spec: TargetSpec, timeout: float) -> bool:
     """Make the lost VM whole again with the same shape, as its backend does (a Cloud TPU node or a Compute
     Engine instance deleted and created again, a multislice queued again whole, a MIG's own repair awaited).
@@ -297,27 +228,3 @@ def _recreate(api: Api, vm: VmInfo, spec: TargetSpec, timeout: float) -> bool:
     from tpuops.cloud.vm_state import recreate
 
     return recreate(api, vm, spec, timeout)
-
-
-@contextlib.contextmanager
-def vm_watch(
-    target: Target, *, watch_s: float, unreachable_s: float, on_lost: Callable[[], None]
-) -> Iterator[Lost]:
-    """The VM of `target` watched as a run watches it (`watched`: a lost state, or no worker answering on SSH for
-    `unreachable_s`) while the block runs; `on_lost` is called once when it is lost (attach stops following)."""
-    assert target.reach is not None and target.api is not None, "only a VM target is watched"
-    abort, lost = threading.Event(), Lost()
-    api, vm, endpoints = target.api.for_purpose("watch"), target.reach.vm, target.reach.watch_endpoints()
-
-    def run() -> None:
-        _watch(api, vm, endpoints, watch_s, unreachable_s, abort, lost)
-        if lost.event.is_set():
-            on_lost()
-
-    watcher = threading.Thread(target=run, daemon=True)
-    watcher.start()
-    try:
-        yield lost
-    finally:
-        abort.set()
-        watcher.join(timeout=watch_s + 5)

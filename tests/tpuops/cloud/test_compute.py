@@ -146,7 +146,7 @@ def test_a_recreated_mig_instance_has_a_new_host_key_and_the_slice_is_found_agai
     assert after_vm.instances == vm.instances  # a MIG recreates an instance under its name
     assert after_vm.instance_ids[0] == vm.instance_ids[0] and after_vm.instance_ids[1] != vm.instance_ids[1]
     assert after[0]["hostkeys"] == before[0]["hostkeys"] and after[1]["hostkeys"] != before[1]["hostkeys"]
-    from tpuops.run.recover import lost_reason
+    from tpuops.run.vmwatch import lost_reason
 
     assert "had instances recreated (w1" in (lost_reason(vm, after_vm) or "")
     cloud.emu.admin("preempt", node=vm_name, worker=0)
