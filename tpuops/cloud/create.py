@@ -6,6 +6,7 @@ import functools
 import time
 from dataclasses import dataclass
 
+from tpuops.cloud.autostop import KEY as AUTOSTOP_KEY
 from tpuops.cloud.client import Api
 from tpuops.cloud.tpu_api import VmInfo, get_vm, wait_op
 from tpuops.cloud.waits import wait_for
@@ -31,6 +32,7 @@ class CreateRequest:
     ssh_keys: str = ""  # GCP `ssh-keys` metadata: "user:ssh-ed25519 AAAA... comment" lines
     internal_ips: bool = False  # no external IPs (gcloud's --internal-ips): reached over IAP or the VPC
     slices: int = 1  # > 1: a multislice, one queued resource whose nodes are NAME-0..NAME-(slices-1)
+    autostop: str = ""  # the `tpuops-autostop` metadata (cloud/autostop.py): "1800s stop"; "" none
 
 
 def check_slices(slices: int) -> None:
@@ -46,8 +48,11 @@ def _node(api: Api, req: CreateRequest) -> dict:
     node: dict = {"accelerator_type": req.accelerator_type, "runtime_version": req.runtime_version}
     if req.spot and not req.queued:
         node["scheduling_config"] = {"spot": True}
-    if req.ssh_keys:
-        node["metadata"] = {"ssh-keys": req.ssh_keys}
+    metadata = {"ssh-keys": req.ssh_keys} if req.ssh_keys else {}
+    if req.autostop:
+        metadata[AUTOSTOP_KEY] = req.autostop
+    if metadata:
+        node["metadata"] = metadata
     if req.internal_ips:
         node["network_config"] = {"network": "default", "enable_external_ips": False}
     return node

@@ -6,6 +6,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from tpuops.cloud.autostop import KEY as AUTOSTOP_KEY
 from tpuops.cloud.backends import REGISTRY, Listing, backend_of, by_kind
 from tpuops.cloud.client import Api, ApiNotFoundError
 from tpuops.cloud.tpu_api import VmInfo
@@ -125,6 +126,7 @@ def recreate(api: Api, vm: VmInfo, spec: TargetSpec, timeout: float) -> bool:
         timeout=timeout,
         ssh_keys=ssh_keys,
         internal_ips=not any(w.external_ip for w in vm.workers),
+        autostop=vm.metadata.get(AUTOSTOP_KEY, ""),  # the next run's start starts its watcher again
     )
     backend = backend_of(vm)
     backend.recreate(api, vm, req)
