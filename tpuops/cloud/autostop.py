@@ -8,17 +8,15 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tpuops.cloud.create import AUTOSTOP_KEY as KEY  # the metadata: "<seconds>s stop|delete", or "off"
 from tpuops.errors import UsageError
 
 if TYPE_CHECKING:
     from tpuops.cloud.client import Api
     from tpuops.cloud.tpu_api import VmInfo
 
-KEY = "tpuops-autostop"  # the VM's metadata: "<seconds>s stop|delete", or "off"
-NAMESPACE, ATTRIBUTE = (
-    "tpuops",
-    "autostop",
-)  # the watcher's guest attribute: "idle <since> <acts-at>" | "busy ..."
+# The watcher's guest attribute: "idle SINCE ACTS_AT", "busy WHY", "acting ACTION" or "off".
+NAMESPACE, ATTRIBUTE = "tpuops", "autostop"
 ACTIONS = ("stop", "delete")
 TPU_HOST = "https://tpu.googleapis.com"
 COMPUTE_HOST = "https://compute.googleapis.com"

@@ -10,10 +10,9 @@ from typing import Any
 from tpuops.cloud import compute_api as cc
 from tpuops.cloud import compute_client as cx
 from tpuops.cloud.accelerators import compute_shape
-from tpuops.cloud.autostop import KEY as AUTOSTOP_KEY
 from tpuops.cloud.client import Api
 from tpuops.cloud.compute_api import policy_name, region_of, template_name
-from tpuops.cloud.create import CreateRequest
+from tpuops.cloud.create import AUTOSTOP_KEY, CreateRequest
 from tpuops.cloud.tpu_api import VmInfo
 from tpuops.errors import CloudError, UsageError
 

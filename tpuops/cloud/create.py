@@ -6,7 +6,6 @@ import functools
 import time
 from dataclasses import dataclass
 
-from tpuops.cloud.autostop import KEY as AUTOSTOP_KEY
 from tpuops.cloud.client import Api
 from tpuops.cloud.tpu_api import VmInfo, get_vm, wait_op
 from tpuops.cloud.waits import wait_for
@@ -17,6 +16,7 @@ _CAPACITY = 8  # google.rpc.Code.RESOURCE_EXHAUSTED: no capacity in the zone, or
 # largest multislice Google has documented is 199 slices of v5e-256 (50,944 chips, Google Cloud blog, November
 # 2023). 256 leaves room above that and refuses a typo such as 1000 before any request is made.
 MAX_SLICES = 256
+AUTOSTOP_KEY = "tpuops-autostop"  # the VM's metadata that keeps its autostop setting (cloud/autostop.py)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from tpuops.cloud.autostop import KEY as AUTOSTOP_KEY
 from tpuops.cloud.backends import REGISTRY, Listing, backend_of, by_kind
 from tpuops.cloud.client import Api, ApiNotFoundError
 from tpuops.cloud.tpu_api import VmInfo
@@ -106,7 +105,7 @@ def recreate(api: Api, vm: VmInfo, spec: TargetSpec, timeout: float) -> bool:
     only its lost workers were made again (the others still run what they ran: a MIG), False when all were."""
     from pathlib import Path
 
-    from tpuops.cloud.create import CreateRequest
+    from tpuops.cloud.create import AUTOSTOP_KEY, CreateRequest
     from tpuops.cloud.keys import default_identity, default_user
     from tpuops.cloud.zone_cache import remember_zone
 
