@@ -23,6 +23,14 @@ ZonesOpt = Annotated[
     typer.Option("--zone", help="Zone (repeatable); all zones when omitted.", autocompletion=complete.zones),
 ]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", min=1, help="Seconds before the wait gives up.")]
+AutostopActionOpt = Annotated[
+    str,
+    typer.Option(
+        "--autostop-action",
+        metavar="stop|delete",
+        help="What autostop does to the idle VM: stop it, or delete it.",
+    ),
+]
 
 
 def _target(project: str | None, api_endpoint: str | None, zone: str | None = None):
@@ -62,7 +70,8 @@ def describe(
     from tpuops import console
     from tpuops.cloud import tables, vms
 
-    tables.vm_describe(vms.describe(_target(project, api_endpoint, zone), name, console.note), json)
+    vm, autostop = vms.describe(_target(project, api_endpoint, zone), name, console.note)
+    tables.vm_describe(vm, json, autostop=autostop)
 
 
 @app.command("create")
@@ -116,6 +125,17 @@ def create(
         str | None, typer.Option("--ssh-public-key", help="Public key for the VM's ssh-keys metadata.")
     ] = None,
     user: o.UserOpt = None,
+    autostop: Annotated[
+        str | None,
+        typer.Option(
+            "--autostop",
+            metavar="DURATION",
+            help="Stop the VM after it has been idle this long (no run holds it, no job runs): 30m, 2h, 3600. "
+            "Off by default. Waits until READY and starts the watcher on w0 over SSH.",
+        ),
+    ] = None,
+    autostop_action: AutostopActionOpt = "stop",
+    identity: o.IdentityOpt = None,
     internal_ips: Annotated[
         bool, typer.Option("--internal-ips", help="No external IPs (reach it with IAP or from the VPC).")
     ] = False,
@@ -131,9 +151,13 @@ def create(
       tpuops vm create ironwood --accelerator tpu7x-16 --zone us-central1-c --spot --wait
       tpuops vm create ms --accelerator v6e-8 --slices 2 --zone us-east5-b --runtime-version v2-alpha-tpuv6e --wait
     """
+    from pathlib import Path
+
     from tpuops import console
+    from tpuops.cloud import autostop as auto
     from tpuops.cloud import tables, vms
 
+    setting = auto.parse(autostop, autostop_action) if autostop else None
     vm = vms.create(
         _target(project, api_endpoint),
         name,
@@ -151,9 +175,64 @@ def create(
         api_name=api,
         image=image,
         slices=slices,
+        autostop=setting,
     )
     complete.remember_vms([vm])
-    tables.vm_describe(vm, json, verb="created")
+    watch = None
+    if setting:  # its watcher on w0, over SSH (run/autostop.py)
+        from tpuops.config import target_from_options
+        from tpuops.run import autostop as running
+
+        spec = target_from_options(vm=name, zone=vm.zone, project=project, user=user, identity=identity,
+                                   api_endpoint=api_endpoint)  # fmt: skip
+        applied = running.apply(spec, setting, cwd=Path.cwd())
+        watch = {"setting": setting.value, "words": setting.words, "watcher": applied.watcher,
+                 "status": f"watcher on w0: {applied.watcher}"}  # fmt: skip
+    tables.vm_describe(vm, json, verb="created", autostop=watch)
+
+
+@app.command("autostop")
+@o.wired
+def autostop(
+    name: o.VmNameArg,
+    duration: Annotated[
+        str,
+        typer.Argument(metavar="DURATION|off", help="Idle time before the VM stops (30m, 2h, 3600), or off."),
+    ],
+    *,
+    action: AutostopActionOpt = "stop",
+    zone: o.ZoneOpt = None,
+    project: o.ProjectOpt = None,
+    user: o.UserOpt = None,
+    identity: o.IdentityOpt = None,
+    internal_ip: o.InternalIpOpt = None,
+    tunnel_through_iap: o.TunnelOpt = None,
+    key_push: o.KeyPushOpt = None,
+    api_endpoint: o.ApiEndpointOpt = None,
+    json: o.JsonOpt = False,
+) -> None:
+    """Set, change or turn off the VM's autostop: a watcher on w0 stops (or with --autostop-action delete,
+    deletes) the VM once no run has held it for DURATION. The setting is kept in the VM's metadata; each run's
+    start starts the watcher again. `tpuops vm describe NAME` shows when it will act.
+
+    Examples:
+      tpuops vm autostop mllm-jax-v6e-8 30m
+      tpuops vm autostop mllm-jax-v6e-8 2h --autostop-action delete
+      tpuops vm autostop mllm-jax-v6e-8 off
+    """
+    from pathlib import Path
+
+    from tpuops.cloud import autostop as auto
+    from tpuops.cloud import tables
+    from tpuops.config import target_from_options
+    from tpuops.run import autostop as running
+
+    setting = auto.parse(duration, action)
+    spec = target_from_options(
+        vm=name, zone=zone, project=project, user=user, identity=identity, internal_ip=internal_ip,
+        tunnel_through_iap=tunnel_through_iap, key_push=key_push, api_endpoint=api_endpoint,
+    )  # fmt: skip
+    tables.autostop_set(running.apply(spec, setting, cwd=Path.cwd()), json)
 
 
 @app.command("delete")

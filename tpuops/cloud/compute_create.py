@@ -12,7 +12,7 @@ from tpuops.cloud import compute_client as cx
 from tpuops.cloud.accelerators import compute_shape
 from tpuops.cloud.client import Api
 from tpuops.cloud.compute_api import policy_name, region_of, template_name
-from tpuops.cloud.create import CreateRequest
+from tpuops.cloud.create import AUTOSTOP_KEY, CreateRequest
 from tpuops.cloud.tpu_api import VmInfo
 from tpuops.errors import CloudError, UsageError
 
@@ -50,6 +50,8 @@ def _properties(req: CreateRequest, machine: str, image: str) -> dict[str, Any]:
     items = [{"key": "enable-guest-attributes", "value": "TRUE"}, {"key": cc.IMAGE_KEY, "value": image}]
     if req.ssh_keys:
         items.append({"key": "ssh-keys", "value": req.ssh_keys})
+    if req.autostop:
+        items.append({"key": AUTOSTOP_KEY, "value": req.autostop})
     return {
         "machine_type": machine,
         "disks": [{"boot": True, "auto_delete": True,

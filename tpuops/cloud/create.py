@@ -16,6 +16,7 @@ _CAPACITY = 8  # google.rpc.Code.RESOURCE_EXHAUSTED: no capacity in the zone, or
 # largest multislice Google has documented is 199 slices of v5e-256 (50,944 chips, Google Cloud blog, November
 # 2023). 256 leaves room above that and refuses a typo such as 1000 before any request is made.
 MAX_SLICES = 256
+AUTOSTOP_KEY = "tpuops-autostop"  # the VM's metadata that keeps its autostop setting (cloud/autostop.py)
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class CreateRequest:
     ssh_keys: str = ""  # GCP `ssh-keys` metadata: "user:ssh-ed25519 AAAA... comment" lines
     internal_ips: bool = False  # no external IPs (gcloud's --internal-ips): reached over IAP or the VPC
     slices: int = 1  # > 1: a multislice, one queued resource whose nodes are NAME-0..NAME-(slices-1)
+    autostop: str = ""  # the `tpuops-autostop` metadata (cloud/autostop.py): "1800s stop"; "" none
 
 
 def check_slices(slices: int) -> None:
@@ -46,8 +48,11 @@ def _node(api: Api, req: CreateRequest) -> dict:
     node: dict = {"accelerator_type": req.accelerator_type, "runtime_version": req.runtime_version}
     if req.spot and not req.queued:
         node["scheduling_config"] = {"spot": True}
-    if req.ssh_keys:
-        node["metadata"] = {"ssh-keys": req.ssh_keys}
+    metadata = {"ssh-keys": req.ssh_keys} if req.ssh_keys else {}
+    if req.autostop:
+        metadata[AUTOSTOP_KEY] = req.autostop
+    if metadata:
+        node["metadata"] = metadata
     if req.internal_ips:
         node["network_config"] = {"network": "default", "enable_external_ips": False}
     return node

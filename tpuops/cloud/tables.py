@@ -30,9 +30,12 @@ def vm_list(vms: list[Any], zones: list[str], as_json: bool) -> None:
     )
 
 
-def vm_describe(vm: Any, as_json: bool, verb: str = "") -> None:
+def vm_describe(vm: Any, as_json: bool, verb: str = "", autostop: dict[str, str] | None = None) -> None:
+    """`autostop`: cloud/autostop.state's, or what `create --autostop` set; shown by describe (None: off) and
+    by a create that set it."""
     if as_json:
-        emit_json({"ok": True, **({"action": verb} if verb else {}), "vm": vm.to_dict()})
+        more = {"autostop": autostop} if not verb or autostop else {}
+        emit_json({"ok": True, **({"action": verb} if verb else {}), "vm": vm.to_dict(), **more})
         return
     rows = [
         ("name", vm.name),
@@ -46,6 +49,8 @@ def vm_describe(vm: Any, as_json: bool, verb: str = "") -> None:
         ("spot / preemptible", f"{'yes' if vm.spot else 'no'} / {'yes' if vm.preemptible else 'no'}"),
         ("workers", str(len(vm.workers))),
     ]
+    if not verb or autostop:
+        rows.append(("autostop", f"{autostop['words']}; {autostop['status']}" if autostop else "off"))
     table = Table(title=f"{verb + ' ' if verb else ''}{vm.name}", title_justify="left", show_header=False)
     table.add_column("field")
     table.add_column("value")
@@ -59,6 +64,15 @@ def vm_describe(vm: Any, as_json: bool, verb: str = "") -> None:
             where += f"  instance {vm.instances[w.index]}"
         table.add_row(f"w{w.index}", escape(where))
     err.print(table)
+
+
+def autostop_set(applied: Any, as_json: bool) -> None:
+    """`tpuops vm autostop`'s answer (run/autostop.Applied)."""
+    if as_json:
+        emit_json({"ok": True, "action": "autostop", **applied.to_dict()})
+        return
+    setting = applied.setting.words if applied.setting else "off"
+    err.print(f"{applied.vm.name}: autostop {escape(setting)} (watcher on w0: {escape(applied.watcher)})")
 
 
 def vm_deleted(name: str, zone: str, as_json: bool) -> None:

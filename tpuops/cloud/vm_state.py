@@ -105,7 +105,7 @@ def recreate(api: Api, vm: VmInfo, spec: TargetSpec, timeout: float) -> bool:
     only its lost workers were made again (the others still run what they ran: a MIG), False when all were."""
     from pathlib import Path
 
-    from tpuops.cloud.create import CreateRequest
+    from tpuops.cloud.create import AUTOSTOP_KEY, CreateRequest
     from tpuops.cloud.keys import default_identity, default_user
     from tpuops.cloud.zone_cache import remember_zone
 
@@ -125,6 +125,7 @@ def recreate(api: Api, vm: VmInfo, spec: TargetSpec, timeout: float) -> bool:
         timeout=timeout,
         ssh_keys=ssh_keys,
         internal_ips=not any(w.external_ip for w in vm.workers),
+        autostop=vm.metadata.get(AUTOSTOP_KEY, ""),  # the next run's start starts its watcher again
     )
     backend = backend_of(vm)
     backend.recreate(api, vm, req)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tpuops import config
+from tpuops.cloud.autostop import Autostop, check
 from tpuops.cloud.client import Api, Notify, connect
 from tpuops.cloud.create import CreateRequest, check_slices
 from tpuops.cloud.keys import default_user
@@ -48,11 +49,15 @@ def list_(target: ApiTarget, zones: list[str], notify: Notify) -> tuple[list[VmI
     return found, sorted(set(searched) | set(zones) | {v.zone for v in found})
 
 
-def describe(target: ApiTarget, name: str, notify: Notify) -> VmInfo:
+def describe(target: ApiTarget, name: str, notify: Notify) -> tuple[VmInfo, dict[str, str] | None]:
+    """The VM, and its autostop (the setting, and when its watcher will act: cloud/autostop.state; None: off)."""
+    from tpuops.cloud import autostop
+
     api, zone = target.resolve(notify)
     if zone:
         check_zone(zone, api.endpoint, api)
-    return find_vm(api, name, zone)
+    vm = find_vm(api, name, zone)
+    return vm, autostop.state(api, vm)
 
 
 def create(
@@ -73,9 +78,11 @@ def create(
     api_name: str | None = None,
     image: str | None = None,
     slices: int = 1,
+    autostop: Autostop | None = None,
 ) -> VmInfo:
     """Through the backend the type and `--api` choose (compute_create.choose_api: TPU7x always Compute Engine;
-    backends.for_create). The type and zones are checked before any call."""
+    backends.for_create). The type and zones are checked before any call. With `autostop`, its setting is in the
+    VM's metadata from the start and the VM is awaited to READY (its watcher is started over SSH next)."""
     from tpuops.cloud.accelerators import parse
     from tpuops.cloud.backends import for_create
     from tpuops.cloud.client import ApiNotFoundError
@@ -123,8 +130,14 @@ def create(
         timeout=timeout,
         ssh_keys=ssh_keys,
         internal_ips=internal_ips,
+        autostop=autostop.value if autostop else "",
     )
     backend = for_create(which, acc.hosts, slices)
+    if autostop:  # what the VM cannot do to itself is refused before it exists
+        shape = VmInfo(name, wanted[0] if wanted else "", api.project, "", "", accelerator_type, "", spot, False,
+                       (), queued_resource="queued" if queued else "", kind=backend.kind)  # fmt: skip
+        check(shape, autostop)
+        req = replace(req, wait=True)
     if backend.api != "tpu":
         notify(f"{name}: {accelerator_type} through {backend.words}")
     try:

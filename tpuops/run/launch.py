@@ -18,7 +18,7 @@ from tpuops.errors import ExitCode, TpuopsError, UsageError
 from tpuops.logs.events import Event, LogReport
 from tpuops.logs.fields import parse_columns
 from tpuops.logs.follow import Readings
-from tpuops.run import bundled, prepare, tree
+from tpuops.run import autostop, bundled, prepare, tree
 from tpuops.run.result import Planned, RunResult
 from tpuops.run.target import Target, connect_all, open_transport, resolve, select_workers
 from tpuops.shell import Redactor
@@ -104,15 +104,16 @@ def start(
     target = target or resolve(spec, cfg, notify)
     if not watched:
         return _execute(
-            req, checked, target, on_line=on_line, on_step=on_step, on_phase=on_phase, cwd=cwd, detach=detach
-        )
+            req, checked, target, on_line=on_line, on_step=on_step, on_phase=on_phase, cwd=cwd, detach=detach,
+            on_notice=on_notice,
+        )  # fmt: skip
 
     def attempt(
         run_id: str, now: Target, abort: threading.Event, on_event: Callable[[Event], None]
     ) -> RunResult:
         return _execute(
             replace(req, run_id=run_id), checked, now, on_line=on_line, on_step=on_step, on_phase=on_phase, cwd=cwd,
-            abort=abort, on_event=on_event, detach=detach, watch=watch,
+            abort=abort, on_event=on_event, detach=detach, watch=watch, on_notice=on_notice,
         )  # fmt: skip
 
     return recover.watched(
@@ -234,6 +235,7 @@ def _execute(
     on_event: Callable[[Event], None] | None = None,
     detach: threading.Event | None = None,
     watch: dict[str, float] | None = None,
+    on_notice: Callable[[str], None] | None = None,
 ) -> RunResult:
     """One attempt on a resolved target: the fit preflight, then the plan or the run and its one result."""
     sop, values = checked.sop, checked.values
@@ -298,6 +300,8 @@ def _execute(
     try:
         unreachable = connect_all(transport, workers, executor.parallel, keep_going=req.keep_going)
         reachable = [w for w in workers if w not in unreachable]
+        if 0 in reachable and (said := autostop.ensure(transport, target)) and on_notice:
+            on_notice(said)  # a VM with autostop on: worker 0's watcher (again), never the run's failure
         report = executor.execute(sop, values, run_id, reachable)
         if unreachable:
             report.workers = list(workers)

@@ -69,6 +69,12 @@ class Backend(Protocol):
         """`vm describe`'s rows that only this kind has (machine type, runtime version or image, ...)."""
         ...
 
+    def autostop_calls(self, vm: VmInfo, action: str, tpu: str, compute: str) -> list[tuple[str, str]]:
+        """(method, URL) of the REST calls that `stop` or `delete` the VM (its autostop watcher makes them with
+        the VM's own credentials); `tpu`: the Cloud TPU API's base URL, `compute`: Compute Engine's (…/compute/v1).
+        UsageError when this kind cannot do `action` to itself."""
+        ...
+
 
 class Listing:
     """One listing's answers from each API, each asked at most once whichever backends read it (thread-safe:

@@ -85,6 +85,11 @@ class ComputeInstance:
             pass
         self.create(api, req, vm.runtime_version)
 
+    def autostop_calls(self, vm: VmInfo, action: str, tpu: str, compute: str) -> list[tuple[str, str]]:
+        """instances.stop or instances.delete."""
+        url = f"{compute}/projects/{vm.project}/zones/{vm.zone}/instances/{vm.name}"
+        return [("POST", f"{url}/stop")] if action == "stop" else [("DELETE", url)]
+
     def detail_rows(self, vm: VmInfo) -> list[tuple[str, str]]:
         return [
             ("machine type", vm.machine_type),

@@ -56,6 +56,12 @@ class MigSlice(ComputeInstance):
             return "was REPAIRING (its MIG is recreating preempted instances)"
         return super().lost_reason(before, now)
 
+    def autostop_calls(self, vm: VmInfo, action: str, tpu: str, compute: str) -> list[tuple[str, str]]:
+        """stop: the group resized to 0 (its template and workload policy stay: resize it back to start again);
+        delete: the group (`tpuops vm delete` removes the template and policy it leaves)."""
+        url = f"{compute}/projects/{vm.project}/zones/{vm.zone}/instanceGroupManagers/{vm.name}"
+        return [("POST", f"{url}/resize?size=0")] if action == "stop" else [("DELETE", url)]
+
     def recreate(self, api: Api, vm: VmInfo, req: CreateRequest) -> None:
         """The MIG recreates its own instances: wait for READY."""
         wait_for(api, vm.zone, vm.name, lambda: self.get(api, vm.zone, vm.name), "READY", req.timeout)

@@ -47,6 +47,17 @@ class Multislice(TpuNode):
     def list_vms(self, api: Api, listing: Listing) -> list[VmInfo]:
         return _joined(api, listing)
 
+    def autostop_calls(self, vm: VmInfo, action: str, tpu: str, compute: str) -> list[tuple[str, str]]:
+        """Only deleted, whole: its queued resource (force: with its nodes)."""
+        from tpuops.errors import UsageError
+
+        if action == "stop":
+            raise UsageError(
+                f"{vm.name} is a multislice: tpuops does not stop one (its slices are one queued resource)",
+                hint="use --autostop-action delete",
+            )
+        return [("DELETE", f"{tpu}/v2/{vm.queued_resource}?force=true")]
+
     def detail_rows(self, vm: VmInfo) -> list[tuple[str, str]]:
         return [
             *super().detail_rows(vm),

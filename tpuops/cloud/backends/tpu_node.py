@@ -88,3 +88,12 @@ class TpuNode:
             ("runtime version", vm.runtime_version or "-"),
             ("queued resource", vm.queued_resource or "-"),
         ]
+
+    def autostop_calls(self, vm: VmInfo, action: str, tpu: str, compute: str) -> list[tuple[str, str]]:
+        """nodes.stop, or nodes.delete (a node from a queued resource: the queued resource, which deletes it)."""
+        parent = f"{tpu}/v2/projects/{vm.project}/locations/{vm.zone}"
+        if action == "stop":
+            return [("POST", f"{parent}/nodes/{vm.name}:stop")]
+        if vm.queued_resource:
+            return [("DELETE", f"{tpu}/v2/{vm.queued_resource}?force=true")]
+        return [("DELETE", f"{parent}/nodes/{vm.name}")]

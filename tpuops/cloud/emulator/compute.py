@@ -12,6 +12,7 @@ import uuid
 from typing import Any
 
 from tpuops.cloud.accelerators import accelerator_of
+from tpuops.cloud.emulator import metadata
 from tpuops.cloud.emulator.compute_migs import MigOps
 from tpuops.cloud.emulator.compute_records import (
     BASE,
@@ -167,6 +168,22 @@ class Compute(MigOps):
         self.m._spawn(self._remove, rec, op)
         return op
 
+    def stop_instance(self, name: str) -> dict[str, Any]:
+        """instances.stop: STOPPING, its processes gone, then TERMINATED (a stopped instance's status)."""
+        with self.m.lock:
+            rec = self.instance(name)
+            rec.status = "STOPPING"
+            op = self._op(rec.project, f"zones/{rec.zone}", "stop", name)
+
+        def stop() -> None:
+            self._power_down(rec)
+            with self.m.lock:
+                rec.status = "TERMINATED"
+            self._done(op)
+
+        self.m._spawn(stop)
+        return op
+
     def _power_down(self, rec: InstanceRec) -> None:
         with rec.power:
             for w in rec.workers:
@@ -202,6 +219,8 @@ class Compute(MigOps):
             keytype, blob = rec.published_keys[0].split()[:2]
             items = [it for it in [{"namespace": "hostkeys", "key": keytype, "value": blob}]
                      if f"{it['namespace']}/{it['key']}".startswith(query_path)]  # fmt: skip
+            items += [it for it in metadata.guest_items(rec.workers[0].state_dir)
+                      if f"{it['namespace']}/{it['key']}".startswith(query_path)]  # fmt: skip
             items.append({"namespace": EMULATOR_NS, "key": "ssh-port", "value": str(rec.workers[0].port)})
             if not self.m.oslogin_on(rec):
                 items.append({"namespace": EMULATOR_NS, "key": "ssh-user", "value": rec.workers[0].user})

@@ -36,6 +36,8 @@ def route(c: Compute, method: str, path: str, q: dict[str, str], body: dict[str,
                 return c.delete_instance(f"{base}/instances/{m[1]}")
         if (m := re.fullmatch(r"instances/([^/]+)/getGuestAttributes", rest)) and method == "GET":
             return c.guest_attributes(f"{base}/instances/{m[1]}", q.get("queryPath", ""))
+        if (m := re.fullmatch(r"instances/([^/]+)/stop", rest)) and method == "POST":
+            return c.stop_instance(f"{base}/instances/{m[1]}")
         if (m := re.fullmatch(r"instances/([^/]+)/setMetadata", rest)) and method == "POST":
             return c.set_metadata(f"{base}/instances/{m[1]}", body)
         if rest == "instanceGroupManagers":

@@ -19,6 +19,12 @@ from urllib.parse import parse_qs, urlsplit
 
 ROOT = "/computeMetadata/v1/instance/"
 DEFAULTS = {"preempted": "FALSE", "maintenance-event": "NONE"}
+GUEST = (
+    "guest-attributes/"  # PUT guest-attributes/NAMESPACE/KEY: what the guest publishes (the API serves it)
+)
+# The VM's service-account token, as Compute Engine serves it; the emulator's API asks for no credential.
+TOKEN_KEY = "service-accounts/default/token"
+TOKEN = '{"access_token": "emulator-token", "expires_in": 3599, "token_type": "Bearer"}'
 MAX_WAIT_S = 300.0  # a wait_for_change without timeout_sec is answered (unchanged) after this long
 
 
@@ -27,6 +33,7 @@ class MetadataServer:
 
     def __init__(self) -> None:
         self.values = dict(DEFAULTS)
+        self.guest: dict[tuple[str, str], str] = {}  # (namespace, key) -> value, put by the worker
         self.changed = threading.Condition()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self._server.daemon_threads = True
@@ -46,6 +53,7 @@ class MetadataServer:
     def reset(self) -> None:
         with self.changed:
             self.values = dict(DEFAULTS)
+            self.guest = {}
             self.changed.notify_all()
 
     def read(self, key: str, last_etag: str | None, wait_s: float | None) -> tuple[str, str] | None:
@@ -86,11 +94,27 @@ class _Handler(BaseHTTPRequestHandler):
         wait = None
         if q.get("wait_for_change", "").lower() == "true":
             wait = min(float(q.get("timeout_sec", MAX_WAIT_S)), MAX_WAIT_S)
+        if key == TOKEN_KEY:
+            self._send(200, TOKEN, None)
+            return
         found = md.read(key, q.get("last_etag"), wait) if key else None
         if found is None:
             self._send(404, "Not Found\n", None)
             return
         self._send(200, found[0], found[1])
+
+    def do_PUT(self) -> None:
+        """A guest attribute, as the guest agent and `curl -X PUT .../guest-attributes/NS/KEY` set them."""
+        md: MetadataServer = self.server.metadata  # type: ignore[attr-defined]
+        path = urlsplit(self.path).path
+        value = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode(errors="replace")
+        parts = path.removeprefix(ROOT + GUEST).split("/") if path.startswith(ROOT + GUEST) else []
+        if self.headers.get("Metadata-Flavor") != "Google" or len(parts) != 2 or not all(parts):
+            self._send(403 if parts else 404, "Not Found\n", None)
+            return
+        with md.changed:
+            md.guest[(parts[0], parts[1])] = value
+        self._send(200, "", None)
 
     def _send(self, code: int, text: str, tag: str | None) -> None:
         data = text.encode()
@@ -126,6 +150,15 @@ def serve(directory: Path) -> MetadataServer:
 def of(directory: Path) -> MetadataServer | None:
     with _lock:
         return _servers.get(directory)
+
+
+def guest_items(directory: Path) -> list[dict[str, str]]:
+    """The guest attributes the worker whose sshd lives in `directory` has put, as the API lists them."""
+    md = of(directory)
+    if md is None:
+        return []
+    with md.changed:
+        return [{"namespace": ns, "key": k, "value": v} for (ns, k), v in sorted(md.guest.items())]
 
 
 def announce(directories: list[Path], key: str, value: str) -> None:

@@ -214,6 +214,26 @@ class Model(LoginOps):
         self._spawn(self._teardown, rec, op)
         return op
 
+    def stop_node(self, name: str) -> dict[str, Any]:
+        """nodes.stop: STOPPING, every worker's processes gone, then STOPPED (the node and its workers' homes
+        stay)."""
+        with self.lock:
+            rec = self.node(name)
+            rec.state = "STOPPING"
+            op = self._op(name.rsplit("/nodes/", 1)[0], "stop", name)
+
+        def stop() -> None:
+            with rec.power:
+                for w in rec.workers:
+                    _power_off(w)
+                with self.lock:
+                    if not rec.released:
+                        rec.state = "STOPPED"
+            self._finish(op)
+
+        self._spawn(stop)
+        return op
+
     def _teardown(self, rec: NodeRec, op: dict[str, Any] | None) -> None:
         with rec.power:  # after any preemption's power-off of these workers has ended
             with self.lock:
@@ -247,6 +267,7 @@ class Model(LoginOps):
                     {"namespace": "guestInventory", "key": "hostname", "value": rec.hostname(i)},
                     {"namespace": EMULATOR_NS, "key": "ssh-port", "value": str(w.port)},
                     *ports.attributes(rec.name, i),  # a filtered port's route to worker 0 (emulator/ports.py)
+                    *metadata.guest_items(w.state_dir),  # what the worker put on its metadata server
                 ]
                 if not self.oslogin_on(rec):  # with OS Login the login name is the profile's POSIX user
                     items.append({"namespace": EMULATOR_NS, "key": "ssh-user", "value": w.user})

@@ -49,6 +49,8 @@ def _route(m: Model, method: str, path: str, q: dict[str, str], body: dict[str, 
         if method == "PATCH":
             mask = [f.strip() for f in q.get("updateMask", "").split(",") if f.strip()]
             return m.update_node(name, body, [_snake_to_camel(f) for f in mask])
+    if rest.endswith(":stop") and re.fullmatch(r"/nodes/[^/:]+:stop", rest) and method == "POST":
+        return m.stop_node(name.removesuffix(":stop"))
     if rest.endswith(":getGuestAttributes") and method == "POST":
         return m.guest_attributes(
             name.removesuffix(":getGuestAttributes"),
