@@ -25,6 +25,18 @@ ImplOpt = Annotated[
 ]
 
 
+ProfileStepsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--profile-steps",
+        metavar="A-B",
+        help="Trace steps A to B with JAX's profiler (the job itself: the bundled trainer does; your own program "
+        "reads TPUOPS_PROFILE_STEPS, docs/performance.md); the end report and `tpuops report RUN_ID --html` show "
+        "their top ops and phases.",
+    ),
+]
+
+
 def run_named(
     name: str,
     fixed: dict[str, object],
@@ -58,6 +70,7 @@ def run(
     name: SopNameArg,
     cmd: o.CommandArg = None,
     *,
+    profile_steps: ProfileStepsOpt = None,
     opts: o.RunOptions,
     target: o.TargetOptions,
     watch: o.WatchOptions,
@@ -71,8 +84,9 @@ def run(
       tpuops run grpo --local --set steps=3 --set rollout.max_new_tokens=16
       tpuops run job --vm mllm-jax-v6e-8 -- python -u scripts/train.py --config configs/small.yaml
       tpuops run grpo --dry-run --json
+      tpuops run grpo --local --set steps=8 --profile-steps 5-7
     """
-    run_named(name, {}, opts, target, watch, cmd)
+    run_named(name, {"profile_steps": profile_steps} if profile_steps else {}, opts, target, watch, cmd)
 
 
 @o.wired

@@ -59,6 +59,19 @@ def render(p: Profiled, as_json: bool, top: int = 10) -> None:
             err.print(f"open: {escape(line)}", highlight=False)
 
 
+def steps_lines(p: Profiled, top: int = 8) -> list[str]:
+    """The end report's profile of `--profile-steps A-B`: per worker the summary, then why a worker has none."""
+    assert p.steps is not None
+    lines = []
+    for w, t in sorted(p.traces.items()):
+        lines.append(f"profile of steps {p.steps[0]}-{p.steps[1]}, w{w} ({t.xplane_bytes:,} bytes in {t.folder}):")
+        lines += [f"  {line}" for line in summary_lines(t.summary, top)]
+    lines += [f"profile: {why}" for _, why in sorted(p.errors.items())]
+    if p.traces:
+        lines += [f"open: {line}" for line in p.open_commands()]
+    return lines
+
+
 def html_section(summaries: dict[int, TraceSummary], label: str, top: int = 8) -> str:
     """The report page's profile section: per worker, busy vs idle, the phase split and a top-ops table."""
     parts = [f"<h2>Profile: {html.escape(label)}</h2>"]

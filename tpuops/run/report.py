@@ -93,6 +93,11 @@ def sop_report(report: RunResult, as_json: bool) -> None:
         from tpuops.run import logreport
 
         logreport.render(report.log, code, False, None, None, report.estimate)
+    if report.profile is not None:  # --profile-steps: the top ops and phases of those steps
+        from tpuops.run.profileview import steps_lines
+
+        for line in steps_lines(report.profile):
+            err.print(escape(line), highlight=False)
     err.print(f"done in {report.duration_s:.2f}s, run {report.run_id}, exit code {code}")
 
 
