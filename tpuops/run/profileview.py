@@ -13,6 +13,12 @@ if TYPE_CHECKING:
     from tpuops.run.profile import Profiled
 
 
+NO_WHOLE_STEP = (
+    "no step seen whole: the profiler keeps a step's annotation only when the step starts and ends inside the "
+    "capture (phases, being shorter, fit); capture longer than two steps (--seconds) to see steps"
+)
+
+
 def summary_lines(s: TraceSummary, top: int = 10) -> list[str]:
     """Plain lines: the top ops by device time with their share, busy vs idle, the steps and phases seen."""
     device = f"{s.devices} {s.device}" if s.device != "CPU" else "CPU (the host is the device)"
@@ -23,6 +29,8 @@ def summary_lines(s: TraceSummary, top: int = 10) -> list[str]:
     if s.steps:
         per = f", {s.step_ms:.1f} ms a step" if s.step_ms is not None else ""
         lines.append(f"steps {s.steps[0]}-{s.steps[-1]} seen whole ({len(s.steps)}{per})")
+    elif s.phases:  # JAX keeps an annotation only when it starts and ends inside the capture
+        lines.append(NO_WHOLE_STEP)
     if s.phases:
         whole = sum(s.phases.values()) or 1.0
         lines.append("phases: " + ", ".join(f"{k} {v:.1f} ms ({v / whole:.0%})" for k, v in s.phases.items()))
