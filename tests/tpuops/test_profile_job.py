@@ -118,7 +118,9 @@ def test_a_job_without_a_server_is_left_running(user_repo: Path) -> None:
 
 
 @pytest.mark.slow
-def test_profile_steps_of_a_users_job_reach_the_end_report_and_the_page(user_repo: Path, tmp_path: Path) -> None:
+def test_profile_steps_of_a_users_job_reach_the_end_report_and_the_page(
+    user_repo: Path, tmp_path: Path
+) -> None:
     """`run job --profile-steps 2-3`: the program traces those steps where TPUOPS_PROFILE_DIR says; the end report
     lists their top ops, result.json keeps them, and `tpuops report RUN_ID --html` shows them in Chromium."""
     from tests.tpuops.run.test_logreport import CHROMIUM_FLAGS, chromium

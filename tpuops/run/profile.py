@@ -186,7 +186,9 @@ def _one(transport: Transport, rec: RunRecord, w: int, port: int, seconds: float
     return raw
 
 
-STEPS_PARAM = "profile_steps"  # the SOP parameter of `--profile-steps A-B`: those steps traced by the job itself
+STEPS_PARAM = (
+    "profile_steps"  # the SOP parameter of `--profile-steps A-B`: those steps traced by the job itself
+)
 STEPS_DIR = "profile/steps"  # where they land: <run folder>/profile/steps/w<k>/, on the workers and here
 
 
@@ -235,10 +237,14 @@ def fetch_steps(
         where = f"{remote_run}/{STEPS_DIR}/w{w}"
         try:
             found = transport.run(w, f"find {shell.path(where)} -name '*.xplane.pb' -type f", timeout=60)
-            files = sorted(ln.strip() for ln in found.stdout.splitlines() if ln.strip().endswith(".xplane.pb"))
+            files = sorted(
+                ln.strip() for ln in found.stdout.splitlines() if ln.strip().endswith(".xplane.pb")
+            )
             raw = transport.read_from(w, files[-1], 0) if files else None
         except TpuopsError as e:
-            errors[w] = f"worker {w}: its trace of steps {steps[0]}-{steps[1]} could not be read ({e.message})"
+            errors[w] = (
+                f"worker {w}: its trace of steps {steps[0]}-{steps[1]} could not be read ({e.message})"
+            )
             continue
         if not raw:
             errors[w] = (

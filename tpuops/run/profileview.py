@@ -72,7 +72,9 @@ def steps_lines(p: Profiled, top: int = 8) -> list[str]:
     assert p.steps is not None
     lines = []
     for w, t in sorted(p.traces.items()):
-        lines.append(f"profile of steps {p.steps[0]}-{p.steps[1]}, w{w} ({t.xplane_bytes:,} bytes in {t.folder}):")
+        lines.append(
+            f"profile of steps {p.steps[0]}-{p.steps[1]}, w{w} ({t.xplane_bytes:,} bytes in {t.folder}):"
+        )
         lines += [f"  {line}" for line in summary_lines(t.summary, top)]
     lines += [f"profile: {why}" for _, why in sorted(p.errors.items())]
     if p.traces:

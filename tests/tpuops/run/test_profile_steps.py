@@ -87,4 +87,8 @@ def test_a_capture_keeps_only_the_steps_it_holds_whole(tmp_path: Path) -> None:
         for p in planes if p.name.startswith("/host:")
     ]  # fmt: skip
     lines = summary_lines(trace.summarise(cut))
-    assert not trace.summarise(cut).steps and NO_WHOLE_STEP in lines and any(ln.startswith("phases:") for ln in lines)
+    assert (
+        not trace.summarise(cut).steps
+        and NO_WHOLE_STEP in lines
+        and any(ln.startswith("phases:") for ln in lines)
+    )
