@@ -361,6 +361,14 @@ def bench_rollout(
     sop: Annotated[
         str, typer.Option("--sop", metavar="NAME", help="The SOP each variant runs (with `-- CMD`: job).")
     ] = "grpo",
+    profile: Annotated[
+        bool,
+        typer.Option(
+            "--profile",
+            help="Trace steps 2-3 of each variant (--set profile_steps=A-B for others; your own program: "
+            "TPUOPS_PROFILE_STEPS) and show its top ops beside its times.",
+        ),
+    ] = False,
     *,
     opts: o.RunOptions,
     target: o.TargetOptions,
@@ -373,6 +381,7 @@ def bench_rollout(
     Examples:
       tpuops bench rollout --vm mllm-jax-v6e-8 --set steps=10 --variant '' --variant rollout.max_new_tokens=256
       tpuops bench rollout --local --set steps=4 --variant '' --variant 'rollout.temperature=0.7'
+      tpuops bench rollout --local --set steps=5 --profile --variant '' --variant rollout.max_new_tokens=8
       tpuops bench rollout --vm mllm-jax-v6e-8 --variant '' --variant 'XLA_FLAGS=--xla_tpu_foo=true --set bs=16' \\
         -- python -u scripts/train.py --config configs/small.yaml
     """
@@ -383,6 +392,7 @@ def bench_rollout(
         force=opts.force, keep_going=opts.keep_going, parallel=opts.parallel, skip_fit=skip_fit,
         command=tuple(cmd or ()), inspect=opts.dry_run and not opts.offline,
     )  # fmt: skip
+    req = bench.with_profile(req) if profile else req
     if opts.dry_run:
         report.dry_runs(bench.plans(req, list(variant or [])), opts.json, verbose=opts.verbose)
         return

@@ -92,3 +92,18 @@ def test_a_capture_keeps_only_the_steps_it_holds_whole(tmp_path: Path) -> None:
         and NO_WHOLE_STEP in lines
         and any(ln.startswith("phases:") for ln in lines)
     )
+
+
+@pytest.mark.slow
+def test_bench_rollout_profile_gives_each_variant_its_top_ops() -> None:
+    r = tpuops("bench", "rollout", "--local", "--set", "steps=4", "--profile", "--variant", "",
+               "--variant", "rollout.max_new_tokens=8", "--json", cwd=REPO)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads(r.stdout)
+    assert [row["label"] for row in rows] == ["baseline", "rollout.max_new_tokens=8"]
+    for row in rows:
+        assert len(row["top_ops"]) >= 3 and all(0 < op["share"] <= 1 for op in row["top_ops"]), row
+        assert row["top_ops"] == sorted(row["top_ops"], key=lambda op: -op["ms"])
+        assert {"rollout", "update"} <= set(row["phases"]) and row["profile_note"] is None
+        run = Path(os.environ["TPUOPS_HOME"]) / "runs" / row["run_id"]
+        assert json.loads((run / "result.json").read_text())["profile"]["steps"] == [2, 3]
