@@ -25,18 +25,6 @@ ImplOpt = Annotated[
 ]
 
 
-ProfileStepsOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--profile-steps",
-        metavar="A-B",
-        help="Trace steps A to B with JAX's profiler (the job itself: the bundled trainer does; your own program "
-        "reads TPUOPS_PROFILE_STEPS, docs/performance.md); the end report and `tpuops report RUN_ID --html` show "
-        "their top ops and phases.",
-    ),
-]
-
-
 def run_named(
     name: str,
     fixed: dict[str, object],
@@ -70,7 +58,7 @@ def run(
     name: SopNameArg,
     cmd: o.CommandArg = None,
     *,
-    profile_steps: ProfileStepsOpt = None,
+    profile_steps: o.ProfileStepsOpt = None,
     opts: o.RunOptions,
     target: o.TargetOptions,
     watch: o.WatchOptions,
@@ -361,14 +349,7 @@ def bench_rollout(
     sop: Annotated[
         str, typer.Option("--sop", metavar="NAME", help="The SOP each variant runs (with `-- CMD`: job).")
     ] = "grpo",
-    profile: Annotated[
-        bool,
-        typer.Option(
-            "--profile",
-            help="Trace steps 2-3 of each variant (--set profile_steps=A-B for others; your own program: "
-            "TPUOPS_PROFILE_STEPS) and show its top ops beside its times.",
-        ),
-    ] = False,
+    profile: o.BenchProfileOpt = False,
     *,
     opts: o.RunOptions,
     target: o.TargetOptions,
