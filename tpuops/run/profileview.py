@@ -28,7 +28,8 @@ def summary_lines(s: TraceSummary, top: int = 10) -> list[str]:
     ]
     if s.steps:
         per = f", {s.step_ms:.1f} ms a step" if s.step_ms is not None else ""
-        lines.append(f"steps {s.steps[0]}-{s.steps[-1]} seen whole ({len(s.steps)}{per})")
+        seen = f"step {s.steps[0]}" if len(s.steps) == 1 else f"steps {s.steps[0]}-{s.steps[-1]}"
+        lines.append(f"{seen} seen whole ({len(s.steps)}{per})")
     elif s.phases:  # JAX keeps an annotation only when it starts and ends inside the capture
         lines.append(NO_WHOLE_STEP)
     if s.phases:
