@@ -57,9 +57,9 @@ def user_repo(tmp_path: Path) -> Iterator[Path]:
     subprocess.run(["rm", "-rf", str(bare)], check=True)
 
 
-def start_job(repo: Path, port: int, cmd: list[str]) -> str:
-    """`tpuops run job --local -- CMD`, followed until step 2, then left running (the follower killed)."""
-    args = [sys.executable, "-m", "tpuops", "run", "job", "--local", "--set", f"profile_port={port}"]
+def start_job(repo: Path, port: int, cmd: list[str], *more: str) -> str:
+    """`tpuops run job --local [MORE] -- CMD`, followed until step 2, then left running (the follower killed)."""
+    args = [sys.executable, "-m", "tpuops", "run", "job", "--local", "--set", f"profile_port={port}", *more]
     follower = subprocess.Popen(
         [*args, "--", *cmd],
         cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env(),
@@ -158,3 +158,21 @@ def test_profile_steps_is_checked_before_anything_runs(tmp_path: Path) -> None:
     assert r.returncode == 2 and "--profile-steps: steps must be A-B with 0 <= A <= B" in r.stderr, r.stderr
     r = tpuops("run", "smoke", "--local", "--dry-run", "--offline", "--profile-steps", "1-2", cwd=tmp_path)
     assert r.returncode == 2 and "SOP smoke does not trace steps" in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+def test_attach_brings_the_traced_steps_of_a_detached_job(user_repo: Path, tmp_path: Path) -> None:
+    """The run's own follower gone before the traced steps: `tpuops attach` fetches their trace at the end, so
+    the report page has it."""
+    run_id = start_job(
+        user_repo, free_port(), ["python", "-u", "own_job.py", "30"], "--profile-steps", "20-21"
+    )
+    r = tpuops("attach", run_id, cwd=user_repo)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = Path(os.environ["TPUOPS_HOME"]) / "runs" / run_id
+    assert (run / "profile" / "steps" / "w0" / "trace.json.gz").stat().st_size > 1024
+    page = tmp_path / "page.html"
+    assert tpuops("report", run_id, "--html", str(page), cwd=user_repo).returncode == 0
+    text = page.read_text()
+    ops = text[text.index('class="profile-ops"') :]
+    assert "Profile: steps 20-21" in text and ops[: ops.index("</table>")].count("<tr><td>") >= 3
