@@ -16,13 +16,18 @@ import pytest
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures"
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
-ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "COLUMNS": "200"}
+EXTRA = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "COLUMNS": "200"}
+
+
+def env() -> dict[str, str]:
+    """The environment at call time: the test's own TPUOPS_HOME (set per test), never the user's runs."""
+    return {**os.environ, **EXTRA}
 
 
 def tpuops(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(  # noqa: PLW1510 - the exit code is what these tests check
         [sys.executable, "-m", "tpuops", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL, env=ENV,
+        cwd=cwd, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL, env=env(),
     )  # fmt: skip
 
 
@@ -52,12 +57,12 @@ def user_repo(tmp_path: Path) -> Iterator[Path]:
     subprocess.run(["rm", "-rf", str(bare)], check=True)
 
 
-def start_job(repo: Path, port: int, cmd: list[str]) -> str:
-    """`tpuops run job --local -- CMD`, followed until step 2, then left running (the follower killed)."""
-    args = [sys.executable, "-m", "tpuops", "run", "job", "--local", "--set", f"profile_port={port}"]
+def start_job(repo: Path, port: int, cmd: list[str], *more: str) -> str:
+    """`tpuops run job --local [MORE] -- CMD`, followed until step 2, then left running (the follower killed)."""
+    args = [sys.executable, "-m", "tpuops", "run", "job", "--local", "--set", f"profile_port={port}", *more]
     follower = subprocess.Popen(
         [*args, "--", *cmd],
-        cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
+        cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env(),
     )  # fmt: skip
     assert follower.stderr is not None
     seen = []
@@ -110,3 +115,64 @@ def test_a_job_without_a_server_is_left_running(user_repo: Path) -> None:
         assert after["status"] == "running", after  # the job untouched
     finally:
         tpuops("stop", run_id, cwd=user_repo)
+
+
+@pytest.mark.slow
+def test_profile_steps_of_a_users_job_reach_the_end_report_and_the_page(
+    user_repo: Path, tmp_path: Path
+) -> None:
+    """`run job --profile-steps 2-3`: the program traces those steps where TPUOPS_PROFILE_DIR says; the end report
+    lists their top ops, result.json keeps them, and `tpuops report RUN_ID --html` shows them in Chromium."""
+    from tests.tpuops.run.test_logreport import CHROMIUM_FLAGS, chromium
+
+    exe = chromium()
+    r = tpuops("run", "job", "--local", "--profile-steps", "2-3", "--", "python", "-u", "own_job.py", "6",
+               cwd=user_repo)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "profile of steps 2-3, w0" in r.stderr and "open: Perfetto" in r.stderr, r.stderr[-3000:]
+    run_id = str(status(user_repo)[0]["run_id"])
+    run = Path(os.environ["TPUOPS_HOME"]) / "runs" / run_id
+    w0 = json.loads((run / "result.json").read_text())["profile"]["workers"]["0"]
+    assert w0["steps"] == [2, 3] and len(w0["ops"]) >= 3 and w0["xplane_bytes"] > 1024
+    assert all(0 < op["share"] <= 1 for op in w0["ops"])
+    table = r.stderr[r.stderr.index("profile of steps 2-3") :].splitlines()
+    assert any(op["name"] in line and "%" in line for op in w0["ops"][:3] for line in table)
+    assert (run / "profile" / "steps" / "w0" / "trace.json.gz").stat().st_size > 1024
+    page = tmp_path / "page.html"
+    assert tpuops("report", run_id, "--html", str(page), cwd=user_repo).returncode == 0
+    dom = subprocess.run(
+        [exe, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium'}", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=90, check=True,
+    ).stdout  # fmt: skip
+    section = dom[dom.index('<section id="profile">') :]
+    section = section[: section.index("</section>")]
+    assert "Profile: steps 2-3" in section and 'class="profile-ops"' in section
+    rows = section[section.index('class="profile-ops"') :].count("<tr>") - 1
+    assert rows >= 3 and w0["ops"][0]["name"] in section
+
+
+def test_profile_steps_is_checked_before_anything_runs(tmp_path: Path) -> None:
+    """A range that is not A-B, or a SOP that traces no steps: exit 2, one line, nothing started."""
+    r = tpuops("run", "job", "--local", "--dry-run", "--offline", "--profile-steps", "7-5", "--", "true",
+               cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 2 and "--profile-steps: steps must be A-B with 0 <= A <= B" in r.stderr, r.stderr
+    r = tpuops("run", "smoke", "--local", "--dry-run", "--offline", "--profile-steps", "1-2", cwd=tmp_path)
+    assert r.returncode == 2 and "SOP smoke does not trace steps" in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+def test_attach_brings_the_traced_steps_of_a_detached_job(user_repo: Path, tmp_path: Path) -> None:
+    """The run's own follower gone before the traced steps: `tpuops attach` fetches their trace at the end, so
+    the report page has it."""
+    run_id = start_job(
+        user_repo, free_port(), ["python", "-u", "own_job.py", "30"], "--profile-steps", "20-21"
+    )
+    r = tpuops("attach", run_id, cwd=user_repo)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = Path(os.environ["TPUOPS_HOME"]) / "runs" / run_id
+    assert (run / "profile" / "steps" / "w0" / "trace.json.gz").stat().st_size > 1024
+    page = tmp_path / "page.html"
+    assert tpuops("report", run_id, "--html", str(page), cwd=user_repo).returncode == 0
+    text = page.read_text()
+    ops = text[text.index('class="profile-ops"') :]
+    assert "Profile: steps 20-21" in text and ops[: ops.index("</table>")].count("<tr><td>") >= 3

@@ -223,6 +223,24 @@ SopNameArg = Annotated[
         autocompletion=complete.sop_names,
     ),
 ]
+ProfileStepsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--profile-steps",
+        metavar="A-B",
+        help="Trace steps A to B with JAX's profiler (the job itself: the bundled trainer does; your own program "
+        "reads TPUOPS_PROFILE_STEPS, docs/performance.md); the end report and `tpuops report RUN_ID --html` show "
+        "their top ops and phases.",
+    ),
+]
+BenchProfileOpt = Annotated[
+    bool,
+    typer.Option(
+        "--profile",
+        help="Trace steps 2-3 of each variant (--set profile_steps=A-B for others; your own program: "
+        "TPUOPS_PROFILE_STEPS) and show its top ops beside its times.",
+    ),
+]
 ApiEndpointOpt = Annotated[
     str | None,
     typer.Option(

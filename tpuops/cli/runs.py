@@ -58,6 +58,7 @@ def run(
     name: SopNameArg,
     cmd: o.CommandArg = None,
     *,
+    profile_steps: o.ProfileStepsOpt = None,
     opts: o.RunOptions,
     target: o.TargetOptions,
     watch: o.WatchOptions,
@@ -71,8 +72,9 @@ def run(
       tpuops run grpo --local --set steps=3 --set rollout.max_new_tokens=16
       tpuops run job --vm mllm-jax-v6e-8 -- python -u scripts/train.py --config configs/small.yaml
       tpuops run grpo --dry-run --json
+      tpuops run grpo --local --set steps=8 --profile-steps 5-7
     """
-    run_named(name, {}, opts, target, watch, cmd)
+    run_named(name, {"profile_steps": profile_steps} if profile_steps else {}, opts, target, watch, cmd)
 
 
 @o.wired
@@ -347,6 +349,7 @@ def bench_rollout(
     sop: Annotated[
         str, typer.Option("--sop", metavar="NAME", help="The SOP each variant runs (with `-- CMD`: job).")
     ] = "grpo",
+    profile: o.BenchProfileOpt = False,
     *,
     opts: o.RunOptions,
     target: o.TargetOptions,
@@ -359,6 +362,7 @@ def bench_rollout(
     Examples:
       tpuops bench rollout --vm mllm-jax-v6e-8 --set steps=10 --variant '' --variant rollout.max_new_tokens=256
       tpuops bench rollout --local --set steps=4 --variant '' --variant 'rollout.temperature=0.7'
+      tpuops bench rollout --local --set steps=5 --profile --variant '' --variant rollout.max_new_tokens=8
       tpuops bench rollout --vm mllm-jax-v6e-8 --variant '' --variant 'XLA_FLAGS=--xla_tpu_foo=true --set bs=16' \\
         -- python -u scripts/train.py --config configs/small.yaml
     """
@@ -369,6 +373,7 @@ def bench_rollout(
         force=opts.force, keep_going=opts.keep_going, parallel=opts.parallel, skip_fit=skip_fit,
         command=tuple(cmd or ()), inspect=opts.dry_run and not opts.offline,
     )  # fmt: skip
+    req = bench.with_profile(req) if profile else req
     if opts.dry_run:
         report.dry_runs(bench.plans(req, list(variant or [])), opts.json, verbose=opts.verbose)
         return

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from tpuops.errors import ExitCode, UsageError
 from tpuops.run import launch
@@ -25,6 +25,20 @@ class VariantResult:
     dt_mean: float | None
     rollout_generate_mean: float | None
     update_mean: float | None
+    # --profile: the first traced worker's top ops over the traced steps (name, ms, share), its phase split,
+    # or why there is no trace
+    top_ops: list[dict[str, object]] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)
+    profile_note: str | None = None
+
+
+PROFILE_STEPS = "2-3"  # `--profile`'s steps unless --set profile_steps=A-B: past the warm-up and its compiles
+TOP_OPS = 5
+
+
+def with_profile(req: launch.RunRequest) -> launch.RunRequest:
+    """`--profile`: every variant traces the same steps (its `--set profile_steps`, else PROFILE_STEPS)."""
+    return replace(req, sets={"profile_steps": PROFILE_STEPS, **req.sets})
 
 
 def parse_variant(text: str) -> dict[str, str]:
@@ -124,7 +138,7 @@ def exit_code(results: list[VariantResult]) -> int:
 def _result(label: str, result: RunResult) -> VariantResult:
     report, log = result.report, result.log
     dt = log.dt if log is not None else None
-    return VariantResult(
+    row = VariantResult(
         label=label,
         run_id=report.run_id,
         ok=report.ok and log is not None and not log.failed,
@@ -134,3 +148,16 @@ def _result(label: str, result: RunResult) -> VariantResult:
         rollout_generate_mean=log.rollout_generate_mean if log is not None else None,
         update_mean=log.update_mean if log is not None else None,
     )
+    return _with_profile(row, result)
+
+
+def _with_profile(row: VariantResult, result: RunResult) -> VariantResult:
+    """A variant's top ops and phases from its trace of the asked steps (its first worker with one)."""
+    p = result.profile
+    if p is None:
+        return row
+    if not p.traces:
+        return replace(row, profile_note=next(iter(p.errors.values()), "no trace"))
+    s = min(p.traces.items())[1].summary
+    ops: list[dict[str, object]] = [{"name": o.name, "ms": o.ms, "share": o.share} for o in s.ops[:TOP_OPS]]
+    return replace(row, top_ops=ops, phases=s.phases)

@@ -15,7 +15,7 @@ from tpuops.errors import ExitCode, PreemptedError, TpuopsError
 from tpuops.logs.chunks import file_lines
 from tpuops.logs.events import NOSPACE, STOPPED, Event, ExitEvent, LogReport, exit_status
 from tpuops.logs.follow import Follower, Readings
-from tpuops.run import finish, scan
+from tpuops.run import finish, profile, scan
 from tpuops.run.store import OffsetWriter, RunRecord, load, record_end, save_result, saved_offsets
 from tpuops.run.target import Target, open_transport, resolve, select_workers
 from tpuops.shell import Redactor
@@ -91,6 +91,8 @@ def attach(
             return Attached(run_id, LogReport(), int(ExitCode.INTERRUPTED), {}, detached=True)
         for w in rec.workers:
             follower.fetch(w, Fetch(rec.remote_dir), user_config.state_home() / "runs")
+        if (steps := profile.asked_steps(rec.values)) is not None:  # --profile-steps: for `report --html`
+            profile.fetch_steps(transport, rec.remote_dir, rec.workers, rec.local_dir, steps)
     finally:
         transport.close()
     log = scan.run_report(follower.reads.report(), rec.local_dir)  # what the follow and the fetch read

@@ -69,9 +69,8 @@ def _table(header: list[str], rows: list[list[object]], cls: str = "") -> str:
     return f"<table{f' class={cls!r}' if cls else ''}>{head}{body}</table>"
 
 
-def run_meta(target: str, runs_home: Path | None = None) -> dict[str, str] | None:
-    """What run.json (and result.json) say of the run a report is about, when the target is a run id or a
-    run directory: SOP, config, commit, target, start, duration, command line. None for a bare log file."""
+def run_folder(target: str, runs_home: Path | None = None) -> Path:
+    """The run folder a report's target names: a run directory as given, else a run id under the runs home."""
     path = Path(target).expanduser()
     if not path.is_dir():
         if runs_home is None:
@@ -79,6 +78,28 @@ def run_meta(target: str, runs_home: Path | None = None) -> dict[str, str] | Non
 
             runs_home = state_home() / "runs"
         path = runs_home / target
+    return path
+
+
+def profile_section(target: str) -> str | None:
+    """The page's profile section when the run traced chosen steps (`--profile-steps`): each worker's top ops
+    and phase split over those steps; None when it traced none (or the target is a bare log file)."""
+    from tpuops.run.profile import STEPS_DIR, asked_steps, summarise_folder
+    from tpuops.run.profileview import html_section
+
+    path = run_folder(target)
+    try:
+        steps = asked_steps(json.loads((path / "run.json").read_text()).get("values") or {})
+    except (OSError, ValueError):
+        return None
+    found = summarise_folder(path / STEPS_DIR, steps) if steps else {}
+    return html_section(found, f"steps {steps[0]}-{steps[1]}") if steps and found else None
+
+
+def run_meta(target: str, runs_home: Path | None = None) -> dict[str, str] | None:
+    """What run.json (and result.json) say of the run a report is about, when the target is a run id or a
+    run directory: SOP, config, commit, target, start, duration, command line. None for a bare log file."""
+    path = run_folder(target, runs_home)
     try:
         rec = json.loads((path / "run.json").read_text())
     except (OSError, ValueError):
@@ -200,8 +221,10 @@ def page(
     deltas: list[Delta] | None = None,
     meta: dict[str, str] | None = None,
     estimate: dict[str, Any] | None = None,
+    profile: str | None = None,
 ) -> str:
-    """The whole report as one self-contained HTML page (people would rather look than read)."""
+    """The whole report as one self-contained HTML page (people would rather look than read); `profile`: the
+    section of a run's traced steps (`profile_section`)."""
     code = exit_code(report, deltas)
     verdict = {0: ("ok", "ok"), 7: ("warn", "recompiles after warm-up")}.get(code, ("bad", "failed"))
     rows = report.rows
@@ -289,6 +312,8 @@ def page(
                   *(round(v, 4) for _, v in means)]],
             )
         )  # fmt: skip
+    if profile:
+        parts.append(f"<section id='profile'>{profile}</section>")
     c = report.compiles
     parts.append("<h2>Compiles</h2>")
     keys = ["total", "warmup", "eval", "after_warmup", "open"]

@@ -18,7 +18,7 @@ from tpuops.errors import ExitCode, TpuopsError, UsageError
 from tpuops.logs.events import Event, LogReport
 from tpuops.logs.fields import parse_columns
 from tpuops.logs.follow import Readings
-from tpuops.run import autostop, bundled, prepare, tree
+from tpuops.run import autostop, bundled, prepare, profile, tree
 from tpuops.run.result import Planned, RunResult
 from tpuops.run.target import Target, connect_all, open_transport, resolve, select_workers
 from tpuops.shell import Redactor
@@ -148,6 +148,7 @@ def _check(
     pattern = _step_pattern(sop, sets)
     columns = None if "columns" in sop.params else parse_columns(sets.pop("columns", None))
     _take_command(sop, req.command, sets)
+    profile.check_steps(sop.name, set(sop.params), sets)  # --profile-steps A-B: a SOP that traces, a range
     given = {**cfg.params, **sets}
     context = prepare.context_defaults(
         sop.params, spec, cwd, given=set(given), given_values=given, trainer=sop.trainer
@@ -306,6 +307,7 @@ def _execute(
         if unreachable:
             report.workers = list(workers)
             report.steps.insert(0, _connect_step(workers, unreachable))
+        profiled = profile.after_run(transport, report, values, prepare.runs_dir(sop, values), reachable)
     finally:
         transport.close()
     if report.interrupted == "detached":  # the job goes on: `tpuops attach` follows it and records its end
@@ -322,7 +324,7 @@ def _execute(
         log, steps=report, stopped=stopped, fail_on_recompile=fail_on_recompile,
         config=str(values.get("config") or "CONFIG"), accelerator=target.accelerator,
     )  # fmt: skip
-    result = RunResult(report, verdict.code, log, hint=verdict.hint, estimate=estimate)
+    result = RunResult(report, verdict.code, log, hint=verdict.hint, estimate=estimate, profile=profiled)
     save_result(run_id, result.to_dict())
     return result
 

@@ -60,9 +60,9 @@ def review(
     deltas = None if baseline is None else load_baseline(baseline, report, threshold)
     est = saved(target) if not Path(target).expanduser().is_file() else None
     if html is not None:
-        from tpuops.run.htmlpage import run_meta
+        from tpuops.run.htmlpage import profile_section, run_meta
 
-        write_html(report, html, deltas, run_meta(target), est)
+        write_html(report, html, deltas, run_meta(target), est, profile_section(target))
     return Reviewed(report, deltas, exit_code(report, deltas), est)
 
 
@@ -104,10 +104,11 @@ def write_html(
     deltas: list[Delta] | None = None,
     meta: dict[str, str] | None = None,
     estimate: dict[str, Any] | None = None,
+    profile: str | None = None,
 ) -> None:
     from tpuops.run.htmlpage import page
 
-    Path(path).write_text(page(report, deltas, meta, estimate))
+    Path(path).write_text(page(report, deltas, meta, estimate, profile))
 
 
 def render(

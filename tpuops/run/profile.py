@@ -12,11 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tpuops import config as user_config
 from tpuops import shell
 from tpuops.errors import ConnectError, TpuopsError, UsageError
 from tpuops.logs import trace, xplane
 from tpuops.run.store import RunRecord, load
 from tpuops.run.target import open_transport, resolve, select_workers
+from tpuops.sop.executor import SopReport
+from tpuops.sop.runs import run_dir
 from tpuops.transport import profiler
 from tpuops.transport.base import Transport
 
@@ -181,6 +184,80 @@ def _one(transport: Transport, rec: RunRecord, w: int, port: int, seconds: float
     if not raw:
         return f"worker {w}: the server wrote no trace under {root}"
     return raw
+
+
+STEPS_PARAM = (
+    "profile_steps"  # the SOP parameter of `--profile-steps A-B`: those steps traced by the job itself
+)
+STEPS_DIR = "profile/steps"  # where they land: <run folder>/profile/steps/w<k>/, on the workers and here
+
+
+def asked_steps(values: dict[str, object]) -> tuple[int, int] | None:
+    """The steps a run traces itself (`--profile-steps A-B`), None when none; a ValueError names the form."""
+    given = values.get(STEPS_PARAM)
+    return trace.parse_steps(str(given)) if given not in (None, "") else None
+
+
+def check_steps(sop: str, params: set[str], sets: dict[str, object]) -> None:
+    """`--profile-steps` (the `profile_steps` value) before anything runs: a SOP that traces steps, A-B."""
+    if sets.get(STEPS_PARAM) in (None, ""):
+        return
+    if STEPS_PARAM not in params:
+        raise UsageError(
+            f"SOP {sop} does not trace steps (it has no {STEPS_PARAM} parameter)",
+            hint="--profile-steps works with `tpuops run grpo` and `tpuops run job`; a running job: tpuops profile RUN_ID",
+        )
+    try:
+        asked_steps(sets)
+    except ValueError as e:
+        raise UsageError(f"--profile-steps: {e}") from None
+
+
+def after_run(
+    transport: Transport, report: SopReport, values: dict[str, object], runs_dir: str, workers: list[int]
+) -> Profiled | None:
+    """A finished run that asked for `--profile-steps`: its workers' traces of those steps, summarised; None
+    when none were asked or the job goes on (detached: `tpuops profile` then captures it live)."""
+    steps = asked_steps(values)
+    if steps is None or report.interrupted == "detached" or not any(s.kind == "run" for s in report.steps):
+        return None
+    local_run = user_config.state_home() / "runs" / report.run_id
+    return fetch_steps(transport, run_dir(runs_dir, report.run_id), workers, local_run, steps)
+
+
+def fetch_steps(
+    transport: Transport, remote_run: str, workers: list[int], local_run: Path, steps: tuple[int, int]
+) -> Profiled:
+    """After the job: each worker's trace of `steps` (the newest `.xplane.pb` under `<run>/profile/steps/w<k>/`),
+    brought into the local run folder and summarised over those steps. A worker with none is in `errors` (the
+    job never reached those steps, or did not trace them): the run's verdict does not change."""
+    folder = local_run / STEPS_DIR
+    traces, errors = {}, {}
+    for w in workers:
+        where = f"{remote_run}/{STEPS_DIR}/w{w}"
+        try:
+            found = transport.run(w, f"find {shell.path(where)} -name '*.xplane.pb' -type f", timeout=60)
+            files = sorted(
+                ln.strip() for ln in found.stdout.splitlines() if ln.strip().endswith(".xplane.pb")
+            )
+            raw = transport.read_from(w, files[-1], 0) if files else None
+        except TpuopsError as e:
+            errors[w] = (
+                f"worker {w}: its trace of steps {steps[0]}-{steps[1]} could not be read ({e.message})"
+            )
+            continue
+        if not raw:
+            errors[w] = (
+                f"worker {w}: no trace of steps {steps[0]}-{steps[1]} under {where} (did the job reach them? "
+                f"your own program traces them itself: see TPUOPS_PROFILE_STEPS in docs/performance.md)"
+            )
+            continue
+        stamp = files[-1].rsplit("/", 2)[-2]  # plugins/profile/<stamp>/<host>.xplane.pb
+        try:
+            traces[w] = keep(folder, w, stamp, raw, steps)
+        except xplane.XPlaneError as e:
+            errors[w] = f"worker {w}: the trace of steps {steps[0]}-{steps[1]} is unreadable ({e})"
+    return Profiled(local_run.name, folder, traces, errors, steps)
 
 
 def summarise_folder(folder: Path, steps: tuple[int, int] | None = None) -> dict[int, trace.TraceSummary]:

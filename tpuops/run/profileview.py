@@ -13,6 +13,12 @@ if TYPE_CHECKING:
     from tpuops.run.profile import Profiled
 
 
+NO_WHOLE_STEP = (
+    "no step seen whole: the profiler keeps a step's annotation only when the step starts and ends inside the "
+    "capture (phases, being shorter, fit); capture longer than two steps (--seconds) to see steps"
+)
+
+
 def summary_lines(s: TraceSummary, top: int = 10) -> list[str]:
     """Plain lines: the top ops by device time with their share, busy vs idle, the steps and phases seen."""
     device = f"{s.devices} {s.device}" if s.device != "CPU" else "CPU (the host is the device)"
@@ -22,7 +28,10 @@ def summary_lines(s: TraceSummary, top: int = 10) -> list[str]:
     ]
     if s.steps:
         per = f", {s.step_ms:.1f} ms a step" if s.step_ms is not None else ""
-        lines.append(f"steps {s.steps[0]}-{s.steps[-1]} seen whole ({len(s.steps)}{per})")
+        seen = f"step {s.steps[0]}" if len(s.steps) == 1 else f"steps {s.steps[0]}-{s.steps[-1]}"
+        lines.append(f"{seen} seen whole ({len(s.steps)}{per})")
+    elif s.phases:  # JAX keeps an annotation only when it starts and ends inside the capture
+        lines.append(NO_WHOLE_STEP)
     if s.phases:
         whole = sum(s.phases.values()) or 1.0
         lines.append("phases: " + ", ".join(f"{k} {v:.1f} ms ({v / whole:.0%})" for k, v in s.phases.items()))
@@ -57,6 +66,21 @@ def render(p: Profiled, as_json: bool, top: int = 10) -> None:
     if p.traces:
         for line in p.open_commands():
             err.print(f"open: {escape(line)}", highlight=False)
+
+
+def steps_lines(p: Profiled, top: int = 8) -> list[str]:
+    """The end report's profile of `--profile-steps A-B`: per worker the summary, then why a worker has none."""
+    assert p.steps is not None
+    lines = []
+    for w, t in sorted(p.traces.items()):
+        lines.append(
+            f"profile of steps {p.steps[0]}-{p.steps[1]}, w{w} ({t.xplane_bytes:,} bytes in {t.folder}):"
+        )
+        lines += [f"  {line}" for line in summary_lines(t.summary, top)]
+    lines += [f"profile: {why}" for _, why in sorted(p.errors.items())]
+    if p.traces:
+        lines += [f"open: {line}" for line in p.open_commands()]
+    return lines
 
 
 def html_section(summaries: dict[int, TraceSummary], label: str, top: int = 8) -> str:

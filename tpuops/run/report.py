@@ -93,6 +93,11 @@ def sop_report(report: RunResult, as_json: bool) -> None:
         from tpuops.run import logreport
 
         logreport.render(report.log, code, False, None, None, report.estimate)
+    if report.profile is not None:  # --profile-steps: the top ops and phases of those steps
+        from tpuops.run.profileview import steps_lines
+
+        for line in steps_lines(report.profile):
+            err.print(escape(line), highlight=False)
     err.print(f"done in {report.duration_s:.2f}s, run {report.run_id}, exit code {code}")
 
 
@@ -294,9 +299,13 @@ def rollout_bench(results: list[VariantResult], as_json: bool) -> None:
         title="rollout comparison (steady state, after warm-up)",
         title_justify="left",
     )
+    profiled = any(r.top_ops or r.profile_note for r in results)
+    if profiled:  # --profile: each variant's top ops over the traced steps (their own time's share)
+        table.add_column("top ops (share)", overflow="fold")
     id_column(table, "run", [r.run_id for r in results])
     for r in results:
         f = lambda v: "" if v is None else f"{v:.3f}"  # noqa: E731
+        ops = ", ".join(f"{o['name']} {o['share']:.0%}" for o in r.top_ops) or (r.profile_note or "")
         table.add_row(
             r.label,
             str(r.steps),
@@ -305,6 +314,7 @@ def rollout_bench(results: list[VariantResult], as_json: bool) -> None:
             f(r.rollout_generate_mean),
             ratio(r.rollout_generate_mean, base.rollout_generate_mean),
             f(r.update_mean),
+            *([escape(ops)] if profiled else []),
             r.run_id,
         )
     err.print(table)

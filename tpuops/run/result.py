@@ -4,7 +4,7 @@ the plan, exit code 0)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpuops.errors import ExitCode
 from tpuops.logs.events import LogReport
@@ -12,6 +12,9 @@ from tpuops.run.estimate import compare
 from tpuops.run.target import Target
 from tpuops.sop.executor import Plan, Preview, SopReport, StepReport
 from tpuops.sop.model import Outcome
+
+if TYPE_CHECKING:
+    from tpuops.run.profile import Profiled
 
 # One VM recreation of a --recover run: when, why, how long, the last step seen, the step resumed at.
 Recovery = dict[str, Any]
@@ -44,6 +47,7 @@ class RunResult:
     hint: str | None = None  # what to try next, for failures with a known fix (an out-of-memory)
     estimate: dict[str, Any] | None = None  # the fit preflight's cost and predicted peak HBM (a VM run)
     planned: Planned | None = None  # a dry run: the plan instead of a run
+    profile: Profiled | None = None  # --profile-steps: the job's trace of those steps, summarised per worker
 
     @property
     def sop(self) -> str:
@@ -88,6 +92,7 @@ class RunResult:
             "log": None if self.log is None else self.log.to_dict(),
             "estimate": self.estimate,
             "against_fit": None if self.log is None else compare(self.estimate, self.log),
+            "profile": None if self.profile is None else self.profile.to_dict(),
         }
 
     def _plan_dict(self, p: Planned) -> dict[str, Any]:
