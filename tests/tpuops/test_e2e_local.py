@@ -79,7 +79,8 @@ def test_bench_rollout_validates_every_variant_before_the_first_runs() -> None:
     assert typo.stderr.strip().splitlines()[-1] == (
         "error: trainer config: unknown config key 'rollout.max_new_tokenz'; did you mean 'rollout.max_new_tokens'?"
     )
-    assert not (Path(os.environ["TPUOPS_HOME"]) / "runs").exists()  # not even the baseline ran
+    runs = Path(os.environ["TPUOPS_HOME"]) / "runs"
+    assert not runs.exists(), sorted(str(p) for p in runs.rglob("*"))  # not even the baseline ran
     plans = tpuops(*argv, "rollout.max_new_tokens=4", "--dry-run", "--json", cwd=REPO)
     assert plans.returncode == 0, plans.stderr
     data = json.loads(plans.stdout)

@@ -371,7 +371,7 @@ def bench_rollout(
     req = launch.RunRequest(
         sop="job" if cmd and sop == "grpo" else sop, sets=opts.sets(), target=target.spec(), worker=opts.worker,
         force=opts.force, keep_going=opts.keep_going, parallel=opts.parallel, skip_fit=skip_fit,
-        command=tuple(cmd or ()), inspect=opts.dry_run and not opts.offline,
+        command=tuple(cmd or ()), inspect=opts.dry_run and not opts.offline, offline=opts.dry_run and opts.offline,
     )  # fmt: skip
     req = bench.with_profile(req) if profile else req
     if opts.dry_run:

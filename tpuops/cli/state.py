@@ -50,6 +50,7 @@ def run_sop(
         worker=worker,
         dry_run=dry_run,
         inspect=dry_run and not offline,
+        offline=dry_run and offline,
         force=force,
         keep_going=keep_going,
         parallel=parallel,

@@ -39,6 +39,7 @@ class RunRequest:
     # With dry_run: read each worker (read-only) for what the steps would change beyond the plan: the local edits
     # a git sync would discard. The CLI's --dry-run does unless --offline; off, a dry run never connects.
     inspect: bool = False
+    offline: bool = False  # with dry_run: nothing runs, not even the SOP's local checks (--offline)
     force: bool = False
     keep_going: bool = False
     parallel: int | None = None
@@ -165,7 +166,7 @@ def _check(
         on_notice(travels)
     prepare.check_env_files(sop, values, {*sets, *cfg.params}, cwd)
     checks = ", ".join(c.what for c in sop.preflight)
-    if req.dry_run and not req.inspect:
+    if req.dry_run and req.offline:
         if checks and on_notice:
             on_notice(f"--offline: the SOP's local checks were not run ({checks})")
     else:

@@ -12,6 +12,7 @@ from pathlib import Path
 from tests.tpuops.cloud.conftest import Cloud
 from tpuops.cli import complete
 from tpuops.errors import ExitCode
+from tpuops.run.tree import repo_home
 
 
 def _json(proc: subprocess.CompletedProcess[str]) -> dict:
@@ -223,9 +224,10 @@ def test_sync_sop_over_vm_checks_out_the_repo_on_every_worker(
     assert ran.returncode == 0, ran.stderr
     assert _json(ran)["ok"]
     rec = next(r for k, r in cloud.emu.model.nodes.items() if k.endswith(f"/{vm_name}"))
+    checkout = repo_home(str(bare)).removeprefix("~/") + "/checkout"  # the repository's own home on a worker
     for w in rec.workers:
         head = subprocess.run(
-            ["git", "-c", "safe.directory=*", "-C", str(w.home / "tpuops" / "repo"), "rev-parse", "HEAD"],
+            ["git", "-c", "safe.directory=*", "-C", str(w.home / checkout), "rev-parse", "HEAD"],
             check=True,
             capture_output=True,
             text=True,
