@@ -140,6 +140,34 @@ def unavailable(
     _admin(api_endpoint, "faults", {"unavailable": count, "code": code}, json)
 
 
+@fault.command("answer")
+@o.wired
+def answer(
+    mode: Annotated[
+        str,
+        typer.Argument(
+            help="html (a captive portal's page; with --code 502 a proxy's error page), truncated (JSON cut off "
+            "half-way) or hang (no answer at all)."
+        ),
+    ],
+    count: Annotated[int, typer.Argument(help="How many API calls are answered so.")] = 1,
+    api: Annotated[str, typer.Option("--api", help="tpu, compute (Compute Engine) or all.")] = "all",
+    code: Annotated[int, typer.Option("--code", help="The HTTP status an html page comes with.")] = 200,
+    api_endpoint: o.ApiEndpointOpt = None,
+    json: o.JsonOpt = False,
+) -> None:
+    """The next COUNT calls of the TPU API or Compute Engine get a broken answer (0: none)."""
+    from tpuops.cloud.emulator.answers import APIS, MODES
+    from tpuops.errors import UsageError
+
+    if mode not in MODES or api not in (*APIS, "all"):
+        raise UsageError(f"fault answer {mode} --api {api}: the mode is one of {', '.join(MODES)}, the api one "
+                         f"of {', '.join(APIS)}, all")  # fmt: skip
+    _admin(
+        api_endpoint, "faults", {"answers": {"mode": mode, "count": count, "api": api, "code": code}}, json
+    )
+
+
 @fault.command("capacity")
 @o.wired
 def capacity(

@@ -34,13 +34,16 @@ class ApiTarget:
 def list_(target: ApiTarget, zones: list[str], notify: Notify) -> tuple[list[VmInfo], list[str]]:
     """Every backend's VMs (tpuops.cloud.backends) in `zones` (none: every zone): the Cloud TPU API's zones in
     parallel, Compute Engine's two aggregated lists at once; a multislice is one VM with its slices. One API
-    failing while another answers is a note, not an error."""
-    from tpuops.cloud.vm_state import list_all
+    refusing (no role, disabled) while another answers is a note, not an error; one that answers broken (a web
+    page, cut JSON, nothing in time) is an error: its VMs would be missing from the list without a word."""
+    from tpuops.cloud.vm_state import broken, list_all
 
     api, _ = target.resolve(notify)
     for z in zones:
         check_zone(z, api.endpoint, api)
     found, searched, errors = list_all(api, list(zones))
+    if failed := broken(errors):  # an API that answered a web page, cut JSON or nothing: its VMs are unknown
+        raise failed[0]
     if errors and not found and len(errors) > 1:
         raise errors[0]
     for skipped in errors:
