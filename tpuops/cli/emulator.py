@@ -28,7 +28,12 @@ def serve(
     state_dir: Annotated[
         str | None, typer.Option("--state-dir", help="Host keys, sshd configs, client key.")
     ] = None,
-    zone: Annotated[list[str] | None, typer.Option("--zone", help="Zones it offers (repeatable).")] = None,
+    zone: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--zone", help="Zones it offers (repeatable).", callback=o.checked_each("zone", "--zone")
+        ),
+    ] = None,
     authorized_key: Annotated[
         str | None, typer.Option("--authorized-key", help="Public key file for VMs created without ssh-keys.")
     ] = None,

@@ -115,6 +115,12 @@ def one_line(text: str, limit: int = _LINE_MAX) -> str:
     return words if len(words) <= limit else words[: limit - 3].rstrip() + "..."
 
 
+def api_words(e: BaseException) -> str:
+    """An API error's message without the REST transport's "GET http://...: " prefix (the method and URL add
+    nothing, and a line never carries a URL the user did not give), as one line."""
+    return one_line(re.sub(r"^[A-Z]+ \S+: ", "", str(getattr(e, "message", "") or "")))
+
+
 def failure(service: str, what: str, e: BaseException, host: str, limits: tuple[float, float]) -> CloudError:
     """A failure of `service`'s call `what` that is no API status (those are `client.api_error`'s) -> one line.
     `limits`: the call's (per-try timeout, deadline)."""
@@ -151,7 +157,14 @@ def failure(service: str, what: str, e: BaseException, host: str, limits: tuple[
             hint="check the network (and HTTPS_PROXY); try again",
         )
     if isinstance(e, gexc.RetryError):
-        return CloudError(line(f"still failing after {deadline_s:g}s: {one_line(str(cause))}"))
+        said = (
+            f"{cause.code} {api_words(cause)}" if isinstance(cause, gexc.GoogleAPICallError) else str(cause)
+        )
+        said = one_line(said)
+        return CloudError(
+            line(f"still failing after {deadline_s:g}s: {said}"),
+            hint=f"{host} is unavailable; try again later",
+        )
     if isinstance(cause, json_format.ParseError | ValueError):
         return CloudError(
             line(f"answered JSON that is not what the API returns: {one_line(str(cause))}"),

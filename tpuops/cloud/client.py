@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tpuops.cloud.answers import IDEMPOTENT, call_limits, failure, guard, one_line, transient_reads
+from tpuops.cloud.answers import IDEMPOTENT, api_words, call_limits, failure, guard, one_line, transient_reads
 from tpuops.errors import CloudError, PermissionDeniedError, UsageError
 
 T = TypeVar("T")
@@ -212,10 +212,8 @@ def _role_hint(what: str) -> str:
 
 
 def _message(e: Any) -> str:
-    """An API error's message without the REST transport's "GET http://...: " prefix: the method and URL
-    add nothing for the user (and a user-facing line never carries a URL the user did not give); one line (a
-    proxy's error page is named by its title)."""
-    return one_line(re.sub(r"^[A-Z]+ \S+: ", "", str(getattr(e, "message", "") or "")))
+    """An API error's message as a line shows it (`answers.api_words`)."""
+    return api_words(e)
 
 
 def short_error(e: BaseException, api: Api | None = None) -> str:
