@@ -176,7 +176,9 @@ def answer(
 @fault.command("capacity")
 @o.wired
 def capacity(
-    zone: Annotated[str, typer.Argument(help="Zone, or * for every zone.")],
+    zone: Annotated[
+        str, typer.Argument(help="Zone, or * for every zone.", callback=o.checked("zone", "ZONE", also="*"))
+    ],
     count: Annotated[int, typer.Option("--count", help="How many creates fail.")] = 1,
     api_endpoint: o.ApiEndpointOpt = None,
     json: o.JsonOpt = False,

@@ -18,11 +18,12 @@ if typing.TYPE_CHECKING:
     from tpuops.config import TargetSpec
 
 
-def checked(kind: str, option: str) -> Callable[[str | None], str | None]:
-    """A Typer callback: the name checked by the API's own rules before the command runs (else exit 2)."""
+def checked(kind: str, option: str, also: str = "") -> Callable[[str | None], str | None]:
+    """A Typer callback: the name checked by the API's own rules before the command runs (else exit 2); `also`:
+    one more value taken as it is (`*`: every zone)."""
 
     def check(value: str | None) -> str | None:
-        return validators.name(kind, value, option)
+        return value if also and value == also else validators.name(kind, value, option)
 
     return check
 

@@ -226,10 +226,6 @@ class _Handler(BaseHTTPRequestHandler):
             if url.path.startswith("/admin/"):
                 answer = admin(m, url.path.removeprefix("/admin/"), body)
             else:
-                self._broken = m.faults.answers.take(url.path)
-                if self._broken and self._broken[0] == "hang":
-                    answers.send(self, m.faults.answers, *self._broken, b"")
-                    return
                 with m.lock:
                     m.requests.append(
                         ApiRequest(
@@ -241,6 +237,10 @@ class _Handler(BaseHTTPRequestHandler):
                     )
                     code = m.faults.unavailable_code if m.faults.unavailable > 0 else 0
                     m.faults.unavailable = max(0, m.faults.unavailable - 1)
+                self._broken = m.faults.answers.take(url.path)
+                if self._broken and self._broken[0] == "hang":
+                    answers.send(self, m.faults.answers, *self._broken, b"")
+                    return
                 if code:
                     raise ApiError(
                         code, _STATUS.get(code, "UNAVAILABLE"), "The service is currently unavailable."
