@@ -79,9 +79,14 @@ def check(resp: Any, *args: Any, **kwargs: Any) -> None:
     try:
         data = json.loads(body)
     except ValueError as e:
-        where = f", byte {e.pos:,} of {len(body):,}" if isinstance(e, json.JSONDecodeError) else ""
+        msg = getattr(e, "msg", str(e))
+        where = (
+            f"{'' if msg.endswith(' at') else ' at'} byte {e.pos:,}"
+            if isinstance(e, json.JSONDecodeError)
+            else ""
+        )
         raise BadAnswerError(
-            f"answered JSON that is cut off or damaged: {getattr(e, 'msg', e)}{where}",
+            f"answered JSON that is cut off or damaged ({len(body):,} bytes): {msg}{where}",
             page=False,
             host=host,
         ) from None

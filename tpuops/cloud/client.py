@@ -42,11 +42,12 @@ def gcloud_config_project() -> str | None:
 
 def resolve_project(flag: str | None, endpoint: str | None) -> tuple[str, str]:
     """(project, where it came from): --project/config, then the environment, then gcloud's config file; a
-    malformed id from any of them is exit 2 naming where it came from (before any call)."""
+    malformed id from the environment or gcloud's file is exit 2 naming where it came from, before any call
+    (the flag and tpuops.toml are checked where they are read: cli/options.py, config/settings.py)."""
     from tpuops.config.validators import name
 
     if flag:
-        return name("project", flag, "--project") or flag, "--project or tpuops config"
+        return flag, "--project or tpuops config"
     for var in ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT"):
         if os.environ.get(var):
             return name("project", os.environ[var], var) or "", var
@@ -124,7 +125,7 @@ class Api:
             if k > self.retries:
                 raise CloudError(
                     f"{service} {what}: still failing after {self.retries} retries: {short_error(e, self)}",
-                    hint=f"{host} is unavailable; try again later",
+                    hint=f"{self.endpoint or host} is unavailable; try again later",
                 )
             cap = min(MAX_BACKOFF_S, self.backoff_s * 2 ** (k - 1))  # the library draws the delay below it
             self.notify(

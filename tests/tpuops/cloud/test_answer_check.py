@@ -40,7 +40,7 @@ def test_a_json_object_passes(body: bytes) -> None:
          "an HTML page ('Sign in') with HTTP 200"),
         (200, b"<html><body>portal</body></html>", "application/json", "an HTML page with HTTP 200"),
         (200, b'{"nodes": [{"name": "projects/p/locations/z/nodes/n", "sta', "application/json",
-         "cut off or damaged: Unterminated string"),
+         "bytes): Unterminated string starting at byte 54"),
         (200, b"[1, 2]", "application/json", "answered JSON list, not an object"),
         (204, b"null", "application/json", "answered JSON NoneType, not an object"),
     ],
