@@ -139,12 +139,16 @@ def failure(service: str, what: str, e: BaseException, host: str, limits: tuple[
         return f"{service} {what}: {words}" if service else words
 
     cause = e.cause if isinstance(e, gexc.RetryError) and e.cause is not None else e
+    # A change whose answer was lost (cut, or none in time) may have been made all the same.
+    made = "" if not what or what.startswith(IDEMPOTENT) else (
+        "it may still have been done: look with `tpuops vm describe` before trying again; "
+    )  # fmt: skip
     if isinstance(cause, BadAnswerError):
         hint = (
             f"something between here and {cause.host} answers in Google's place, a captive portal or a proxy: "
             "sign in to the network, or set HTTPS_PROXY / NO_PROXY"
             if cause.page
-            else f"the answer from {cause.host} was cut off or damaged on its way; try again, a proxy may cut it"
+            else f"{made}the answer from {cause.host} was cut off or damaged on its way; try again, a proxy may cut it"
         )
         return CloudError(line(cause.detail), hint=hint)
     if isinstance(cause, requests.Timeout):
@@ -152,14 +156,12 @@ def failure(service: str, what: str, e: BaseException, host: str, limits: tuple[
             words = f"no answer within {deadline_s:g}s (each try waited {timeout_s:g}s)"
         else:
             words = f"no answer within {timeout_s:g}s"
-        hint = f"is {host} reachable from here? {TIMEOUT_ENV}=SECONDS sets the wait of each try"
-        if not what.startswith(IDEMPOTENT):
-            hint = f"it may still have been done: look with `tpuops vm describe` before trying again; {hint}"
+        hint = f"{made}is {host} reachable from here? {TIMEOUT_ENV}=SECONDS sets the wait of each try"
         return CloudError(line(words), hint=hint)
     if isinstance(cause, requests.ConnectionError | requests.exceptions.ChunkedEncodingError):
         return CloudError(
             line(f"the connection to {host} failed or was cut: {type(cause).__name__}"),
-            hint="check the network (and HTTPS_PROXY); try again",
+            hint=f"{made}check the network (and HTTPS_PROXY); try again",
         )
     if isinstance(e, gexc.RetryError):
         said = (

@@ -284,4 +284,7 @@ def _client(endpoint: str | None) -> tuple[Any, str]:
     connection pool). A failure is not cached: the next call tries again."""
     from google.cloud import tpu_v2
 
-    return build(tpu_v2.TpuClient, endpoint), f"{os.getpid()}-{next(_built)}"
+    client = build(tpu_v2.TpuClient, endpoint)
+    # Its operations' polls (`Operation.result`) go through a client of their own, with its own session.
+    guard(getattr(client._transport, "operations_client", None))
+    return client, f"{os.getpid()}-{next(_built)}"

@@ -77,3 +77,15 @@ def test_the_deadline_is_four_tries(monkeypatch: pytest.MonkeyPatch) -> None:
     assert answers.call_limits() == (30.0, 120.0)
     monkeypatch.setenv(answers.TIMEOUT_ENV, "0.5")
     assert answers.call_limits() == (0.5, 2.0)
+
+
+def test_a_change_whose_answer_was_lost_says_it_may_have_been_done() -> None:
+    cut = answers.BadAnswerError("answered JSON that is cut off", page=False, host="tpu.googleapis.com")
+    for lost in (requests.ReadTimeout("read timed out"), cut):
+        change = answers.failure("TPU API", "create n in z", lost, "tpu.googleapis.com", (30.0, 120.0))
+        read = answers.failure("TPU API", "get n in z", lost, "tpu.googleapis.com", (30.0, 120.0))
+        assert (change.hint or "").startswith("it may still have been done: look with `tpuops vm describe`")
+        assert "may still have been done" not in (read.hint or "")
+        assert change.exit_code == read.exit_code == 6
+    page = answers.BadAnswerError("answered an HTML page", page=True, host="tpu.googleapis.com")
+    assert "may still" not in (answers.failure("TPU API", "create n", page, "h", (1.0, 4.0)).hint or "")
