@@ -47,7 +47,8 @@ EXIT_CODES: dict[ExitCode, tuple[str, str]] = {
     ExitCode.CLOUD: (
         "cloud",
         "the TPU API refused or failed (not found, ambiguous, quota, capacity), or a Google API answered 403 "
-        "(TPU, OS Login, IAP: the line names the IAM role; `error` is `permission` in the JSON)",
+        "(TPU, OS Login, IAP: the line names the IAM role; `error` is `permission` in the JSON), or answered "
+        "something that is not its JSON (an HTML page, JSON cut off) or nothing within its deadline",
     ),
     ExitCode.RECOMPILE: ("recompile", "`recompile-check`: compiles after the warm-up window"),
     ExitCode.PREEMPTED: (

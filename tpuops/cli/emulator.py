@@ -28,7 +28,12 @@ def serve(
     state_dir: Annotated[
         str | None, typer.Option("--state-dir", help="Host keys, sshd configs, client key.")
     ] = None,
-    zone: Annotated[list[str] | None, typer.Option("--zone", help="Zones it offers (repeatable).")] = None,
+    zone: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--zone", help="Zones it offers (repeatable).", callback=o.checked_each("zone", "--zone")
+        ),
+    ] = None,
     authorized_key: Annotated[
         str | None, typer.Option("--authorized-key", help="Public key file for VMs created without ssh-keys.")
     ] = None,
@@ -140,10 +145,40 @@ def unavailable(
     _admin(api_endpoint, "faults", {"unavailable": count, "code": code}, json)
 
 
+@fault.command("answer")
+@o.wired
+def answer(
+    mode: Annotated[
+        str,
+        typer.Argument(
+            help="html (a captive portal's page; with --code 502 a proxy's error page), truncated (JSON cut off "
+            "half-way) or hang (no answer at all)."
+        ),
+    ],
+    count: Annotated[int, typer.Argument(help="How many API calls are answered so.")] = 1,
+    api: Annotated[str, typer.Option("--api", help="tpu, compute (Compute Engine) or all.")] = "all",
+    code: Annotated[int, typer.Option("--code", help="The HTTP status an html page comes with.")] = 200,
+    api_endpoint: o.ApiEndpointOpt = None,
+    json: o.JsonOpt = False,
+) -> None:
+    """The next COUNT calls of the TPU API or Compute Engine get a broken answer (0: none)."""
+    from tpuops.cloud.emulator.answers import APIS, MODES
+    from tpuops.errors import UsageError
+
+    if mode not in MODES or api not in (*APIS, "all"):
+        raise UsageError(f"fault answer {mode} --api {api}: the mode is one of {', '.join(MODES)}, the api one "
+                         f"of {', '.join(APIS)}, all")  # fmt: skip
+    _admin(
+        api_endpoint, "faults", {"answers": {"mode": mode, "count": count, "api": api, "code": code}}, json
+    )
+
+
 @fault.command("capacity")
 @o.wired
 def capacity(
-    zone: Annotated[str, typer.Argument(help="Zone, or * for every zone.")],
+    zone: Annotated[
+        str, typer.Argument(help="Zone, or * for every zone.", callback=o.checked("zone", "ZONE", also="*"))
+    ],
     count: Annotated[int, typer.Option("--count", help="How many creates fail.")] = 1,
     api_endpoint: o.ApiEndpointOpt = None,
     json: o.JsonOpt = False,

@@ -36,6 +36,7 @@ def fit(
             "--region",
             metavar="REGION",
             help="Region (or zone) the cost is priced in (default: the zone in tpuops.toml, else us-central1).",
+            callback=o.checked("region", "--region"),
         ),
     ] = None,
     api_endpoint: Annotated[

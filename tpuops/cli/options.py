@@ -18,11 +18,23 @@ if typing.TYPE_CHECKING:
     from tpuops.config import TargetSpec
 
 
-def _checked(kind: str, option: str) -> Callable[[str | None], str | None]:
-    """A Typer callback: the name checked by the API's own rules before the command runs (else exit 2)."""
+def checked(kind: str, option: str, also: str = "") -> Callable[[str | None], str | None]:
+    """A Typer callback: the name checked by the API's own rules before the command runs (else exit 2); `also`:
+    one more value taken as it is (`*`: every zone)."""
 
     def check(value: str | None) -> str | None:
-        return validators.name(kind, value, option)
+        return value if also and value == also else validators.name(kind, value, option)
+
+    return check
+
+
+def checked_each(kind: str, option: str) -> Callable[[list[str] | None], list[str] | None]:
+    """`checked` for a repeatable option: every value by the API's own rules (else exit 2)."""
+
+    def check(values: list[str] | None) -> list[str] | None:
+        for value in values or []:
+            validators.name(kind, value, option)
+        return values
 
     return check
 
@@ -33,7 +45,7 @@ VmOpt = Annotated[
         "--vm",
         metavar="NAME",
         help="TPU VM name (found through the TPU API).",
-        callback=_checked("vm", "--vm"),
+        callback=checked("vm", "--vm"),
         autocompletion=complete.vm_names,
     ),
 ]
@@ -43,13 +55,13 @@ ZoneOpt = Annotated[
         "--zone",
         metavar="ZONE",
         help="Zone of the VM; searched when omitted.",
-        callback=_checked("zone", "--zone"),
+        callback=checked("zone", "--zone"),
         autocompletion=complete.zones,
     ),
 ]
 VmNameArg = Annotated[
     str,
-    typer.Argument(help="TPU VM name.", callback=_checked("vm", "NAME"), autocompletion=complete.vm_names),
+    typer.Argument(help="TPU VM name.", callback=checked("vm", "NAME"), autocompletion=complete.vm_names),
 ]
 ProjectOpt = Annotated[
     str | None,
@@ -57,7 +69,7 @@ ProjectOpt = Annotated[
         "--project",
         metavar="PROJECT",
         help="Google Cloud project.",
-        callback=_checked("project", "--project"),
+        callback=checked("project", "--project"),
     ),
 ]
 HostOpt = Annotated[

@@ -20,7 +20,12 @@ app = App(
 
 ZonesOpt = Annotated[
     list[str] | None,
-    typer.Option("--zone", help="Zone (repeatable); all zones when omitted.", autocompletion=complete.zones),
+    typer.Option(
+        "--zone",
+        help="Zone (repeatable); all zones when omitted.",
+        autocompletion=complete.zones,
+        callback=o.checked_each("zone", "--zone"),
+    ),
 ]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", min=1, help="Seconds before the wait gives up.")]
 AutostopActionOpt = Annotated[

@@ -1,4 +1,5 @@
-"""The google-cloud-tpu v2 client over REST: project, credentials, endpoint, bounded retries on 429/503."""
+"""The google-cloud-tpu v2 client over REST: project, credentials, endpoint, bounded retries on 429/503, a
+timeout on every try and a deadline on every call; each answer checked (cloud/answers.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tpuops.cloud.answers import IDEMPOTENT, api_words, call_limits, failure, guard, one_line, transient_reads
 from tpuops.errors import CloudError, PermissionDeniedError, UsageError
 
 T = TypeVar("T")
@@ -39,15 +41,19 @@ def gcloud_config_project() -> str | None:
 
 
 def resolve_project(flag: str | None, endpoint: str | None) -> tuple[str, str]:
-    """(project, where it came from): --project/config, then the environment, then gcloud's config file."""
+    """(project, where it came from): --project/config, then the environment, then gcloud's config file; a
+    malformed id from the environment or gcloud's file is exit 2 naming where it came from, before any call
+    (the flag and tpuops.toml are checked where they are read: cli/options.py, config/settings.py)."""
+    from tpuops.config.validators import name
+
     if flag:
         return flag, "--project or tpuops config"
     for var in ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT"):
         if os.environ.get(var):
-            return os.environ[var], var
+            return name("project", os.environ[var], var) or "", var
     project = gcloud_config_project()
     if project:
-        return project, "gcloud config"
+        return name("project", project, "gcloud config's core/project") or project, "gcloud config"
     if endpoint:
         return EMULATOR_PROJECT, "emulator default"
     raise UsageError(
@@ -77,7 +83,8 @@ class Api:
     notify: Notify = field(default=lambda _msg: None)
     retries: int = 5
     backoff_s: float = 0.2
-    timeout_s: float = 30.0
+    timeout_s: float = 30.0  # one try's wait for its answer (TPUOPS_API_TIMEOUT)
+    deadline_s: float = 120.0  # a call with its retries (api_core's Retry deadline)
     client_id: str = ""  # which TpuClient of this process (the emulator's request log counts them)
     purpose: str = ""  # why these calls are made: "watch" for the recovery watch's polls, else ""
 
@@ -96,43 +103,54 @@ class Api:
         marks = [("x-tpuops-client", self.client_id)]
         return [*marks, ("x-tpuops-purpose", self.purpose)] if self.purpose else marks
 
+    def host(self, service: str = "TPU API") -> str:
+        """Where the calls go, as a line names it (no scheme, no path)."""
+        if self.endpoint:
+            return re.sub(r"^[a-z]+://", "", self.endpoint).split("/", 1)[0]
+        return "compute.googleapis.com" if service == "Compute API" else "tpu.googleapis.com"
+
     def retry(self, what: str, service: str = "TPU API") -> Any:
         """google.api_core's Retry for one call: exponential backoff with jitter on 429/503/504 and refused
-        connections, at most `retries` retries, each said through `notify` (its `on_error`); the one after the
-        last is a CloudError."""
+        connections, and for a call that only reads (`answers.IDEMPOTENT`) on a try without an answer in
+        `timeout_s`, a cut connection and 502 too; at most `retries` retries, each said through `notify` (its
+        `on_error`), all within `deadline_s`; the one after the last is a CloudError."""
         from google.api_core import retry as gretry
 
         tries = itertools.count(1)
-        host = "compute.googleapis.com" if service == "Compute API" else "tpu.googleapis.com"
+        host = self.host(service)
+        retried = _transient() + (transient_reads() if what.startswith(IDEMPOTENT) else ())
 
         def on_error(e: Exception) -> None:
             k = next(tries)
             if k > self.retries:
                 raise CloudError(
-                    f"{service} {what}: still failing after {self.retries} retries: {short_error(e)}",
+                    f"{service} {what}: still failing after {self.retries} retries: {short_error(e, self)}",
                     hint=f"{self.endpoint or host} is unavailable; try again later",
                 )
             cap = min(MAX_BACKOFF_S, self.backoff_s * 2 ** (k - 1))  # the library draws the delay below it
-            self.notify(f"{service} {what}: {short_error(e)}; retry {k}/{self.retries} in up to {cap:.1f}s")
+            self.notify(
+                f"{service} {what}: {short_error(e, self)}; retry {k}/{self.retries} in up to {cap:.1f}s"
+            )
 
         return gretry.Retry(
-            predicate=gretry.if_exception_type(*_transient()),
+            predicate=gretry.if_exception_type(*retried),
             initial=self.backoff_s,
             multiplier=2.0,
             maximum=MAX_BACKOFF_S,
-            timeout=600.0,
+            timeout=self.deadline_s,
             on_error=on_error,
         )
 
     def call(self, what: str, fn: Callable[..., T], /, **kw: Any) -> T:
-        """`fn(**kw, retry=..., timeout=..., metadata=...)` with `retry(what)`; other API errors become
-        CloudError (a permission error names the role it needs)."""
+        """`fn(**kw, retry=..., timeout=..., metadata=...)` with `retry(what)`; every other failure becomes a
+        CloudError of one line (a permission error names the role it needs; `answers.failure`: a web page, cut
+        JSON, no answer in time)."""
         try:
             return fn(**kw, retry=self.retry(what), timeout=self.timeout_s, metadata=self.metadata())
         except CloudError:
             raise
         except Exception as e:
-            raise api_error(what, e) from None
+            raise api_error(what, e, self) from None
 
     def zones(self) -> list[str]:
         """Every location of the TPU API for this project (one call; the zone search fans out over these)."""
@@ -143,8 +161,9 @@ class Api:
         return sorted(loc.location_id for loc in resp.locations)
 
 
-def api_error(what: str, e: Exception) -> Exception:
-    """An API exception -> a TpuopsError with a next step; anything else is returned unchanged."""
+def api_error(what: str, e: Exception, api: Api | None = None) -> CloudError:
+    """An API exception -> a TpuopsError with a next step; anything else (a web page, cut JSON, no answer in
+    time, a cut connection) -> `answers.failure`'s one line."""
     from google.api_core import exceptions as gexc
 
     if isinstance(e, gexc.NotFound):
@@ -164,8 +183,23 @@ def api_error(what: str, e: Exception) -> Exception:
             hint="try another zone (--zone, repeatable)",
         )
     if isinstance(e, gexc.GoogleAPICallError):
-        return CloudError(f"TPU API {what}: {e.code} {_message(e)}")
-    return e
+        return CloudError(f"TPU API {what}: {e.code} {_message(e)}", hint=page_hint(e, api))
+    return failure("TPU API", what, e, *limits_of(api))
+
+
+def limits_of(api: Api | None, service: str = "TPU API") -> tuple[str, tuple[float, float]]:
+    """(the host a line names, the (per-try timeout, deadline) of `api`'s calls)."""
+    if api is None:
+        return ("compute.googleapis.com" if service == "Compute API" else "tpu.googleapis.com"), call_limits()
+    return api.host(service), (api.timeout_s, api.deadline_s)
+
+
+def page_hint(e: Exception, api: Api | None, service: str = "TPU API") -> str | None:
+    """An error status that came with a web page (a proxy's error page, not Google's JSON): say so."""
+    text = str(getattr(e, "message", "") or "")
+    if "<" not in text or not one_line(text).startswith("an HTML page"):
+        return None
+    return f"a proxy or gateway between here and {limits_of(api, service)[0]} answered, not Google; try again"
 
 
 # The TPU API calls that only read need roles/tpu.viewer; the others change nodes and need roles/tpu.admin.
@@ -179,24 +213,28 @@ def _role_hint(what: str) -> str:
 
 
 def _message(e: Any) -> str:
-    """An API error's message without the REST transport's "GET http://...: " prefix: the method and URL
-    add nothing for the user (and a user-facing line never carries a URL the user did not give)."""
-    return re.sub(r"^[A-Z]+ \S+: ", "", str(getattr(e, "message", "") or ""))
+    """An API error's message as a line shows it (`answers.api_words`)."""
+    return api_words(e)
 
 
-def short_error(e: BaseException) -> str:
+def short_error(e: BaseException, api: Api | None = None) -> str:
+    """An error in a few words: an API's status and message, else what `answers.failure` says of it."""
     from google.api_core import exceptions as gexc
 
     if isinstance(e, gexc.GoogleAPICallError):
         return f"{e.code} {_message(e)}".strip()
+    if isinstance(e, Exception):
+        return failure("", "", e, *limits_of(api)).message
     return type(e).__name__
 
 
 def connect(project: str | None, endpoint: str | None, notify: Notify | None = None) -> Api:
     """An Api for `project` over this process's one TpuClient for `endpoint` (see `_client`)."""
     proj, _ = resolve_project(project, endpoint)
+    timeout_s, deadline_s = call_limits()
     client, client_id = _client(endpoint)
-    return Api(client, proj, endpoint, notify or (lambda _msg: None), client_id=client_id)
+    return Api(client, proj, endpoint, notify or (lambda _msg: None), timeout_s=timeout_s,
+               deadline_s=deadline_s, client_id=client_id)  # fmt: skip
 
 
 _built = itertools.count(1)
@@ -235,8 +273,9 @@ def client_kwargs(endpoint: str | None) -> dict[str, Any]:
 
 def build(factory: Callable[..., T], endpoint: str | None) -> T:
     """One Google client class (`tpu_v2.TpuClient`, `compute_v1.InstancesClient`, ...) for `endpoint`: the
-    one place that chooses between the emulator and real credentials."""
-    return factory(**client_kwargs(endpoint))
+    one place that chooses between the emulator and real credentials; its every answer checked
+    (`answers.guard`)."""
+    return guard(factory(**client_kwargs(endpoint)))
 
 
 @functools.cache
@@ -245,4 +284,7 @@ def _client(endpoint: str | None) -> tuple[Any, str]:
     connection pool). A failure is not cached: the next call tries again."""
     from google.cloud import tpu_v2
 
-    return build(tpu_v2.TpuClient, endpoint), f"{os.getpid()}-{next(_built)}"
+    client = build(tpu_v2.TpuClient, endpoint)
+    # Its operations' polls (`Operation.result`) go through a client of their own, with its own session.
+    guard(getattr(client._transport, "operations_client", None))
+    return client, f"{os.getpid()}-{next(_built)}"

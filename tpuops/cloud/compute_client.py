@@ -1,7 +1,8 @@
 """The Compute Engine clients: google-cloud-compute's (REST) for every change and its operations, awaited with
 the library's own helper (`ExtendedOperation.result`); reads as the REST API's JSON through an authorized
 session (`read`), so listing and describing never import `google.cloud.compute_v1` (~1 s). Both retry with
-the TPU client's `google.api_core.retry.Retry` and turn errors into one line."""
+the TPU client's `google.api_core.retry.Retry` and turn errors into one line; every answer is checked
+(cloud/answers.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from tpuops.cloud.client import Api, ApiNotFoundError, client_kwargs, credentials, short_error
+from tpuops.cloud.answers import failure, guard, guard_session
+from tpuops.cloud.client import (
+    Api,
+    ApiNotFoundError,
+    client_kwargs,
+    credentials,
+    limits_of,
+    page_hint,
+    short_error,
+)
 from tpuops.errors import CloudError, CommandTimeoutError, PermissionDeniedError
 
 T = TypeVar("T")
@@ -49,19 +59,19 @@ def _clients(endpoint: str | None) -> Clients:
 
     kw = client_kwargs(endpoint)
     made: list[Any] = [
-        compute_v1.InstancesClient(**kw),
-        compute_v1.InstanceGroupManagersClient(**kw),
-        compute_v1.InstanceTemplatesClient(**kw),
-        compute_v1.ResourcePoliciesClient(**kw),
+        guard(compute_v1.InstancesClient(**kw)),
+        guard(compute_v1.InstanceGroupManagersClient(**kw)),
+        guard(compute_v1.InstanceTemplatesClient(**kw)),
+        guard(compute_v1.ResourcePoliciesClient(**kw)),
     ]
     if endpoint:
         # The library builds the operations client that `operation.result()` polls with the credentials only,
         # never the client options (compute_v1/services/*/transports/base.py `_zone_operations_client`): it
         # would poll compute.googleapis.com. Hand each transport operations clients for the same endpoint.
         ops = {
-            "zone_operations": compute_v1.ZoneOperationsClient(**kw),
-            "region_operations": compute_v1.RegionOperationsClient(**kw),
-            "global_operations": compute_v1.GlobalOperationsClient(**kw),
+            "zone_operations": guard(compute_v1.ZoneOperationsClient(**kw)),
+            "region_operations": guard(compute_v1.RegionOperationsClient(**kw)),
+            "global_operations": guard(compute_v1.GlobalOperationsClient(**kw)),
         }
         for client in made:
             getattr(client._transport, "_extended_operations_services", {}).update(ops)
@@ -90,15 +100,16 @@ def call(api: Api, what: str, fn: Callable[..., T], /, **kw: Any) -> T:
     except CloudError:
         raise
     except Exception as e:
-        raise compute_error(what, e) from None
+        raise compute_error(what, e, api) from None
 
 
 # Calls that only read need a viewer role; the others change instances, templates, policies or groups.
 _READS = ("get", "list", "search", "guest attributes", "poll")
 
 
-def compute_error(what: str, e: Exception) -> Exception:
-    """A Compute API exception -> a TpuopsError; a 403 names the role (as the TPU path does)."""
+def compute_error(what: str, e: Exception, api: Api | None = None) -> CloudError:
+    """A Compute API exception -> a TpuopsError; a 403 names the role (as the TPU path does); anything else
+    (a web page, cut JSON, no answer in time) -> `answers.failure`'s one line."""
     from google.api_core import exceptions as gexc
 
     if isinstance(e, gexc.NotFound):
@@ -112,8 +123,8 @@ def compute_error(what: str, e: Exception) -> Exception:
         )
         return PermissionDeniedError(f"Compute API {what}: permission denied: {short_error(e)}", hint=hint)
     if isinstance(e, gexc.GoogleAPICallError):
-        return CloudError(f"Compute API {what}: {short_error(e)}")
-    return e
+        return CloudError(f"Compute API {what}: {short_error(e)}", hint=page_hint(e, api, "Compute API"))
+    return failure("Compute API", what, e, *limits_of(api, "Compute API"))
 
 
 def wait_op(api: Api, op: Any, what: str, timeout: float) -> None:
@@ -138,7 +149,7 @@ def wait_op(api: Api, op: Any, what: str, timeout: float) -> None:
         detail = _op_errors(op)  # the operation's own errors[] (code, message) say more than its HTTP status
         if detail:
             raise CloudError(f"{what}: {detail}") from None
-        raise compute_error(what, e) from None
+        raise compute_error(what, e, api) from None
     detail = _op_errors(op)
     if detail:
         raise CloudError(f"{what}: {detail}")
@@ -162,7 +173,7 @@ def _session(endpoint: str | None) -> Any:
     emulator, Application Default Credentials otherwise)."""
     from google.auth.transport.requests import AuthorizedSession
 
-    return AuthorizedSession(credentials(endpoint))
+    return guard_session(AuthorizedSession(credentials(endpoint)))
 
 
 def read(api: Api, what: str, path: str, params: dict[str, str] | None = None, method: str = "GET") -> Any:
@@ -188,7 +199,7 @@ def read(api: Api, what: str, path: str, params: dict[str, str] | None = None, m
     except CloudError:
         raise
     except Exception as e:
-        raise compute_error(what, e) from None
+        raise compute_error(what, e, api) from None
 
 
 def pages(api: Api, what: str, path: str, params: dict[str, str] | None = None) -> list[Any]:

@@ -11,7 +11,7 @@ from tpuops.cloud.backends import Listing, backend_of
 from tpuops.cloud.client import Api, ApiNotFoundError, Notify, connect
 from tpuops.cloud.keys import default_user
 from tpuops.cloud.tpu_api import VmInfo
-from tpuops.cloud.vm_state import find_in_zone, get_vm, list_all, search
+from tpuops.cloud.vm_state import broken, find_in_zone, get_vm, list_all, search
 from tpuops.cloud.zone_cache import _cached, cached_zone, remember_zone
 
 __all__ = ["Reach", "cached_zone", "find_vm", "locate_workers", "reach", "remember_zone"]
@@ -49,8 +49,8 @@ def _there(api: Api, zones: list[str], listing: Listing | None = None) -> tuple[
     """(the VMs of every backend in `zones` (all when empty), TPU zones searched): a not-found's hint.
     Raises only when every API failed."""
     vms, searched, errors = list_all(api, zones, listing)
-    if errors and not vms and len(errors) > 1:
-        raise errors[0]
+    if broken(errors) or (errors and not vms and len(errors) > 1):
+        raise (broken(errors) or errors)[0]
     return vms, len(searched)
 
 
@@ -71,8 +71,8 @@ def find_vm(api: Api, name: str, zone: str | None) -> VmInfo:
     listing = Listing([])
     hits, errors = search(api, name, listing)
     if not hits:
-        if errors and len(errors) > 1:  # no API answered: say why
-            raise errors[0]
+        if broken(errors) or (errors and len(errors) > 1):  # an API did not answer: say why, not "not found"
+            raise (broken(errors) or errors)[0]
         vms, n_zones = _there(api, [], listing)
         raise _not_found(name, f"any of {n_zones} zones of project {api.project}", vms, hint_zone=False)
     if len(hits) > 1:

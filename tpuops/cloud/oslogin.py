@@ -53,10 +53,11 @@ def client(endpoint: str | None) -> tuple[Any, Any]:
     """(OsLoginServiceClient over REST, its credentials): anonymous against an emulator endpoint."""
     from google.cloud import oslogin_v1
 
+    from tpuops.cloud.answers import guard
     from tpuops.cloud.client import client_kwargs
 
     kw = client_kwargs(endpoint)
-    return oslogin_v1.OsLoginServiceClient(**kw), kw["credentials"]
+    return guard(oslogin_v1.OsLoginServiceClient(**kw)), kw["credentials"]
 
 
 def import_key(
@@ -84,6 +85,11 @@ def import_key(
         ) from None
     except gexc.GoogleAPICallError as e:
         raise CloudError(f"OS Login import of your SSH key for {who}: {short_error(e)}") from None
+    except Exception as e:  # a web page, cut JSON, no answer in time: one line (answers.failure)
+        from tpuops.cloud.answers import call_limits, failure
+
+        raise failure("OS Login", f"import of your SSH key for {who}", e, "oslogin.googleapis.com",
+                      call_limits()) from None  # fmt: skip
     accounts = list(resp.login_profile.posix_accounts)
     if not accounts:
         raise CloudError(

@@ -239,7 +239,9 @@ def wait_op(api: Api, op: Any, what: str, timeout: float) -> Any:
         raise
     except gexc.GoogleAPICallError as e:
         if not op.operation.done:  # the poll itself failed (a 403...), not the operation
-            raise api_error(f"poll {what}", e) from None
+            raise api_error(f"poll {what}", e, api) from None
+    except Exception as e:  # a web page, cut JSON, no answer in time: one line (answers.failure)
+        raise api_error(f"poll {what}", e, api) from None
     return op.operation  # done; an operation that failed carries its `error` (the caller reads it)
 
 

@@ -73,6 +73,12 @@ def list_all(
     return sorted(found, key=lambda v: (v.zone, v.name)), listing.searched, errors
 
 
+def broken(errors: list[CloudError]) -> list[CloudError]:
+    """The errors of APIs that did not answer as an API does (a web page, cut JSON, nothing in time, a 5xx):
+    what they hold is unknown, not absent. A refusal (403: no role, the API disabled) or a 404 is not one."""
+    return [e for e in errors if not isinstance(e, PermissionDeniedError | ApiNotFoundError)]
+
+
 def search(api: Api, name: str, listing: Listing) -> tuple[list[VmInfo], list[CloudError]]:
     """(VMs named `name` in any zone, the errors of the APIs that failed): every backend's `find` at once."""
     return _each(api, listing, "find", name)

@@ -35,18 +35,45 @@ class ApiTarget:
 def list_(target: ApiTarget, zones: list[str], notify: Notify) -> tuple[list[VmInfo], list[str]]:
     """Every backend's VMs (tpuops.cloud.backends) in `zones` (none: every zone): the Cloud TPU API's zones in
     parallel, Compute Engine's two aggregated lists at once; a multislice is one VM with its slices. One API
-    failing while another answers is a note, not an error."""
-    from tpuops.cloud.vm_state import list_all
+    refusing (no role, disabled) while another answers is a note, not an error; one that answers broken (a web
+    page, cut JSON, nothing in time) is an error: its VMs would be missing from the list without a word."""
+    from tpuops.cloud.vm_state import broken, list_all
 
     api, _ = target.resolve(notify)
     for z in zones:
         check_zone(z, api.endpoint, api)
     found, searched, errors = list_all(api, list(zones))
+    if failed := broken(errors):  # an API that answered a web page, cut JSON or nothing: its VMs are unknown
+        raise failed[0]
     if errors and not found and len(errors) > 1:
         raise errors[0]
     for skipped in errors:
         notify(f"skipped: {skipped.message}")
     return found, sorted(set(searched) | set(zones) | {v.zone for v in found})
+
+
+# A MIG's base instance name: its instances are named BASE-xxxx; Compute Engine takes at most 58 characters.
+MIG_BASE_MAX = 58
+
+
+def check_made_names(name: str, slices: int, *, mig: bool) -> None:
+    """The names `vm create NAME` makes fit the API's 63 characters (exit 2 before any call): a multislice's
+    nodes NAME-0..NAME-(N-1); a MIG's instances NAME-xxxx (and its NAME-tpl, NAME-wp)."""
+    from tpuops.config.validators import NODE_NAME
+
+    last = f"{name}-{slices - 1}" if slices > 1 else name
+    if slices > 1 and not NODE_NAME.fullmatch(last):
+        raise UsageError(
+            f"NAME {name!r} with --slices {slices}: its last slice would be {last!r}, over the 63 characters a "
+            "TPU VM name may have",
+            hint=f"a name of at most {62 - len(str(slices - 1))} characters",
+        )
+    if mig and len(name) > MIG_BASE_MAX:
+        raise UsageError(
+            f"NAME {name!r} is {len(name)} characters: a multi-host Compute Engine slice (a MIG) names its "
+            f"instances NAME-xxxx, and Compute Engine takes at most {MIG_BASE_MAX} for NAME",
+            hint=f"a name of at most {MIG_BASE_MAX} characters",
+        )
 
 
 def describe(target: ApiTarget, name: str, notify: Notify) -> tuple[VmInfo, dict[str, str] | None]:
@@ -104,6 +131,7 @@ def create(
         )
     if which == "tpu" and image:
         raise UsageError("--image is for Compute Engine TPU VMs", hint="add --api compute, or drop --image")
+    check_made_names(name, slices, mig=which == "compute" and acc.hosts > 1)
     endpoint = target.api_endpoint or cfg.api_endpoint
     default_zone = target.zone or cfg.zone
     wanted: list[str] = list(zones or ([default_zone] if default_zone else []))

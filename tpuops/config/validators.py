@@ -16,15 +16,19 @@ ZONE = re.compile(r"[a-z]+(?:-[a-z]+)*[0-9]+-[a-z]")
 # older projects may carry a domain prefix (`example.com:my-project`).
 PROJECT = re.compile(r"(?:[a-z0-9][-a-z0-9.]*[a-z0-9]:)?[a-z][-a-z0-9]{4,28}[a-z0-9]")
 
+# A region (`us-east1`), as `fit --region` prices in; a zone is taken there too.
+REGION = re.compile(r"[a-z]+(?:-[a-z]+)*[0-9]+(?:-[a-z])?")
+
 _RULES = {
     "vm": (NODE_NAME, "a lower-case letter, then lower-case letters, digits or -, at most 63 characters"),
     "zone": (ZONE, "a zone such as us-east1-d or europe-west4-a"),
     "project": (PROJECT, "a project id: 6-30 lower-case letters, digits or -, starting with a letter"),
+    "region": (REGION, "a region such as us-east1 or europe-west4, or a zone such as us-east1-d"),
 }
 
 
 def name(kind: str, value: str | None, where: str) -> str | None:
-    """`value` if it is a valid `kind` ("vm", "zone", "project") name; None passes (not given)."""
+    """`value` if it is a valid `kind` ("vm", "zone", "project", "region") name; None passes (not given)."""
     if value is None:
         return None
     pattern, rule = _RULES[kind]

@@ -102,6 +102,7 @@ def cloud(cloud_session: Cloud, monkeypatch: pytest.MonkeyPatch) -> Iterator[Clo
     with model.lock:
         model.faults.unavailable = 0
         model.faults.capacity.clear()
+        model.faults.answers.clear()
         made = [model.nodes[n] for n in set(model.nodes) - before]
         instances = [compute.instances[n] for n in set(compute.instances) - before_compute["instances"]]
         for table in ("migs", "templates", "policies"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -37,8 +38,8 @@ def test_precedence_flag_then_environment_then_gcloud_file(
 
 
 def test_default_configuration_without_active_config(gcloud_dir: Path) -> None:
-    (gcloud_dir / "configurations" / "config_default").write_text("[core]\nproject = dflt\n")
-    assert resolve_project(None, None) == ("dflt", "gcloud config")
+    (gcloud_dir / "configurations" / "config_default").write_text("[core]\nproject = dflt-project\n")
+    assert resolve_project(None, None) == ("dflt-project", "gcloud config")
 
 
 def test_no_project_anywhere(gcloud_dir: Path) -> None:
@@ -59,7 +60,8 @@ def test_unreachable_endpoint_is_retried_then_reported(gcloud_dir: Path) -> None
     notes: list[str] = []
     api = connect(None, "http://127.0.0.1:9", notes.append)  # port 9 (discard): nothing listens
     api.backoff_s = 0.01
-    with pytest.raises(CloudError, match="list zones: still failing after 5 retries: ConnectionError") as e:
+    said = "list zones: still failing after 5 retries: the connection to 127.0.0.1:9 failed or was cut"
+    with pytest.raises(CloudError, match=re.escape(f"{said}: ConnectionError")) as e:
         api.zones()
     assert "http://127.0.0.1:9 is unavailable" in (e.value.hint or "")
     assert len(notes) == 5

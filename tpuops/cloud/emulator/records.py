@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tpuops.cloud.emulator.answers import BrokenAnswers
 from tpuops.cloud.emulator.sshd import SshdWorker
 
 INTERNAL_IP, EXTERNAL_IP = "127.0.0.1", "127.0.0.2"  # two loopback addresses so --internal-ip is testable
@@ -52,13 +53,15 @@ class ApiRequest:
 
 @dataclass
 class Faults:
-    """Faults on request: the next N calls answer `unavailable_code`; N creates fail for capacity."""
+    """Faults on request: the next N calls answer `unavailable_code`; N creates fail for capacity; the next N
+    calls of one API are answered broken (`answers`)."""
 
     unavailable: int = 0
     unavailable_code: int = 503
     capacity: dict[str, int] = field(default_factory=dict)  # zone (or "*") -> creates still to fail
     oslogin_denied: bool = False  # OS Login answers 403 (the caller lacks roles/compute.osLogin)
     iap_denied: bool = False  # IAP refuses tunnels (4033: no roles/iap.tunnelResourceAccessor)
+    answers: BrokenAnswers = field(default_factory=BrokenAnswers)  # HTML, cut-off JSON or no answer at all
 
 
 @dataclass

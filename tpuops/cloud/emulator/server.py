@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from tpuops.cloud.emulator import catalog, compute, compute_routes, metadata, queued
+from tpuops.cloud.emulator import answers, catalog, compute, compute_routes, metadata, queued
 from tpuops.cloud.emulator.model import Model
 from tpuops.cloud.emulator.records import ApiError, ApiRequest
 from tpuops.cloud.zones import EMULATOR_ZONES
@@ -145,6 +145,9 @@ def admin(m: Model, action: str, body: dict[str, Any]) -> dict[str, Any]:
             for flag in ("oslogin_denied", "iap_denied"):
                 if flag in body:
                     setattr(m.faults, flag, bool(body[flag]))
+        if "answers" in body:  # {mode, count, api (tpu, compute, all), code (an HTML page's status)}
+            a = body["answers"]
+            m.faults.answers.set(a.get("api", "all"), a["mode"], int(a["count"]), int(a.get("code", 200)))
     elif action == "catalog":  # a price: {family, region, on_demand, spot} (USD per chip-hour)
         m.catalog.set(body["family"], body["region"], body["on_demand"], body["spot"])
     elif action != "state":
@@ -155,7 +158,11 @@ def admin(m: Model, action: str, body: dict[str, Any]) -> dict[str, Any]:
             "instances": {k: r.status for k, r in m.compute.instances.items()},
             "instanceGroupManagers": sorted(m.compute.migs),
             "queuedResources": {k: q["state"]["state"] for k, q in m.qrs.items()},
-            "faults": {"unavailable": m.faults.unavailable, "capacity": dict(m.faults.capacity)},
+            "faults": {
+                "unavailable": m.faults.unavailable,
+                "capacity": dict(m.faults.capacity),
+                "answers": m.faults.answers.summary(),
+            },
             "requests": len(m.requests),
         }
 
@@ -207,6 +214,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"  # keep-alive: the client reuses connections
     disable_nagle_algorithm = True  # headers and body go out as two writes: Nagle + delayed ACK cost 40 ms
+    _broken: tuple[str, int] | None = None  # this call's broken answer, (mode, code): emulator/answers.py
 
     def _serve(self) -> None:
         url = urlsplit(self.path)
@@ -214,6 +222,7 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         m = self.server.model
+        self._broken = None
         try:
             body = json.loads(raw) if raw else {}
             if url.path.startswith("/admin/"):
@@ -230,6 +239,10 @@ class _Handler(BaseHTTPRequestHandler):
                     )
                     code = m.faults.unavailable_code if m.faults.unavailable > 0 else 0
                     m.faults.unavailable = max(0, m.faults.unavailable - 1)
+                self._broken = m.faults.answers.take(url.path)
+                if self._broken and self._broken[0] == "hang":
+                    answers.send(self, m.faults.answers, *self._broken, b"")
+                    return
                 if code:
                     raise ApiError(
                         code, _STATUS.get(code, "UNAVAILABLE"), "The service is currently unavailable."
@@ -251,6 +264,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, code: int, payload: dict[str, Any]) -> None:
         data = json.dumps(payload).encode()
+        if self._broken:
+            answers.send(self, self.server.model.faults.answers, *self._broken, data)
+            return
         self.send_response(code)
         self.send_header("Content-Type", "application/json; charset=UTF-8")
         self.send_header("Content-Length", str(len(data)))
@@ -310,6 +326,7 @@ class Emulator:
         return self.url
 
     def stop(self) -> None:
+        self.model.faults.answers.clear()  # hung calls let go: their threads end with the server
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
