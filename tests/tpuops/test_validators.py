@@ -113,6 +113,7 @@ NAMED = {
     ("vm", "delete"): ["{vm}", "--yes"],
     ("vm", "wait"): ["{vm}"],
     ("vm", "clean"): ["{vm}"],
+    ("vm", "autostop"): ["{vm}", "30m"],
     ("fit",): ["qwen2.5-3b-v6e-8"],
     ("emulator", "serve"): ["--state-dir", "{file}/state"],
     ("emulator", "fault", "capacity"): ["{zone}"],

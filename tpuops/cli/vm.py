@@ -220,6 +220,7 @@ def autostop(
     deletes) the VM once no run has held it for DURATION. The setting is kept in the VM's metadata; each run's
     start starts the watcher again. `tpuops vm describe NAME` shows when it will act.
 
+    \b
     Examples:
       tpuops vm autostop mllm-jax-v6e-8 30m
       tpuops vm autostop mllm-jax-v6e-8 2h --autostop-action delete
