@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpuops.logs.actions import Fetch, Follow
+from tpuops.transport.base import LineSink
 
 DOING = "tpuops-doing: "  # a progress line of a Command with `progress` (not kept in the step's detail)
 
@@ -78,3 +80,13 @@ def render_plan(plan: list[tuple[str, dict[int, list[Action]]]]) -> str:
                 lines.append(f"[w{worker}] {head}")
                 lines.extend(f"[w{worker}]   {r}" for r in rest)
     return "\n".join(lines) + "\n"
+
+
+def progress_sink(doing: Callable[[str], None]) -> LineSink:
+    """A command's `tpuops-doing: WHAT` lines, as they come, to the live status; other lines stay unshown."""
+
+    def sink(w: int, text: str) -> None:
+        if text.startswith(DOING):
+            doing(text[len(DOING) :].strip()[:80])
+
+    return sink

@@ -12,16 +12,19 @@ from typing import Any
 
 from tpuops import shell
 from tpuops.config import secrets
-from tpuops.errors import TpuopsError, error_class
+from tpuops.errors import TpuopsError
 from tpuops.logs.events import Event
 from tpuops.logs.follow import Follower, Readings
 from tpuops.shell import MIN_SECRET_CHARS, Redactor
 from tpuops.sop import claim, ports
-from tpuops.sop.actions import DOING, Action, Command, Fetch, Follow, Upload
+from tpuops.sop.actions import Action, Command, Fetch, Follow, Upload, progress_sink
 from tpuops.sop.loader import Sop
-from tpuops.sop.model import Outcome, PlanContext, Step, markers
+from tpuops.sop.locks import RunLock
+from tpuops.sop.model import Outcome, PlanContext, Step
+from tpuops.sop.reports import Preview, SopReport, StepReport
+from tpuops.sop.rules import CHECKS_TITLE, LOCK_TITLE, claims, consistency, died_of_a_signal
 from tpuops.sop.status import FAILED
-from tpuops.transport.base import CmdResult, Kind, LineSink, Transport
+from tpuops.transport.base import CmdResult, LineSink, Transport
 
 SKIP_REST = "tpuops: same"  # a check command printing this makes the rest of the step unnecessary
 
@@ -29,107 +32,7 @@ Plan = list[tuple[str, dict[int, list[Action]]]]
 
 
 @dataclass
-class StepReport:
-    title: str
-    kind: str
-    outcomes: dict[int, Outcome] = field(default_factory=dict)
-    results: dict[int, list[CmdResult]] = field(default_factory=dict)
-    duration_s: float = 0.0
-    error_kind: dict[int, str] = field(default_factory=dict)  # worker -> TpuopsError.kind
-
-    @property
-    def failed(self) -> dict[int, Outcome]:
-        return {w: o for w, o in sorted(self.outcomes.items()) if o.status in FAILED}
-
-
-@dataclass
-class SopReport:
-    sop: str
-    run_id: str
-    transport: str
-    workers: list[int]
-    steps: list[StepReport] = field(default_factory=list)
-    duration_s: float = 0.0
-    # Ctrl-C: "detached" (the job goes on; attach/stop it by its run id) or "interrupted" (before any job
-    # started: nothing was left running); None when the SOP ran to its end.
-    interrupted: str | None = None
-    # What the end of the SOP stopped on a worker that a step of this run still ran there (Ctrl-C during a git
-    # sync: "step git_sync of run R"), by worker.
-    stopped_at_end: dict[int, str] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return all(not s.failed for s in self.steps)
-
-    def to_dict(self, code: int) -> dict[str, Any]:
-        """The steps' part of the --json report (run/launch's RunResult adds the log, hint and recoveries);
-        holds no secret: details are redacted."""
-        failure = self.first_failure()
-        return {
-            "sop": self.sop,
-            "run_id": self.run_id,
-            "transport": self.transport,
-            "workers": self.workers,
-            "ok": code == 0,
-            "exit_code": code,
-            "failure": None
-            if failure is None
-            else {
-                "step": failure[0].title,
-                "worker": failure[1],
-                "status": failure[2].status,
-                "detail": failure[2].detail,
-            },
-            "duration_s": round(self.duration_s, 3),
-            "steps": [
-                {
-                    "title": s.title,
-                    "kind": s.kind,
-                    "duration_s": round(s.duration_s, 3),
-                    "workers": {
-                        str(w): {"status": o.status, "detail": o.detail, **o.data}
-                        for w, o in sorted(s.outcomes.items())
-                    },
-                }
-                for s in self.steps
-            ],
-            "error_class": error_class(code),
-            "interrupted": self.interrupted,
-        }
-
-    def first_failure(self) -> tuple[StepReport, int, Outcome] | None:
-        for s in self.steps:
-            for w, o in s.failed.items():
-                if o.status != "cancelled":
-                    return s, w, o
-        return None
-
-
-@dataclass(frozen=True)
-class Preview:
-    """What a dry run read, read-only, on one worker for one step (git sync: the files it would discard)."""
-
-    step: str
-    worker: int
-    found: list[str]
-    error: str | None = None  # the worker could not be read: why (the plan stands; this part is unknown)
-    words: tuple[str, str] = ("found", "nothing found")  # the step's preview_words
-
-    def line(self) -> str:
-        if self.error is not None:
-            return f"w{self.worker} {self.step}: not read ({self.error})"
-        shown = ", ".join(f.strip() for f in self.found[:20]) + (
-            f" and {len(self.found) - 20} more" if len(self.found) > 20 else ""
-        )
-        return (
-            f"w{self.worker} {self.step}: {self.words[0]}: {shown}"
-            if self.found
-            else (f"w{self.worker} {self.step}: {self.words[1]}")
-        )
-
-
-@dataclass
-class Executor:
+class Executor(RunLock):
     transport: Transport
     parallel: int = 16
     keep_going: bool = False
@@ -297,66 +200,6 @@ class Executor:
         return report
 
     # -- the run lock and the checks before anything changes ----------------------------------------------
-    def _claim_command(self, sop: Sop, w: int, n: int, run_id: str, values: dict[str, object]) -> Command:
-        from tpuops.sop.runs import Run, run_dir
-
-        ctx = self._ctx(sop, w, n, run_id, values)
-        run = next((s for s in sop.steps if isinstance(s, Run)), None)
-        runs = ctx.raw(run.runs_dir) if run else str(values.get("runs_dir", "~/tpuops/runs"))
-        script = claim.claim_script(
-            run_id, shell.path(run_dir(runs, run_id)), shell.path(runs), w, force=self.force
-        )
-        what = f"take the run lock ~/.tpuops-run.lock for run {run_id}" + (
-            " (--force: stop its holder)" if self.force else ""
-        )
-        return Command(script, timeout=60, cancellable=False, what=what)
-
-    def _claim(
-        self, pool: ThreadPoolExecutor, sop: Sop, values: dict, run_id: str, workers: list[int]
-    ) -> StepReport:
-        """The lock on the first worker, then on the others: of two runs started at once, the one that gets
-        the first worker's lock is the one that starts; the other is refused there, before it takes any."""
-        t0 = time.monotonic()
-        sr = StepReport(LOCK_TITLE, "lock")
-        n = len(self.transport.workers)
-
-        def one(w: int) -> None:
-            try:
-                r = self._run_actions(w, [self._claim_command(sop, w, n, run_id, values)], threading.Event())
-                sr.results[w] = r
-                sr.outcomes[w] = claim_outcome(r[-1])
-            except TpuopsError as e:
-                sr.outcomes[w] = Outcome("failed", self.redact(e.line()))
-                sr.error_kind[w] = e.kind
-
-        first, rest = workers[0], workers[1:]
-        one(first)
-        if sr.outcomes[first].status in FAILED:
-            for w in rest:
-                sr.outcomes[w] = Outcome("skipped", f"not tried: refused on w{first}")
-        else:
-            list(pool.map(one, rest))
-        sr.duration_s = time.monotonic() - t0
-        return sr
-
-    def _lost(self, w: int, run_id: str) -> bool:
-        """Whether the run lost the worker's lock (`tpuops stop`): asked after a step failed there."""
-        try:
-            return claim.LOST in self.transport.run(w, claim.lost_script(run_id), timeout=30).stdout
-        except TpuopsError:
-            return False
-
-    def _release(self, w: int, run_id: str) -> str | None:
-        """The lock given back; what of the run it had to stop there (a step still running), if anything."""
-        try:
-            r = self.transport.run(w, claim.release_script(run_id, w), timeout=30)
-        except TpuopsError:
-            return None  # unreachable now: the lock's stand-in holder ends by itself (CLAIM_TTL_S), or `tpuops stop`
-        return next(
-            (m["_"].removeprefix("stopped ") for m in markers(r.stdout) if m["_"].startswith("stopped step")),
-            None,
-        )
-
     def _check_actions(
         self, sop: Sop, w: int, n: int, run_id: str, values: dict[str, object]
     ) -> list[Action]:
@@ -396,58 +239,6 @@ class Executor:
         list(pool.map(one, workers))
         sr.duration_s = time.monotonic() - t0
         return sr if sr.failed else None
-
-    def _stop_started(
-        self,
-        pool: ThreadPoolExecutor,
-        sr: StepReport,
-        step: Step,
-        sop: Sop,
-        values: dict,
-        run_id: str,
-        holding: set[int],
-    ) -> None:
-        """All or none: the start failed on some worker, so the jobs it started on the others are stopped
-        (SIGTERM to the process group, SIGKILL after 10 s) and their locks given back. So is a job on a
-        worker whose start ended without its answer (a lost connection, a killed shell, a timeout): it may
-        have started there."""
-        from tpuops.sop.runs import run_dir
-
-        n = len(self.transport.workers)
-        bad = ", ".join(f"w{w}" for w, o in sr.outcomes.items() if o.status in FAILED)
-        unsure = {w for w, o in sr.outcomes.items() if o.status in FAILED and not _start_refused(sr, w)}
-
-        def one(w: int) -> None:
-            ctx = self._ctx(sop, w, n, run_id, values)
-            rd = shell.path(run_dir(ctx.raw(getattr(step, "runs_dir", "~/tpuops/runs")), run_id))
-            try:
-                r = self.transport.run(w, claim.stop_started_script(run_id, rd, w), timeout=60)
-            except TpuopsError:
-                r = None
-            ok = r is not None and r.ok
-            if w in unsure:
-                was = sr.outcomes[w]
-                said = markers(r.stdout) if r is not None and ok else []
-                stopped = [m["pid"] for m in said if m["_"].startswith("stopped")]
-                end = (
-                    f"its job had started (pid {stopped[0]}) and was stopped"
-                    if stopped
-                    else "no job of it runs there"
-                    if ok
-                    else f"whether its job started there is unknown: tpuops stop {run_id}"
-                )
-                sr.outcomes[w] = Outcome(was.status, f"{was.detail}; {end}", was.data)
-                return
-            pid = sr.outcomes[w].data["pid"]
-            if ok:
-                detail = f"started pid {pid}, then stopped: the start failed on {bad}"
-                sr.outcomes[w] = Outcome("cancelled", detail, {"pid": pid, "stopped": True})
-                holding.discard(w)
-            else:
-                detail = f"started pid {pid}; the start failed on {bad} and stopping it failed: tpuops stop {run_id}"
-                sr.outcomes[w] = Outcome("failed", detail, {"pid": pid})
-
-        list(pool.map(one, sorted(holding | unsure)))
 
     def _env_hashes(
         self, pool: ThreadPoolExecutor, sop: Sop, step: Step, values: dict, run_id: str, workers: list[int]
@@ -495,7 +286,7 @@ class Executor:
                 results = self._run_actions(w, actions, cancel, doing)
                 lost = [r for r in results if r.exit_code == claim.LOST_EXIT and claim.LOST in r.stdout]
                 outcome = step.outcome(results) if results or not actions else Outcome("ok")
-                killed = outcome.status in FAILED and bool(results) and _killed(results[-1])
+                killed = outcome.status in FAILED and bool(results) and died_of_a_signal(results[-1])
                 if claims(sop) and (lost or (killed and self._lost(w, run_id))):
                     what = lost[0].stderr.strip() if lost else "tpuops stop ended this step"
                     outcome = Outcome("failed", f"stopped: {what}", {"stopped": True})
@@ -524,7 +315,7 @@ class Executor:
                 env = {**action.env, **self._secret_values(action.secret_env)}
                 show: LineSink | None = self._show if action.stream and self.on_line else None
                 if action.progress and doing is not None and show is None:
-                    show = _progress_sink(doing)
+                    show = progress_sink(doing)
                 r = self.transport.run(
                     w,
                     action.script,
@@ -599,112 +390,3 @@ class _Either:
 
     def wait(self, timeout: float | None = None) -> bool:
         return self.own.wait(timeout) or self.outside.is_set()
-
-
-LOCK_TITLE = "run lock"
-CHECKS_TITLE = "checks"
-# Steps that change what a run uses: a SOP with one takes the run lock on every worker first.
-CLAIMING = frozenset({"git_sync", "python_env", "clear_lockfile", "sync_env", "run"})
-
-
-def _killed(r: CmdResult) -> bool:
-    """A command that died of a signal on its worker (as `tpuops stop` ends a step): over SSH no exit status
-    (255, with the transport's words), here a negative return code, or a shell's 128+SIGTERM/SIGKILL."""
-    return r.kind is Kind.EXIT and (
-        r.exit_code < 0 or r.exit_code in (143, 137) or "killed on the worker" in (r.error or "")
-    )
-
-
-def claims(sop: Sop) -> bool:
-    return any(step.kind in CLAIMING for step in sop.steps)
-
-
-def claim_outcome(r: CmdResult) -> Outcome:
-    """The claim script's result on one worker, as the report shows it."""
-    from tpuops.sop.steps import BUSY_EXIT
-
-    found = markers(r.stdout)
-    if r.kind is Kind.EXIT and r.exit_code == BUSY_EXIT:
-        who = ", ".join(f"run {m['run']} (pid {m['pid']})" for m in found if m["_"].startswith("active"))
-        return Outcome("busy", f"{who} is active on this worker (use --force to stop it)", {"active": who})
-    if not r.ok:
-        if "No space left on device" in r.stderr:
-            return Outcome("failed", "no space left on device for the run lock in the home directory")
-        return Step.model_construct(kind="lock").outcome([r])
-    stopped = [f"run {m['run']} (pid {m['pid']})" for m in found if m["_"].startswith("stopped run=")]
-    steps = [m["_"].removeprefix("stopped ") for m in found if m["_"].startswith("stopped step ")]
-    also = "".join(f"; stopped {s}, which it had left running" for s in steps)
-    stale = [
-        f"{m['run']} ({STALE.get(m.get('why', ''), 'its holder is gone')})"
-        for m in found
-        if m["_"].startswith("stale")
-    ]
-    if stopped:
-        return Outcome("changed", f"stopped {', '.join(stopped)}{also}; lock taken", {"stopped": stopped})
-    if stale:
-        return Outcome("changed", f"took over the stale lock of run {', '.join(stale)}{also}")
-    return Outcome("ok", "lock taken")
-
-
-STALE = {  # why a lock's holder is gone (sop/claim.py's claim script says which)
-    "gone": "its holder is gone",
-    "reused": "its pid now belongs to another process, left as it is",
-    "reboot": "taken before the worker rebooted",
-}
-
-
-CONSISTENT = ("sha", "versions", "env_sha")  # what must be identical on every worker before a run starts
-
-
-def consistency(
-    steps: list[StepReport], workers: list[int], env: dict[int, str] | None = None
-) -> StepReport | None:
-    """Refuse to start a multi-worker run when workers differ in code, .env or Python/JAX versions.
-
-    `env`: each worker's own .env hash as read just now (it wins over what earlier steps reported).
-    """
-    seen: dict[int, dict[str, object]] = {w: {} for w in workers}
-    for s in steps:
-        for w, o in s.outcomes.items():
-            if w in seen:
-                seen[w].update({k: o.data[k] for k in CONSISTENT if k in o.data})
-    for w, digest in (env or {}).items():
-        if w in seen:
-            seen[w]["env_sha"] = digest
-    diffs: dict[int, list[str]] = {w: [] for w in workers}
-    for key in CONSISTENT:
-        values = {w: d.get(key) for w, d in seen.items() if key in d}
-        if len({repr(v) for v in values.values()}) > 1:
-            ref = values[min(values)]
-            for w, v in values.items():
-                if v != ref:
-                    diffs[w].append(f"{key} {_short(v)} (w{min(values)} has {_short(ref)})")
-    if not any(diffs.values()):
-        return None
-    sr = StepReport("preflight consistency", "preflight")
-    for w in workers:
-        sr.outcomes[w] = Outcome("failed", "; ".join(diffs[w])) if diffs[w] else Outcome("ok", "matches w0")
-    return sr
-
-
-def _short(v: object) -> str:
-    if isinstance(v, dict):
-        return " ".join(f"{k}={x}" for k, x in v.items())
-    return str(v)
-
-
-def _progress_sink(doing: Callable[[str], None]) -> LineSink:
-    """A command's `tpuops-doing: WHAT` lines, as they come, to the live status; other lines stay unshown."""
-
-    def sink(w: int, text: str) -> None:
-        if text.startswith(DOING):
-            doing(text[len(DOING) :].strip()[:80])
-
-    return sink
-
-
-def _start_refused(sr: StepReport, w: int) -> bool:
-    """The start script's own failure (exit 1, having started nothing or stopped what it started), not a start
-    that ended without its answer."""
-    results = sr.results.get(w) or []
-    return bool(results) and results[-1].kind is Kind.EXIT and results[-1].exit_code == 1
