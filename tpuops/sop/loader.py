@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -12,8 +11,17 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from tpuops.errors import UsageError
-from tpuops.sop.model import BUILTINS, TEMPLATE, TRAINER_KEY, Param, Step, suggest
+from tpuops.sop.model import Step, suggest
 from tpuops.sop.procedure import STEP_KINDS, Fragment, Include, Sop, Validate
+from tpuops.sop.validate import (
+    SAFE_LOADER,
+    Where,
+    check_kinds,
+    check_overrides,
+    check_templates,
+    explain,
+    line_of,
+)
 
 __all__ = [
     "STEP_KINDS", "Sop", "Validate", "find", "list_sops", "load", "scan_sops", "search_dirs", "sops_dir",
@@ -21,9 +29,6 @@ __all__ = [
 ]  # fmt: skip
 
 FRAGMENTS = "fragments"  # sops/fragments/: files SOPs include, never listed or run as SOPs
-# libyaml's parser where PyYAML was built with it (the wheels are): the same documents and errors as the pure-Python
-# SafeLoader at a fraction of the CPU (`tpuops sop list` reads every SOP and fragment; docs/performance.md).
-_SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def sops_dir() -> Path:
@@ -92,15 +97,15 @@ def load(path: Path) -> Sop:
         data = _extend(path, data)
     sop, where = _compose(path, text, data, Sop, (path.resolve(),))
     assert isinstance(sop, Sop)
-    _check_overrides(sop, where)
-    _check_templates(sop, where)
+    check_overrides(sop, where)
+    check_templates(sop, where)
     return sop
 
 
 def _read(path: Path, shape: str) -> tuple[str, dict]:
     text = path.read_text()
     try:
-        data = yaml.load(text, Loader=_SAFE_LOADER)
+        data = yaml.load(text, Loader=SAFE_LOADER)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
@@ -116,7 +121,7 @@ def _extend(path: Path, data: dict) -> dict:
     # A user SOP may extend the built-in it shadows (sops/recompile-check.yaml: `extends: recompile-check`).
     own = path.stem == name and path.parent.resolve() != sops_dir().resolve()
     base_path = find(name, [sops_dir()] if own else [path.parent, sops_dir()])
-    base = yaml.load(base_path.read_text(), Loader=_SAFE_LOADER)
+    base = yaml.load(base_path.read_text(), Loader=SAFE_LOADER)
     if "extends" in base:
         base = _extend(base_path, base)
     child = {k: v for k, v in data.items() if k != "extends"}
@@ -126,27 +131,14 @@ def _extend(path: Path, data: dict) -> dict:
     return {**base, **child, "params": params}
 
 
-@dataclass
-class _Where:
-    """Which file (and text, for line numbers) declared each parameter and each step, for error messages."""
-
-    texts: dict[Path, str] = field(default_factory=dict)
-    params: dict[str, Path] = field(default_factory=dict)
-    raw: dict[str, dict] = field(default_factory=dict)  # the merged declarations, as YAML gave them
-    steps: list[tuple[Path, int]] = field(default_factory=list)  # (file, index in that file's steps)
-
-    def at(self, path: Path, loc: list) -> str:
-        return f"{path}:{_line(self.texts[path], loc)}"
-
-
 def _compose(
     path: Path, text: str, data: dict, model: type[BaseModel], stack: tuple[Path, ...]
-) -> tuple[BaseModel, _Where]:
+) -> tuple[BaseModel, Where]:
     """Validate one file (a SOP or a fragment) and splice in its includes: a fragment's params join this
     file's, its steps take the place of the `- include:` entry."""
-    where = _Where(texts={path: text})
+    where = Where(texts={path: text})
     entries = data.get("steps")
-    slots: list[int | tuple[BaseModel, _Where]] = []  # per entry: an own step's index, or a fragment
+    slots: list[int | tuple[BaseModel, Where]] = []  # per entry: an own step's index, or a fragment
     own: list[Any] = []
     own_index: list[int] = []  # own step -> its index among the file's entries
     for i, entry in enumerate(entries if isinstance(entries, list) else []):
@@ -163,7 +155,7 @@ def _compose(
     params = data.get("params") or {}
     for name, decl in params.items() if isinstance(params, dict) else []:
         _merge_param(where, name, decl, path, text)
-    _check_kinds(path, text, own, own_index)
+    check_kinds(path, text, own, own_index)
     body = dict(data)
     if isinstance(entries, list):
         body["steps"] = own
@@ -172,7 +164,7 @@ def _compose(
     try:
         result = model.model_validate(body)
     except ValidationError as e:
-        raise UsageError(_explain(path, text, data, e, own_index, model)) from None
+        raise UsageError(explain(path, text, data, e, own_index, model)) from None
     steps: list[Step] = []
     for slot in slots:
         if isinstance(slot, int):
@@ -184,9 +176,9 @@ def _compose(
     return result.model_copy(update={"steps": steps}), where
 
 
-def _include(path: Path, text: str, i: int, entry: dict, stack: tuple[Path, ...]) -> tuple[BaseModel, _Where]:
+def _include(path: Path, text: str, i: int, entry: dict, stack: tuple[Path, ...]) -> tuple[BaseModel, Where]:
     """The fragment a `- include: NAME` entry names, loaded (with its own includes) and validated."""
-    at = f"{path}:{_line(text, ['steps', i])}"
+    at = f"{path}:{line_of(text, ['steps', i])}"
     for key in entry:
         if key not in Include.model_fields:
             raise UsageError(f"{at}: unknown key {key!r} at steps.{i}.{key}{suggest(str(key), ['include'])}")
@@ -221,7 +213,7 @@ def _find_fragment(path: Path, name: str, at: str) -> Path:
     )
 
 
-def _merge_param(where: _Where, name: str, decl: Any, path: Path, text: str) -> None:
+def _merge_param(where: Where, name: str, decl: Any, path: Path, text: str) -> None:
     """A parameter declared by this file or an included fragment. Declared again, it must keep its type;
     the including file may refine the rest (a default, a description), fragments must agree."""
     before = where.raw.get(name)
@@ -229,7 +221,7 @@ def _merge_param(where: _Where, name: str, decl: Any, path: Path, text: str) -> 
         where.raw[name], where.params[name] = decl, path
         return
     first = where.params[name]
-    at = f"{path}:{_line(text, ['params', name])}"
+    at = f"{path}:{line_of(text, ['params', name])}"
     if "type" in decl and decl["type"] != before.get("type", "str"):
         raise UsageError(
             f"{at}: parameter {name!r} is declared as {decl['type']} here and as "
@@ -245,143 +237,6 @@ def _merge_param(where: _Where, name: str, decl: Any, path: Path, text: str) -> 
     where.raw[name] = {**before, **decl}
     if own:
         where.params[name] = path
-
-
-def _check_kinds(path: Path, text: str, steps: list, index: list[int]) -> None:
-    for step, i in zip(steps, index, strict=True):
-        if isinstance(step, dict) and step.get("kind") in STEP_KINDS:
-            continue
-        line = _line(text, ["steps", i])
-        if isinstance(step, dict) and "kind" not in step:
-            close = next(
-                (suggest(str(k), ["kind", "include"]) for k in step if suggest(str(k), ["kind", "include"])),
-                "",
-            )
-            raise UsageError(
-                f"{path}:{line}: steps[{i}] needs kind: (a step) or include: (a fragment){close}"
-            )
-        kind = step.get("kind") if isinstance(step, dict) else None
-        if kind not in STEP_KINDS:
-            raise UsageError(
-                f"{path}:{line}: steps[{i}] has unknown kind {kind!r}{suggest(str(kind), STEP_KINDS)}",
-                hint=f"kinds: {', '.join(STEP_KINDS)}",
-            )
-
-
-def _explain(path: Path, text: str, data: dict, err: ValidationError, index: list[int], model: type) -> str:
-    e = err.errors()[0]
-    loc = [p for p in e["loc"] if p not in STEP_KINDS]  # pydantic puts the union tag in the path
-    if loc[:1] == ["steps"] and len(loc) > 1 and isinstance(loc[1], int):
-        loc[1] = index[loc[1]]  # the entry's index in the file (includes left out before validation)
-    line = _line(text, loc)
-    where = ".".join(str(p) for p in loc)
-    if e["type"] == "extra_forbidden":
-        key = str(loc[-1])
-        return (
-            f"{path}:{line}: unknown key {key!r} at {where}{suggest(key, _model_at(data, loc[:-1], model))}"
-        )
-    return f"{path}:{line}: {where}: {e['msg']} (received {e.get('input')!r})"
-
-
-def _model_at(data: dict, loc: list, model: type[BaseModel]) -> list[str]:
-    if loc[:1] == ["steps"] and len(loc) == 2:
-        kind = data["steps"][loc[1]].get("kind")
-        return list(STEP_KINDS[kind].model_fields)
-    if loc[:1] == ["params"] and len(loc) == 2:
-        return list(Param.model_fields)
-    return list(model.model_fields)
-
-
-def _check_overrides(sop: Sop, where: _Where) -> None:
-    """`overrides:` names a list parameter; `maps_to` names a trainer key (section.key), once, and needs it."""
-    main = next(iter(where.texts))
-    target = sop.params.get(sop.overrides or "")
-    if sop.overrides and (target is None or target.type != "list"):
-        raise UsageError(
-            f"{where.at(main, ['overrides'])}: overrides: {sop.overrides!r} must name a list parameter"
-            f"{suggest(sop.overrides, sop.params)}"
-        )
-    mapped: dict[str, str] = {}
-    for name, p in sop.params.items():
-        if p.maps_to is None:
-            continue
-        at = where.at(where.params[name], ["params", name, "maps_to"])
-        if not TRAINER_KEY.fullmatch(p.maps_to):
-            raise UsageError(
-                f"{at}: params.{name}.maps_to: {p.maps_to!r} is not a trainer key (section.key, e.g. train.steps)"
-            )
-        if p.type == "list":
-            raise UsageError(
-                f"{at}: params.{name}.maps_to: a list parameter cannot stand for one trainer key"
-            )
-        if not sop.overrides:
-            raise UsageError(
-                f"{at}: params.{name}.maps_to needs `overrides:` naming the list parameter the trainer overrides go in"
-            )
-        if p.maps_to in mapped:
-            raise UsageError(
-                f"{at}: params.{name}.maps_to: {p.maps_to} is already the trainer key of {mapped[p.maps_to]!r}"
-            )
-        mapped[p.maps_to] = name
-
-
-def _check_templates(sop: Sop, where: _Where) -> None:
-    """Every `{name}` is a declared parameter (or a built-in); a `maps_to` one reaches the trainer only through
-    the overrides list, never a template as well (one owner per setting)."""
-    main = next(iter(where.texts))
-    known = set(sop.params) | set(BUILTINS) | {"local_python"}
-
-    def check(name: str, what: str) -> None:
-        if name not in known:
-            raise UsageError(
-                f"{what} uses {{{name}}}, which is not a parameter{suggest(name, known)}",
-                hint="declare it under params:",
-            )
-        if sop.params.get(name) and sop.params[name].maps_to:
-            raise UsageError(
-                f"{what} uses {{{name}}}, which maps to {sop.params[name].maps_to}: the trainer gets it through "
-                f"{{{sop.overrides}}} (a template must not pass it a second way)"
-            )
-
-    for check_ in sop.preflight:
-        for word in check_.argv:
-            for m in TEMPLATE.finditer(word):
-                check(m.group(1), f"{main}: preflight")
-    if sop.fit is not None:
-        for text in (sop.fit.config, sop.fit.sets or ""):
-            for m in TEMPLATE.finditer(text):
-                check(m.group(1), f"{main}: fit")
-    for step, (path, i) in zip(sop.steps, where.steps, strict=True):
-        for fname in step.template_fields:
-            for text in _strings(getattr(step, fname)):
-                for m in TEMPLATE.finditer(text):
-                    check(m.group(1), f"{path}: steps[{i}].{fname}")
-
-
-def _strings(value: object) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [v for v in value.values() if isinstance(v, str)]
-    if isinstance(value, list):
-        return [v for v in value if isinstance(v, str)]
-    return []
-
-
-def _line(text: str, loc: list) -> int:
-    """1-based line of the node at `loc` in the YAML text (the closest ancestor that exists)."""
-    node = yaml.compose(text, Loader=_SAFE_LOADER)
-    for i, part in enumerate(loc):
-        if isinstance(node, yaml.MappingNode):
-            pair = next(((k, v) for k, v in node.value if k.value == part), None)
-            if pair is None:
-                break
-            node = pair[0] if i == len(loc) - 1 else pair[1]  # an unknown key: point at the key itself
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            node = node.value[part]
-        else:
-            break
-    return node.start_mark.line + 1 if node is not None else 1
 
 
 def list_sops() -> list[tuple[str, str, str, str]]:
