@@ -236,12 +236,6 @@ def test_the_log_reader_and_transports_import_nothing_from_sop_or_checks() -> No
 # ---- the rooms' bounds ----
 MAX_LINES = 400  # a module past this is split by what it does (docs/architecture.md)
 MAX_LOOSE = 5  # modules sitting directly in tpuops/ besides __init__ and __main__
-# Modules over the bound that are being split now: each reports (xfail) until it is within it, then the
-# test passes and the name comes off this list. Nothing under tpuops/cloud/ may be here.
-SPLITTING = {
-    "tpuops/sop/executor.py", "tpuops/logs/scanner.py", "tpuops/run/launch.py", "tpuops/sop/loader.py",
-    "tpuops/logs/follow.py",
-}  # fmt: skip
 
 
 def _line_count(path: Path) -> int:
@@ -281,20 +275,11 @@ def test_no_cloud_module_is_over_the_bound() -> None:
     assert any(p.is_relative_to(ROOT / "tpuops" / "cloud") for p in _tpuops_modules())
     over = {p: n for p, n in long_modules(ROOT).items() if p.startswith("tpuops/cloud/")}
     assert not over, f"split by responsibility (at most {MAX_LINES} lines): {over}"
-    assert not any(p.startswith("tpuops/cloud/") for p in SPLITTING)
 
 
-@pytest.mark.parametrize(
-    "module",
-    sorted(
-        {*long_modules(ROOT), *SPLITTING} - {p for p in long_modules(ROOT) if p.startswith("tpuops/cloud/")}
-    ),
-)
-def test_module_within_the_bound(module: str) -> None:
-    path = ROOT / module
-    if module in SPLITTING and path.exists() and _line_count(path) > MAX_LINES:
-        pytest.xfail(f"{module} is being split ({_line_count(path) if path.exists() else 0} lines)")
-    assert not path.exists() or _line_count(path) <= MAX_LINES, f"{module}: {_line_count(path)} lines"
+def test_no_module_is_over_the_bound() -> None:
+    over = long_modules(ROOT)
+    assert not over, f"split by responsibility (at most {MAX_LINES} lines): {over}"
 
 
 def test_the_sideways_imports_the_architecture_forbids_are_gone() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import secrets as _secrets
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -12,14 +11,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tpuops import config as user_config
-from tpuops import jsonout
-from tpuops.config import TargetSpec, UserConfig, write_atomic
+from tpuops.config import TargetSpec, UserConfig
 from tpuops.errors import ExitCode, TpuopsError, UsageError
 from tpuops.logs.events import Event, LogReport
 from tpuops.logs.fields import parse_columns
 from tpuops.logs.follow import Readings
 from tpuops.run import autostop, bundled, prepare, profile, tree
 from tpuops.run.result import Planned, RunResult
+from tpuops.run.store import env_values, record_start
 from tpuops.run.target import Target, connect_all, open_transport, resolve, select_workers
 from tpuops.shell import Redactor
 from tpuops.sop import loader
@@ -243,7 +242,7 @@ def _execute(
     sop, values = checked.sop, checked.values
     secret_files = prepare.secret_files(sop, values, cwd)
     # Known before the first step: a worker that already has this .env gets nothing sent, yet its job prints it.
-    redact = Redactor(_env_values(secret_files))
+    redact = Redactor(env_values(secret_files))
     # A dry run changes nothing: its first connection pushes no key (workers that need one are not read).
     transport = open_transport(target.read_only() if req.dry_run else target, redact)
     vm = target.vm
@@ -280,7 +279,7 @@ def _execute(
         dry = SopReport(sop.name, DRY_RUN_ID, transport.name, workers)  # no step ran
         return RunResult(dry, ExitCode.OK, estimate=estimate, planned=planned)
     run_id = req.run_id or new_run_id(sop.name)
-    _record(
+    record_start(
         run_id,
         sop.name,
         target.spec,
@@ -376,64 +375,9 @@ def _connect_step(workers: list[int], unreachable: dict[int, TpuopsError]) -> St
     return step
 
 
-def _env_values(secret_files: list[str]) -> list[str]:
-    """The values of the run's local .env files (read leniently: these are only for redaction)."""
-    from tpuops.config import secrets
-
-    return [
-        v for f in map(Path, secret_files) if f.is_file() for v in secrets.parse(f.read_bytes())[0].values()
-    ]
-
-
 def _worker_env_files(sop: loader.Sop, values: dict[str, object], cwd: Path) -> list[str]:
     """Where sync_env puts the .env on the workers (`attach` reads it back: store.learn_sent_env)."""
     from tpuops.sop.steps import SyncEnv
 
     ctx = prepare.plan_context(values, cwd)
     return [ctx.raw(s.dest) for s in sop.steps if isinstance(s, SyncEnv)]
-
-
-def _secret_digests(secret_files: list[str]) -> dict[str, object]:
-    """What the run's .env values were, kept as keyed hashes of each printed form (never a value): `attach` and
-    `logs` still redact them after the local .env changed (shell.Redactor.add_hashed)."""
-    from tpuops.shell import secret_digest, secret_forms
-
-    key = _secrets.token_bytes(16)
-    forms = sorted(
-        {(len(s), secret_digest(key, s)) for v in _env_values(secret_files) for s in secret_forms(v)}
-    )
-    return {"key": key.hex(), "forms": [list(f) for f in forms]}
-
-
-def _record(
-    run_id: str,
-    sop: str,
-    target: TargetSpec,
-    workers: list[int],
-    values: dict,
-    secret_files: list[str],
-    runs_dir: str,
-    worker_env_files: list[str],
-    scan: dict | None = None,
-    estimate: dict | None = None,
-    watch: dict[str, object] | None = None,
-) -> None:
-    """Remember how to reach a run again (`tpuops runs`, attach, logs); holds no secret (only where they are)."""
-    d = user_config.run_folder(run_id)
-    record = {
-        "run_id": run_id,
-        "sop": sop,
-        "target": dict(target.__dict__),
-        "workers": workers,
-        "values": {k: v for k, v in values.items()},
-        "started": time.time(),
-        # The command that started it (the report page shows it); secrets are never on it (.env only).
-        "argv": ["tpuops", *sys.argv[1:]],
-        "secret_files": secret_files,
-        "secret_digests": {**_secret_digests(secret_files), "worker_files": worker_env_files},
-        "runs_dir": runs_dir,
-        "scan": scan,  # how the run's logs are judged (attach judges them the same way)
-        "estimate": estimate,  # the fit's cost and predicted peak HBM: `tpuops report RUN_ID` sets the run beside it
-        "watch": watch,  # how the run is watched (its VM, its hang): `tpuops attach` watches it the same way
-    }
-    write_atomic(d / "run.json", jsonout.dumps(record, indent=1))  # never half a record

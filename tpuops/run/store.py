@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import secrets as _secrets
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -154,3 +156,58 @@ def record_end(run_id: str, exit_codes: dict[int, int | None], code: int) -> Non
 def save_result(run_id: str, data: dict[str, Any]) -> None:
     d = user_config.state_home() / "runs" / run_id
     write_atomic(d / "result.json", jsonout.dumps({**data, "finished": time.time()}))
+
+
+def env_values(secret_files: list[str]) -> list[str]:
+    """The values of the run's local .env files (read leniently: these are only for redaction)."""
+    from tpuops.config import secrets
+
+    return [
+        v for f in map(Path, secret_files) if f.is_file() for v in secrets.parse(f.read_bytes())[0].values()
+    ]
+
+
+def secret_digests(secret_files: list[str]) -> dict[str, object]:
+    """What the run's .env values were, kept as keyed hashes of each printed form (never a value): `attach` and
+    `logs` still redact them after the local .env changed (shell.Redactor.add_hashed)."""
+    from tpuops.shell import secret_digest, secret_forms
+
+    key = _secrets.token_bytes(16)
+    forms = sorted(
+        {(len(s), secret_digest(key, s)) for v in env_values(secret_files) for s in secret_forms(v)}
+    )
+    return {"key": key.hex(), "forms": [list(f) for f in forms]}
+
+
+def record_start(
+    run_id: str,
+    sop: str,
+    target: TargetSpec,
+    workers: list[int],
+    values: dict,
+    secret_files: list[str],
+    runs_dir: str,
+    worker_env_files: list[str],
+    scan: dict | None = None,
+    estimate: dict | None = None,
+    watch: dict[str, object] | None = None,
+) -> None:
+    """Remember how to reach a run again (`tpuops runs`, attach, logs); holds no secret (only where they are)."""
+    d = user_config.run_folder(run_id)
+    record = {
+        "run_id": run_id,
+        "sop": sop,
+        "target": dict(target.__dict__),
+        "workers": workers,
+        "values": {k: v for k, v in values.items()},
+        "started": time.time(),
+        # The command that started it (the report page shows it); secrets are never on it (.env only).
+        "argv": ["tpuops", *sys.argv[1:]],
+        "secret_files": secret_files,
+        "secret_digests": {**secret_digests(secret_files), "worker_files": worker_env_files},
+        "runs_dir": runs_dir,
+        "scan": scan,  # how the run's logs are judged (attach judges them the same way)
+        "estimate": estimate,  # the fit's cost and predicted peak HBM: `tpuops report RUN_ID` sets the run beside it
+        "watch": watch,  # how the run is watched (its VM, its hang): `tpuops attach` watches it the same way
+    }
+    write_atomic(d / "run.json", jsonout.dumps(record, indent=1))  # never half a record
