@@ -45,9 +45,7 @@ class Efficiency:
 # Documented efficiencies by phase kind (the figure an implementation reached / its roofline).
 EFFICIENCY: dict[str, Efficiency] = {
     # Decode loops are HBM-bound: published TPU decode reaches about half to two thirds of HBM bandwidth.
-    "decode": Efficiency(
-        0.50, 0.68, "JetStream decode on v5e-8, 50-68% of HBM bandwidth"
-    ),
+    "decode": Efficiency(0.50, 0.68, "JetStream decode on v5e-8, 50-68% of HBM bandwidth"),
     # Training-like programs (the prefill's forward, the update): the planning MFU of the jax-ml scaling book.
     "train": Efficiency(
         0.40,
