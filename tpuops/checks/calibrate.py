@@ -1,9 +1,10 @@
 """The step time this trainer has shown on real accelerators: the fit's bound per phase divided by the efficiency
 measured there (decode: share of HBM bandwidth; update and the other training-like phases: MFU).
 
-Measurements are JSON records in the checkout's `bench/results/` (one object per file; FIELDS below). tpuops
-never imports the trainer, and a wheel has no `bench/`: without records the published efficiencies stay the
-basis, and the answer says so. When a TPU record exists, TPU records are the basis; otherwise the GPU ones.
+Measurements are JSON records in the checkout's `bench/results/` (one object per file; FIELDS below); the package
+ships a copy (`tpuops/checks/data/results/`, a test holds it equal to `bench/results/`), so an install without a
+checkout is calibrated the same way. tpuops never imports the trainer. Without records the published efficiencies
+stay the basis, and the answer says so. When a TPU record exists, TPU records are the basis; otherwise the GPU ones.
 The range spans the efficiencies of the records on that basis; the newest is named first.
 """
 
@@ -47,12 +48,21 @@ class Basis:
         }  # fmt: skip
 
 
-def find_results(start: Path) -> Path | None:
-    """The `bench/results` folder of the checkout `start` is in (start or a parent), None outside a checkout."""
+def shipped() -> Path | None:
+    """The records shipped with tpuops (package data, read through importlib.resources)."""
+    from importlib import resources
+
+    root = resources.files("tpuops") / "checks" / "data" / "results"
+    return root if isinstance(root, Path) and root.is_dir() else None
+
+
+def find_results(start: Path, fallback: Path | None = None) -> Path | None:
+    """The `bench/results` folder of the checkout `start` is in (start or a parent), else `fallback` (the copy
+    shipped with tpuops)."""
     for d in (start, *start.parents):
         if (d / RESULTS).is_dir():
             return d / RESULTS
-    return None
+    return fallback
 
 
 def load(results: Path | None) -> list[dict[str, Any]]:
@@ -92,14 +102,15 @@ def calibrated(estimate: dict[str, Any], b: Basis) -> dict[str, Any]:
 
 
 def calibrate(
-    result: dict[str, Any], efficiency: str = "measured", cwd: Path | None = None
+    result: dict[str, Any], efficiency: str = "measured", cwd: Path | None = None, *, packaged: bool = True
 ) -> dict[str, Any]:
     """The fit result with `estimate.calibrated` (the range at measured efficiencies and its basis) and
     `estimate.basis_line`; `efficiency="published"` (or no records) keeps the published range as the step."""
     est = dict(result["estimate"])
     published = est.get("expected_s")
     pub = f"{published[0]:.2f}-{published[1]:.2f} s at published efficiencies" if published else ""
-    b = basis(load(find_results(cwd or Path.cwd()))) if efficiency == "measured" else None
+    found = find_results(cwd or Path.cwd(), shipped() if packaged else None)
+    b = basis(load(found)) if efficiency == "measured" else None
     if b is None or "phases_s" not in est:
         why = ("--efficiency published" if efficiency != "measured"
                else "no accelerator results recorded here (bench/results/)")  # fmt: skip

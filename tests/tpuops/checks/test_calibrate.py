@@ -98,7 +98,7 @@ def test_published_when_asked_or_when_no_results_are_recorded(tmp_path: Path) ->
         tmp_path / "wheel-install"
     )  # no bench/results/ anywhere above: no crash, the published range, said so
     bare.mkdir()
-    none = calibrate.calibrate(_result({"update": 1.0}), cwd=bare)
+    none = calibrate.calibrate(_result({"update": 1.0}), cwd=bare, packaged=False)
     assert (
         none["estimate"]["calibrated"] is None
         and "no accelerator results recorded here" in none["estimate"]["basis_line"]
@@ -108,3 +108,20 @@ def test_published_when_asked_or_when_no_results_are_recorded(tmp_path: Path) ->
     assert (
         calibrate.load(tmp_path / "broken" / "bench" / "results") == []
     )  # a record without every field is left out
+
+
+def test_the_shipped_records_are_the_checkout_s_and_calibrate_an_install_without_a_checkout(
+    tmp_path: Path,
+) -> None:
+    """A wheel has no bench/: the package's copy of the records (package data) is the basis there, and it is the
+    checkout's `bench/results/` file for file (copy a new record into tpuops/checks/data/results/ too)."""
+    shipped = calibrate.shipped()
+    assert shipped is not None
+    ours = {f.name: f.read_bytes() for f in (REPO / "bench" / "results").glob("*.json")}
+    assert {f.name: f.read_bytes() for f in shipped.glob("*.json")} == ours
+    away = tmp_path / "elsewhere"
+    away.mkdir()
+    out = calibrate.calibrate(_result({"decode": 1.0, "update": 1.0}), cwd=away)
+    assert (
+        out["estimate"]["calibrated"] is not None and "measured efficiency" in out["estimate"]["basis_line"]
+    )
