@@ -10,7 +10,7 @@ Public API (params is the dict under linen's "params" collection):
   forward_logits(params, config, input_ids_BT, positions_BT, attention_mask_BT) -> logits_BTV
   forward_with_kv(...)  prefill: hidden plus every layer's fresh keys/values ([L, B, T, K, H] each)
   decode_step(...)      one token per sequence against the stacked KV cache (trainer/sampling/kv_cache.py)
-  decode_step_layers(...)  the same with the layers unrolled over per-layer weights and caches (unstack_layers)
+  (trainer/model/unrolled.py: decode_step_layers, the same with the layers unrolled over per-layer weights)
 The decoder layers run as one scan over stacked parameters (params["layers"], a leading [L] axis on every
 layer parameter): one compiled layer body, whatever the depth. trainer/model/params.py maps the stack to
 Hugging Face's per-layer tensors.
@@ -31,6 +31,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
+from trainer.model.attention import (
+    apply_rope,
+    attend,
+    attend_shared_prompt,
+    completion_slots,
+    group_prompt,
+    rope_cos_sin,
+)
 from trainer.model.config import Qwen2Config
 from trainer.model.flash import attend_flash
 from trainer.sharding import (
@@ -48,74 +56,10 @@ _BTD = ("batch", "length", "embed")
 _BTNH = ("batch", "length", "heads", "head_dim")
 _BTKH = ("batch", "length", "kv_heads", "head_dim")
 _BTF = ("batch", "length", "mlp")
-_NEG = -1e30  # finite "minus infinity": a fully masked row (left padding) softmaxes to uniform, not NaN
 
 
 def _dt(name: str) -> jnp.dtype:
     return jnp.dtype(name)
-
-
-def rope_cos_sin(positions_BT: Array, config: Qwen2Config) -> tuple[Array, Array]:
-    """HF-layout RoPE tables [B, T, H] in float32 (frequencies repeated over both halves)."""
-    H = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, H, 2, dtype=jnp.float32) / H))
-    pos = positions_BT.astype(jnp.float32)
-    if config.rope_type == "linear":
-        pos = pos / config.rope_factor
-    freqs_BTh = pos[..., None] * inv_freq
-    emb_BTH = jnp.concatenate([freqs_BTh, freqs_BTh], axis=-1)
-    return jnp.cos(emb_BTH), jnp.sin(emb_BTH)
-
-
-def _apply_rope(x_BTnH: Array, cos_BTH: Array, sin_BTH: Array) -> Array:
-    """HF's `x * cos + rotate_half(x) * sin` in float32, written half by half: the same float32 operations (so
-    the same bits), but XLA fuses them into one pass in the input's dtype. Written as one float32 array and its
-    rotated copy, it wrote both in float32 and changed their layout twice before the attention kernel: 1.6 GB
-    of HBM a layer for q in the seed's update (docs/performance.md)."""
-    half = x_BTnH.shape[-1] // 2
-    x1, x2 = x_BTnH[..., :half].astype(jnp.float32), x_BTnH[..., half:].astype(jnp.float32)
-    cos1, cos2 = cos_BTH[:, :, None, :half], cos_BTH[:, :, None, half:]
-    sin1, sin2 = sin_BTH[:, :, None, :half], sin_BTH[:, :, None, half:]
-    out1, out2 = x1 * cos1 + (-x2) * sin1, x2 * cos2 + x1 * sin2
-    return jnp.concatenate([out1.astype(x_BTnH.dtype), out2.astype(x_BTnH.dtype)], axis=-1)
-
-
-def attend(q_BTNH: Array, k_BSKH: Array, v_BSKH: Array, mask_BTS: Array) -> Array:
-    """Grouped-query attention: float32 scores and softmax, probs@v in the inputs' dtype -> [B, T, N, H]."""
-    B, T, N, H = q_BTNH.shape
-    K = k_BSKH.shape[2]
-    q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
-    scores_BKGTS = jnp.einsum(
-        "btkgh,bskh->bkgts", q_BTKGH, k_BSKH, preferred_element_type=jnp.float32
-    ) / jnp.sqrt(jnp.float32(H))
-    scores_BKGTS = jnp.where(mask_BTS[:, None, None, :, :], scores_BKGTS, _NEG)
-    probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BSKH.dtype)
-    out_BTKGH = jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS, v_BSKH, preferred_element_type=jnp.float32)
-    return out_BTKGH.reshape(B, T, N, H).astype(q_BTNH.dtype)
-
-
-def attend_shared_prompt(
-    q_BTNH: Array, kp_UPKH: Array, vp_UPKH: Array, kc_BWKH: Array, vc_BWKH: Array, mask_BTS: Array
-) -> Array:
-    """`attend` over [prompt slots, completion slots] when the B = U x G rows come in groups of G samples of one
-    prompt (rows u*G .. u*G + G - 1): the prompt's keys/values once per group [U, P, K, H], the completion's per
-    row [B, W, K, H]. The same scores, the same softmax over their concatenation (slot order as in the cache),
-    and probs @ v as the sum of the two parts; each group's prompt slots leave HBM once, not G times (cascade
-    attention over a shared prefix)."""
-    B, T, N, H = q_BTNH.shape
-    U, P, K, _ = kp_UPKH.shape
-    G, g = B // U, N // K
-    f32, scale = {"preferred_element_type": jnp.float32}, jnp.sqrt(jnp.float32(H))
-    q_UETKgH, q_BTKgH = q_BTNH.reshape(U, G, T, K, g, H), q_BTNH.reshape(B, T, K, g, H)
-    prompt_BKGTP = jnp.einsum("uetkgh,upkh->uekgtp", q_UETKgH, kp_UPKH, **f32).reshape(B, K, g, T, P)
-    own_BKGTW = jnp.einsum("btkgh,bskh->bkgts", q_BTKgH, kc_BWKH, **f32)
-    scores_BKGTS = jnp.concatenate([prompt_BKGTP, own_BKGTW], axis=-1) / scale
-    scores_BKGTS = jnp.where(mask_BTS[:, None, None, :, :], scores_BKGTS, _NEG)
-    probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(vc_BWKH.dtype)
-    probs_UEKGTP = probs_BKGTS[..., :P].reshape(U, G, K, g, T, P)
-    out_BTKGH = jnp.einsum("uekgtp,upkh->uetkgh", probs_UEKGTP, vp_UPKH, **f32).reshape(B, T, K, g, H)
-    out_BTKGH = out_BTKGH + jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS[..., P:], vc_BWKH, **f32)
-    return out_BTKGH.reshape(B, T, N, H).astype(q_BTNH.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -165,7 +109,7 @@ class Attention(nn.Module):
             # for its own sequences with every head. The queries cross tp by one all-to-all in their own dtype,
             # before RoPE (after it, XLA moved them as two float32 halves of RoPE's rotation); the output by one.
             q = constrain_sequences(q)
-        q, k = _apply_rope(q, cos_BTH, sin_BTH), _apply_rope(k, cos_BTH, sin_BTH)
+        q, k = apply_rope(q, cos_BTH, sin_BTH), apply_rope(k, cos_BTH, sin_BTH)
         out: Array | None = None  # the decode's attention over a shared prompt, else computed below
         if kv is None:
             keys, values, new_kv = k, v, (k, v)
@@ -185,8 +129,8 @@ class Attention(nn.Module):
             mask_BTS = mask_BTS[..., : size[2]]
             new_kv = (constrain_cache(keys_LBSKH), constrain_cache(values_LBSKH))
             if samples > 1 and 0 < prompt < size[2]:  # each group's prompt slots read once
-                parts = (*_group_prompt(keys_LBSKH, values_LBSKH, at[0], prompt, samples),
-                         *_completion(keys_LBSKH, values_LBSKH, at[0], prompt, size[2]))  # fmt: skip
+                parts = (*group_prompt(keys_LBSKH, values_LBSKH, at[0], prompt, samples),
+                         *completion_slots(keys_LBSKH, values_LBSKH, at[0], prompt, size[2]))  # fmt: skip
                 kp, vp, kc, vc = (x.astype(q.dtype) for x in parts)
                 out = attend_shared_prompt(q, kp, vp, kc, vc, mask_BTS)
             else:
@@ -198,31 +142,6 @@ class Attention(nn.Module):
             out = attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS)
         out = constrain(constrain_sequences(out) if by_sequence else out, *_BTNH)
         return constrain(self._dense(c.hidden_size, False, "o_proj")(out.reshape(B, T, N * H)), *_BTD), new_kv
-
-
-def _group_prompt(
-    keys_LBSKH: Array, values_LBSKH: Array, layer: Array, prompt: int, samples: int
-) -> list[Array]:
-    """Layer `layer`'s first `prompt` slots of each group's first row: [U, P, K, H] keys and values (the stack's
-    rows seen as [U, G]: a view, so only U of the B rows are read)."""
-    L, B, S, K, H = keys_LBSKH.shape
-    U = B // samples
-    at = (layer, jnp.int32(0), jnp.int32(0), jnp.int32(0), jnp.int32(0), jnp.int32(0))
-    return [
-        jax.lax.dynamic_slice(x.reshape(L, U, samples, S, K, H), at, (1, U, 1, prompt, K, H))[0, :, 0]
-        for x in (keys_LBSKH, values_LBSKH)
-    ]
-
-
-def _completion(
-    keys_LBSKH: Array, values_LBSKH: Array, layer: Array, prompt: int, window: int
-) -> list[Array]:
-    """Layer `layer`'s slots [prompt, window) of every row: [B, window - prompt, K, H] keys and values."""
-    _, B, _, K, H = keys_LBSKH.shape
-    at = (layer, jnp.int32(0), jnp.int32(prompt), jnp.int32(0), jnp.int32(0))
-    return [
-        jax.lax.dynamic_slice(x, at, (1, B, window - prompt, K, H))[0] for x in (keys_LBSKH, values_LBSKH)
-    ]
 
 
 class MLP(nn.Module):
@@ -460,45 +379,3 @@ def decode_step(
     )
     hidden, (keys, values) = cast(tuple[Array, tuple[Array, Array]], out)  # apply() is typed loosely
     return logits_from_hidden(params, config, hidden), keys, values
-
-
-def unstack_layers(params: Params) -> Params:
-    """`params` with the layer stack as a tuple of per-layer trees (`params["layers"][l]`): what
-    `decode_step_layers` takes. One copy of the layers' weights, made once per rollout."""
-    stack = params["layers"]
-    L = jax.tree_util.tree_leaves(stack)[0].shape[0]
-    return {**params, "layers": tuple(jax.tree_util.tree_map(lambda x, i=i: x[i], stack) for i in range(L))}
-
-
-def decode_step_layers(
-    params: Params,
-    config: Qwen2Config,
-    input_ids_BT: Array,
-    positions_BT: Array,
-    caches: tuple[tuple[Array, Array], ...],
-    slot: Array,
-    slot_mask_BTS: Array,
-    window: int = 0,
-    prompt: int = 0,
-    samples: int = 1,
-) -> tuple[Array, tuple[tuple[Array, Array], ...]]:
-    """`decode_step` with the layers unrolled: `params` from `unstack_layers`, `caches` one (keys, values) pair
-    [1, B, S, K, H] per layer. The same arithmetic layer for layer; each layer's matmuls and attention read its
-    own weight and cache buffers. (Inside the layer scan XLA:GPU copies each layer's weights and cache row out of
-    the stacks before using them, every position: docs/performance.md, "Where a GPU decode's time goes".)
-
-    Returns (logits_BTV float32, caches) with each layer's cache updated in place."""
-    c = config
-    table_VD = lookup_layout(params["embed_tokens"]["embedding"]).astype(_dt(c.dtype))
-    x_BTD = constrain(jnp.take(table_VD, input_ids_BT, axis=0), *_BTD)
-    cos, sin = rope_cos_sin(positions_BT, c)
-    layer = DecoderLayer(c, window=window, prompt=prompt, samples=samples)
-    new: list[tuple[Array, Array]] = []
-    for p_l, kv_l in zip(params["layers"], caches, strict=True):
-        (x_BTD, *kv), _ = layer.apply(
-            {"params": p_l}, (x_BTD, *kv_l), jnp.int32(0), cos, sin, slot_mask_BTS, slot
-        )
-        new.append((kv[0], kv[1]))  # this layer's [1, B, S, K, H] keys and values, updated at `slot`
-    norm = RMSNorm(c.rms_norm_eps, _dt(c.dtype), _dt(c.param_dtype))
-    hidden_BTD = norm.apply({"params": params["norm"]}, x_BTD)
-    return logits_from_hidden(params, c, hidden_BTD), tuple(new)

@@ -101,10 +101,10 @@ def test_rope_half_by_half_gives_the_bits_and_gradients_of_rotate_half() -> None
     for dtype in (jnp.float32, jnp.bfloat16):
         x = jax.random.normal(jax.random.key(0), (2, 7, 3, 64)).astype(dtype)
         np.testing.assert_array_equal(
-            np.asarray(jax.jit(qwen2._apply_rope)(x, cos, sin)),
+            np.asarray(jax.jit(qwen2.apply_rope)(x, cos, sin)),
             np.asarray(jax.jit(rotate_half_form)(x, cos, sin)),
         )
         weights = jax.random.normal(jax.random.key(1), x.shape)  # a cotangent that is not all ones
         grads = [jax.grad(lambda x, fn=fn, w=weights: (fn(x, cos, sin).astype(jnp.float32) * w).sum())(x)
-                 for fn in (qwen2._apply_rope, rotate_half_form)]  # fmt: skip
+                 for fn in (qwen2.apply_rope, rotate_half_form)]  # fmt: skip
         np.testing.assert_array_equal(np.asarray(grads[0]), np.asarray(grads[1]))

@@ -13,13 +13,12 @@ from trainer.model import qwen2
 from trainer.sampling.sampler import (
     SamplingConfig,
     _prefill,
-    filter_logits,
     generate,
     sample_split,
-    sample_token,
     segments,
     static_args,
 )
+from trainer.sampling.tokens import filter_logits, sample_token
 
 PAD = 151_643
 NO_EOS = (-1,)  # no real token id: sequences run to max_new_tokens
