@@ -40,6 +40,11 @@ def project(tmp_path: Path) -> Iterator[Path]:
     yield from _project(tmp_path, "proj-a")
 
 
+@pytest.fixture
+def other_project(tmp_path: Path) -> Iterator[Path]:
+    yield from _project(tmp_path, "proj-b")
+
+
 def _project(tmp_path: Path, name: str) -> Iterator[Path]:
     """A user's checkout with an empty requirements.txt, its origin a bare repository every worker can read."""
     work, bare = tmp_path / name, Path("/tmp") / f"tpuops-tree-{os.getpid()}-{tmp_path.name}-{name}.git"
@@ -117,14 +122,13 @@ def test_an_uncommitted_edit_and_an_untracked_file_run_on_both_workers(
 
 
 def test_two_repositories_get_two_homes_on_one_vm(
-    cloud: Cloud, vm_name: str, project: Path, tmp_path: Path
+    cloud: Cloud, vm_name: str, project: Path, other_project: Path, tmp_path: Path
 ) -> None:
     """Each project's checkout and venv (made by the workers' python3 from its own empty requirements.txt): the
     second run changes nothing of the first's, and neither environment has another project's packages."""
     vm = _create(cloud, vm_name, "v4-16", {}, tmp_path)
-    other = next(_project(tmp_path, "proj-b"))
     seen = []
-    for repo in (project, other):
+    for repo in (project, other_project):
         r = _run(vm, repo, "python=python3")
         assert r.returncode == 0, r.stderr[-4000:]
         seen.append(_logs(json.loads(r.stdout)["run_id"]))
