@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rich.console import Console
+
+if TYPE_CHECKING:  # built at use (rich.table costs import time on every command)
+    from rich.table import Column, Table
 
 out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
 err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
@@ -80,9 +83,22 @@ def status_cell(status: str, detail: str) -> str:
     return f"[{style}]{escape(str(status))}[/] {escape(detail)}".rstrip() if style else text
 
 
-def id_column(table: Any, header: str, ids: list[str]) -> None:
-    """Add a column of IDs people copy (run ids, VM names): never cut or wrapped; the other columns give way."""
-    table.add_column(header, no_wrap=True, min_width=max([len(header), *map(len, ids)]))
+def id_column(header: str, ids: list[str]) -> Column:
+    """A column of IDs people copy (run ids, VM names) for `grid`: never cut or wrapped; the others give way."""
+    from rich.table import Column
+
+    return Column(header, no_wrap=True, min_width=max([len(header), *map(len, ids)]))
+
+
+def grid(heads: Sequence[str | Column], rows: Iterable[Sequence[str]], **kw: Any) -> Table:
+    """A rich Table of short cells, sized by rich: `heads` the column headers (a `rich.table.Column` where a
+    column needs its own settings), `kw` the table's (title, box). Wide tables of long cells: `table_of`."""
+    from rich.table import Table
+
+    table = Table(*heads, **kw)
+    for row in rows:
+        table.add_row(*row)
+    return table
 
 
 @dataclass(frozen=True)
@@ -125,7 +141,7 @@ def table_width(cols: list[Col], rows: list[list[str]]) -> int:
     return sum(_least(c, [r[i] for r in rows]) + 3 for i, c in enumerate(cols)) + 1
 
 
-def table_of(cols: list[Col], rows: list[list[str]], width: int, **kw: Any) -> Any:
+def table_of(cols: list[Col], rows: list[list[str]], width: int, **kw: Any) -> Table:
     """A rich Table that fits `width` with every id whole: columns with `drop` go first (the caption names
     them: --json has every field), prose is cut with an ellipsis, wrapped columns wrap between words."""
     from rich.table import Table

@@ -366,7 +366,7 @@ def bench_rollout(
       tpuops bench rollout --vm mllm-jax-v6e-8 --variant '' --variant 'XLA_FLAGS=--xla_tpu_foo=true --set bs=16' \\
         -- python -u scripts/train.py --config configs/small.yaml
     """
-    from tpuops.run import bench, launch, report
+    from tpuops.run import bench, benchview, launch, report
 
     req = launch.RunRequest(
         sop="job" if cmd and sop == "grpo" else sop, sets=opts.sets(), target=target.spec(), worker=opts.worker,
@@ -387,5 +387,5 @@ def bench_rollout(
             on_step=None if opts.json else report.step_done, on_notice=console.event, notify=console.note,
             on_phase=live.phase,
         )  # fmt: skip
-    report.rollout_bench(results, opts.json)
+    benchview.rollout_bench(results, opts.json)
     raise typer.Exit(bench.exit_code(results))

@@ -14,11 +14,11 @@ import io
 import json
 import math
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported at use (a second of start-up): named here for the type checker
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator
 
@@ -89,7 +89,36 @@ def _range(values: list[float], log: bool) -> tuple[float, float]:
 
 def svg(chart: Chart, size: tuple[float, float] = (7.6, 2.5)) -> str:
     """The chart as a `<figure>` holding matplotlib's SVG, or a "no data" note when nothing can be drawn."""
-    # nan and inf are not drawn (a gap), and the title says how many there were.
+    title, drawn = _finite(chart)
+    head = f'<figure class="chart" id="chart-{chart.id}"'
+    if not drawn or not chart.xs:
+        return f'{head} data-series="[]"><figcaption>{html.escape(title)}</figcaption><p>no data</p></figure>'
+    Figure, _tickers = _matplotlib()
+    fig = Figure(figsize=size, dpi=100)
+    ax = fig.add_subplot()
+    ax.set_title(title, loc="left", fontsize=10)
+    ax.set_xlabel("step")
+    if chart.ylabel:
+        ax.set_ylabel(chart.ylabel)
+    scaled, points = _plot(ax, chart, drawn)
+    _y_axis(ax, chart, drawn, scaled)
+    _x_axis(ax, chart, size)
+    legend = _legend(fig, ax, size)
+    ylim = [float(f"{v:.6g}") for v in ax.get_ylim()]
+    attrs = {
+        "data-ylim": json.dumps(ylim),
+        "data-yscale": ax.get_yscale(),
+        "data-series": json.dumps([s.name for s in drawn]),
+        "data-legend": json.dumps(legend),
+        "data-points": json.dumps(points),
+    }
+    shown = " ".join(f"{k}='{html.escape(v, quote=True)}'" for k, v in attrs.items())
+    return f"{head} {shown}>{_svg_text(fig, chart.id)}</figure>"
+
+
+def _finite(chart: Chart) -> tuple[str, list[Series]]:
+    """The chart's title and the series that have something to draw; nan and inf are not drawn (a gap), and the
+    title says how many there were."""
     skipped = sum(y is not None and not math.isfinite(y) for s in chart.series for y in s.ys)
     series = [
         Series(s.name, [y if y is not None and math.isfinite(y) else None for y in s.ys])
@@ -98,17 +127,11 @@ def svg(chart: Chart, size: tuple[float, float] = (7.6, 2.5)) -> str:
     title = chart.title
     if skipped:
         title += f" ({skipped} non-finite value{'s' if skipped > 1 else ''} (nan/inf) not drawn)"
-    drawn = [s for s in series if any(y is not None for y in s.ys)]
-    head = f'<figure class="chart" id="chart-{chart.id}"'
-    if not drawn or not chart.xs:
-        return f'{head} data-series="[]"><figcaption>{html.escape(title)}</figcaption><p>no data</p></figure>'
-    Figure, (FuncFormatter, LogLocator, MaxNLocator) = _matplotlib()
-    fig = Figure(figsize=size, dpi=100)
-    ax = fig.add_subplot()
-    ax.set_title(title, loc="left", fontsize=10)
-    ax.set_xlabel("step")
-    if chart.ylabel:
-        ax.set_ylabel(chart.ylabel)
+    return title, [s for s in series if any(y is not None for y in s.ys)]
+
+
+def _plot(ax: Axes, chart: Chart, drawn: list[Series]) -> tuple[list[float], dict[str, int]]:
+    """Each series as a line (or bars); returns the values that scale the y axis and the points per series."""
     scaled: list[float] = []
     points: dict[str, int] = {}
     for i, s in enumerate(drawn):
@@ -128,6 +151,13 @@ def svg(chart: Chart, size: tuple[float, float] = (7.6, 2.5)) -> str:
         scaled += [y for x, y in pairs if x >= chart.xs[0] + chart.warmup]
     if not scaled:  # only warm-up steps: scale to what there is
         scaled = [y for s in drawn for y in s.ys if y is not None and (y > 0 or not chart.log)] or [1.0]
+    return scaled, points
+
+
+def _y_axis(ax: Axes, chart: Chart, drawn: list[Series], scaled: list[float]) -> None:
+    """The y axis: its scale, round ticks, its range (pinned or from the data), and how far off the scale the
+    warm-up's compile time is."""
+    _figure, (FuncFormatter, LogLocator, MaxNLocator) = _matplotlib()
     if chart.log:
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
@@ -149,6 +179,12 @@ def svg(chart: Chart, size: tuple[float, float] = (7.6, 2.5)) -> str:
     if warm and max(warm) > top:  # the warm-up's compile time is off the scale: say how far
         ax.text(x0 + (chart.warmup - 1) / 2, top, f"{max(warm):.3g} ↑", ha="center", va="top", fontsize=8,
                 gid="warmup-off-scale")  # fmt: skip
+
+
+def _x_axis(ax: Axes, chart: Chart, size: tuple[float, float]) -> None:
+    """The step axis, the warm-up's shade and the recompiles' dashed lines."""
+    _figure, (FuncFormatter, _log_locator, MaxNLocator) = _matplotlib()
+    x0 = chart.xs[0]
     ax.xaxis.set_major_locator(
         MaxNLocator(nbins=max(4, int(size[0] * 1.3)), integer=True, steps=[1, 2, 5, 10])
     )
@@ -161,7 +197,11 @@ def svg(chart: Chart, size: tuple[float, float] = (7.6, 2.5)) -> str:
     for j, m in enumerate(m for m in chart.marks if x0 <= m <= x1):
         ax.axvline(m, color="#d62728", linestyle="--", linewidth=1, gid=f"recompile-{m}",
                    label="recompile" if j == 0 else None)  # fmt: skip
-    # A legend names only what is drawn, and only when there is more than the title already names.
+
+
+def _legend(fig: Figure, ax: Axes, size: tuple[float, float]) -> list[str]:
+    """A legend names only what is drawn, and only when there is more than the title already names; returns its
+    labels (none when there is no legend)."""
     _handles, labels = ax.get_legend_handles_labels()
     legend = labels if len(labels) > 1 else []
     right = 0.97
@@ -171,6 +211,11 @@ def svg(chart: Chart, size: tuple[float, float] = (7.6, 2.5)) -> str:
     elif legend:
         ax.legend(loc="best", fontsize=7, framealpha=0.8)
     fig.subplots_adjust(left=0.09 * 7.6 / size[0], right=right, top=0.86, bottom=0.2)
+    return legend
+
+
+def _svg_text(fig: Figure, chart_id: str) -> str:
+    """The figure as inline SVG: no prolog, no metadata, its own ids prefixed with the chart's."""
     buf = io.StringIO()
     fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
     body = buf.getvalue()
@@ -179,26 +224,12 @@ def svg(chart: Chart, size: tuple[float, float] = (7.6, 2.5)) -> str:
     # Several SVGs share one page: matplotlib's own ids (clip paths, markers, axes) get the chart's prefix so
     # that no chart clips to another's rectangle; the series and mark ids (gid) stay as named.
     own = re.compile(r'(id="|url\(#|href="#)(?!series-|recompile-|warmup)([^"\)]+)')
-    body = own.sub(lambda m: f"{m[1]}{chart.id}-{m[2]}", body)
-    ylim = [float(f"{v:.6g}") for v in ax.get_ylim()]
-    attrs = {
-        "data-ylim": json.dumps(ylim),
-        "data-yscale": ax.get_yscale(),
-        "data-series": json.dumps([s.name for s in drawn]),
-        "data-legend": json.dumps(legend),
-        "data-points": json.dumps(points),
-    }
-    shown = " ".join(f"{k}='{html.escape(v, quote=True)}'" for k, v in attrs.items())
-    return f"{head} {shown}>{body}</figure>"
+    return own.sub(lambda m: f"{m[1]}{chart_id}-{m[2]}", body)
 
 
 def nice_ceiling(v: float) -> float:
     """The round number at or above v (1, 2, 2.5, 5 times a power of ten): an axis end people read."""
     if v <= 0:
         return 1.0
-    base = 10 ** math.floor(math.log10(v))
+    base = float(10 ** math.floor(math.log10(v)))
     return next(m * base for m in (1, 2, 2.5, 5, 10) if m * base >= v - 1e-12)
-
-
-def values(rows: Sequence[object], attr: str) -> list[float | None]:
-    return [getattr(r, attr) for r in rows]

@@ -3,12 +3,12 @@ every number whole), the step's bound and expected ranges with their basis, the 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich import box
-from rich.table import Table
+from tpuops.console import emit_json, err, escape, grid
 
-from tpuops.console import emit_json, err, escape
+if TYPE_CHECKING:  # built by console.py's helpers
+    from rich.table import Table
 
 MEMORY = ("arguments", "outputs", "temp", "resident", "peak", "headroom")
 TIME = ("TFLOP", "HBM GB", "collective GB", "bound s", "expected s", "largest")
@@ -39,16 +39,18 @@ def _visible(cell: str) -> int:
 
 
 def _table(rows: list[dict[str, str]], columns: tuple[str, ...], title: str | None) -> Table:
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for c in ("phase", *columns):
-        # Numbers never wrap or shrink: the column is at least as wide as its widest cell (a header may wrap).
-        width = max(_visible(r[c]) for r in rows) if rows else len(c)
-        t.add_column(
-            c, no_wrap=True, min_width=width, justify="left" if c in ("phase", "largest") else "right"
-        )
-    for r in rows:
-        t.add_row(*(r[c] for c in ("phase", *columns)))
-    return t
+    from rich import box
+    from rich.table import Column
+
+    # Numbers never wrap or shrink: the column is at least as wide as its widest cell (a header may wrap).
+    heads = [
+        Column(c, no_wrap=True, min_width=max(_visible(r[c]) for r in rows) if rows else len(c),
+               justify="left" if c in ("phase", "largest") else "right")
+        for c in ("phase", *columns)
+    ]  # fmt: skip
+    cells = [[r[c] for c in ("phase", *columns)] for r in rows]
+    return grid(heads, cells, title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                collapse_padding=True)  # fmt: skip
 
 
 def _width(rows: list[dict[str, str]], columns: tuple[str, ...]) -> int:

@@ -6,30 +6,13 @@ from __future__ import annotations
 
 import html as html_lib
 import json
-import math
 from pathlib import Path
-from typing import Any
 
 from tpuops.logs.events import LogReport
 from tpuops.logs.fields import NOT_SHOWN, pick, value
 from tpuops.run.baseline import Delta
 from tpuops.run.logtext import NOT_LOGGED, chip_lines, compiles_logged, exit_code
-
-# The bundled trainer's GRPO panels (beside step time and reward), each drawn only when its field is there.
-GRPO_SMALL = (
-    ("entropy", "entropy (nats)", (0.0, None)),
-    ("grad_norm", "grad_norm", (0.0, None)),
-    ("kl_old", "kl_old", (0.0, None)),
-    ("clip_frac", "clip_frac (0..1)", (0.0, 1.0)),
-)
-TIMES = ("dt", "rollout_generate", "update")  # seconds per step: one chart, log scale
-MAX_OTHER_CHARTS = 8  # other fields charted (those the steps table shows)
-
-
-def grpo(report: LogReport) -> bool:
-    """The log is the bundled trainer's GRPO (its reward is on the step lines): its panels and notes apply."""
-    return "reward_mean" in report.fields
-
+from tpuops.run.pagecharts import TIMES, charts, chip_charts, grpo
 
 CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#222;background:#fff;max-width:1100px}
 h1{font-size:20px;margin-bottom:4px}h2{font-size:16px;margin-top:28px}table{border-collapse:collapse;font-size:13px}
@@ -134,100 +117,32 @@ def run_meta(target: str, runs_home: Path | None = None) -> dict[str, str] | Non
     return {k: v for k, v in meta.items() if v}
 
 
-def charts(report: LogReport) -> list[str]:
-    """The page's charts, each an inline SVG from matplotlib (tpuops.run.charts): only fields the log has."""
-    from tpuops.run.charts import Chart, Series, nice_ceiling, svg
-
-    rows, has = report.rows, set(report.fields)
-    xs = [r.step for r in rows]
-
-    def ys(name: str) -> list[float | None]:
-        return [value(r, name) for r in rows]
-
-    marks = sorted({c.step for c in report.recompiles if c.step is not None})
-    warm = min(report.warmup, len(rows))
-    out: list[str] = []
-    times = [n for n in TIMES if n in has]
-    if times:
-        out.append(svg(Chart("dt", "step time (s, log scale; warm-up shaded, not scaled)", xs,
-                             [Series(n, ys(n)) for n in times], log=True, warmup=warm, marks=marks)))  # fmt: skip
-    charted = {*TIMES}
-    small: list[Chart] = []
-    if grpo(report):
-        rewards = [v for v in ys("reward_mean") if v is not None and math.isfinite(v)]
-        given = report.config_summary.get("max_reward", "")
-        try:
-            top = float(given)
-        except ValueError:  # an older log: the data's own round ceiling (1 for rewards within 0..1)
-            top = nice_ceiling(max([*rewards, 1e-9]))
-        low = min([0.0, *rewards])
-        out.append(svg(Chart("reward", f"reward_mean (axis: 0 to the task's max reward {top:g})", xs,
-                             [Series("reward_mean", ys("reward_mean"))], ylim=(low, top))))  # fmt: skip
-        small += [
-            Chart(n, title, xs, [Series(n, ys(n))], ylim=lim) for n, title, lim in GRPO_SMALL if n in has
-        ]
-        charted |= {"reward_mean", "loss", *(n for n, _, _ in GRPO_SMALL)}  # GRPO's loss: see the note
-    elif "loss" in has:
-        out.append(svg(Chart("loss", "loss", xs, [Series("loss", ys("loss"))], marks=marks)))
-        charted.add("loss")
-    if "tokens_per_s" in has:
-        small.append(Chart("tokens_per_s", "tokens/s (warm-up shaded)", xs, [Series("tokens/s", ys("tokens_per_s"))],
-                           ylim=(0.0, None), warmup=warm))  # fmt: skip
-        charted.add("tokens_per_s")
-    others = [n for n in pick(report.fields, report.columns) if n not in charted and n not in NOT_SHOWN]
-    small += [Chart(_id(n), n, xs, [Series(n, ys(n))]) for n in others[:MAX_OTHER_CHARTS]]
-    if compiles_logged(report) and report.steps:
-        by_step: list[float | None] = [float(report.compiles_by_step.get(x, 0)) for x in xs]
-        small.append(Chart("compiles", "compiles per step", xs, [Series("compiles", by_step)], ylim=(0.0, None),
-                           bars=True))  # fmt: skip
-    if small:
-        out.append('<div class="grid">' + "".join(svg(c, size=(3.8, 2.3)) for c in small) + "</div>")
-    return out
-
-
-def _id(name: str) -> str:
-    """A field's name as a chart's id (ids hold no dots: `eval.acc` -> `eval-acc`)."""
-    return "".join(c if c.isalnum() or c in "_-" else "-" for c in name)
-
-
-def chip_charts(report: LogReport) -> list[str]:
-    """HBM in use (min and max over each worker's chips) and duty cycle, per worker over the steps."""
-    from tpuops.run.charts import Chart, Series, svg
-
-    xs = sorted({s["step"] for series in report.chips.values() for s in series})
-    hbm: list[Series] = []
-    duty: list[Series] = []
-    for w, series in sorted(report.chips.items()):
-        by = {s["step"]: s for s in series}
-        for key, label, into in (("hbm_gb_max", "max", hbm), ("hbm_gb_min", "min", hbm),
-                                 ("duty_pct_max", "max", duty), ("duty_pct_min", "min", duty)):  # fmt: skip
-            ys = [by[x].get(key) if x in by else None for x in xs]
-            if any(y is not None for y in ys):
-                into.append(Series(f"w{w} {label}", ys))
-    limit = report.hbm_limit_gb
-    out = []
-    if hbm:
-        out.append(Chart("hbm", "HBM in use per chip (GB; min and max over each worker's chips)", xs, hbm,
-                         ylim=(0.0, limit)))  # fmt: skip
-    if duty:
-        out.append(
-            Chart("duty", "duty cycle (%, min and max over each worker's chips)", xs, duty, ylim=(0.0, 100.0))
-        )
-    return [svg(c) for c in out]
-
-
 def page(
     report: LogReport,
     deltas: list[Delta] | None = None,
     meta: dict[str, str] | None = None,
-    estimate: dict[str, Any] | None = None,
+    estimate: dict[str, object] | None = None,
     profile: str | None = None,
 ) -> str:
     """The whole report as one self-contained HTML page (people would rather look than read); `profile`: the
     section of a run's traced steps (`profile_section`)."""
+    parts = _head(report, deltas, meta)
+    parts.append("<h2>At a glance</h2>" + _table([], _glance(report), cls="meta"))
+    parts += _per_step(report)
+    parts += _chips_section(report)
+    parts += _against_fit(report, estimate)
+    parts += _steady(report)
+    if profile:
+        parts.append(f"<section id='profile'>{profile}</section>")
+    parts += _compiles(report)
+    parts += _tables(report, deltas)
+    return "".join(parts) + "</body></html>\n"
+
+
+def _head(report: LogReport, deltas: list[Delta] | None, meta: dict[str, str] | None) -> list[str]:
+    """The page's head, its title and verdict line, and the run's record when there is one."""
     code = exit_code(report, deltas)
     verdict = {0: ("ok", "ok"), 7: ("warn", "recompiles after warm-up")}.get(code, ("bad", "failed"))
-    rows = report.rows
     title = (meta or {}).get("run") or report.source
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
@@ -237,6 +152,12 @@ def page(
     ]
     if meta:
         parts.append(_table([], [[k, v] for k, v in meta.items()], cls="meta"))
+    return parts
+
+
+def _glance(report: LogReport) -> list[list[object]]:
+    """The at-a-glance rows: the log, its steps and workers, how the reward (or the first fields) moved."""
+    rows = report.rows
     first = next((r for r in rows if r.reward_mean is not None), None)
     last = next((r for r in reversed(rows) if r.reward_mean is not None), None)
     glance: list[list[object]] = [
@@ -271,8 +192,12 @@ def page(
         )
     if report.wandb_url or report.wandb:
         glance.append(["W&B", report.wandb_url or report.wandb or ""])
-    parts.append("<h2>At a glance</h2>" + _table([], glance, cls="meta"))
-    parts.append("<h2>Per step</h2>")
+    return glance
+
+
+def _per_step(report: LogReport) -> list[str]:
+    """The per-step charts, with the notes on what is plotted."""
+    parts = ["<h2>Per step</h2>"]
     if report.row_stride > 1:
         parts.append(f"<p class='note'>every {report.row_stride}th step of {report.steps} is plotted</p>")
     parts += charts(report)
@@ -281,7 +206,12 @@ def page(
             "<p class='note'>loss is not plotted: in GRPO it is about 0 by construction (the advantages of a group sum"
             " to 0), so it says nothing about progress; its values are in the table below.</p>"
         )
-    parts.append("<h2 id='chips'>Chips</h2>")
+    return parts
+
+
+def _chips_section(report: LogReport) -> list[str]:
+    """The chips: their charts and each worker's latest figures per chip, or why there are none."""
+    parts = ["<h2 id='chips'>Chips</h2>"]
     if report.chips:
         parts += chip_charts(report)
         latest = [[f"w{w}", s["step"], i, *(_cell(v[i]) if v and i < len(v) else "" for v in
@@ -291,31 +221,40 @@ def page(
         parts.append(_table(["worker", "step", "chip", "HBM GB", "duty %"], latest, cls="chips"))
     else:
         parts.append(f"<p class='note' id='no-chips'>{_esc(chip_lines(report)[0])}</p>")
+    return parts
+
+
+def _against_fit(report: LogReport, estimate: dict[str, object] | None) -> list[str]:
+    """The run against its fit estimate (cost and HBM), when the run has one."""
     from tpuops.run.estimate import compare, lines
 
     against = compare(estimate, report)
-    if against["cost"] or against["hbm"]:
-        parts.append(
-            "<h2>Against the fit</h2>" + "".join(f"<p class='note'>{_esc(x)}</p>" for x in lines(against))
-        )
-        parts += [f"<p class='warn'>{_esc(w)}</p>" for w in against["warnings"]]
-    if report.dt:
-        d = report.dt
-        parts.append("<h2>Steady state (from the warm-up on)</h2>")
-        means = [(h, v) for h, v in (("rollout_generate s", report.rollout_generate_mean),
-                                     ("update s", report.update_mean), ("tokens/s", report.tokens_per_s_mean))
-                 if v is not None]  # fmt: skip
-        parts.append(
-            _table(
-                ["steps", "dt mean s", "dt p50 s", "dt p90 s", "dt min s", "dt max s", *(h for h, _ in means)],
-                [[d.n, round(d.mean, 4), round(d.p50, 4), round(d.p90, 4), round(d.min, 4), round(d.max, 4),
-                  *(round(v, 4) for _, v in means)]],
-            )
-        )  # fmt: skip
-    if profile:
-        parts.append(f"<section id='profile'>{profile}</section>")
+    if not (against["cost"] or against["hbm"]):
+        return []
+    parts = ["<h2>Against the fit</h2>" + "".join(f"<p class='note'>{_esc(x)}</p>" for x in lines(against))]
+    return parts + [f"<p class='warn'>{_esc(w)}</p>" for w in against["warnings"]]
+
+
+def _steady(report: LogReport) -> list[str]:
+    """The steady state's step-time statistics and phase means, when the log has step times."""
+    if not report.dt:
+        return []
+    d = report.dt
+    means = [(h, v) for h, v in (("rollout_generate s", report.rollout_generate_mean),
+                                 ("update s", report.update_mean), ("tokens/s", report.tokens_per_s_mean))
+             if v is not None]  # fmt: skip
+    table = _table(
+        ["steps", "dt mean s", "dt p50 s", "dt p90 s", "dt min s", "dt max s", *(h for h, _ in means)],
+        [[d.n, round(d.mean, 4), round(d.p50, 4), round(d.p90, 4), round(d.min, 4), round(d.max, 4),
+          *(round(v, 4) for _, v in means)]],
+    )  # fmt: skip
+    return ["<h2>Steady state (from the warm-up on)</h2>", table]
+
+
+def _compiles(report: LogReport) -> list[str]:
+    """The compile counts by window and each recompile after the warm-up, with its explanation."""
     c = report.compiles
-    parts.append("<h2>Compiles</h2>")
+    parts = ["<h2>Compiles</h2>"]
     keys = ["total", "warmup", "eval", "after_warmup", "open"]
     logged = compiles_logged(report)
     parts.append(
@@ -332,6 +271,12 @@ def page(
         )
         if comp.explanation:
             parts.append(f"<pre>{_esc(comp.explanation)}</pre>")
+    return parts
+
+
+def _tables(report: LogReport, deltas: list[Delta] | None) -> list[str]:
+    """The page's closing tables: failures, evals, the baseline, the summary, the config, every step."""
+    parts: list[str] = []
     if report.failures:
         parts.append("<h2>Failure signatures</h2>")
         parts.append(
@@ -360,14 +305,20 @@ def page(
             "<h2>Config</h2>"
             + _table(["setting", "value"], [[k, v] for k, v in report.config_summary.items()])
         )
-    if rows:
-        shown = [f for f in report.fields if f not in NOT_SHOWN]
-        parts.append(f"<details><summary>every plotted step ({len(rows)} rows)</summary>")
-        parts.append(
-            _table(["step", *shown], [[r.step, *(_cell(value(r, f)) for f in shown)] for r in rows])
-            + "</details>"
-        )
-    return "".join(parts) + "</body></html>\n"
+    return parts + _every_step(report)
+
+
+def _every_step(report: LogReport) -> list[str]:
+    """Every plotted step's fields, folded away."""
+    rows = report.rows
+    if not rows:
+        return []
+    shown = [f for f in report.fields if f not in NOT_SHOWN]
+    return [
+        f"<details><summary>every plotted step ({len(rows)} rows)</summary>",
+        _table(["step", *shown], [[r.step, *(_cell(value(r, f)) for f in shown)] for r in rows])
+        + "</details>",
+    ]
 
 
 def _cell(v: float | int | None) -> object:

@@ -6,17 +6,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from tpuops import jsonout
-from tpuops.console import Col, err, escape, out, table_of
+from tpuops.console import Col, err, escape, grid, out, table_of
 from tpuops.errors import ExitCode, UsageError, error_class
 from tpuops.logs.events import LogReport
 from tpuops.logs.fields import pick, value
 from tpuops.run.baseline import Delta, compare
 from tpuops.run.logtext import NOT_LOGGED, NOT_SEEN, cache_line, chip_lines, compiles_logged, exit_code
+
+if TYPE_CHECKING:  # built by console.py's helpers
+    from rich.table import Table
 
 HEAD_ROWS = 10  # the terminal table shows the first and last steps; --json and --html have every kept row
 
@@ -28,7 +29,9 @@ class Reviewed:
     report: LogReport
     deltas: list[Delta] | None
     code: int
-    estimate: dict[str, Any] | None = None  # the run's fit estimate (result.json), for cost and HBM beside it
+    estimate: dict[str, object] | None = (
+        None  # the run's fit estimate (result.json), for cost and HBM beside it
+    )
 
 
 def review(
@@ -83,8 +86,8 @@ def as_dict(
     code: int,
     deltas: list[Delta] | None,
     html: Path | None,
-    estimate: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    estimate: dict[str, object] | None = None,
+) -> dict[str, object]:
     from tpuops.run.estimate import compare
 
     return {
@@ -103,7 +106,7 @@ def write_html(
     path: Path,
     deltas: list[Delta] | None = None,
     meta: dict[str, str] | None = None,
-    estimate: dict[str, Any] | None = None,
+    estimate: dict[str, object] | None = None,
     profile: str | None = None,
 ) -> None:
     from tpuops.run.htmlpage import page
@@ -117,7 +120,7 @@ def render(
     as_json: bool,
     deltas: list[Delta] | None,
     html: Path | None,
-    estimate: dict[str, Any] | None = None,
+    estimate: dict[str, object] | None = None,
 ) -> None:
     if as_json:
         out.print_json(jsonout.dumps(as_dict(report, code, deltas, html, estimate)))
@@ -129,66 +132,12 @@ def render(
     )
     if report.rows:
         err.print(steps_table(report))
-    first, last = (report.rows[0], report.rows[-1]) if report.rows else (None, None)
-    if (
-        first
-        and last
-        and first.reward_mean is not None
-        and last.reward_mean is not None
-        and last is not first
-    ):
-        change = last.reward_mean - first.reward_mean
-        err.print(
-            f"reward_mean {first.reward_mean:.4f} at step {first.step} -> {last.reward_mean:.4f} at step "
-            f"{last.step} ({change:+.4f})"
-        )
-    elif first and last and last is not first and "reward_mean" not in report.fields:
-        for name in [n for n in pick(report.fields, report.columns) if n != "dt"][:2]:  # a run's own terms
-            a, b = value(first, name), value(last, name)
-            if a is not None and b is not None:
-                err.print(f"{name} {a:.6g} at step {first.step} -> {b:.6g} at step {last.step}")
-    if report.dt:
-        d = report.dt
-        extra = "" if report.tokens_per_s_mean is None else f"  tokens/s mean {report.tokens_per_s_mean:.1f}"
-        err.print(
-            f"steady dt over {d.n} steps: mean {d.mean:.3f}s  p50 {d.p50:.3f}s  p90 {d.p90:.3f}s{extra}"
-        )
-    c = report.compiles
-    if not compiles_logged(report):  # a recompile check (exit 13) is not told to run a recompile check
-        err.print(f"compiles: {NOT_SEEN if code == ExitCode.UNVERIFIED else NOT_LOGGED}")
-    else:
-        err.print(
-            f"compiles: {c.get('total', 0)} total, {c.get('warmup', 0)} in warm-up, {c.get('eval', 0)} in "
-            f"eval, {c.get('after_warmup', 0)} after warm-up, {c.get('open', 0)} after the last step"
-        )
-    if cached := cache_line(report):
-        err.print(escape(cached))
-    for comp in report.recompiles:
-        err.print(f"[bold yellow]recompile[/] at step {comp.step} (w{comp.worker}): {escape(comp.function)}")
-        if comp.explanation:
-            err.print(f"[dim]{escape(comp.explanation)}[/]")
-    for e in report.evals:
-        err.print("eval " + " ".join(f"{k}={v}" for k, v in e.items()))
-    if report.wandb_url or report.wandb:
-        err.print(f"W&B: {escape(report.wandb_url or report.wandb or '')}")
-    if report.checkpoints:
-        err.print(f"checkpoints: {report.checkpoints}, last {escape(report.last_checkpoint or '?')}")
-    if report.reward_errors:
-        err.print("reward function errors: " + ", ".join(f"{k} {n}" for k, n in report.reward_errors.items()))
-    if report.summary:
-        err.print("summary: " + escape(", ".join(f"{k} {_short(v)}" for k, v in report.summary.items())))
-    for m in report.metrics:
-        err.print(f"metrics: {escape(json.dumps(m))}")
+    for line in [*_progress(report), *_steady_and_compiles(report, code), *_notes(report)]:
+        err.print(line)
     if report.chips:
         for line in chip_lines(report):
             err.print(escape(line), highlight=False)
-    from tpuops.run.estimate import compare, lines
-
-    against = compare(estimate, report)
-    for line in lines(against):
-        err.print(escape(line), highlight=False)
-    for w in against["warnings"]:
-        err.print(f"[bold yellow]warning[/] {escape(w)}")
+    _against_fit(report, estimate)
     if report.failures:
         err.print(failures_table(report))
     if deltas:
@@ -201,6 +150,82 @@ def render(
         14: "[bold yellow]stopped[/]",
     }.get(code, "[bold red]failed[/]")
     err.print(f"{verdict} (exit code {code})")
+
+
+def _progress(report: LogReport) -> list[str]:
+    """How the mean reward moved from the first kept step to the last (a run's own first fields otherwise)."""
+    first, last = (report.rows[0], report.rows[-1]) if report.rows else (None, None)
+    if not first or not last or last is first:
+        return []
+    if first.reward_mean is not None and last.reward_mean is not None:
+        change = last.reward_mean - first.reward_mean
+        return [
+            f"reward_mean {first.reward_mean:.4f} at step {first.step} -> {last.reward_mean:.4f} at step "
+            f"{last.step} ({change:+.4f})"
+        ]
+    if "reward_mean" in report.fields:
+        return []
+    lines = []
+    for name in [n for n in pick(report.fields, report.columns) if n != "dt"][:2]:  # a run's own terms
+        a, b = value(first, name), value(last, name)
+        if a is not None and b is not None:
+            lines.append(f"{name} {a:.6g} at step {first.step} -> {b:.6g} at step {last.step}")
+    return lines
+
+
+def _steady_and_compiles(report: LogReport, code: int) -> list[str]:
+    """The steady state's step time, and the compiles by window (or why they are not known)."""
+    lines = []
+    if report.dt:
+        d = report.dt
+        extra = "" if report.tokens_per_s_mean is None else f"  tokens/s mean {report.tokens_per_s_mean:.1f}"
+        lines.append(
+            f"steady dt over {d.n} steps: mean {d.mean:.3f}s  p50 {d.p50:.3f}s  p90 {d.p90:.3f}s{extra}"
+        )
+    c = report.compiles
+    if not compiles_logged(report):  # a recompile check (exit 13) is not told to run a recompile check
+        lines.append(f"compiles: {NOT_SEEN if code == ExitCode.UNVERIFIED else NOT_LOGGED}")
+    else:
+        lines.append(
+            f"compiles: {c.get('total', 0)} total, {c.get('warmup', 0)} in warm-up, {c.get('eval', 0)} in "
+            f"eval, {c.get('after_warmup', 0)} after warm-up, {c.get('open', 0)} after the last step"
+        )
+    if cached := cache_line(report):
+        lines.append(escape(cached))
+    for comp in report.recompiles:
+        lines.append(
+            f"[bold yellow]recompile[/] at step {comp.step} (w{comp.worker}): {escape(comp.function)}"
+        )
+        if comp.explanation:
+            lines.append(f"[dim]{escape(comp.explanation)}[/]")
+    return lines
+
+
+def _notes(report: LogReport) -> list[str]:
+    """What else the log said: evals, W&B, checkpoints, reward function errors, the summary, metrics lines."""
+    lines = ["eval " + " ".join(f"{k}={v}" for k, v in e.items()) for e in report.evals]
+    if report.wandb_url or report.wandb:
+        lines.append(f"W&B: {escape(report.wandb_url or report.wandb or '')}")
+    if report.checkpoints:
+        lines.append(f"checkpoints: {report.checkpoints}, last {escape(report.last_checkpoint or '?')}")
+    if report.reward_errors:
+        lines.append(
+            "reward function errors: " + ", ".join(f"{k} {n}" for k, n in report.reward_errors.items())
+        )
+    if report.summary:
+        lines.append("summary: " + escape(", ".join(f"{k} {_short(v)}" for k, v in report.summary.items())))
+    return lines + [f"metrics: {escape(json.dumps(m))}" for m in report.metrics]
+
+
+def _against_fit(report: LogReport, estimate: dict[str, object] | None) -> None:
+    """The run against its fit estimate (cost, HBM) and its warnings."""
+    from tpuops.run.estimate import compare, lines
+
+    against = compare(estimate, report)
+    for line in lines(against):
+        err.print(escape(line), highlight=False)
+    for w in against["warnings"]:
+        err.print(f"[bold yellow]warning[/] {escape(w)}")
 
 
 def _short(v: object) -> str:
@@ -238,19 +263,19 @@ def steps_table(report: LogReport) -> Table:
 
 def failures_table(report: LogReport) -> Table:
     counts = ", ".join(f"{k} {n}" for k, n in sorted(report.failure_counts.items()))
-    table = Table(title=f"failure signatures ({counts})", title_justify="left")
-    for col in ("worker", "kind", "line", "message", "where"):
-        table.add_column(col)
-    for f in report.failures:
-        table.add_row(f"w{f.worker}", f.kind, str(f.line or ""), escape(f.message), escape(f.detail))
-    return table
+    rows = [
+        [f"w{f.worker}", f.kind, str(f.line or ""), escape(f.message), escape(f.detail)]
+        for f in report.failures
+    ]
+    heads = ["worker", "kind", "line", "message", "where"]
+    return grid(heads, rows, title=f"failure signatures ({counts})", title_justify="left")
 
 
 def baseline_table(deltas: list[Delta]) -> Table:
-    table = Table(title="against the baseline (+ is worse)", title_justify="left")
-    for col in ("metric", "baseline", "now", "change", ""):
-        table.add_column(col)
-    for d in deltas:
-        mark = "[bold red]regressed[/]" if d.regressed else ""
-        table.add_row(d.metric, f"{d.baseline:.4g}", f"{d.current:.4g}", f"{d.change:+.1%}", mark)
-    return table
+    rows = [
+        [d.metric, f"{d.baseline:.4g}", f"{d.current:.4g}", f"{d.change:+.1%}",
+         "[bold red]regressed[/]" if d.regressed else ""]
+        for d in deltas
+    ]  # fmt: skip
+    heads = ["metric", "baseline", "now", "change", ""]
+    return grid(heads, rows, title="against the baseline (+ is worse)", title_justify="left")

@@ -1,22 +1,21 @@
-"""A run's reports: the SOP report, the dry-run plan, the runs table, stop, doctor, bench and fit tables."""
+"""A run's reports: the SOP report, the dry-run plan, the SOP list, the runs table, stop, doctor and top (bench's
+tables: benchview.py)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.table import Table
-
-from tpuops.console import Col, emit_json, err, escape, id_column, out, status_cell, table_of, table_width
+from tpuops.console import Col, emit_json, err, escape, grid, out, status_cell, table_of, table_width
 from tpuops.logs.events import at_step
 from tpuops.run.recover import notice_words
-from tpuops.run.result import RunResult
+from tpuops.run.result import Recovery, RunResult
 from tpuops.sop.actions import render_plan, summarize_plan
 
 if TYPE_CHECKING:  # the renderers' inputs, named for the type checker (imported at use by the commands)
-    from tpuops.run.bench import VariantResult
+    from rich.table import Table
+
     from tpuops.run.detached import RunState
     from tpuops.run.health import Doctored
     from tpuops.run.top import Top
@@ -38,51 +37,13 @@ def sop_report(report: RunResult, as_json: bool) -> None:
     if as_json:
         emit_json(report.to_dict())
         return
-    # Each worker's detail wraps between words (a path with the run id in it stays whole): nothing is cut.
-    cols = [Col("step", "wrap"), *(Col(f"w{w}", "wrap") for w in report.workers)]
-    rows = [
-        [escape(s.title), *("" if (o := s.outcomes.get(w)) is None else status_cell(o.status, o.detail)
-                            for w in report.workers)]
-        for s in report.steps
-    ]  # fmt: skip
-    title = f"{report.sop}  run {report.run_id}  ({report.transport})"
-    if len(report.workers) > 1 and table_width(cols, rows) > err.width:  # narrow: one row per step and worker
-        cols = [Col("step", "wrap"), Col("worker"), Col("outcome", "wrap")]
-        rows = [
-            [escape(s.title) if k == 0 else "", f"w{w}", status_cell(o.status, o.detail)]
-            for s in report.steps
-            for k, (w, o) in enumerate(sorted(s.outcomes.items()))
-        ]
-    err.print(table_of(cols, rows, err.width, title=title, title_justify="left"))
-    failure = report.first_failure()
-    if failure:
-        step, worker, outcome = failure
-        err.print(f"[bold red]failed[/]: step {step.title} on w{worker}: {escape(outcome.detail)}")
-    cause = report.log.cause() if report.log is not None else None
-    if cause is not None and code:
-        err.print(f"[bold red]cause[/] ({cause.kind}, w{cause.worker}): {escape(cause.message)}")
-    if report.hint:
-        err.print(f"[bold]fix[/]: {escape(report.hint)}")
-    for s in report.steps:
-        for w, o in sorted(s.outcomes.items()):
-            if o.data.get("py_spy"):
-                err.print(
-                    f"[bold]py-spy dump of w{w}[/] (the job's Python stacks when it stopped making progress):"
-                )
-                err.print(escape(str(o.data["py_spy"]).rstrip()))
+    err.print(_steps_table(report))
+    _why(report, code)
     for rec in report.recoveries:
-        resumed = (
-            "no step line after it"
-            if rec["resumed_step"] is None
-            else f"resumed at step {rec['resumed_step']}"
-        )
-        lost = "steps lost unknown" if rec["steps_lost"] is None else f"steps lost {rec['steps_lost']}"
-        kept = f"{notice_words(rec.get('notice_checkpoint'))}; " if rec.get("notice") else ""
-        err.print(
-            f"recovered: the VM {rec.get('why', 'was PREEMPTED')} {at_step(rec['last_step'])}; "
-            f"{kept}{rec['duration_s']}s to recreate, {resumed}, {lost}"
-        )
+        err.print(recovery_line(rec))
     if report.log is not None and report.log.metrics:
+        from tpuops.run.benchview import metrics_table, microbench_table
+
         benches = [m for m in report.log.metrics if m.get("kind") == "microbench"]
         if benches:
             err.print(microbench_table(benches))
@@ -99,6 +60,59 @@ def sop_report(report: RunResult, as_json: bool) -> None:
         for line in steps_lines(report.profile):
             err.print(escape(line), highlight=False)
     err.print(f"done in {report.duration_s:.2f}s, run {report.run_id}, exit code {code}")
+
+
+def _steps_table(report: RunResult) -> Table:
+    """Each step's outcome per worker; on a narrow terminal one row per step and worker."""
+    # Each worker's detail wraps between words (a path with the run id in it stays whole): nothing is cut.
+    cols = [Col("step", "wrap"), *(Col(f"w{w}", "wrap") for w in report.workers)]
+    rows = [
+        [escape(s.title), *("" if (o := s.outcomes.get(w)) is None else status_cell(o.status, o.detail)
+                            for w in report.workers)]
+        for s in report.steps
+    ]  # fmt: skip
+    title = f"{report.sop}  run {report.run_id}  ({report.transport})"
+    if len(report.workers) > 1 and table_width(cols, rows) > err.width:  # narrow: one row per step and worker
+        cols = [Col("step", "wrap"), Col("worker"), Col("outcome", "wrap")]
+        rows = [
+            [escape(s.title) if k == 0 else "", f"w{w}", status_cell(o.status, o.detail)]
+            for s in report.steps
+            for k, (w, o) in enumerate(sorted(s.outcomes.items()))
+        ]
+    return table_of(cols, rows, err.width, title=title, title_justify="left")
+
+
+def _why(report: RunResult, code: int) -> None:
+    """The first failed step, the log's cause, the fix, and the py-spy dump of a worker that hung."""
+    failure = report.first_failure()
+    if failure:
+        step, worker, outcome = failure
+        err.print(f"[bold red]failed[/]: step {step.title} on w{worker}: {escape(outcome.detail)}")
+    cause = report.log.cause() if report.log is not None else None
+    if cause is not None and code:
+        err.print(f"[bold red]cause[/] ({cause.kind}, w{cause.worker}): {escape(cause.message)}")
+    if report.hint:
+        err.print(f"[bold]fix[/]: {escape(report.hint)}")
+    for s in report.steps:
+        for w, o in sorted(s.outcomes.items()):
+            if o.data.get("py_spy"):
+                err.print(
+                    f"[bold]py-spy dump of w{w}[/] (the job's Python stacks when it stopped making progress):"
+                )
+                err.print(escape(str(o.data["py_spy"]).rstrip()))
+
+
+def recovery_line(rec: Recovery) -> str:
+    """One recovery of the run: why the VM was lost, where the run stood, how long it took, what was lost."""
+    resumed = (
+        "no step line after it" if rec["resumed_step"] is None else f"resumed at step {rec['resumed_step']}"
+    )
+    lost = "steps lost unknown" if rec["steps_lost"] is None else f"steps lost {rec['steps_lost']}"
+    kept = f"{notice_words(rec.get('notice_checkpoint'))}; " if rec.get("notice") else ""
+    return (
+        f"recovered: the VM {rec.get('why', 'was PREEMPTED')} {at_step(rec['last_step'])}; "
+        f"{kept}{rec['duration_s']}s to recreate, {resumed}, {lost}"
+    )
 
 
 def dry_run(dr: RunResult, as_json: bool, *, verbose: bool = False) -> None:
@@ -165,14 +179,11 @@ def sop_show(sop: Sop, path: str, as_json: bool) -> None:
         emit_json({"path": path, **sop.model_dump()})
         return
     out.print(f"[bold]{sop.name}[/]  ({path})\n{sop.description}\n")
-    params = Table("parameter", "type", "default", "description", title="parameters", title_justify="left")
-    for name, p in sop.params.items():
-        params.add_row(name, p.type, p.shown_default, p.description)
-    out.print(params)
-    steps = Table("#", "step", "kind", title="steps", title_justify="left")
-    for i, s in enumerate(sop.steps):
-        steps.add_row(str(i), s.title, s.kind)
-    out.print(steps)
+    params = [[name, p.type, p.shown_default, p.description] for name, p in sop.params.items()]
+    heads = ["parameter", "type", "default", "description"]
+    out.print(grid(heads, params, title="parameters", title_justify="left"))
+    steps = [[str(i), s.title, s.kind] for i, s in enumerate(sop.steps)]
+    out.print(grid(["#", "step", "kind"], steps, title="steps", title_justify="left"))
 
 
 def runs_table(states: list[RunState], as_json: bool) -> None:
@@ -269,107 +280,6 @@ def doctor(found: Doctored, as_json: bool, vm: str | None = None) -> None:
         err.print(f"[bold]fix[/]: {escape(fix)}")
 
 
-def rollout_bench(results: list[VariantResult], as_json: bool) -> None:
-    base = results[0]
-
-    def ratio(v: float | None, b: float | None) -> str:
-        return "" if v is None or not b else f"{v / b:.2f}x"
-
-    if as_json:
-        rows = [
-            {
-                **r.__dict__,
-                "dt_p50_ratio": None if r.dt_p50 is None or not base.dt_p50 else r.dt_p50 / base.dt_p50,
-                "rollout_ratio": None
-                if r.rollout_generate_mean is None or not base.rollout_generate_mean
-                else r.rollout_generate_mean / base.rollout_generate_mean,
-            }
-            for r in results
-        ]
-        emit_json(rows)
-        return
-    table = Table(
-        "variant",
-        "steps",
-        "dt p50 s",
-        "ratio",
-        "rollout_generate s",
-        "ratio",
-        "update s",
-        title="rollout comparison (steady state, after warm-up)",
-        title_justify="left",
-    )
-    profiled = any(r.top_ops or r.profile_note for r in results)
-    if profiled:  # --profile: each variant's top ops over the traced steps (their own time's share)
-        table.add_column("top ops (share)", overflow="fold")
-    id_column(table, "run", [r.run_id for r in results])
-    for r in results:
-        f = lambda v: "" if v is None else f"{v:.3f}"  # noqa: E731
-        ops = ", ".join(f"{o['name']} {o['share']:.0%}" for o in r.top_ops) or (r.profile_note or "")
-        table.add_row(
-            r.label,
-            str(r.steps),
-            f(r.dt_p50),
-            ratio(r.dt_p50, base.dt_p50),
-            f(r.rollout_generate_mean),
-            ratio(r.rollout_generate_mean, base.rollout_generate_mean),
-            f(r.update_mean),
-            *([escape(ops)] if profiled else []),
-            r.run_id,
-        )
-    err.print(table)
-
-
-def metrics_table(m: dict[str, Any]) -> Table:
-    """A `metrics: {json}` line from gradcheck as a table (other kinds but microbench: key/value rows)."""
-    if m.get("kind") == "gradcheck":
-        quantities = sorted({q for r in m.get("impls", {}).values() for q in r if isinstance(r.get(q), dict)})
-        table = Table(
-            "impl",
-            *[f"{q} rel" for q in quantities],
-            "ok",
-            title=f"gradcheck {m.get('loss')} ({m.get('config')}, {m.get('dtype')}, {m.get('backend')}), "
-            f"tolerance rel {m.get('tolerance_rel')}",
-            title_justify="left",
-        )
-        for impl, r in m.get("impls", {}).items():
-            rel = [f"{r[q]['rel']:.1e}" if q in r else "" for q in quantities]
-            table.add_row(impl, *rel, "[green]yes[/]" if r.get("ok") else "[bold red]NO[/]")
-        return table
-    table = Table("key", "value", title=str(m.get("kind", "metrics")), title_justify="left")
-    for k, v in m.items():
-        table.add_row(str(k), escape(json.dumps(v) if isinstance(v, dict | list) else str(v)))
-    return table
-
-
-def microbench_table(ms: list[dict[str, Any]]) -> Table:
-    """`metrics:` lines of microbench runs side by side; ratios against the first implementation."""
-    table = Table(
-        "impl", "B×T×V", "dtype", "mean ms", "p50 ms", "p90 ms", "p50 ratio", "temp MB", "peak MB", "backend",
-        title="microbench (forward+backward; ratio: p50 against the first row)", title_justify="left",
-    )  # fmt: skip
-    first = float(ms[0].get("p50_ms") or 0)
-
-    def mb(v: object) -> str:
-        return "" if v is None else f"{float(v) / 1e6:.1f}"  # type: ignore[arg-type]
-
-    for m in ms:
-        p50 = float(m.get("p50_ms") or 0)
-        table.add_row(
-            str(m.get("impl")),
-            f"{m.get('B')}×{m.get('T')}×{m.get('V')}",
-            str(m.get("dtype")),
-            f"{m.get('mean_ms', 0):.2f}",
-            f"{p50:.2f}",
-            f"{m.get('p90_ms', 0):.2f}",
-            f"{p50 / first:.2f}×" if first > 0 else "",
-            mb(m.get("temp_bytes")),
-            mb(m.get("peak_bytes")),
-            str(m.get("backend")),
-        )
-    return table
-
-
 def top_table(top: Top, as_json: bool) -> None:
     """`tpuops top`: one row per worker and chip (HBM in use, duty cycle), or why there are no memory fields."""
     from tpuops.run.logtext import chip_span
@@ -377,8 +287,7 @@ def top_table(top: Top, as_json: bool) -> None:
     if as_json:
         emit_json(top.to_dict())
         return
-    t = Table("worker", "job", "step", "chip", "HBM GB", "duty %", "HBM min-max GB", "peak GB", "limit GB",
-              title=f"top {top.run_id}", title_justify="left")  # fmt: skip
+    rows: list[list[str]] = []
     for w in top.workers:
         c = w.chips or {}
         hbm, duty = c.get("hbm_gb_chips") or [], c.get("duty_pct_chips") or []
@@ -388,10 +297,11 @@ def top_table(top: Top, as_json: bool) -> None:
         state = escape(w.state + (f" ({w.detail})" if w.detail else ""))
         step = "-" if w.step is None else str(w.step)
         for i in range(max(len(hbm), len(duty), 1)):
-            t.add_row(f"w{w.worker}", state if i == 0 else "", step if i == 0 else "", str(i) if hbm or duty else "-",
-                      f"{hbm[i]:.2f}" if i < len(hbm) else "-", f"{duty[i]:.1f}" if i < len(duty) else "-",
-                      *(common if i == 0 else ["", "", ""]))  # fmt: skip
-    err.print(t)
+            rows.append([f"w{w.worker}", state if i == 0 else "", step if i == 0 else "",
+                         str(i) if hbm or duty else "-", f"{hbm[i]:.2f}" if i < len(hbm) else "-",
+                         f"{duty[i]:.1f}" if i < len(duty) else "-", *(common if i == 0 else ["", "", ""])])  # fmt: skip
+    heads = ["worker", "job", "step", "chip", "HBM GB", "duty %", "HBM min-max GB", "peak GB", "limit GB"]
+    err.print(grid(heads, rows, title=f"top {top.run_id}", title_justify="left"))
     if not top.memory_fields:
         from tpuops.run.top import NO_CHIPS
 
