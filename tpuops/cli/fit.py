@@ -77,8 +77,6 @@ def fit(
       tpuops fit qwen2.5-3b-v6e-8 --region europe-west4
       tpuops fit qwen2.5-7b-v6e-16 --slices 2 --json
     """
-    from tpuops import console
-    from tpuops.checks import calibrate
     from tpuops.checks import fit as fitlib
     from tpuops.config import parse_sets
     from tpuops.errors import UsageError
@@ -87,17 +85,39 @@ def fit(
     if efficiency not in ("measured", "published"):
         raise UsageError(f"--efficiency is measured or published, received {efficiency!r}")
     sets = [f"{k}={v}" for k, v in parse_sets(set_).items()]
-    # At a terminal a status line says which program compiles and for how long (minutes for a big model).
+    result = _compiled(config, sets, accelerator, topology, not no_cache, slices, json)
+    result = _priced(result, efficiency, region, api_endpoint)
+    fitview.fit_report(result, json)
+    raise typer.Exit(fitlib.exit_code(result))
+
+
+def _compiled(
+    config: str, sets: list[str], accelerator: str | None, topology: str | None, use_cache: bool, slices: int,
+    json: bool,
+) -> dict[str, object]:  # fmt: skip
+    """The config compiled for its TPU; at a terminal a status line says which program compiles and for how
+    long (minutes for a big model)."""
+    from tpuops import console
+    from tpuops.checks import fit as fitlib
+
     watch = fitlib.FitProgress(config) if console.live_wanted(json) else None
     with console.Live(watch):
-        result = fitlib.check(
-            config, sets, accelerator=accelerator, topology=topology, use_cache=not no_cache, slices=slices,
+        return fitlib.check(
+            config, sets, accelerator=accelerator, topology=topology, use_cache=use_cache, slices=slices,
             on_progress=watch.feed if watch is not None else None,
         )  # fmt: skip
+
+
+def _priced(
+    result: dict[str, object], efficiency: str, region: str | None, api_endpoint: str | None
+) -> dict[str, object]:
+    """The verdict with its expected step at the chosen efficiency, and its cost in the region (the user's zone
+    in tpuops.toml when not given)."""
+    from tpuops.checks import calibrate
+    from tpuops.checks import fit as fitlib
+
     if region is None:
         from tpuops.config import load as load_user_config
 
         region = load_user_config().zone
-    result = fitlib.with_cost(calibrate.calibrate(result, efficiency), region, api_endpoint)
-    fitview.fit_report(result, json)
-    raise typer.Exit(fitlib.exit_code(result))
+    return fitlib.with_cost(calibrate.calibrate(result, efficiency), region, api_endpoint)

@@ -12,6 +12,8 @@ import typer
 
 if TYPE_CHECKING:
     from tpuops.config import TargetSpec
+    from tpuops.run.launch import RunRequest
+    from tpuops.run.result import RunResult
 
 
 def finish_json(on: bool) -> None:
@@ -39,8 +41,7 @@ def run_sop(
     unreachable_s: float | None = None,
     command: tuple[str, ...] = (),
 ) -> None:
-    from tpuops import console
-    from tpuops.run import launch, report
+    from tpuops.run import launch
 
     finish_json(json)
     req = launch.RunRequest(
@@ -57,16 +58,24 @@ def run_sop(
         skip_fit=skip_fit,
         command=command,
     )
-    from tpuops.logs.progress import Progress
+    result = _followed(req, json, recover, unreachable_s)
+    _render(result, json, verbose)
 
-    # One library call: it loads the config, resolves the target once and decides the VM watch itself.
-    # At a terminal the run is followed under a status line (phase, step N/total, elapsed, ETA, reward).
-    detach = threading.Event()  # the first Ctrl-C: stop following, the job goes on
+
+def _followed(req: RunRequest, json: bool, recover: int | None, unreachable_s: float | None) -> RunResult:
+    """One library call: it loads the config, resolves the target once and decides the VM watch itself.
+    At a terminal the run is followed under a status line (phase, step N/total, elapsed, ETA, reward)."""
+    from tpuops import console
     from tpuops.logs.fields import parse_columns
+    from tpuops.logs.progress import Progress
+    from tpuops.run import launch, report
 
-    live_view = Progress(columns=parse_columns(sets.get("columns"))) if console.live_wanted(json) else None
+    detach = threading.Event()  # the first Ctrl-C: stop following, the job goes on
+    live_view = (
+        Progress(columns=parse_columns(req.sets.get("columns"))) if console.live_wanted(json) else None
+    )
     with detach_on_sigint(detach), console.Live(live_view) as live:
-        result = launch.start(
+        return launch.start(
             req,
             max_recoveries=recover,
             unreachable_s=unreachable_s,
@@ -77,6 +86,13 @@ def run_sop(
             notify=console.note,
             detach=detach,
         )
+
+
+def _render(result: RunResult, json: bool, verbose: bool) -> None:
+    """A run's answer: a dry run's plan (exit 0), or the line after Ctrl-C and the run's report, its exit code."""
+    from tpuops import console
+    from tpuops.run import report
+
     if result.planned is not None:  # --dry-run: the plan, exit 0
         report.dry_run(result, json, verbose=verbose)
         return

@@ -4,13 +4,17 @@ the repositories' homes on their workers (clean)."""
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from tpuops.cli import complete
 from tpuops.cli import options as o
 from tpuops.cli.command import App
+
+if TYPE_CHECKING:  # named for the type checker (imported at use: the CLI starts fast)
+    from tpuops.cloud.autostop import Autostop
+    from tpuops.cloud.vms import ApiTarget
 
 app = App(
     help="Find, describe, create, delete and wait for TPU VMs; clean their workers' homes.",
@@ -38,7 +42,7 @@ AutostopActionOpt = Annotated[
 ]
 
 
-def _target(project: str | None, api_endpoint: str | None, zone: str | None = None):
+def _target(project: str | None, api_endpoint: str | None, zone: str | None = None) -> ApiTarget:
     from tpuops.cloud.vms import ApiTarget
 
     return ApiTarget(project=project, api_endpoint=api_endpoint, zone=zone)
@@ -156,8 +160,6 @@ def create(
       tpuops vm create ironwood --accelerator tpu7x-16 --zone us-central1-c --spot --wait
       tpuops vm create ms --accelerator v6e-8 --slices 2 --zone us-east5-b --runtime-version v2-alpha-tpuv6e --wait
     """
-    from pathlib import Path
-
     from tpuops import console
     from tpuops.cloud import autostop as auto
     from tpuops.cloud import tables, vms
@@ -183,17 +185,29 @@ def create(
         autostop=setting,
     )
     complete.remember_vms([vm])
-    watch = None
-    if setting:  # its watcher on w0, over SSH (run/autostop.py)
-        from tpuops.config import target_from_options
-        from tpuops.run import autostop as running
-
-        spec = target_from_options(vm=name, zone=vm.zone, project=project, user=user, identity=identity,
-                                   api_endpoint=api_endpoint)  # fmt: skip
-        applied = running.apply(spec, setting, cwd=Path.cwd())
-        watch = {"setting": setting.value, "words": setting.words, "watcher": applied.watcher,
-                 "status": f"watcher on w0: {applied.watcher}"}  # fmt: skip
+    watch = (
+        None
+        if setting is None
+        else _autostop_watcher(vm.zone, name, setting, project, user, identity, api_endpoint)
+    )
     tables.vm_describe(vm, json, verb="created", autostop=watch)
+
+
+def _autostop_watcher(
+    zone: str, name: str, setting: Autostop, project: str | None, user: str | None, identity: str | None,
+    api_endpoint: str | None,
+) -> dict[str, str]:  # fmt: skip
+    """The new VM's autostop watcher started on w0, over SSH (run/autostop.py): what vm describe shows of it."""
+    from pathlib import Path
+
+    from tpuops.config import target_from_options
+    from tpuops.run import autostop as running
+
+    spec = target_from_options(vm=name, zone=zone, project=project, user=user, identity=identity,
+                               api_endpoint=api_endpoint)  # fmt: skip
+    applied = running.apply(spec, setting, cwd=Path.cwd())
+    return {"setting": setting.value, "words": setting.words, "watcher": applied.watcher,
+            "status": f"watcher on w0: {applied.watcher}"}  # fmt: skip
 
 
 @app.command("autostop")

@@ -12,13 +12,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tpuops import shell
 from tpuops.config import open_private, private_dir, write_private
 from tpuops.errors import HostKeyError, TpuopsError
 from tpuops.logs.actions import Fetch, Follow
 from tpuops.logs.chunks import READ_CHUNK, pieces, shown, whole_lines
 from tpuops.logs.events import Event, Failure, LogReport, StepEvent, exit_status, merge
 from tpuops.logs.hang import HangWatch
+from tpuops.logs.probes import job_died, py_spy
 from tpuops.logs.scanner import LogScanner
 from tpuops.shell import Redactor
 from tpuops.transport.base import CmdResult, Kind, LineSink, Transport
@@ -67,6 +67,23 @@ class Readings:
 
 
 @dataclass
+class _Poll:
+    """One worker's follow in progress: where its log was read to, the partial line after it, what an earlier
+    follow showed (`shown`, a byte offset), whether its lines are shown, its hang watch (process 0)."""
+
+    w: int
+    action: Follow
+    reading: Reading
+    shown: int
+    offset: int
+    show: bool
+    hang: HangWatch | None
+    pending: bytes = b""
+    polls: int = 0
+    t0: float = field(default_factory=time.monotonic)
+
+
+@dataclass
 class Follower:
     """Follows a run's logs over one transport. Consumers hear the scanner's typed events (`on_event`, every
     worker), process 0's hang detection acts on its step events, `offsets` says how far each log was shown,
@@ -101,101 +118,129 @@ class Follower:
         """
         log, exit_file = f"{action.run_dir}/worker-{w}.log", f"{action.run_dir}/worker-{w}.exit"
         reading = self.reads.of(w)
-        scanner, polled = reading.scanner, reading.events
-        shown = self.offsets.get(w, 0)  # lines before this byte were shown by an earlier follow
-        offset, pending, t0 = reading.fed, b"", time.monotonic()
+        hang = HangWatch(action) if action.hang_factor and w == 0 else None
+        p = _Poll(
+            w, action, reading, self.offsets.get(w, 0), reading.fed, action.stream == "all" or w == 0, hang
+        )
         backoff = Backoff(action.poll_s, 2.0, 10.0)  # between reads that failed (a reconnect each)
         delays = backoff.delays()
-        show = action.stream == "all" or w == 0
-        hang = HangWatch(action) if action.hang_factor and w == 0 else None
-        polls = 0
         while True:
-            polls += 1
+            p.polls += 1
             try:
                 code = self.transport.read_from(w, exit_file, 0)  # read before the log: no line left behind
-                chunk = self.transport.read_from(w, log, offset, READ_CHUNK) or b""
+                chunk = self.transport.read_from(w, log, p.offset, READ_CHUNK) or b""
                 delays = backoff.delays()
             except HostKeyError:
                 raise  # a changed host key is never retried: the worker may be another machine now (exit 3)
             except (OSError, EOFError, TpuopsError) as e:
-                if self.detach.is_set():
-                    return self._ended(w, action, Kind.DETACHED, "detached: the job goes on")
-                if self.abort.is_set():
-                    return self._ended(w, action, Kind.ABORTED, "aborted: the VM is gone")
-                if time.monotonic() - t0 > action.timeout:
-                    return self._ended(w, action, Kind.CONNECT, f"lost connection: {e}")
+                if (ended := self._unreachable(p, e)) is not None:
+                    return ended
                 self.detach.wait(next(delays))
                 continue
             more = len(chunk) == READ_CHUNK  # the log goes on past this read: read again at once
-            if more:
-                code = None  # the exit file counts once the whole log is read
-            start = offset - len(pending)  # where `block` starts in the log
-            block, pending = whole_lines(pending + chunk)
-            offset += len(chunk)
-            # Whole lines only (a partial one waits for the next chunk): shown and fed to the scanner redacted,
-            # as the fetched copy has them. Lines an earlier follow showed are only fed.
-            old, new = _split(block, shown - start)
-            if old:
-                past = self.redact(old.decode(errors="replace"))
-                scanner.feed_bytes(past.encode())
-                if show and self.on_past is not None:
-                    for ln in past.splitlines():
-                        for piece in pieces(ln):
-                            self.on_past(w, piece)
-                if hang is not None:  # attach: the steps shown before count, timed from now
-                    hang.check([e for e in polled if isinstance(e, StepEvent)])
-                polled.clear()  # their events went out when they were shown
-            if new:
-                text = self.redact(new.decode(errors="replace"))
-                if show:
-                    self._show(w, text)
-                scanner.feed_bytes(text.encode(), at=time.time())
-                # Saved after the lines were shown (never lose one), and only whole lines count:
-                # a reattach resumes at the start of a partial line.
-                self.offsets[w] = offset - len(pending)
-                if self.on_offset:
-                    self.on_offset(self.offsets)
-            reading.fed = offset - len(pending)
+            code = None if more else code  # the exit file counts once the whole log is read
             status, notes = exit_status(code)
-            fresh = reading.fed >= shown  # the partial line after the whole ones was never shown
-            last = self.redact(pending.decode(errors="replace")) if status is not None and pending else ""
-            if last:  # the job ended: its last line is whole
-                scanner.feed_bytes(last.encode() + b"\n", at=time.time() if fresh else None)
-                if not fresh:
-                    polled.clear()
+            last = self._feed(p, chunk, status)
+            if (ended := self._events(p)) is not None:
+                return ended
             if status is not None:
-                if not reading.complete:
-                    scanner.exit(status)
-                reading.fed, reading.complete = offset, True
-            events, polled[:] = list(polled), []
-            self._hand_out(events)
-            if hang is not None:
-                hung = hang.check([e for e in events if isinstance(e, StepEvent)])
-                if hung:
-                    dump = self.redact(self._py_spy(w, action)) if action.py_spy else ""
-                    if action.on_hang == "stop":
-                        return self._ended(w, action, Kind.HUNG, f"hung: {hung}", stdout=dump)
-                    if self.on_line:
-                        self.on_line(w, f"tpuops: worker looks hung: {hung} (still following)")
-                        for text in dump.splitlines():
-                            self.on_line(w, f"tpuops: py-spy: {text}")
-            if status is not None:
-                if show and last and fresh:
+                if p.show and last:
                     self._show(w, last)
-                self.offsets[w] = max(offset, shown)
-                return CmdResult(w, action.render(), 0, job_exit=status, offset=offset, job_notes=notes)
-            if self.detach.is_set():
-                return self._ended(w, action, Kind.DETACHED, "detached: the job goes on")
-            if cancel.is_set():
-                return self._ended(w, action, Kind.CANCELLED, "cancelled: another worker failed")
-            if polls % 10 == 0 and code is None and self._job_died(w, action):
-                return self._ended(w, action, Kind.DIED, "the job died without an exit code (killed?)")
-            if self.abort.is_set():
-                return self._ended(w, action, Kind.ABORTED, "aborted: the VM is gone")
-            if time.monotonic() - t0 > action.timeout:
-                return self._ended(w, action, Kind.TIMEOUT, f"timed out after {action.timeout:g}s")
+                self.offsets[w] = max(p.offset, p.shown)
+                return CmdResult(w, action.render(), 0, job_exit=status, offset=p.offset, job_notes=notes)
+            if (ended := self._stopped(p, cancel, code)) is not None:
+                return ended
             if not more:
                 self.detach.wait(action.poll_s)
+
+    def _unreachable(self, p: _Poll, e: Exception) -> CmdResult | None:
+        """A read that failed: the follow's end when it was detached, aborted or past its timeout; None: retry."""
+        if self.detach.is_set():
+            return self._ended(p.w, p.action, Kind.DETACHED, "detached: the job goes on")
+        if self.abort.is_set():
+            return self._ended(p.w, p.action, Kind.ABORTED, "aborted: the VM is gone")
+        if time.monotonic() - p.t0 > p.action.timeout:
+            return self._ended(p.w, p.action, Kind.CONNECT, f"lost connection: {e}")
+        return None
+
+    def _feed(self, p: _Poll, chunk: bytes, status: int | None) -> str:
+        """A read's whole lines (a partial one waits for the next chunk), shown and fed to the scanner redacted,
+        as the fetched copy has them; lines an earlier follow showed are only fed. At the job's end (`status`)
+        its last line is whole: fed, and returned when it was never shown ("" otherwise)."""
+        scanner, polled = p.reading.scanner, p.reading.events
+        start = p.offset - len(p.pending)  # where `block` starts in the log
+        block, p.pending = whole_lines(p.pending + chunk)
+        p.offset += len(chunk)
+        old, new = _split(block, p.shown - start)
+        if old:
+            self._past(p, old)
+        if new:
+            text = self.redact(new.decode(errors="replace"))
+            if p.show:
+                self._show(p.w, text)
+            scanner.feed_bytes(text.encode(), at=time.time())
+            # Saved after the lines were shown (never lose one), and only whole lines count:
+            # a reattach resumes at the start of a partial line.
+            self.offsets[p.w] = p.offset - len(p.pending)
+            if self.on_offset:
+                self.on_offset(self.offsets)
+        p.reading.fed = p.offset - len(p.pending)
+        fresh = p.reading.fed >= p.shown  # the partial line after the whole ones was never shown
+        last = self.redact(p.pending.decode(errors="replace")) if status is not None and p.pending else ""
+        if last:  # the job ended: its last line is whole
+            scanner.feed_bytes(last.encode() + b"\n", at=time.time() if fresh else None)
+            if not fresh:
+                polled.clear()
+        if status is not None:
+            if not p.reading.complete:
+                scanner.exit(status)
+            p.reading.fed, p.reading.complete = p.offset, True
+        return last if fresh else ""
+
+    def _past(self, p: _Poll, old: bytes) -> None:
+        """Lines an earlier follow showed (attach): fed, passed to `on_past`, their steps timed from now."""
+        past = self.redact(old.decode(errors="replace"))
+        p.reading.scanner.feed_bytes(past.encode())
+        if p.show and self.on_past is not None:
+            for ln in past.splitlines():
+                for piece in pieces(ln):
+                    self.on_past(p.w, piece)
+        if p.hang is not None:  # attach: the steps shown before count, timed from now
+            p.hang.check([e for e in p.reading.events if isinstance(e, StepEvent)])
+        p.reading.events.clear()  # their events went out when they were shown
+
+    def _events(self, p: _Poll) -> CmdResult | None:
+        """The read's events handed out, and process 0's hang check: the follow's end when it hung and
+        `on_hang` is stop (a note and the py-spy dump otherwise)."""
+        polled = p.reading.events
+        events, polled[:] = list(polled), []
+        self._hand_out(events)
+        hung = p.hang.check([e for e in events if isinstance(e, StepEvent)]) if p.hang is not None else None
+        if not hung:
+            return None
+        dump = self.redact(py_spy(self.transport, p.w, p.action)) if p.action.py_spy else ""
+        if p.action.on_hang == "stop":
+            return self._ended(p.w, p.action, Kind.HUNG, f"hung: {hung}", stdout=dump)
+        if self.on_line:
+            self.on_line(p.w, f"tpuops: worker looks hung: {hung} (still following)")
+            for text in dump.splitlines():
+                self.on_line(p.w, f"tpuops: py-spy: {text}")
+        return None
+
+    def _stopped(self, p: _Poll, cancel: threading.Event, code: bytes | None) -> CmdResult | None:
+        """The follow's end before the exit file: detached, cancelled, the job dead, aborted or timed out."""
+        w, action = p.w, p.action
+        if self.detach.is_set():
+            return self._ended(w, action, Kind.DETACHED, "detached: the job goes on")
+        if cancel.is_set():
+            return self._ended(w, action, Kind.CANCELLED, "cancelled: another worker failed")
+        if p.polls % 10 == 0 and code is None and job_died(self.transport, w, action):
+            return self._ended(w, action, Kind.DIED, "the job died without an exit code (killed?)")
+        if self.abort.is_set():
+            return self._ended(w, action, Kind.ABORTED, "aborted: the VM is gone")
+        if time.monotonic() - p.t0 > action.timeout:
+            return self._ended(w, action, Kind.TIMEOUT, f"timed out after {action.timeout:g}s")
+        return None
 
     def _show(self, w: int, text: str) -> None:
         """Whole lines, already redacted as one text (one search per secret form, not one per line), shown (a
@@ -310,39 +355,6 @@ class Follower:
                 self.on_event(replace(e, message=self.redact(e.message), detail=self.redact(e.detail)))
             else:
                 self.on_event(e)
-
-    def _job_died(self, w: int, action: Follow) -> bool:
-        """The pid file's process is gone and still no exit file (it is written just before the process ends)."""
-        rd = shell.path(action.run_dir)
-        r = self.transport.run(
-            w,
-            f"{shell.ALIVE}; [ -e {rd}/worker-{w}.exit ] || "
-            f'alive "$(head -c 64 {rd}/worker-{w}.pid 2>/dev/null | tr -dc 0-9)" || echo dead',
-            timeout=30,
-        )
-        if r.ok and r.stdout.strip() == "dead":
-            time.sleep(0.5)  # the exit file may land right after the process ends
-            return self.transport.read_from(w, f"{action.run_dir}/worker-{w}.exit", 0) is None
-        return False
-
-    def _py_spy(self, w: int, action: Follow) -> str:
-        """Python stacks of the job's processes (its session: the job leads one) with `py-spy dump`.
-
-        py-spy is looked for beside each process's own interpreter (a venv's bin/) before PATH.
-        """
-        pid = f"$(head -c 64 {shell.path(action.run_dir)}/worker-{w}.pid | tr -dc 0-9)"
-        script = f"""found=0
-for p in $(pgrep -s {pid}); do
-  exe=$(tr '\\0' '\\n' < /proc/$p/cmdline 2>/dev/null | head -n 1)
-  case "$(basename "$exe")" in python*) ;; *) continue ;; esac
-  spy="$(dirname "$exe")/py-spy"; [ -x "$spy" ] || spy=$(command -v py-spy) || {{
-    echo "py-spy is not installed on this worker (pip install py-spy)"; exit 0; }}
-  echo "py-spy dump --pid $p"; "$spy" dump --pid "$p" 2>&1; found=1
-done
-[ $found = 1 ] || echo "no Python process in the job's session"
-"""
-        r = self.transport.run(w, script, timeout=60)
-        return r.stdout
 
 
 def _feed_unread(reading: Reading, raw: bytes, start: int, text: str, redact: Redactor) -> None:
