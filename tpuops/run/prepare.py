@@ -12,7 +12,7 @@ from tpuops.config import TargetSpec, UserConfig
 from tpuops.errors import UsageError
 from tpuops.sop import claim, loader
 from tpuops.sop.actions import Action, Command
-from tpuops.sop.model import TEMPLATE, PlanContext, suggest
+from tpuops.sop.model import TEMPLATE, PlanContext, fill, fill_argv, suggest
 
 
 def check_params(sop: loader.Sop, cfg: UserConfig, cwd: Path) -> list[str]:
@@ -61,17 +61,7 @@ def preflight_argv(sop: loader.Sop, values: dict[str, object]) -> list[list[str]
     import sys
 
     scope = {**values, "local_python": sys.executable}
-    argvs = []
-    for check in sop.preflight:
-        argv: list[str] = []
-        for word in check.argv:
-            whole = TEMPLATE.fullmatch(word)
-            if whole and isinstance(scope.get(whole.group(1)), list):
-                argv.extend(scope[whole.group(1)])  # type: ignore[arg-type]
-            else:
-                argv.append(TEMPLATE.sub(lambda m: str(scope[m.group(1)]), word))
-        argvs.append(argv)
-    return argvs
+    return [fill_argv(check.argv, scope) for check in sop.preflight]
 
 
 def check_trainer(sop: loader.Sop, values: dict[str, object]) -> None:
@@ -108,7 +98,7 @@ def fit_preflight(
     from tpuops.checks import fit
     from tpuops.console import say as note  # fit and cost lines name their subject themselves
 
-    config = TEMPLATE.sub(lambda m: str(values[m.group(1)]), sop.fit.config)
+    config = fill(sop.fit.config, values)
     given = values.get(sop.fit.sets.strip("{}"), []) if sop.fit.sets else []
     sets = [str(s) for s in given] if isinstance(given, list | tuple) else []
     try:

@@ -6,6 +6,7 @@ import difflib
 import math
 import re
 import shlex
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -148,8 +149,7 @@ class PlanContext:
 
     def raw(self, template: str) -> str:
         """Substitute parameters verbatim (for typed fields the step quotes itself)."""
-        scope = {**self.values, **self.builtins()}
-        return TEMPLATE.sub(lambda m: _text(scope[m.group(1)]), template)
+        return fill(template, {**self.values, **self.builtins()})
 
     def number(self, value: float | str | None, field_name: str) -> float | None:
         """A numeric step field, or its template (`"{timeout}"`) checked once the parameters are in: finite and
@@ -173,15 +173,7 @@ class PlanContext:
 
     def command(self, template: str) -> str:
         """Substitute parameters into shell text, each value quoted: a value is data, never code."""
-        scope = {**self.values, **self.builtins()}
-
-        def sub(m: re.Match[str]) -> str:
-            name, value = m.group(1), scope[m.group(1)]
-            if isinstance(value, list):
-                return " ".join(shell.quote(v) for v in value)
-            return shell.path(str(value)) if name in self.paths else shell.quote(value)
-
-        return TEMPLATE.sub(sub, template)
+        return fill(template, {**self.values, **self.builtins()}, shell_words=True, paths=self.paths)
 
 
 @dataclass(frozen=True)
@@ -265,8 +257,61 @@ def suggest(word: str, options: Any) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def _text(value: object) -> str:
-    return " ".join(value) if isinstance(value, list) else str(value)
+def fill(
+    template: str, scope: Mapping[str, object], *, shell_words: bool = False, paths: Collection[str] = ()
+) -> str:
+    """The one renderer of parameter values (`--set`, tpuops.toml, defaults) into a template's `{name}`s.
+
+    `shell_words`: into shell text, each value one quoted word (a list: one quoted word per item; a name in
+    `paths`: a remote path, `~/` kept as the remote home), so a value is data, never code; otherwise verbatim
+    (a list: its items joined by spaces). A `{name}` the scope lacks is exit 2 naming it."""
+
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name not in scope:
+            raise UsageError(
+                f"{{{name}}} in {template!r} is not a parameter",
+                hint=f"parameters here: {', '.join(sorted(scope)) or 'none'}",
+            )
+        value = scope[name]
+        if not shell_words:
+            return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+        if isinstance(value, list):
+            return " ".join(shell.quote(v) for v in value)
+        return shell.path(str(value)) if name in paths else shell.quote(value)
+
+    return TEMPLATE.sub(sub, template)
+
+
+def fill_argv(words: Sequence[str], scope: Mapping[str, object]) -> list[str]:
+    """An argv with the values in (`fill`, verbatim): a word that is just a list parameter (the trainer
+    overrides) splices in as that many words, so a local check sees exactly the words the workers get."""
+    argv: list[str] = []
+    for word in words:
+        whole = TEMPLATE.fullmatch(word)
+        value = scope.get(whole.group(1)) if whole else None
+        if isinstance(value, list):
+            argv.extend(map(str, value))
+        else:
+            argv.append(fill(word, scope))
+    return argv
+
+
+# A trainer key that names a credential: its value belongs in the workers' .env, never on a command line.
+SECRET_KEY = re.compile(r"(^|[._])(token|secret|password|passwd|api_key|apikey|credentials?)($|[._])", re.I)
+
+
+def trainer_override(key: str, value: object) -> str:
+    """One trainer setting as the one argv word the trainer's strict `--set` parses (`--set=train.steps=20`,
+    booleans lower case): whatever the value holds, it stays one word. A key naming a credential is exit 2:
+    secrets travel in .env files, never on a command line (where `ps` and the run record would show them)."""
+    if SECRET_KEY.search(key):
+        raise UsageError(
+            f"--set {key}=... names a secret: secrets never go on the trainer's command line",
+            hint=f"put it in the .env file the SOP sends (`tpuops env`), not in --set {key}",
+        )
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    return f"--set={key}={text}"
 
 
 def _last_line(text: str) -> str:

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from tpuops.errors import UsageError
-from tpuops.sop.model import Frozen, Param, suggest
+from tpuops.sop.model import Frozen, Param, suggest, trainer_override
 from tpuops.sop.pyenv import PythonEnv
 from tpuops.sop.runs import FetchLog, FollowStep, Run
 from tpuops.sop.steps import ClearLockfile, GitSync, Shell, SyncEnv
@@ -84,11 +84,11 @@ class Sop(Frozen):
         `--set train.steps=N` still has the last word."""
         sets = dict(sets)
         if self.overrides:
-            dotted = [f"{k}={v}" for k, v in sets.items() if "." in k]
+            dotted = [trainer_override(k, v) for k, v in sets.items() if "." in k]
             sets = {k: v for k, v in sets.items() if "." not in k}
             if dotted:
                 # `--set=k=v` items: one argv word each, whatever the value holds.
-                sets[self.overrides] = [f"--set={d}" for d in dotted]  # type: ignore[assignment]
+                sets[self.overrides] = dotted  # type: ignore[assignment]
         for key in sets:
             if key not in self.params:
                 hint = suggest(key, self.params) or f" (parameters: {', '.join(self.params) or 'none'})"
@@ -113,14 +113,9 @@ class Sop(Frozen):
             values[name] = p.coerce(name, raw)
         if self.overrides:
             mapped = [
-                f"--set={p.maps_to}={_trainer_text(values[name])}"
+                trainer_override(p.maps_to, values[name])
                 for name, p in self.params.items()
                 if p.maps_to and name in values
             ]
             values[self.overrides] = [*mapped, *values[self.overrides]]  # type: ignore[misc]
         return values
-
-
-def _trainer_text(value: object) -> str:
-    """A value as the trainer's strict `--set` parses it (booleans lower case)."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
