@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from typer.core import TyperCommand
@@ -13,23 +13,28 @@ try:  # newer typer bundles its own copy of click, and its commands raise that c
 except ImportError:  # pragma: no cover - older typer uses click itself
     from click import UsageError  # type: ignore[assignment]
 
+if TYPE_CHECKING:  # click as typer bundles it (the classes Command's methods receive)
+    from typer._click.core import Context, Parameter
+    from typer._click.formatting import HelpFormatter
+    from typer.models import CommandFunctionType
+
 HELP = ("-h", "--help")
 SET_OPTS = ("--set", "-s")
 
 
-def _option(p: Any) -> bool:
+def _option(p: Parameter) -> bool:
     return getattr(p, "param_type_name", "") == "option"
 
 
-def _takes_value(p: Any) -> bool:
+def _takes_value(p: Parameter) -> bool:
     return _option(p) and not getattr(p, "is_flag", False) and not getattr(p, "count", False)
 
 
-def check_values(params: list[Any], args: list[str], ctx: Any = None) -> None:
+def check_values(params: list[Parameter], args: list[str], ctx: Context | None = None) -> None:
     """Before click parses `args`: an option's value that is another option of the command (`--vm --zone Z`
     would take `--zone` as the VM's name), and a `--set` value without `=` (`--set steps 3`), are usage errors
     that say what to write instead (click would only call the next word an unexpected extra argument)."""
-    takes: dict[str, Any] = {}
+    takes: dict[str, Parameter] = {}
     names: set[str] = set(HELP)
     for p in params:
         if _option(p):
@@ -43,7 +48,7 @@ def check_values(params: list[Any], args: list[str], ctx: Any = None) -> None:
             i += 1
             continue
         value, after = args[i + 1], args[i + 2] if i + 2 < len(args) else None
-        metavar = takes[opt].metavar or takes[opt].name.upper()
+        metavar = takes[opt].metavar or (takes[opt].name or "").upper()
         if value in names:
             raise UsageError(
                 f"{opt} needs a value ({opt} {metavar}), but the next word is the option {value}", ctx
@@ -58,7 +63,7 @@ def check_values(params: list[Any], args: list[str], ctx: Any = None) -> None:
         i += 2
 
 
-def first_argument(params: list[Any], args: list[str]) -> str | None:
+def first_argument(params: list[Parameter], args: list[str]) -> str | None:
     """The first positional word of `args` (skipping options and their values): the SOP name of `run NAME`."""
     takes = {n for p in params if _takes_value(p) for n in p.opts}
     i = 0
@@ -72,7 +77,7 @@ def first_argument(params: list[Any], args: list[str]) -> str | None:
     return None
 
 
-def _argument_type(nargs: int) -> Callable[[Any], str | None]:
+def _argument_type(nargs: int) -> Callable[[object], str | None]:
     """The help's type column for a positional argument: `...` when it takes several words, else nothing."""
     return lambda ctx: "..." if nargs != 1 else None
 
@@ -81,11 +86,11 @@ class Command(TyperCommand):
     """Every tpuops command: option values checked before click reads them (`check_values`); an option's value
     shown in gcloud's style in --help (`--zone ZONE`, not `--zone <str>`) where it names none itself."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # click's own parameters, passed on as given
         super().__init__(*args, **kwargs)
         for p in self.params:
             if (_takes_value(p) or p.param_type_name == "argument") and p.metavar is None:
-                p.metavar = p.name.strip("_").upper()
+                p.metavar = (p.name or "").strip("_").upper()
             if p.param_type_name == "argument":  # the metavar names it: no `<str>` / `<list[str]>` beside it
                 setattr(p, "display_type_rich", _argument_type(p.nargs))  # noqa: B010 (a method, per instance)
 
@@ -98,7 +103,7 @@ class Command(TyperCommand):
         end = words.find(". ")
         return words if end < 0 else words[: end + 1]
 
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
         if not any(a in HELP for a in args):
             check_values(self.get_params(ctx), args, ctx)
         return super().parse_args(ctx, args)
@@ -110,11 +115,11 @@ class SopCommand(Command):
 
     sop: str | None = None
 
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
         ctx.meta["tpuops.sop"] = self.sop or first_argument(self.get_params(ctx), args)
         return super().parse_args(ctx, args)
 
-    def format_help(self, ctx: Any, formatter: Any) -> None:
+    def format_help(self, ctx: Context, formatter: HelpFormatter) -> None:
         super().format_help(ctx, formatter)
         name = ctx.meta.get("tpuops.sop")
         if not name:
@@ -148,6 +153,10 @@ class App(typer.Typer):
     """typer.Typer whose commands are `Command`s unless a command names its own class."""
 
     def command(
-        self, name: str | None = None, *, cls: type[TyperCommand] | None = None, **kw: Any
-    ) -> Callable:
+        self,
+        name: str | None = None,
+        *,
+        cls: type[TyperCommand] | None = None,
+        **kw: Any,  # typer's own
+    ) -> Callable[[CommandFunctionType], CommandFunctionType]:
         return super().command(name, cls=cls or Command, **kw)

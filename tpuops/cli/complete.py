@@ -9,7 +9,7 @@ import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
     from tpuops.cloud.tpu_api import VmInfo
@@ -37,25 +37,35 @@ def remember_vms(vms: Iterable[VmInfo], zones: Iterable[str] = (), *, forget: It
     gone = set(forget)
     try:
         old = _read()
-        kept = {
-            n: v for n, v in old.get("vms", {}).items() if v.get("zone") not in searched and n not in gone
-        }
+        kept = {n: v for n, v in old["vms"].items() if v.get("zone") not in searched and n not in gone}
         kept.update({v.name: {"zone": v.zone, "accelerator": v.accelerator_type} for v in listed})
-        data = {"saved": time.time(), "vms": kept, "zones": sorted(set(old.get("zones", [])) | searched)}
+        data = {"saved": time.time(), "vms": kept, "zones": sorted(set(old["zones"]) | searched)}
         write_atomic(cache_file(), json.dumps(data, indent=1, sort_keys=True))
     except OSError:
         pass
 
 
-def _read() -> dict:
-    """The cache as saved; {} when absent, unreadable or older than CACHE_TTL_S."""
+class _Cache(TypedDict):
+    """The TAB cache's JSON: each VM's zone and accelerator type by name, the zones the last listing searched."""
+
+    vms: dict[str, dict[str, str]]
+    zones: list[str]
+
+
+def _read() -> _Cache:
+    """The cache as saved; empty when absent, unreadable or older than CACHE_TTL_S."""
+    empty = _Cache(vms={}, zones=[])
     try:
         data = json.loads(cache_file().read_text())
     except (OSError, ValueError):
-        return {}
+        return empty
     if not isinstance(data, dict) or time.time() - float(data.get("saved", 0)) > CACHE_TTL_S:
-        return {}
-    return data
+        return empty
+    vms, zones = data.get("vms"), data.get("zones")
+    return _Cache(
+        vms={str(n): v for n, v in vms.items() if isinstance(v, dict)} if isinstance(vms, dict) else {},
+        zones=[str(z) for z in zones] if isinstance(zones, list) else [],
+    )
 
 
 def _matching(items: Iterable[Item], incomplete: str) -> list[Item]:
@@ -64,7 +74,7 @@ def _matching(items: Iterable[Item], incomplete: str) -> list[Item]:
 
 def vm_names(incomplete: str) -> list[Item]:
     """The VMs of the last `vm list` (and those `vm create` made since), with their zone and type."""
-    vms: dict[str, dict[str, str]] = _read().get("vms", {})
+    vms = _read()["vms"]
     return _matching(
         ((n, f"{v.get('accelerator', '')} in {v.get('zone', '')}") for n, v in sorted(vms.items())),
         incomplete,
@@ -74,7 +84,7 @@ def vm_names(incomplete: str) -> list[Item]:
 def zones(incomplete: str) -> list[Item]:
     """The TPU zones the last `vm list` searched (the API's own list), and those of the cached VMs."""
     data = _read()
-    found = set(data.get("zones", [])) | {v.get("zone", "") for v in data.get("vms", {}).values()}
+    found = set(data["zones"]) | {v.get("zone", "") for v in data["vms"].values()}
     return _matching(((z, "TPU zone") for z in sorted(found - {""})), incomplete)
 
 

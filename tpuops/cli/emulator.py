@@ -53,7 +53,7 @@ def serve(
     from tpuops.config import state_home
 
     where = Path(state_dir) if state_dir else state_home() / "emulator"
-    faults: dict = {"unavailable": unavailable} if unavailable else {}
+    faults: dict[str, object] = {"unavailable": unavailable} if unavailable else {}
     if no_capacity:
         faults["capacity"] = {z: no_capacity.count(z) for z in no_capacity}
 
@@ -73,7 +73,7 @@ def serve(
     )
 
 
-def _admin(api_endpoint: str | None, action: str, body: dict, json: bool) -> None:
+def _admin(api_endpoint: str | None, action: str, body: dict[str, object], json: bool) -> None:
     from tpuops.cloud import tables
     from tpuops.cloud.emulator import control
 
@@ -103,7 +103,7 @@ def preempt(
     """The VM becomes PREEMPTED (a Compute Engine instance TERMINATED) and its sshd servers stop; a MIG
     recreates its preempted instances soon after (new address and host key). With --notice the command returns
     at once and the preemption follows."""
-    body: dict = {"node": node, **({"worker": worker} if worker is not None else {})}
+    body: dict[str, object] = {"node": node, **({"worker": worker} if worker is not None else {})}
     _admin(api_endpoint, "preempt", {**body, **({"notice": notice} if notice else {})}, json)
 
 

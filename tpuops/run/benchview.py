@@ -51,17 +51,17 @@ def rollout_bench(results: list[VariantResult], as_json: bool) -> None:
     if profiled:  # --profile: each variant's top ops over the traced steps (their own time's share)
         heads.append(Column("top ops (share)", overflow="fold"))
     heads.append(id_column("run", [r.run_id for r in results]))
-    rows: list[list[str]] = []
+    cells: list[list[str]] = []
     for r in results:
         f = lambda v: "" if v is None else f"{v:.3f}"  # noqa: E731
         ops = ", ".join(f"{o['name']} {o['share']:.0%}" for o in r.top_ops) or (r.profile_note or "")
-        rows.append([
+        cells.append([
             r.label, str(r.steps), f(r.dt_p50), ratio(r.dt_p50, base.dt_p50), f(r.rollout_generate_mean),
             ratio(r.rollout_generate_mean, base.rollout_generate_mean), f(r.update_mean),
             *([escape(ops)] if profiled else []), r.run_id,
         ])  # fmt: skip
     err.print(
-        grid(heads, rows, title="rollout comparison (steady state, after warm-up)", title_justify="left")
+        grid(heads, cells, title="rollout comparison (steady state, after warm-up)", title_justify="left")
     )
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +123,7 @@ def fit_preflight(
 
 
 def context_defaults(
-    params: dict,
+    params: Mapping[str, object],
     target: TargetSpec,
     cwd: Path,
     *,
@@ -168,7 +169,7 @@ def context_defaults(
 
 
 def _this_checkout(
-    params: dict, target: TargetSpec, cwd: Path, given: set[str], found: dict[str, object]
+    params: Mapping[str, object], target: TargetSpec, cwd: Path, given: set[str], found: dict[str, object]
 ) -> None:
     """The repository to sync is this checkout (locally, its path) at its HEAD commit, which must be pushed."""
     url = (
@@ -209,7 +210,9 @@ def _trainer_checkout(target: TargetSpec, cwd: Path) -> bool:
     return target.kind == "local" and _own_checkout() is not None
 
 
-def _bundled(params: dict, target: TargetSpec, given: set[str], found: dict[str, object]) -> str:
+def _bundled(
+    params: Mapping[str, object], target: TargetSpec, given: set[str], found: dict[str, object]
+) -> str:
     """The trainer installed with tpuops as the repository to sync: locally its repository under the state
     home, on a VM the same sent as a git bundle; the commit is its one commit, its venv filled from its
     pyproject.toml. Returns the name its home on a worker is made from (one home for every version)."""
