@@ -94,7 +94,8 @@ def start(
     spec = target.spec if target else req.target.with_defaults(cfg)  # the VM may come from tpuops.toml
     watched = not req.dry_run and (max_recoveries is not None or spec.kind == "vm")
     unreachable = cfg.unreachable_s if unreachable_s is None else unreachable_s
-    recovers = bool(max_recoveries)  # attach watches the same, and says how to recover a lost VM of such a run
+    # attach watches the same, and says how to recover a lost VM of a run that recovers
+    recovers = bool(max_recoveries)
     watch = {"unreachable_s": unreachable, "watch_s": watch_s, "recover": recovers} if watched else None
     if watched and spec.kind != "vm":
         raise UsageError("--recover needs --vm: only a VM can be watched and recreated")

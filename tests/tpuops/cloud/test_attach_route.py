@@ -116,6 +116,34 @@ def test_attach_whose_recorded_route_is_dead_looks_the_vm_up_once(
     assert max(asked.values()) == 1, asked  # each call once: one lookup, not one per retry
 
 
+def test_attach_of_a_run_over_iap_opens_its_tunnels_again_and_asks_no_api(
+    cloud: Cloud, vm_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A VM with no external IP: the run reached it through IAP; attach tunnels to the recorded instances."""
+    from tpuops.cloud.vm_state import wait_state
+
+    api = cloud.api()
+    node = {"accelerator_type": "v4-8", "runtime_version": "base",
+            "network_config": {"network": "default", "enable_external_ips": False}}  # fmt: skip
+    api.call("create", api.client.create_node, parent=api.parent(ZONE), node_id=vm_name, node=node)
+    wait_state(api, ZONE, vm_name, "node", "READY", 60)
+    monkeypatch.setenv(
+        "TPUOPS_GCLOUD", f"{sys.executable} -m tpuops.cloud.emulator.iap --api-endpoint {cloud.url}"
+    )
+    run_id = f"iap-{vm_name}"
+    _detached(cloud, vm_name, tmp_path, run_id)
+    route = store.load(run_id).route
+    assert route is not None and route["via"] == "iap" and len(route["instances"]) == 1, route
+    assert route["workers"][0]["host"] != "127.0.0.1"  # the worker's own address, not the run's tunnel
+    n = len(cloud.emu.model.requests)
+    attached = detached.attach(run_id, on_line=None)
+    assert attached.code == ExitCode.OK and attached.log.steps == 40, attached
+    asked = _asked(cloud.emu.model.requests[n:], vm_name)
+    assert not [k for k in asked if "/nodes" in k or "/compute/" in k], (
+        asked
+    )  # no describe, list or key check
+
+
 def _env(cloud: Cloud, home: Path) -> dict[str, str]:
     return {**os.environ, "TPUOPS_HOME": str(home), "TPUOPS_TPU_API": cloud.url}
 
