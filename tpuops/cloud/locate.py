@@ -5,19 +5,34 @@ IP, internal IP, IAP) chosen, the key authorised at first connection."""
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tpuops.cloud.backends import Listing, backend_of
 from tpuops.cloud.client import Api, ApiNotFoundError, Notify, connect
 from tpuops.cloud.keys import default_user
-from tpuops.cloud.tpu_api import VmInfo
+from tpuops.cloud.tpu_api import VmInfo, WorkerAddr
 from tpuops.cloud.vm_state import broken, find_in_zone, get_vm, list_all, search
 from tpuops.cloud.zone_cache import _cached, cached_zone, remember_zone
 
-__all__ = ["Reach", "cached_zone", "find_vm", "locate_workers", "reach", "remember_zone"]
+__all__ = [
+    "Reach",
+    "cached_zone",
+    "find_vm",
+    "how_to_recreate",
+    "locate_workers",
+    "reach",
+    "reach_recorded",
+    "remember_zone",
+]
 from tpuops.config import TargetSpec
 from tpuops.errors import CloudError, ConnectError, PreemptedError, UsageError
 from tpuops.transport.base import Prepared, Worker
+
+if TYPE_CHECKING:
+    from tpuops.cloud.iap import Tunnels
 
 _KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ssh-rsa")  # paramiko's preference order
 
@@ -92,16 +107,27 @@ def check_ready(vm: VmInfo) -> None:
         raise PreemptedError(
             f"TPU VM {vm.name} in {vm.zone} is {vm.state}: some of its instances were preempted or are being "
             "recreated",
-            hint=f"its MIG recreates them: tpuops vm wait {vm.name} --zone {vm.zone} --state READY",
+            hint=how_to_recreate(vm),
         )
     if vm.state == "PREEMPTED":
-        raise PreemptedError(
-            f"TPU VM {vm.name} in {vm.zone} was preempted",
-            hint=f"recreate it: tpuops vm delete {vm.name} --zone {vm.zone} --yes, then tpuops vm create",
-        )
+        raise PreemptedError(f"TPU VM {vm.name} in {vm.zone} was preempted", hint=how_to_recreate(vm))
     raise CloudError(
         f"TPU VM {vm.name} in {vm.zone} is {vm.state}, not READY",
         hint=f"wait for it: tpuops vm wait {vm.name} --zone {vm.zone} --state READY",
+    )
+
+
+def how_to_recreate(vm: VmInfo) -> str:
+    """What makes a lost VM whole again, as commands: a MIG's slice repairs itself (wait for it); any other is
+    deleted and created again with the same shape."""
+    if backend_of(vm).repairs_itself:
+        return f"its MIG recreates them: tpuops vm wait {vm.name} --zone {vm.zone} --state READY"
+    shape = f" --type {vm.accelerator_type}" if vm.accelerator_type else ""
+    shape += f" --slices {len(vm.slices)}" if len(vm.slices) > 1 else ""
+    shape += " --spot" if vm.spot else ""
+    return (
+        f"recreate it: tpuops vm delete {vm.name} --zone {vm.zone} --yes, then "
+        f"tpuops vm create {vm.name} --zone {vm.zone}{shape}"
     )
 
 
@@ -191,6 +217,10 @@ class Reach:
     workers: list[Worker]
     notify: Notify
     read_only: bool = False  # a dry run: `prepare` changes nothing (no key made, pushed or imported)
+    # Reached by a run's recorded route (`reach_recorded`): the key its workers accepted then; `prepare` asks
+    # no API and pushes no key, and opens the tunnels to `tunnel_to` (iap) again.
+    recorded: Path | None = None
+    tunnel_to: tuple[str, ...] = ()
 
     def watch_endpoints(self) -> list[tuple[str, int]]:
         """What the recovery watch may probe with TCP: nothing behind IAP (a local tunnel always answers)."""
@@ -200,6 +230,8 @@ class Reach:
         from tpuops.cloud.access import authorize
         from tpuops.cloud.keys import default_identity, ensure_identity
 
+        if self.recorded is not None:
+            return self._prepare_recorded(self.recorded)
         if self.read_only and not self.spec.identity and not default_identity().exists():
             self.notify(f"would generate SSH key {default_identity()} (ed25519), as gcloud would")
             raise ConnectError(NOT_READ)
@@ -224,21 +256,35 @@ class Reach:
             workers.append(replace(w, user=user))
         tunnels = None
         if self.route == "iap":
-            from tpuops.cloud.iap import Tunnels
-
-            tunnels = Tunnels(self.vm.project, self.vm.zone)
-            ports = tunnels.open_all(instance_names(self.vm, self.attrs))
-            workers = [replace(w, host="127.0.0.1", port=p) for w, p in zip(workers, ports, strict=True)]
-            self.notify(
-                f"{self.vm.name}: IAP tunnels up: "
-                + ", ".join(f"w{w.index} -> {w.host}:{w.port}" for w in workers)
-            )
+            tunnels, workers = self._tunnelled(workers, instance_names(self.vm, self.attrs))
         return Prepared(
             workers,
             identity.path,
             tunnels.close if tunnels else None,
             auth_grace_s=60.0 if auth.pushed else 0.0,
         )
+
+    def _prepare_recorded(self, key: Path) -> Prepared:
+        """The recorded route's first connection: its key, its users, the tunnels again (iap); no API call."""
+        if not key.is_file():
+            raise ConnectError(f"the SSH key {key} the run logged in with is gone")
+        if self.route != "iap":
+            return Prepared(list(self.workers), key)
+        tunnels, workers = self._tunnelled(list(self.workers), list(self.tunnel_to))
+        return Prepared(workers, key, tunnels.close)
+
+    def _tunnelled(self, workers: list[Worker], instances: list[str]) -> tuple[Tunnels, list[Worker]]:
+        """One IAP tunnel per worker; the workers as reached through them."""
+        from tpuops.cloud.iap import Tunnels
+
+        tunnels = Tunnels(self.vm.project, self.vm.zone)
+        ports = tunnels.open_all(instances)
+        workers = [replace(w, host="127.0.0.1", port=p) for w, p in zip(workers, ports, strict=True)]
+        self.notify(
+            f"{self.vm.name}: IAP tunnels up: "
+            + ", ".join(f"w{w.index} -> {w.host}:{w.port}" for w in workers)
+        )
+        return tunnels, workers
 
 
 def reach(spec: TargetSpec, notify: Notify | None = None, api: Api | None = None) -> Reach:
@@ -259,6 +305,60 @@ def reach(spec: TargetSpec, notify: Notify | None = None, api: Api | None = None
     attrs = guest_attributes(api, vm)
     route = route_of(vm, spec, notify)
     return Reach(api, vm, attrs, spec, route, workers_of(vm, attrs, spec, notify), notify)
+
+
+def reach_recorded(
+    spec: TargetSpec,
+    vm: Mapping[str, object],
+    via: str,
+    workers: list[Worker],
+    key: Path,
+    tunnel_to: tuple[str, ...] = (),
+    notify: Notify | None = None,
+) -> Reach:
+    """The VM as a run reached it (`vm`: the VmInfo.to_dict it resolved; `via`, `workers`, `key`: its route and
+    logins), with no cloud API call: the client is made, nothing is asked of it until the VM watch polls."""
+    if notify is None:
+        from tpuops.console import note
+
+        notify = note
+    info = vm_from_record(vm)
+    api = connect(info.project or spec.project, spec.api_endpoint, notify)
+    return Reach(api, info, [], spec, via, workers, notify, recorded=key, tunnel_to=tunnel_to)
+
+
+def vm_from_record(d: Mapping[str, object]) -> VmInfo:
+    """A VmInfo again from its `to_dict` (as a run record keeps it; a field it lacks keeps its default)."""
+
+    def text(key: str) -> str:
+        v = d.get(key)
+        return v if isinstance(v, str) else ""
+
+    def texts(key: str) -> tuple[str, ...]:
+        v = d.get(key)
+        return tuple(str(x) for x in v) if isinstance(v, list | tuple) else ()
+
+    def addr(w: object) -> WorkerAddr:
+        m = w if isinstance(w, Mapping) else {}
+        port, index, sl = m.get("port"), m.get("index"), m.get("slice")
+        external = m.get("external_ip")
+        return WorkerAddr(
+            index if isinstance(index, int) else 0, str(m.get("internal_ip") or ""),
+            external if isinstance(external, str) else None, port if isinstance(port, int) else 22,
+            sl if isinstance(sl, int) else 0,
+        )  # fmt: skip
+
+    listed = d.get("workers")
+    return VmInfo(
+        name=text("name"), zone=text("zone"), project=text("project"), state=text("state"), health=text("health"),
+        accelerator_type=text("accelerator_type"), runtime_version=text("runtime_version"),
+        spot=d.get("spot") is True, preemptible=d.get("preemptible") is True,
+        workers=tuple(addr(w) for w in listed) if isinstance(listed, list) else (),
+        queued_resource=text("queued_resource"), create_time=text("create_time"), slices=texts("slices"),
+        api=text("api") or "tpu", kind=text("kind") or "node", machine_type=text("machine_type"),
+        topology=text("topology"), status=text("status"), instances=texts("instances"),
+        instance_ids=texts("instance_ids"),
+    )  # fmt: skip
 
 
 def guest_attributes(api: Api, vm: VmInfo) -> list[dict[str, dict[str, str]]]:

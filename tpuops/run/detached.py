@@ -3,11 +3,9 @@ logs, stop, and each run's state (`tpuops runs`). `tpuops report RUN_ID` is run/
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tpuops import config as user_config
 from tpuops import shell
@@ -17,13 +15,11 @@ from tpuops.logs.events import NOSPACE, STOPPED, Event, ExitEvent, LogReport, ex
 from tpuops.logs.follow import Follower, Readings
 from tpuops.run import finish, profile, scan
 from tpuops.run.store import OffsetWriter, RunRecord, load, record_end, save_result, saved_offsets
-from tpuops.run.target import Target, open_transport, resolve, select_workers
+from tpuops.run.target import Target, reach_again, select_workers
+from tpuops.run.vmwatch import recovery_hint, watched_as_run
 from tpuops.shell import Redactor
 from tpuops.sop.actions import Fetch, Follow
 from tpuops.transport.base import CmdResult, Kind, LineSink, Transport
-
-if TYPE_CHECKING:
-    from tpuops.run.vmwatch import Lost
 
 
 @dataclass(frozen=True)
@@ -50,6 +46,10 @@ def attach(
 ) -> Attached:
     """Follow a detached run from the byte offset already shown, fetch its logs, judge and record its end.
 
+    The workers are reached by the route the run logged in by (no cloud API call; the VM is looked up again
+    only when that route fails), and watched as the run watched them: its hang watch, and a VM run's VM with the
+    run's own `unreachable_s` (a lost VM is exit 8, and for a run started with --recover the error says how to
+    recover it).
     The lines shown before (by the run's own follow, in a process now gone) are not shown again, but this
     follower's scanners read each log from its start: the report judges the whole log, each line once.
     `detach`, set from outside (Ctrl-C), stops following at once: the job goes on, the offsets shown so far
@@ -58,44 +58,60 @@ def attach(
     rec = load(run_id)
     redact = rec.redactor()
     exits: dict[int, int | None] = {}
-    judged = rec.scan or {}
-    pattern = judged.get("step_pattern") or rec.values.get("step_pattern")
 
     def ended(event: Event) -> None:  # the scanner's exit events: which workers' jobs ended, and how
         if isinstance(event, ExitEvent):
             exits[event.worker] = event.code
 
-    target = resolve(rec.spec())
-    transport = open_transport(target, redact)
-    learn_sent_env(rec, transport, redact)
-    follower = Follower(
-        transport,
-        redact=redact,
-        on_line=on_line,
-        on_past=on_past,
-        on_event=ended,
-        offsets={} if from_start else saved_offsets(run_id),
-        on_offset=None if from_start else OffsetWriter(run_id),
-        detach=detach or threading.Event(),
-        reads=Readings(int(judged.get("warmup", 1)), pattern),
-    )
+    target, transport = reach_again(rec.spec(), rec.route, rec.workers, redact)
     try:
-        with _watched(rec, target, follower.abort) as lost_vm:  # a VM run: watched as the run watched it
-            results = follower.follow_all(rec.workers, _follow_as_run(rec, stream, timeout))
-        if lost_vm is not None and lost_vm.event.is_set():
-            raise PreemptedError(
-                f"{rec.spec().vm} {lost_vm.why} while attached to run {run_id}",
-                hint="rerun with --recover (and --set checkpoint.dir=gs://...) to recreate it and resume",
-            )
+        learn_sent_env(rec, transport, redact)
+        judged = rec.scan or {}
+        follower = Follower(
+            transport, redact=redact, on_line=on_line, on_past=on_past, on_event=ended,
+            offsets={} if from_start else saved_offsets(run_id), on_offset=None if from_start else OffsetWriter(run_id),
+            detach=detach or threading.Event(),
+            reads=Readings(int(judged.get("warmup", 1)), judged.get("step_pattern") or rec.values.get("step_pattern")),
+        )  # fmt: skip
+        results = _follow_watched(rec, target, follower, _follow_as_run(rec, stream, timeout))
         if follower.detach.is_set() or any(r.kind is Kind.DETACHED for r in results.values()):
             return Attached(run_id, LogReport(), int(ExitCode.INTERRUPTED), {}, detached=True)
-        for w in rec.workers:
-            follower.fetch(w, Fetch(rec.remote_dir), user_config.state_home() / "runs")
-        if (steps := profile.asked_steps(rec.values)) is not None:  # --profile-steps: for `report --html`
-            profile.fetch_steps(transport, rec.remote_dir, rec.workers, rec.local_dir, steps)
+        _fetch(rec, follower, transport)
     finally:
         transport.close()
-    log = scan.run_report(follower.reads.report(), rec.local_dir)  # what the follow and the fetch read
+    return _judged(rec, follower.reads, results, exits)
+
+
+def _follow_watched(
+    rec: RunRecord, target: Target, follower: Follower, follow: Follow
+) -> dict[int, CmdResult]:
+    """Every worker followed while a VM run's VM is watched as the run watched it; a lost VM raises exit 8."""
+    with watched_as_run(rec, target, follower.abort) as lost:
+        results = follower.follow_all(rec.workers, follow)
+    if lost is not None and lost.error is not None:
+        raise lost.error  # the watch itself failed for good (a permission error: exit 6, naming the role)
+    if lost is not None and lost.event.is_set():
+        assert target.vm is not None
+        raise PreemptedError(
+            f"{target.vm.name} {lost.why} while attached to run {rec.run_id}",
+            hint=recovery_hint(rec, target.vm),
+        )
+    return results
+
+
+def _fetch(rec: RunRecord, follower: Follower, transport: Transport) -> None:
+    """Each worker's log and exit file copied here; the traced steps too (--profile-steps: `report --html`)."""
+    for w in rec.workers:
+        follower.fetch(w, Fetch(rec.remote_dir), user_config.state_home() / "runs")
+    if (steps := profile.asked_steps(rec.values)) is not None:
+        profile.fetch_steps(transport, rec.remote_dir, rec.workers, rec.local_dir, steps)
+
+
+def _judged(
+    rec: RunRecord, reads: Readings, results: dict[int, CmdResult], exits: dict[int, int | None]
+) -> Attached:
+    """The followed run's one verdict (run/finish.judge, from what the follow and the fetch read), recorded."""
+    log = scan.run_report(reads.report(), rec.local_dir)
     lost = {
         w: r.error or r.stderr.strip() or f"exit {r.exit_code}"
         for w, r in sorted(results.items())
@@ -103,15 +119,15 @@ def attach(
     }
     stopped = finish.stopped_workers(rec.local_dir) | {
         w for w, r in results.items() if STOPPED in r.job_notes
-    }  # fmt: skip
+    }
     hung = any(r.kind is Kind.HUNG for r in results.values())
     config, accelerator = finish.named(rec.values, rec.estimate)
     verdict = finish.judge(
         log, stopped=stopped, lost=bool(lost) and not hung, hung=hung,
-        fail_on_recompile=bool(judged.get("fail_on_recompile")), config=config, accelerator=accelerator,
+        fail_on_recompile=bool((rec.scan or {}).get("fail_on_recompile")), config=config, accelerator=accelerator,
     )  # fmt: skip
-    record_end(run_id, exits, verdict.code)
-    return Attached(run_id, log, int(verdict.code), lost, verdict.hint)
+    record_end(rec.run_id, exits, verdict.code)
+    return Attached(rec.run_id, log, int(verdict.code), lost, verdict.hint)
 
 
 def _follow_as_run(rec: RunRecord, stream: str, timeout: float) -> Follow:
@@ -123,23 +139,6 @@ def _follow_as_run(rec: RunRecord, stream: str, timeout: float) -> Follow:
         if k in ("hang_factor", "hang_min_s", "hang_warmup", "on_hang", "poll_s")
     }
     return Follow(rec.remote_dir, stream=stream, timeout=timeout, **hang)
-
-
-@contextlib.contextmanager
-def _watched(rec: RunRecord, target: Target, abort: threading.Event) -> Iterator[Lost | None]:
-    """A VM run's VM watched while attached (recover.vm_watch, with the run's own unreachable_s); `abort` set
-    when it is lost, so the follow ends at once. Nothing to watch elsewhere."""
-    if target.reach is None or target.api is None:
-        yield None
-        return
-    from tpuops.run.vmwatch import vm_watch
-
-    watch = rec.watch or {}
-    with vm_watch(
-        target, watch_s=float(watch.get("watch_s", 10.0)),
-        unreachable_s=float(watch.get("unreachable_s", user_config.load().unreachable_s)), on_lost=abort.set,
-    ) as lost:  # fmt: skip
-        yield lost
 
 
 def learn_sent_env(rec: RunRecord, transport: Transport, redact: Redactor) -> None:
@@ -173,7 +172,7 @@ def logs(run_id: str, worker: str, *, follow: bool, on_line: LineSink) -> None:
                 on_line(w, line)  # fetched copies were redacted when they were written
         return
     redact = rec.redactor()
-    transport = open_transport(resolve(rec.spec()), redact)
+    _, transport = reach_again(rec.spec(), rec.route, chosen, redact)
     try:
         learn_sent_env(rec, transport, redact)
         follower = Follower(transport, redact=redact, on_line=on_line)
@@ -203,18 +202,31 @@ def stop(run_id: str, *, grace_s: float = 10.0) -> Stopped:
     Also stops a run whose client died while it prepared the workers (its lock's stand-in holder)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from tpuops.sop.claim import HELPERS
-
     rec = load(run_id)
-    lock = str(rec.values.get("lockfile", "/tmp/libtpu_lockfile"))
-    rd = shell.path(rec.remote_dir)
-    transport = open_transport(resolve(rec.spec()), rec.redactor())
+    _, transport = reach_again(rec.spec(), rec.route, rec.workers, rec.redactor())
 
     def one(w: int) -> CmdResult:
-        # The job leads its own process group (setsid): signal and wait for the whole group, since a child
-        # can outlive the leader. `kill -SIG -PGID`, not `kill -SIG -- -PGID`: dash has no `--`.
-        script = f"""{HELPERS}
-rd={rd}; k={w}; tpu={shell.path(lock)}; rid={shell.quote(run_id)}
+        return transport.run(w, _stop_script(rec, w, grace_s), timeout=grace_s + 30)
+
+    try:
+        # In parallel: a multi-host job that ignores SIGTERM costs one grace period, not one per worker.
+        with ThreadPoolExecutor(max_workers=max(1, min(len(rec.workers), 32))) as pool:
+            stopped = Stopped(dict(zip(rec.workers, pool.map(one, rec.workers), strict=True)))
+    finally:
+        transport.close()
+    _record_stopped(rec, stopped)
+    return stopped
+
+
+def _stop_script(rec: RunRecord, w: int, grace_s: float) -> str:
+    """The shell script that stops worker `w`'s job of the run (and gives back the run's locks)."""
+    from tpuops.sop.claim import HELPERS
+
+    lock = str(rec.values.get("lockfile", "/tmp/libtpu_lockfile"))
+    # The job leads its own process group (setsid): signal and wait for the whole group, since a child
+    # can outlive the leader. `kill -SIG -PGID`, not `kill -SIG -- -PGID`: dash has no `--`.
+    return f"""{HELPERS}
+rd={shell.path(rec.remote_dir)}; k={w}; tpu={shell.path(lock)}; rid={shell.quote(rec.run_id)}
 if [ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ]; then : > "$lock/stopping"; fi  # nothing of it starts now
 pid=$(pid_of "$rd/worker-$k.pid")
 if [ ! -f "$rd/worker-$k.pid" ]; then echo "tpuops: no pid file"
@@ -234,18 +246,14 @@ if [ "$(cat "$lock/run" 2>/dev/null)" = "$rid" ]; then
 if [ -f "$rd/worker-$k.exit" ]; then set -- $(cat "$rd/worker-$k.exit"); echo "tpuops: exit code=$1 note=${{2:-}}"; fi
 rm -f "$tpu" && echo "tpuops: lock cleared"
 """
-        return transport.run(w, script, timeout=grace_s + 30)
 
-    try:
-        # In parallel: a multi-host job that ignores SIGTERM costs one grace period, not one per worker.
-        with ThreadPoolExecutor(max_workers=max(1, min(len(rec.workers), 32))) as pool:
-            stopped = Stopped(dict(zip(rec.workers, pool.map(one, rec.workers), strict=True)))
-    finally:
-        transport.close()
+
+def _record_stopped(rec: RunRecord, stopped: Stopped) -> None:
+    """Stopped, and no worker had failed before: `tpuops runs` says so from now on, also offline. A run one of
+    whose jobs had already failed (or that was judged already) keeps no result here: attach or report judge it
+    from its logs."""
     ended = {w: _exit_marker(r) for w, r in stopped.results.items()}
     halted = {w for w, (_, note) in ended.items() if note == STOPPED}
-    # Stopped, and no worker had failed before: `tpuops runs` says so from now on, also offline. A run one of
-    # whose jobs had already failed keeps no result here: attach or report judge it from its logs.
     if (
         rec.result is None
         and stopped.code == 0
@@ -253,11 +261,10 @@ rm -f "$tpu" && echo "tpuops: lock cleared"
         and all(c == 0 or w in halted for w, (c, _) in ended.items())
     ):
         save_result(
-            run_id,
-            {"run_id": run_id, "sop": rec.sop, "ok": False, "exit_code": int(ExitCode.STOPPED),
+            rec.run_id,
+            {"run_id": rec.run_id, "sop": rec.sop, "ok": False, "exit_code": int(ExitCode.STOPPED),
              "exit_codes": {str(w): c for w, (c, _) in ended.items()}, "stopped": True},
         )  # fmt: skip
-    return stopped
 
 
 def _exit_marker(r: CmdResult) -> tuple[int | None, str]:
@@ -324,7 +331,7 @@ def _ask(rec: RunRecord) -> RunState:
 
     rd = shell.path(rec.remote_dir)
     try:
-        transport = open_transport(resolve(rec.spec()), rec.redactor())
+        _, transport = reach_again(rec.spec(), rec.route, rec.workers, rec.redactor())
     except TpuopsError as e:
         return RunState(rec, "unknown", f"could not reach the workers: {e.line()}")
     found: dict[int, dict[str, str]] = {}

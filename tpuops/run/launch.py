@@ -19,7 +19,7 @@ from tpuops.logs.follow import Readings
 from tpuops.run import autostop, bundled, prepare, profile, tree
 from tpuops.run.result import Planned, RunResult
 from tpuops.run.store import env_values, record_start
-from tpuops.run.target import Target, connect_all, open_transport, resolve, select_workers
+from tpuops.run.target import Target, connect_all, keep_route, open_transport, resolve, select_workers
 from tpuops.shell import Redactor
 from tpuops.sop import loader
 from tpuops.sop.executor import Executor, SopReport, StepReport
@@ -94,7 +94,9 @@ def start(
     spec = target.spec if target else req.target.with_defaults(cfg)  # the VM may come from tpuops.toml
     watched = not req.dry_run and (max_recoveries is not None or spec.kind == "vm")
     unreachable = cfg.unreachable_s if unreachable_s is None else unreachable_s
-    watch = {"unreachable_s": unreachable, "watch_s": watch_s} if watched else None  # attach watches the same
+    # attach watches the same, and says how to recover a lost VM of a run that recovers
+    recovers = bool(max_recoveries)
+    watch = {"unreachable_s": unreachable, "watch_s": watch_s, "recover": recovers} if watched else None
     if watched and spec.kind != "vm":
         raise UsageError("--recover needs --vm: only a VM can be watched and recreated")
     checked = _check(req, spec, cfg, cwd, on_notice)
@@ -235,7 +237,7 @@ def _execute(
     abort: threading.Event | None = None,
     on_event: Callable[[Event], None] | None = None,
     detach: threading.Event | None = None,
-    watch: dict[str, float] | None = None,
+    watch: dict[str, float | bool] | None = None,
     on_notice: Callable[[str], None] | None = None,
 ) -> RunResult:
     """One attempt on a resolved target: the fit preflight, then the plan or the run and its one result."""
@@ -300,6 +302,7 @@ def _execute(
     executor.reads = Readings(warmup, pattern)  # the one parse of the logs: the follow and fetch feed it
     try:
         unreachable = connect_all(transport, workers, executor.parallel, keep_going=req.keep_going)
+        keep_route(run_id, target, transport)  # attach, logs and stop log in the same way, no API asked
         reachable = [w for w in workers if w not in unreachable]
         if 0 in reachable and (said := autostop.ensure(transport, target)) and on_notice:
             on_notice(said)  # a VM with autostop on: worker 0's watcher (again), never the run's failure

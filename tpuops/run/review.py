@@ -8,13 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tpuops import config as user_config
-from tpuops.errors import TpuopsError, UsageError
+from tpuops.errors import ExitCode, TpuopsError, UsageError
 from tpuops.logs.follow import Follower
 from tpuops.run import finish
 from tpuops.run.detached import learn_sent_env
 from tpuops.run.logreport import Reviewed
 from tpuops.run.store import load
-from tpuops.run.target import open_transport, resolve
+from tpuops.run.target import reach_again
 from tpuops.sop.actions import Fetch
 
 
@@ -30,7 +30,7 @@ def fetch(run_id: str, *, notice: Callable[[str], None] | None = None) -> Path:
     redact = rec.redactor()
     why: dict[int, str] = {}
     try:
-        transport = open_transport(resolve(rec.spec()), redact)
+        _, transport = reach_again(rec.spec(), rec.route, rec.workers, redact)
     except TpuopsError as e:
         if have:
             _say(
@@ -95,9 +95,13 @@ def review(
     if rec is None and (path / "run.json").is_file():  # a run's own folder: judged by its own record
         rec = load(path.name) if (user_config.state_home() / "runs" / path.name) == path.resolve() else None
     config, accelerator = finish.named(rec.values, rec.estimate) if rec else (None, None)
+    # A hang is seen by a follow, not in a log: the run's (or an attach's) recorded verdict says so. A stop that
+    # came after it (the usual way to end a hung job) leaves it a hang.
+    hung = rec is not None and rec.result is not None and rec.result.get("exit_code") == ExitCode.HANG
     verdict = finish.judge(
         r.report,
-        stopped=finish.stopped_workers(rec.local_dir if rec else path),
+        stopped=() if hung else finish.stopped_workers(rec.local_dir if rec else path),
+        hung=hung,
         deltas=r.deltas,
         fail_on_recompile=bool((rec.scan or {}).get("fail_on_recompile")) if rec else False,
         config=config,

@@ -10,9 +10,10 @@ import secrets as _secrets
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from tpuops import config as user_config
 from tpuops import jsonout
@@ -20,6 +21,30 @@ from tpuops.config import TargetSpec, write_atomic
 from tpuops.errors import ExitCode, UsageError
 from tpuops.shell import Redactor
 from tpuops.sop.runs import run_dir
+
+
+class WorkerRoute(TypedDict):
+    """One worker as the run logged in to it (transport/base.Worker's fields)."""
+
+    index: int
+    host: str
+    port: int
+    user: str | None
+    hostkey: str | None  # the pinned fingerprint it presented
+    internal_host: str | None
+    slice_index: int
+    peer_host: str | None
+
+
+class RouteRecord(TypedDict):
+    """How a VM run reached its workers, written once its connections were up (run/target.keep_route): attach,
+    logs, stop and report log in the same way with no cloud API call, and resolve the VM again only when it fails."""
+
+    via: str  # the VM's route: external, internal or iap
+    workers: list[WorkerRoute]  # iap: the workers' own addresses (the tunnels are opened again)
+    identity: str | None  # the SSH key the run logged in with
+    vm: dict[str, object]  # the VM as the run resolved it (VmInfo.to_dict): what the VM watch compares with
+    instances: list[str]  # iap: each worker's instance (what a tunnel goes to)
 
 
 @dataclass(frozen=True)
@@ -43,6 +68,10 @@ class RunRecord:
     estimate: dict[str, Any] | None = (
         None  # the fit's estimate (config, accelerator): a verdict's hint names them
     )
+    route: RouteRecord | None = (
+        None  # how a VM run logged in to its workers (None: not recorded, resolve the VM)
+    )
+    argv: tuple[str, ...] = ()  # the command that started it
 
     def redactor(self) -> Redactor:
         """Redacts from what the workers' logs say the values of the run's .env files as they are now, and the
@@ -94,6 +123,8 @@ def load(run_id: str) -> RunRecord:
         scan=data.get("scan"),
         watch=data.get("watch"),
         estimate=data.get("estimate"),
+        route=data.get("route"),
+        argv=tuple(data.get("argv", ())),
     )
 
 
@@ -131,14 +162,17 @@ def saved_offsets(run_id: str) -> dict[int, int]:
 
 
 def record_end(run_id: str, exit_codes: dict[int, int | None], code: int) -> None:
-    """After an attach: once every worker has an exit code, remember how the run ended (`tpuops runs`).
+    """After an attach: once every worker has an exit code, or the job was judged hung (its run saves that
+    verdict too: the job may go on), remember how the run ended (`tpuops runs`; `tpuops report RUN_ID` judges a
+    hang by it, as no log says so).
 
     The follower that started the run saved a fuller result if it saw the end; that one is kept (as is the
     one `tpuops stop` saved).
     """
     rec = load(run_id)
-    if rec.result is None and all(exit_codes.get(w) is not None for w in rec.workers):
-        codes = {str(w): exit_codes[w] for w in rec.workers}
+    ended = all(exit_codes.get(w) is not None for w in rec.workers)
+    if rec.result is None and (ended or code == ExitCode.HANG):
+        codes = {str(w): exit_codes.get(w) for w in rec.workers}
         stopped = {"stopped": True} if code == ExitCode.STOPPED else {}
         save_result(
             run_id,
@@ -151,6 +185,13 @@ def record_end(run_id: str, exit_codes: dict[int, int | None], code: int) -> Non
                 **stopped,
             },
         )
+
+
+def record_route(run_id: str, route: RouteRecord) -> None:
+    """Add to a run's record how it logged in to its workers (after its first connections)."""
+    path = user_config.state_home() / "runs" / run_id / "run.json"
+    data = json.loads(path.read_text())
+    write_atomic(path, jsonout.dumps({**data, "route": route}, indent=1))
 
 
 def save_result(run_id: str, data: dict[str, Any]) -> None:
@@ -184,12 +225,12 @@ def record_start(
     sop: str,
     target: TargetSpec,
     workers: list[int],
-    values: dict,
+    values: Mapping[str, object],
     secret_files: list[str],
     runs_dir: str,
     worker_env_files: list[str],
-    scan: dict | None = None,
-    estimate: dict | None = None,
+    scan: Mapping[str, object] | None = None,
+    estimate: Mapping[str, object] | None = None,
     watch: dict[str, object] | None = None,
 ) -> None:
     """Remember how to reach a run again (`tpuops runs`, attach, logs); holds no secret (only where they are)."""

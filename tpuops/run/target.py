@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from tpuops.config import TargetSpec, UserConfig, state_home
 from tpuops.errors import ConnectError, TpuopsError, UsageError
+from tpuops.run.store import RouteRecord, WorkerRoute, record_route
 from tpuops.shell import Redactor
 from tpuops.transport.base import Transport, Worker
 
@@ -114,6 +115,98 @@ def resolve(
 
     found = reach(spec, notify, api)
     return Target(spec, cfg, tuple(found.workers), found)
+
+
+def keep_route(run_id: str, target: Target, transport: Transport) -> None:
+    """Once a VM run's connections are up: how it logged in (each worker's address, user and pinned host key,
+    its key, the route, the VM as resolved) kept in its record, so attach, logs, stop and report log in the same
+    way without asking a cloud API (`reach_again`). Nothing to keep for --host and --local (their spec is all)."""
+    from tpuops.transport.ssh import SshTransport
+
+    reach = target.reach
+    if reach is None or not isinstance(transport, SshTransport) or transport.identity is None:
+        return
+    by_index = {w.index: w for w in transport.workers}  # as logged in: the users OS Login or the key gave
+    kept = [
+        dataclasses.replace(w, user=by_index[w.index].user if w.index in by_index else w.user)
+        for w in reach.workers  # their own addresses (through IAP the transport's are the tunnels')
+    ]
+    tunnel_to: list[str] = []
+    if reach.route == "iap":
+        from tpuops.cloud.locate import instance_names
+
+        tunnel_to = instance_names(reach.vm, reach.attrs)
+    route: RouteRecord = {
+        "via": reach.route, "workers": [_worker_route(w) for w in kept], "identity": str(transport.identity),
+        "vm": reach.vm.to_dict(), "instances": tunnel_to,
+    }  # fmt: skip
+    record_route(run_id, route)
+
+
+def _worker_route(w: Worker) -> WorkerRoute:
+    return {
+        "index": w.index, "host": w.host, "port": w.port, "user": w.user, "hostkey": w.hostkey,
+        "internal_host": w.internal_host, "slice_index": w.slice_index, "peer_host": w.peer_host,
+    }  # fmt: skip
+
+
+def from_route(spec: TargetSpec, route: RouteRecord, notify: Callable[[str], None] | None = None) -> Target:
+    """A VM run's target as its record keeps it (`keep_route`): no cloud API call."""
+    from tpuops.cloud.locate import reach_recorded
+
+    workers = [
+        Worker(w["index"], w["host"], w["port"], w["user"], w["hostkey"], internal_host=w["internal_host"],
+               slice_index=w["slice_index"], peer_host=w["peer_host"])
+        for w in route["workers"]
+    ]  # fmt: skip
+    key = Path(route["identity"] or spec.identity or "").expanduser()
+    found = reach_recorded(spec, route["vm"], route["via"], workers, key, tuple(route["instances"]), notify)
+    return Target(spec, UserConfig(), tuple(workers), found)
+
+
+def reach_again(
+    spec: TargetSpec,
+    route: RouteRecord | None,
+    workers: list[int],
+    redact: Redactor | None = None,
+    notify: Callable[[str], None] | None = None,
+) -> tuple[Target, Transport]:
+    """A run's workers reached again (attach, logs, stop, report, `tpuops runs`): by the route the run logged in
+    by, with no cloud API call; the VM is resolved through the cloud APIs (once) only when that route fails: a
+    refused or timed-out connection, a changed host key, a refused login. Returns the target and a transport
+    whose `workers` are connected (the route's) or not yet (a resolved one connects on first use)."""
+    if route is not None and spec.kind == "vm":
+        target = from_route(spec, route, notify)
+        transport = open_transport(target, redact)
+        failed = _connect_once(transport, workers)
+        if failed is None:
+            return target, transport
+        transport.close()
+        if notify is None:
+            from tpuops.console import note
+
+            notify = note
+        notify(f"{spec.vm}: the run's recorded route failed ({failed.line()}); looking the VM up again")
+    target = resolve(spec, notify=notify)
+    return target, open_transport(target, redact)
+
+
+def _connect_once(transport: Transport, workers: list[int]) -> ConnectError | None:
+    """Every worker connected, each tried once (a dead route is not tried again: the API is asked instead);
+    the first failure, if any."""
+    from tpuops.transport.ssh import SshTransport
+
+    retries = transport.connect_retries if isinstance(transport, SshTransport) else 0
+    if isinstance(transport, SshTransport):
+        transport.connect_retries = 1
+    try:
+        connect_all(transport, workers, len(workers), keep_going=False)
+    except ConnectError as e:
+        return e
+    finally:
+        if isinstance(transport, SshTransport):
+            transport.connect_retries = retries  # a reconnect during a long follow: as any transport's
+    return None
 
 
 def open_transport(target: Target, redact: Redactor | None = None) -> Transport:

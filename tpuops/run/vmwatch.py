@@ -4,16 +4,20 @@ an instance recreated) or when no worker answers on SSH for `unreachable_s` whil
 from __future__ import annotations
 
 import contextlib
+import shlex
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from tpuops import config as user_config
 from tpuops.errors import PermissionDeniedError, TpuopsError
+from tpuops.run.store import RunRecord
 from tpuops.run.target import Target
 
 if TYPE_CHECKING:  # the cloud modules load only on a VM target
+    from tpuops.cloud.client import Api
     from tpuops.cloud.tpu_api import VmInfo
 
 
@@ -50,8 +54,8 @@ def lost_reason(before: VmInfo, now: VmInfo) -> str | None:
 
 
 def watch(
-    api,
-    vm,
+    api: Api,
+    vm: VmInfo,
     endpoints: list[tuple[str, int]],
     every: float,
     unreachable_s: float,
@@ -107,3 +111,32 @@ def vm_watch(
     finally:
         abort.set()
         watcher.join(timeout=watch_s + 5)
+
+
+@contextlib.contextmanager
+def watched_as_run(rec: RunRecord, target: Target, abort: threading.Event) -> Iterator[Lost | None]:
+    """A VM run's VM watched while attached to it, as the run watched it (its recorded `unreachable_s` and poll
+    interval); `abort` set when it is lost, so the follow ends at once. Nothing to watch elsewhere (None)."""
+    if target.reach is None or target.api is None:
+        yield None
+        return
+    recorded = rec.watch or {}
+    with vm_watch(
+        target, watch_s=float(recorded.get("watch_s", 10.0)),
+        unreachable_s=float(recorded.get("unreachable_s", user_config.load().unreachable_s)), on_lost=abort.set,
+    ) as lost:  # fmt: skip
+        yield lost
+
+
+def recovery_hint(rec: RunRecord, vm: VmInfo) -> str:
+    """What to do about a VM lost under a run: one started with --recover, whose client (the one that would have
+    recreated the VM) is gone, is recreated and started again by hand; any other is started with --recover."""
+    if not (rec.watch or {}).get("recover"):
+        return "rerun with --recover (and --set checkpoint.dir=gs://...) to recreate it and resume"
+    from tpuops.cloud.locate import how_to_recreate
+
+    again = f"`{shlex.join(rec.argv)}`" if rec.argv else "the run's command"
+    return (
+        f"run {rec.run_id} was started with --recover, but its client is gone: {how_to_recreate(vm)}; then "
+        f"start {again} again: it resumes from its last checkpoint"
+    )
