@@ -382,10 +382,13 @@ def bench_rollout(
 
     # At a terminal each variant's run is followed under the status line (its steps as compact rows).
     with console.Live(Progress() if console.live_wanted(opts.json) else None) as live:
-        results = bench.run(
+        ran = bench.run(
             req, list(variant or []), on_line=live.line if live.watched is not None else None,
             on_step=None if opts.json else report.step_done, on_notice=console.event, notify=console.note,
             on_phase=live.phase,
         )  # fmt: skip
-    report.rollout_bench(results, opts.json)
-    raise typer.Exit(bench.exit_code(results))
+    if (lost := ran.verdict.error_line()) is not None:  # the VM went: one error line, as any run on it ends
+        console.error(lost, ran.code, "preempted")
+        raise typer.Exit(ran.code)
+    report.rollout_bench(ran.variants, opts.json)
+    raise typer.Exit(ran.code)

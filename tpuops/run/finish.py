@@ -33,6 +33,12 @@ class Verdict:
     stopped: tuple[int, ...] = ()
     vm_lost: str | None = None  # how the VM was lost under the run (exit 8), as the error line says it
 
+    def error_line(self) -> str | None:
+        """A run that ends as an error ends (its VM lost): the one line, what happened (what to do)."""
+        if self.vm_lost is None:
+            return None
+        return f"{self.vm_lost} ({self.hint})" if self.hint else self.vm_lost
+
     @property
     def words(self) -> str:
         """What people read: ok, stopped, recompiles after warm-up, failed."""
