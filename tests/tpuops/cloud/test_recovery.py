@@ -20,8 +20,7 @@ from tests.data import DATA, PACED_TOKENIZER
 from tests.gcs import BUCKET, gcs_server
 from tests.tpuops.cloud.conftest import Cloud
 from tpuops.cloud.emulator.sshd import free_port
-from tpuops.config import TargetSpec
-from tpuops.config import state_home
+from tpuops.config import TargetSpec, state_home
 from tpuops.errors import PermissionDeniedError
 from tpuops.run import launch, recover
 from tpuops.run.result import RunResult
@@ -454,7 +453,9 @@ def test_a_run_that_fails_because_its_vm_went_is_exit_8_before_the_watch_polls(
 
     req = _request(cloud, vm_name, git_remote[0])
     t0 = time.monotonic()
-    result = launch.start(req, max_recoveries=0, watch_s=3600, on_step=preempt_after_the_first_step, cwd=tmp_path)
+    result = launch.start(
+        req, max_recoveries=0, watch_s=3600, on_step=preempt_after_the_first_step, cwd=tmp_path
+    )
     assert result.code == 8 and f"{vm_name} was PREEMPTED" in (result.vm_lost or ""), result.vm_lost
     assert result.recoveries == () and "rerun with --recover" in (result.hint or "")
     assert len(done) >= 1 and time.monotonic() - t0 < 120, done
