@@ -356,7 +356,8 @@ def bench_rollout(
     skip_fit: o.SkipFitOpt = False,
 ) -> None:
     """N steps per variant (same target, one after another), then step time and rollout_generate side by side:
-    GRPO by default, any SOP with --sop, your own command after `--`.
+    GRPO by default, any SOP with --sop, your own command after `--`. The exit code is the first failed
+    variant's, as `tpuops run` gives it (10 out of memory, 8 VM lost: the rest do not run; 1 no log read).
 
     \b
     Examples:
