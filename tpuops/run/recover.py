@@ -232,6 +232,8 @@ def _ended(result: RunResult) -> RunResult:
     its verdict: exit 8)."""
     from tpuops.run import finish
 
+    if result.report.interrupted == "detached":  # the job goes on: `tpuops attach` records its end
+        return result
     if result.recoveries or result.vm_lost is not None:  # else the attempt's own record says it all
         finish.save(result)
     return result
