@@ -356,7 +356,8 @@ def bench_rollout(
     skip_fit: o.SkipFitOpt = False,
 ) -> None:
     """N steps per variant (same target, one after another), then step time and rollout_generate side by side:
-    GRPO by default, any SOP with --sop, your own command after `--`.
+    GRPO by default, any SOP with --sop, your own command after `--`. The exit code is the first failed
+    variant's, as `tpuops run` gives it (10 out of memory, 8 VM lost: the rest do not run; 1 no log read).
 
     \b
     Examples:
@@ -382,10 +383,13 @@ def bench_rollout(
 
     # At a terminal each variant's run is followed under the status line (its steps as compact rows).
     with console.Live(Progress() if console.live_wanted(opts.json) else None) as live:
-        results = bench.run(
+        ran = bench.run(
             req, list(variant or []), on_line=live.line if live.watched is not None else None,
             on_step=None if opts.json else report.step_done, on_notice=console.event, notify=console.note,
             on_phase=live.phase,
         )  # fmt: skip
-    benchview.rollout_bench(results, opts.json)
-    raise typer.Exit(bench.exit_code(results))
+    if (lost := ran.verdict.error_line()) is not None:  # the VM went: one error line, as any run on it ends
+        console.error(lost, ran.code, "preempted")
+        raise typer.Exit(ran.code)
+    benchview.rollout_bench(ran.variants, opts.json)
+    raise typer.Exit(ran.code)

@@ -6,7 +6,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
@@ -96,12 +96,28 @@ def _render(result: RunResult, json: bool, verbose: bool) -> None:
     if result.planned is not None:  # --dry-run: the plan, exit 0
         report.dry_run(result, json, verbose=verbose)
         return
+    if result.vm_lost is not None:
+        lost_vm(result, json)
     if result.report.interrupted:
         console.event(
             interrupted_line(result.run_id, result.report.interrupted, result.report.stopped_at_end)
         )
     if json or not result.report.interrupted:
         report.sop_report(result, json)
+    raise typer.Exit(int(result.code))
+
+
+def lost_vm(result: RunResult, json: bool) -> NoReturn:
+    """A run whose VM was lost (exit 8): one error line, as any error ends; under --json the run's report (its
+    steps, its recoveries, `error` and `message` as an error's JSON has them) instead of the bare error."""
+    from tpuops import console
+    from tpuops.run import report
+
+    line = result.error_line() or ""
+    if json:
+        report.sop_report(result, True)
+        console.json_mode(False)  # the report above is the JSON answer: the error line goes to stderr alone
+    console.error(line, int(result.code), "preempted")
     raise typer.Exit(int(result.code))
 
 

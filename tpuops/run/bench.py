@@ -8,8 +8,9 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from tpuops.errors import ExitCode, UsageError
-from tpuops.run import launch
+from tpuops.errors import UsageError
+from tpuops.run import finish, launch
+from tpuops.run.finish import Verdict
 from tpuops.run.result import RunResult
 from tpuops.sop.executor import StepReport
 from tpuops.transport.base import LineSink
@@ -30,6 +31,18 @@ class VariantResult:
     top_ops: list[dict[str, object]] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)
     profile_note: str | None = None
+
+
+@dataclass(frozen=True)
+class Bench:
+    """A bench's end: a row per variant that ran (the table and its JSON), and the one verdict of them all."""
+
+    variants: list[VariantResult]
+    verdict: Verdict
+
+    @property
+    def code(self) -> int:
+        return int(self.verdict.code)
 
 
 PROFILE_STEPS = "2-3"  # `--profile`'s steps unless --set profile_steps=A-B: past the warm-up and its compiles
@@ -106,16 +119,19 @@ def run(
     on_notice: Callable[[str], None] | None = None,
     notify: Callable[[str], None] | None = None,
     on_phase: Callable[[int, str, str, str], None] | None = None,
-) -> list[VariantResult]:
+) -> Bench:
     """Run every variant one after another on the same target; the first is the baseline of the ratios.
 
     Every variant is validated before the first one starts: a typo in the last one costs no run. Each one
-    runs through `launch.start`, so on a VM it is watched like any SOP: a lost VM ends the bench (exit 8)."""
+    runs through `launch.start`, so on a VM it is watched like any SOP: a lost VM ends the bench (exit 8, the
+    variants after it do not run). The bench's exit code is its verdict (`finish.judge_runs`): the first variant
+    that is not ok gives its own (an out-of-memory 10, a hang 9, ...); one that read no log is failed (1)."""
     variants = variants or [""]
     first = plans(req, variants)[0][1].planned
     assert first is not None
     target = first.target  # the target resolved once for every variant
-    results = []
+    runs: list[RunResult] = []
+    rows: list[VariantResult] = []
     for text in variants:
         result = launch.start(
             variant_request(req, text),
@@ -126,13 +142,11 @@ def run(
             notify=notify,
             target=target,
         )
-        results.append(_result(text or "baseline", result))
-    return results
-
-
-def exit_code(results: list[VariantResult]) -> int:
-    """0 when every variant ran and its log shows no failure, else 1."""
-    return int(ExitCode.OK if all(r.ok for r in results) else ExitCode.FAILED)
+        runs.append(result)
+        rows.append(_result(text or "baseline", result))
+        if result.vm_lost is not None:  # the VM is gone: the next variant has nowhere to run
+            break
+    return Bench(rows, finish.judge_runs(runs, need_log=True))
 
 
 def _result(label: str, result: RunResult) -> VariantResult:

@@ -9,11 +9,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from tpuops import config as user_config
 from tpuops.config import TargetSpec, UserConfig
 from tpuops.errors import ExitCode, TpuopsError, UsageError
-from tpuops.logs.events import Event, LogReport
+from tpuops.logs.events import Event
 from tpuops.logs.fields import parse_columns
 from tpuops.logs.follow import Readings
 from tpuops.run import autostop, bundled, prepare, profile, tree
@@ -23,7 +24,7 @@ from tpuops.run.target import Target, connect_all, keep_route, open_transport, r
 from tpuops.shell import Redactor
 from tpuops.sop import loader
 from tpuops.sop.executor import Executor, SopReport, StepReport
-from tpuops.transport.base import LineSink
+from tpuops.transport.base import LineSink, Transport
 
 DRY_RUN_ID = "DRY-RUN"
 
@@ -62,6 +63,21 @@ class _Checked:
     values: dict[str, object]
 
 
+@dataclass(frozen=True)
+class _Hooks:
+    """What the caller hears during an attempt: the workers' lines, each step's report, the phases, tpuops'
+    own notices, the follower's typed events (the recovery's step count), and the two events set from outside
+    (`abort`: the VM watch; `detach`: the CLI's first Ctrl-C)."""
+
+    on_line: LineSink | None = None
+    on_step: Callable[[StepReport], None] | None = None
+    on_phase: Callable[[int, str, str, str], None] | None = None
+    on_notice: Callable[[str], None] | None = None
+    on_event: Callable[[Event], None] | None = None
+    abort: threading.Event | None = None
+    detach: threading.Event | None = None
+
+
 def start(
     req: RunRequest,
     *,
@@ -82,21 +98,17 @@ def start(
     the SOP and its values checked, the target resolved once (or `target`, resolved by an earlier call of
     the same command: its config is the one used), then the plan (--dry-run: a RunResult whose `planned`
     holds it, exit code 0) or the run. On a VM the run is always watched through the TPU API: a lost VM ends
-    it at once (exit 8), or with `max_recoveries` (--recover) is recreated and the SOP runs again (see
-    `recover.watched`). `notify` hears the TPU API's retries; `on_notice` tpuops' own notices (a recovery, a
-    checkpoint warning). `detach`, set from outside (the CLI's first Ctrl-C), stops following and leaves the
-    job running (the report's `interrupted` says "detached"), or, before any job started, cancels the start
-    (nothing is left running)."""
+    it at once (a RunResult with exit 8, its steps and what to do), or with `max_recoveries` (--recover) is
+    recreated and the SOP runs again (see `recover.watched`). `notify` hears the TPU API's retries; `on_notice`
+    tpuops' own notices (a recovery, a checkpoint warning). `detach`, set from outside (the CLI's first Ctrl-C),
+    stops following and leaves the job running (the report's `interrupted` says "detached"), or, before any
+    job started, cancels the start (nothing is left running)."""
     from tpuops.run import recover
 
     cwd = cwd or Path.cwd()
     cfg = target.config if target else user_config.load(cwd)
     spec = target.spec if target else req.target.with_defaults(cfg)  # the VM may come from tpuops.toml
     watched = not req.dry_run and (max_recoveries is not None or spec.kind == "vm")
-    unreachable = cfg.unreachable_s if unreachable_s is None else unreachable_s
-    # attach watches the same, and says how to recover a lost VM of a run that recovers
-    recovers = bool(max_recoveries)
-    watch = {"unreachable_s": unreachable, "watch_s": watch_s, "recover": recovers} if watched else None
     if watched and spec.kind != "vm":
         raise UsageError("--recover needs --vm: only a VM can be watched and recreated")
     checked = _check(req, spec, cfg, cwd, on_notice)
@@ -104,32 +116,27 @@ def start(
         for warning in recover.checkpoint_warnings(req.sets):
             on_notice(warning)
     target = target or resolve(spec, cfg, notify)
+    hooks = _Hooks(on_line, on_step, on_phase, on_notice, detach=detach)
     if not watched:
-        return _execute(
-            req, checked, target, on_line=on_line, on_step=on_step, on_phase=on_phase, cwd=cwd, detach=detach,
-            on_notice=on_notice,
-        )  # fmt: skip
+        return _execute(req, checked, target, hooks, cwd)
+    unreachable = cfg.unreachable_s if unreachable_s is None else unreachable_s
+    # In the run's record: attach watches the same, and says how to recover a lost VM of a run that recovers.
+    watch: dict[str, float | bool] = {
+        "unreachable_s": unreachable,
+        "watch_s": watch_s,
+        "recover": bool(max_recoveries),
+    }
 
     def attempt(
         run_id: str, now: Target, abort: threading.Event, on_event: Callable[[Event], None]
     ) -> RunResult:
-        return _execute(
-            replace(req, run_id=run_id), checked, now, on_line=on_line, on_step=on_step, on_phase=on_phase, cwd=cwd,
-            abort=abort, on_event=on_event, detach=detach, watch=watch, on_notice=on_notice,
-        )  # fmt: skip
+        each = replace(hooks, abort=abort, on_event=on_event)
+        return _execute(replace(req, run_id=run_id), checked, now, each, cwd, watch=watch)
 
     return recover.watched(
-        target,
-        attempt,
-        base_id=req.run_id or new_run_id(req.sop),
-        sop=req.sop,
-        max_recoveries=max_recoveries or 0,
-        watch_s=watch_s,
-        unreachable_s=unreachable,
-        ready_timeout=ready_timeout,
-        on_notice=on_notice,
-        notify=notify,
-    )
+        target, attempt, base_id=req.run_id or new_run_id(req.sop), sop=req.sop, max_recoveries=max_recoveries or 0,
+        watch_s=watch_s, unreachable_s=unreachable, ready_timeout=ready_timeout, on_notice=on_notice, notify=notify,
+    )  # fmt: skip
 
 
 def _check(
@@ -229,16 +236,10 @@ def _execute(
     req: RunRequest,
     checked: _Checked,
     target: Target,
-    *,
-    on_line: LineSink | None,
-    on_step: Callable[[StepReport], None] | None,
+    hooks: _Hooks,
     cwd: Path,
-    on_phase: Callable[[int, str, str, str], None] | None = None,
-    abort: threading.Event | None = None,
-    on_event: Callable[[Event], None] | None = None,
-    detach: threading.Event | None = None,
+    *,
     watch: dict[str, float | bool] | None = None,
-    on_notice: Callable[[str], None] | None = None,
 ) -> RunResult:
     """One attempt on a resolved target: the fit preflight, then the plan or the run and its one result."""
     sop, values = checked.sop, checked.values
@@ -254,48 +255,12 @@ def _execute(
         slices=max(1, len(vm.slices)) if vm else 1,  # a multislice is judged as one (its DCN bytes too)
     )  # fmt: skip
     workers = select_workers(req.worker, len(transport.workers))
-    executor = Executor(
-        transport,
-        parallel=req.parallel or target.config.parallel,
-        keep_going=req.keep_going,
-        force=req.force,
-        local_dir=cwd,
-        local_runs=user_config.state_home() / "runs",
-        redact=redact,
-        on_line=on_line,
-        on_step=on_step,
-        on_event=on_event,
-        on_phase=on_phase,
-    )
-    if abort is not None:
-        executor.abort = abort
-    if detach is not None:
-        executor.detach = detach
+    executor = _executor(req, target, transport, redact, hooks, cwd)
     if req.dry_run:
-        plan = executor.plan(sop, values, DRY_RUN_ID, workers)
-        try:  # read-only: what the steps would change beyond the plan (git sync's local edits)
-            preview = executor.preview(sop, values, DRY_RUN_ID, workers) if req.inspect else []
-        finally:
-            transport.close()
-        planned = Planned(values, plan, fit_line, target, preview)
-        dry = SopReport(sop.name, DRY_RUN_ID, transport.name, workers)  # no step ran
-        return RunResult(dry, ExitCode.OK, estimate=estimate, planned=planned)
+        return _dry_run(req, checked, target, executor, workers, fit_line, estimate)
     run_id = req.run_id or new_run_id(sop.name)
-    record_start(
-        run_id,
-        sop.name,
-        target.spec,
-        workers,
-        values,
-        secret_files,
-        prepare.runs_dir(sop, values),
-        _worker_env_files(sop, values, cwd),
-        None if sop.scan is None else {**sop.scan.model_dump(), "step_pattern": values.get("step_pattern")},
-        estimate,
-        {**(watch or {}), "follow": prepare.hang_watch(sop, values, cwd)},
-    )
-    tree.keep(user_config.state_home() / "runs" / run_id, values)
-    from tpuops.run.store import OffsetWriter, save_result
+    _record(run_id, checked, target, workers, secret_files, estimate, cwd, watch)
+    from tpuops.run.store import OffsetWriter
 
     executor.on_offset = OffsetWriter(run_id)
     warmup, pattern = _scan_settings(sop, values)
@@ -304,8 +269,9 @@ def _execute(
         unreachable = connect_all(transport, workers, executor.parallel, keep_going=req.keep_going)
         keep_route(run_id, target, transport)  # attach, logs and stop log in the same way, no API asked
         reachable = [w for w in workers if w not in unreachable]
-        if 0 in reachable and (said := autostop.ensure(transport, target)) and on_notice:
-            on_notice(said)  # a VM with autostop on: worker 0's watcher (again), never the run's failure
+        # A VM with autostop on: worker 0's watcher (again), never the run's failure.
+        if 0 in reachable and (said := autostop.ensure(transport, target)) and hooks.on_notice:
+            hooks.on_notice(said)
         report = executor.execute(sop, values, run_id, reachable)
         if unreachable:
             report.workers = list(workers)
@@ -315,21 +281,75 @@ def _execute(
         transport.close()
     if report.interrupted == "detached":  # the job goes on: `tpuops attach` follows it and records its end
         return RunResult(report, ExitCode.INTERRUPTED, estimate=estimate)
-    log = None
-    if sop.scan is not None:
-        local_run = user_config.state_home() / "runs" / run_id
-        log = _scan(sop, report, executor.reads, local_run)
-    fail_on_recompile = sop.scan is not None and sop.scan.fail_on_recompile
     from tpuops.run import finish
 
-    stopped = finish.stopped_workers(user_config.state_home() / "runs" / run_id)
-    verdict = finish.judge(
-        log, steps=report, stopped=stopped, fail_on_recompile=fail_on_recompile,
-        config=str(values.get("config") or "CONFIG"), accelerator=target.accelerator,
+    return finish.finished(
+        sop,
+        values,
+        report,
+        executor.reads,
+        accelerator=target.accelerator,
+        estimate=estimate,
+        profiled=profiled,
+    )
+
+
+def _executor(
+    req: RunRequest, target: Target, transport: Transport, redact: Redactor, hooks: _Hooks, cwd: Path
+) -> Executor:
+    """The executor of one attempt, wired to the caller's hooks."""
+    executor = Executor(
+        transport, parallel=req.parallel or target.config.parallel, keep_going=req.keep_going, force=req.force,
+        local_dir=cwd, local_runs=user_config.state_home() / "runs", redact=redact, on_line=hooks.on_line,
+        on_step=hooks.on_step, on_event=hooks.on_event, on_phase=hooks.on_phase,
     )  # fmt: skip
-    result = RunResult(report, verdict.code, log, hint=verdict.hint, estimate=estimate, profile=profiled)
-    save_result(run_id, result.to_dict())
-    return result
+    if hooks.abort is not None:
+        executor.abort = hooks.abort
+    if hooks.detach is not None:
+        executor.detach = hooks.detach
+    return executor
+
+
+def _dry_run(
+    req: RunRequest,
+    checked: _Checked,
+    target: Target,
+    executor: Executor,
+    workers: list[int],
+    fit_line: str | None,
+    estimate: dict[str, Any] | None,
+) -> RunResult:
+    """--dry-run: every worker's plan, and (with `inspect`, read-only) what the steps would change beyond it."""
+    sop, values = checked.sop, checked.values
+    plan = executor.plan(sop, values, DRY_RUN_ID, workers)
+    try:  # read-only: what the steps would change beyond the plan (git sync's local edits)
+        preview = executor.preview(sop, values, DRY_RUN_ID, workers) if req.inspect else []
+    finally:
+        executor.transport.close()
+    planned = Planned(values, plan, fit_line, target, preview)
+    dry = SopReport(sop.name, DRY_RUN_ID, executor.transport.name, workers)  # no step ran
+    return RunResult(dry, ExitCode.OK, estimate=estimate, planned=planned)
+
+
+def _record(
+    run_id: str,
+    checked: _Checked,
+    target: Target,
+    workers: list[int],
+    secret_files: list[str],
+    estimate: dict[str, Any] | None,
+    cwd: Path,
+    watch: dict[str, float | bool] | None,
+) -> None:
+    """The run's record before its first step (`tpuops runs`, attach, logs, report read it), and its tree."""
+    sop, values = checked.sop, checked.values
+    record_start(
+        run_id, sop.name, target.spec, workers, values, secret_files, prepare.runs_dir(sop, values),
+        _worker_env_files(sop, values, cwd),
+        None if sop.scan is None else {**sop.scan.model_dump(), "step_pattern": values.get("step_pattern")},
+        estimate, {**(watch or {}), "follow": prepare.hang_watch(sop, values, cwd)},
+    )  # fmt: skip
+    tree.keep(user_config.state_home() / "runs" / run_id, values)
 
 
 def _scan_settings(sop: loader.Sop, values: dict[str, object]) -> tuple[int, str | None]:
@@ -341,28 +361,6 @@ def _scan_settings(sop: loader.Sop, values: dict[str, object]) -> tuple[int, str
     warmup = int(raw) if isinstance(raw, int | float | str) else sop.scan.warmup
     pattern = values.get("step_pattern")
     return warmup, str(pattern) if pattern else None
-
-
-def _scan(sop: loader.Sop, report: SopReport, reads: Readings, local_run: Path) -> LogReport | None:
-    """The run's log report: from the scanners its follow and fetch fed (`source: log`; the logs are not read
-    again), or from each worker's output of the steps (`source: stdout`, a SOP with no job log)."""
-    from tpuops.run import scan
-
-    assert sop.scan is not None
-    if sop.scan.source == "log":
-        log = reads.report()  # the workers whose whole log was read; None: no log was
-        return None if log is None else scan.run_report(log, local_run)
-    scanners: dict[int, scan.LogScanner] = {}
-    for step in report.steps:
-        for w, results in sorted(step.results.items()):
-            scanner = scanners.setdefault(
-                w, scan.LogScanner(warmup=reads.warmup, worker=w, step_pattern=reads.step_pattern)
-            )
-            for r in results:
-                for line in r.stdout.splitlines():
-                    scanner.feed(line)
-    parts = [s.close() for _, s in sorted(scanners.items())]
-    return scan.merge(parts) if parts else None
 
 
 def _connect_step(workers: list[int], unreachable: dict[int, TpuopsError]) -> StepReport:

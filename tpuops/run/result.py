@@ -4,7 +4,7 @@ the plan, exit code 0)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from tpuops.errors import ExitCode
 from tpuops.logs.events import LogReport
@@ -16,8 +16,21 @@ from tpuops.sop.model import Outcome
 if TYPE_CHECKING:
     from tpuops.run.profile import Profiled
 
-# One VM recreation of a --recover run: when, why, how long, the last step seen, the step resumed at.
-Recovery = dict[str, Any]
+
+class Recovery(TypedDict):
+    """One VM recreation of a --recover run: when, why, how long, the last step seen, the step resumed at (None
+    until the next attempt's first step line), the steps run again, the attempt's run id; after a preemption
+    notice also its checkpoint's step."""
+
+    at: float
+    why: str
+    duration_s: float
+    last_step: int | None
+    resumed_step: int | None
+    steps_lost: int | None
+    run_id: str
+    notice: NotRequired[bool]
+    notice_checkpoint: NotRequired[int | None]
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,7 @@ class RunResult:
     estimate: dict[str, Any] | None = None  # the fit preflight's cost and predicted peak HBM (a VM run)
     planned: Planned | None = None  # a dry run: the plan instead of a run
     profile: Profiled | None = None  # --profile-steps: the job's trace of those steps, summarised per worker
+    vm_lost: str | None = None  # the VM went under the run (exit 8): how, at which step (`hint`: what to do)
 
     @property
     def sop(self) -> str:
@@ -80,6 +94,12 @@ class RunResult:
     def first_failure(self) -> tuple[StepReport, int, Outcome] | None:
         return self.report.first_failure()
 
+    def error_line(self) -> str | None:
+        """A run that ended as an error ends (its VM lost): the one line, what happened (what to do)."""
+        if self.vm_lost is None:
+            return None
+        return f"{self.vm_lost} ({self.hint})" if self.hint else self.vm_lost
+
     def to_dict(self) -> dict[str, Any]:
         """The --json report and the run's saved result (a dry run's: its plan); holds no secret (details
         are redacted, and secrets never reach a plan: they travel in .env files)."""
@@ -93,6 +113,8 @@ class RunResult:
             "estimate": self.estimate,
             "against_fit": None if self.log is None else compare(self.estimate, self.log),
             "profile": None if self.profile is None else self.profile.to_dict(),
+            # A lost VM: as an error's JSON says it (`error`, `message`), beside the steps and recoveries.
+            **({} if self.vm_lost is None else {"error": "preempted", "message": self.error_line()}),
         }
 
     def _plan_dict(self, p: Planned) -> dict[str, Any]:

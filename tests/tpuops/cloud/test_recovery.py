@@ -20,8 +20,8 @@ from tests.data import DATA, PACED_TOKENIZER
 from tests.gcs import BUCKET, gcs_server
 from tests.tpuops.cloud.conftest import Cloud
 from tpuops.cloud.emulator.sshd import free_port
-from tpuops.config import TargetSpec
-from tpuops.errors import PermissionDeniedError, PreemptedError
+from tpuops.config import TargetSpec, state_home
+from tpuops.errors import PermissionDeniedError
 from tpuops.run import launch, recover
 from tpuops.run.result import RunResult
 
@@ -123,6 +123,10 @@ def test_preempted_vm_is_recreated_and_the_run_finishes(
         assert cloud.emu.model.qrs[qr]["state"] == {"state": "ACTIVE"}
     assert "step=29 " in "\n".join(lines)
     assert report.to_dict()["recoveries"] == list(report.recoveries)
+    # The run's record of its end (the last attempt's result.json) has its recoveries too.
+    saved = json.loads((state_home() / "runs" / report.run_id / "result.json").read_text())
+    assert report.run_id.endswith("-r1") and saved["exit_code"] == 0
+    assert saved["recoveries"] == json.loads(json.dumps(list(report.recoveries)))
 
 
 def test_a_vm_whose_workers_all_stop_answering_is_recreated(
@@ -167,29 +171,34 @@ def test_recoveries_run_out_with_a_clear_error(
 
     killer = threading.Thread(target=preempt_twice, daemon=True)
     killer.start()
-    with pytest.raises(
-        PreemptedError, match=r"lost 2 times \(last: was PREEMPTED\); gave up after 1 recoveries"
-    ) as e:
-        launch.start(
-            _request(cloud, vm_name, git_remote[0]),
-            max_recoveries=1,
-            watch_s=0.2,
-            ready_timeout=60,
-            on_line=_worker_line(lines),
-            cwd=tmp_path,
-        )
+    result = launch.start(
+        _request(cloud, vm_name, git_remote[0]),
+        max_recoveries=1,
+        watch_s=0.2,
+        ready_timeout=60,
+        on_line=_worker_line(lines),
+        cwd=tmp_path,
+    )
     killer.join()
-    assert e.value.exit_code == 8
+    assert result.code == 8 and result.vm_lost is not None
+    assert result.vm_lost.endswith("lost 2 times (last: was PREEMPTED); gave up after 1 recoveries")
+    assert result.hint == "try another zone, or a reserved (non-spot) VM"
+    (rec,) = result.recoveries  # the one recovery made, and the second attempt's steps until its VM went
+    assert rec["run_id"] == result.run_id and result.steps
+    saved = json.loads((state_home() / "runs" / result.run_id / "result.json").read_text())
+    assert (saved["exit_code"], saved["error_class"], len(saved["recoveries"])) == (8, "preempted", 1)
 
 
 def test_a_vm_run_without_recover_ends_at_once_with_exit_8_when_preempted(
     cloud: Cloud, vm_name: str, git_remote: tuple[Path, str], tmp_path: Path
 ) -> None:
-    """No --recover: the run is still watched, and a preempted VM ends it (no follow waiting for dead workers)."""
-    node = _vm(cloud, vm_name)
+    """No --recover: the run is still watched, and a preempted VM (`tpuops emulator fault preempt`) ends it (no
+    follow waiting for dead workers): exit 8, and its --json is the run's report (the steps it ran, no
+    recovery) with the error's words, also in its result.json."""
+    _vm(cloud, vm_name)
     sets = {"repo_url": str(git_remote[0]), "steps": "600", "step_seconds": "0.1", "lockfile": "~/l"}
     argv = [sys.executable, "-m", "tpuops", "sop", "run", "smoke", "--vm", vm_name, "--zone", ZONE,
-            "--identity", str(cloud.identity), "--json"]  # fmt: skip
+            "--identity", str(cloud.identity), "--unreachable-s", "5", "--json"]  # fmt: skip
     argv += [w for k, v in sets.items() for w in ("--set", f"{k}={v}")]
     env = {**os.environ, "TPUOPS_TPU_API": cloud.url, "COLUMNS": "200"}
     proc = subprocess.Popen(
@@ -198,15 +207,22 @@ def test_a_vm_run_without_recover_ends_at_once_with_exit_8_when_preempted(
     assert proc.stderr is not None
     while "[w0] step=3 " not in (line := proc.stderr.readline()):
         assert line, "the run ended before step 3"
-    cloud.emu.model.preempt(node)
     t0 = time.monotonic()
+    faulted = cloud.cli("emulator", "fault", "preempt", f"{ZONE}/{vm_name}")
+    assert faulted.returncode == 0, faulted.stderr
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 8, err[-2000:]
     assert time.monotonic() - t0 < 30  # the API is watched every 10 s; not the follow's 600 s timeout
     error = json.loads(out)
-    assert (error["error"], error["error_class"]) == ("preempted", "preempted")
+    assert (error["error"], error["error_class"], error["exit_code"]) == ("preempted", "preempted", 8)
     assert error["message"].startswith(f"{vm_name} was PREEMPTED at step ")
-    assert "rerun with --recover" in error["message"]
+    assert "rerun with --recover" in error["message"] and error["hint"].startswith("rerun with --recover")
+    assert error["recoveries"] == [] and not error["ok"]
+    ran = [s["title"] for s in error["steps"]]
+    assert "start job" in ran and "follow" in ran, ran  # the steps up to the follow the VM's loss ended
+    assert err.strip().splitlines()[-1] == f"error: {error['message']}"  # the one line, as any error's
+    saved = json.loads((state_home() / "runs" / error["run_id"] / "result.json").read_text())
+    assert (saved["exit_code"], saved["message"], saved["recoveries"]) == (8, error["message"], [])
 
 
 # 12 toy GRPO steps with a checkpoint every 4 and the final parameters' digest printed; 2 prompts x 4 samples
@@ -437,7 +453,9 @@ def test_a_run_that_fails_because_its_vm_went_is_exit_8_before_the_watch_polls(
 
     req = _request(cloud, vm_name, git_remote[0])
     t0 = time.monotonic()
-    with pytest.raises(PreemptedError) as e:
-        launch.start(req, max_recoveries=0, watch_s=3600, on_step=preempt_after_the_first_step, cwd=tmp_path)
-    assert e.value.exit_code == 8 and f"{vm_name} was PREEMPTED" in e.value.message, e.value.message
+    result = launch.start(
+        req, max_recoveries=0, watch_s=3600, on_step=preempt_after_the_first_step, cwd=tmp_path
+    )
+    assert result.code == 8 and f"{vm_name} was PREEMPTED" in (result.vm_lost or ""), result.vm_lost
+    assert result.recoveries == () and "rerun with --recover" in (result.hint or "")
     assert len(done) >= 1 and time.monotonic() - t0 < 120, done
