@@ -187,3 +187,39 @@ def test_the_checker_finds_what_is_broken(tmp_path: Path) -> None:
 def test_every_reference_in_the_readme_and_docs_resolves() -> None:
     broken = [p for doc in DOCS for p in problems(doc)]
     assert not broken, "broken references:\n" + "\n".join(broken)
+
+
+def _modules(root: Path) -> set[str]:
+    """Each module of tpuops/ as the architecture names it (`launch.py`), the emulator's and `__init__` aside."""
+    return {
+        p.name
+        for p in (root / "tpuops").rglob("*.py")
+        if p.stem != "__init__" and "emulator" not in p.relative_to(root).parts
+    }
+
+
+def unnamed_and_unknown(doc: str, root: Path) -> tuple[list[str], list[str]]:
+    """The modules of tpuops/ that docs/architecture.md never names, and the `x.py` it names that no module of
+    tpuops/, trainer/ or tests/ is."""
+    named = set(re.findall(r"`(?:[\w/]+/)?(\w+\.py)`", doc))
+    named |= set(re.findall(r"(?<![\w/.])(\w+\.py)\b", doc))
+    have = _modules(root)
+    known = {p.name for d in ("tpuops", "trainer", "tests") for p in (root / d).rglob("*.py")}
+    return sorted(have - named), sorted(n for n in named - known if n != "setup.py")
+
+
+def test_the_module_check_finds_what_is_missing(tmp_path: Path) -> None:
+    (tmp_path / "tpuops" / "run").mkdir(parents=True)
+    for name in ("run/launch.py", "run/finish.py", "run/__init__.py"):
+        (tmp_path / "tpuops" / name).write_text("")
+    for d in ("trainer", "tests"):
+        (tmp_path / d).mkdir()
+    doc = "`run/launch.py` starts; `gone.py` is named but missing."
+    assert unnamed_and_unknown(doc, tmp_path) == (["finish.py"], ["gone.py"])
+
+
+def test_the_architecture_names_every_module_and_only_modules_that_exist() -> None:
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    unnamed, unknown = unnamed_and_unknown(doc, ROOT)
+    assert not unnamed, f"docs/architecture.md does not name these modules of tpuops/: {unnamed}"
+    assert not unknown, f"docs/architecture.md names modules that do not exist: {unknown}"
