@@ -45,7 +45,9 @@ def rollout(run: Run, state: State, step: int) -> Rollout:
     if p_len not in run.updates:  # a bucket not seen yet: its update compiles now, as its rollout will
         like = (state.params, state.opt_state)
         resident = device_bytes(run.ref_params)
-        run.updates[p_len] = update_program(cfg, run.mconf, p_len, run.impl, like, resident_bytes=resident, say=run.emit.line)
+        run.updates[p_len] = update_program(
+            cfg, run.mconf, p_len, run.impl, like, resident_bytes=resident, say=run.emit.line
+        )
     ids_NP, mask_NP = np.repeat(ids_PP, G, axis=0), np.repeat(mask_PP, G, axis=0)
     rng = jax.random.fold_in(jax.random.key(cfg.train.seed), step)
     out = _generate(run, run.to_decode(state.params), ids_NP, mask_NP, rng, G)
