@@ -9,7 +9,9 @@ from tests/fixtures/data/qwen2.5-configs, GSM8K prompts from tests/fixtures/data
 and chat template, left-padded to the prompt bucket (random full-length prompts if the tokenizer cannot load).
 Per size: the trainer's jitted programs (trainer.layout.decode_layout's cast, trainer.sampling.sampler's
 generate, trainer.loop.programs.make_update), one warm-up step (compiles), then up to DEVICE_STEP_STEPS timed
-steps (medians). Printed and written to $OUT (device_step.json, device_step.txt) when $OUT is set.
+steps (medians). Printed and written to $OUT (device_step.json, device_step.txt) when $OUT is set; each finished
+size also as a results record (bench/results_record.py) in bench/results/ on a GPU or TPU, or in the folder
+`--results DIR` / DEVICE_STEP_RESULTS names (a CPU run writes none without it).
 
 Settings (environment): DEVICE_STEP_SIZES (tiny,0.5b,1.5b,3b; also 3b-seed: the seed's preset, 1024 new
 tokens, its attention windows), DEVICE_STEP_PROMPTS (16), DEVICE_STEP_SAMPLES (8), DEVICE_STEP_PROMPT_LEN
@@ -35,6 +37,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import results_record  # noqa: E402 (bench/, on the path above)
 
 FIXTURES = ROOT / "tests" / "fixtures" / "data"
 # size -> (trainer preset whose settings the step uses, HF config of the shapes, default micro-batch, time share:
@@ -200,7 +204,8 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
     gpu, note = step_roofline.gpu_for(dev.device_kind)
     rec.put(workload=w, device=f"{jax.default_backend()} {dev.device_kind} x{len(jax.devices())}",
             jax=jax.__version__, peaks={"name": gpu.name, "hbm_bw": gpu.hbm_bw, "bf16_flops": gpu.bf16_flops},
-            peaks_note=note)  # fmt: skip
+            peaks_note=note, platform=jax.default_backend(), device_kind=dev.device_kind,
+            driver=results_record.driver_version(jax.default_backend()))  # fmt: skip
     N, P_len, C = w["prompts"] * w["samples"], w["prompt_len"], w["new_tokens"]
     dtype = "float32" if size == "tiny" and jax.default_backend() == "cpu" else "bfloat16"
     sets = [
@@ -400,6 +405,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--one", help="(internal) run one size in this process")
     ap.add_argument("--result", type=Path, help="(internal) where --one writes its JSON")
     ap.add_argument("--deadline", type=float, default=0.0, help="(internal) epoch seconds")
+    ap.add_argument(
+        "--results", type=Path, default=Path(os.environ["DEVICE_STEP_RESULTS"]) if os.environ.get("DEVICE_STEP_RESULTS")
+        else None, help="write each size's results record here (default: bench/results/ for a GPU or TPU run, "
+        "nowhere for a CPU run; also DEVICE_STEP_RESULTS)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     if args.one:
         return run_one(args.one, args.result, args.deadline or time.time() + 3600)
@@ -442,6 +452,10 @@ def main(argv: list[str] | None = None) -> int:
             elif rc != 0 and r.get("status") != "error":
                 r.update(status="error", error=r.get("error") or f"exit {rc}")
             report["sizes"].append(r)
+            rec = results_record.build(r, config=SIZES[size][0], commit=report["commit"], started=start)
+            where = results_record.folder(args.results, rec["platform"]) if rec else None
+            if rec is not None and where is not None:
+                report.setdefault("records", []).append(str(results_record.write(rec, where)))
             write(report, out_dir)
     report["wall_s"] = time.time() - start
     text = write(report, out_dir)
