@@ -61,9 +61,7 @@ def _size(status: str = "ok", platform: str = "gpu") -> dict[str, object]:
 
 def test_a_gpu_record_is_named_by_date_card_and_size_and_goes_to_bench_results(tmp_path: Path) -> None:
     noon = calendar.timegm((2026, 11, 28, 12, 0, 0))
-    rec = results_record.build(
-        _size(), config="qwen2.5-3b-v6e-8-seed", commit="abc1234", started=1795910400.0
-    )
+    rec = results_record.build(_size(), config="qwen2.5-3b-v6e-8-seed", commit="abc1234", started=noon)
     assert rec is not None
     assert (
         rec["card"],
