@@ -89,6 +89,7 @@ def _tiny_update_args() -> tuple[
     return cfg, mconf, P_len, resolve_impl(cfg.train.loss_impl, "cpu"), (params, opt_state), batch
 
 
+@pytest.mark.slow  # up to four CPU compiles of the tiny update (about 25 s on a 2-core CPU)
 @pytest.mark.parametrize(
     ("device_bytes", "policy", "compiled"), [(10**15, "none", ["none"]), (1, "full", list(ORDER))]
 )
