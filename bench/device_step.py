@@ -196,6 +196,7 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
     from trainer.kernels import resolve_impl
     from trainer.layout import decode_layout, init_opt_state
     from trainer.loop.programs import make_update, optimizer
+    from trainer.loop.remat import AutoUpdate
     from trainer.sampling import sampler
     from trainer.sharding import batch_devices
 
@@ -250,10 +251,20 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
     while True:
         ucfg = config.with_sets(cfg, [f"train.micro_batch={micro}"])
         ucfg.check_batch(1, batch_devices(mesh))
-        update = make_update(ucfg, mconf, P_len, impl, (params, opt_state)).lower(
-            params, opt_state, glike, np.int32(cfg.train.steps)
+        if ucfg.train.remat == "auto":  # the trainer's choice (trainer.loop.remat), its executable kept
+            auto = AutoUpdate(ucfg, mconf, P_len, impl, (params, opt_state), say=rec.say)
+            choice = auto.resolve(params, opt_state, glike, np.int32(cfg.train.steps))
+            rec.put(remat=choice.policy, remat_why=choice.why)
+            ucfg = config.with_sets(ucfg, [f"train.remat={choice.policy}"])
+        else:
+            auto = None
+        update = (
+            auto.executable
+            if auto is not None and auto.executable is not None
+            else make_update(ucfg, mconf, P_len, impl, (params, opt_state))
+            .lower(params, opt_state, glike, np.int32(cfg.train.steps))
+            .compile()
         )
-        update = update.compile()
         mem = update.memory_analysis()
         need = int(mem.temp_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes)
         stats = dev.memory_stats() or {}

@@ -119,6 +119,7 @@ class AutoUpdate:
             device_bytes if device_bytes is not None else device_memory(self.mesh.devices.flat[0])
         )
         self.choice: RematChoice | None = None
+        self.executable: jax.stages.Compiled | None = None  # the winner's, once resolved (None: left to jit)
         self._run: Callable[..., object] | None = None
 
     def _program(self, policy: str) -> OnMesh:
@@ -128,7 +129,7 @@ class AutoUpdate:
     def resolve(self, *args: object) -> RematChoice:
         """Compile the candidates for `args` (the update's arguments) and keep the winner's executable."""
         peaks: dict[str, int | None] = {}
-        compiled: dict[str, Callable[..., object]] = {}
+        compiled: dict[str, jax.stages.Compiled] = {}
         while (choice := pick(peaks, self.device_bytes)) is None:
             policy = ORDER[len(peaks)]
             program = self._program(policy)
@@ -144,8 +145,9 @@ class AutoUpdate:
                 mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
                 + mem.temp_size_in_bytes + self.resident_bytes
             )  # fmt: skip
-            compiled[policy] = OnMesh(exe, program.mesh)
-        self._run = compiled.get(choice.policy) or self._program(choice.policy)
+            compiled[policy] = exe
+        self.executable = compiled.get(choice.policy)
+        self._run = OnMesh(self.executable, self.mesh) if self.executable else self._program(choice.policy)
         self.choice = choice
         self.say(f"remat auto: {choice.why}")
         return choice
