@@ -43,7 +43,7 @@ def test_the_headroom_is_ten_percent_to_the_byte() -> None:
 def test_a_candidate_too_big_to_compile_counts_as_not_fitting() -> None:
     choice = pick({"none": None, "dots": None, "full": 20 * GB}, 32 * GB)
     assert choice is not None and choice.policy == "full"
-    assert "none too big to compile, dots too big to compile over it" in choice.why
+    assert "none over the device at compile, dots over the device at compile over it" in choice.why
 
 
 def test_when_nothing_fits_full_needs_the_least() -> None:

@@ -68,7 +68,7 @@ def pick(
 
 
 def _gb(peak: int | None) -> str:
-    return "too big to compile" if peak is None else f"{peak / GB:.2f} GB"
+    return "over the device at compile" if peak is None else f"{peak / GB:.2f} GB"
 
 
 def device_bytes(tree: object) -> int:
