@@ -159,7 +159,9 @@ def prompts(cfg: Any, n: int, length: int, vocab: int) -> tuple[Any, Any, tuple[
         return ids, np.ones_like(ids), (151645, 151643), 151643, f"random full-length ids ({why})"
 
 
-def update_batch(ids_NP: Any, mask_NP: Any, comp_NC: Any, cmask_NC: Any, old_NC: Any, adv_N: Any) -> dict:
+def update_batch(
+    ids_NP: Any, mask_NP: Any, comp_NC: Any, cmask_NC: Any, old_NC: Any, adv_N: Any
+) -> dict[str, Any]:
     """The update's batch as trainer/loop/update.py builds it from a rollout."""
     import numpy as np
 
@@ -171,7 +173,7 @@ def update_batch(ids_NP: Any, mask_NP: Any, comp_NC: Any, cmask_NC: Any, old_NC:
     }  # fmt: skip
 
 
-def xla_cost(compiled: Any) -> dict[str, float]:
+def xla_cost(compiled: Any) -> dict[str, float | str]:
     """XLA's own cost analysis of a compiled program (a loop body, here the micro-batch scan's, counted once)."""
     try:
         cost = compiled.cost_analysis()
@@ -266,6 +268,7 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
             .compile()
         )
         mem = update.memory_analysis()
+        assert mem is not None, "the backend reports no compiled memory"
         need = int(mem.temp_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes)
         stats = dev.memory_stats() or {}
         free = stats.get("bytes_limit", 0) - stats.get("bytes_in_use", 0)
@@ -284,7 +287,7 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
     # The standalone prefill, timed apart to split the rollout into prefill and decode (trainer.fit lowers
     # the same function with the same static arguments).
     # (Internal names: if the sampler changes them, the split is lost, not the run.)
-    split = {"error": None}
+    split: dict[str, str | None] = {"error": None}
 
     def prefill(rparams: Any, ids: Any, mask: Any) -> float:
         if split["error"]:
@@ -479,7 +482,7 @@ def write(report: dict[str, Any], out_dir: Path | None) -> str:
 
     sizes = report["sizes"]
     dev = next((r["device"] for r in sizes if r.get("device")), "?")
-    peaks = next((r["peaks"] for r in sizes if r.get("peaks")), {})
+    peaks: dict[str, Any] = next((r["peaks"] for r in sizes if r.get("peaks")), {})
     text = (
         f"device_step: {dev}, commit {report['commit']}, {report['started']}\n"
         f"bound = analytic roofline of the needed work at {peaks.get('name', '?')} peaks "
