@@ -9,7 +9,9 @@ from tests/fixtures/data/qwen2.5-configs, GSM8K prompts from tests/fixtures/data
 and chat template, left-padded to the prompt bucket (random full-length prompts if the tokenizer cannot load).
 Per size: the trainer's jitted programs (trainer.layout.decode_layout's cast, trainer.sampling.sampler's
 generate, trainer.loop.programs.make_update), one warm-up step (compiles), then up to DEVICE_STEP_STEPS timed
-steps (medians). Printed and written to $OUT (device_step.json, device_step.txt) when $OUT is set.
+steps (medians). Printed and written to $OUT (device_step.json, device_step.txt) when $OUT is set; each finished
+size also as a results record (bench/results_record.py) in bench/results/ on a GPU or TPU, or in the folder
+`--results DIR` / DEVICE_STEP_RESULTS names (a CPU run writes none without it).
 
 Settings (environment): DEVICE_STEP_SIZES (tiny,0.5b,1.5b,3b; also 3b-seed: the seed's preset, 1024 new
 tokens, its attention windows), DEVICE_STEP_PROMPTS (16), DEVICE_STEP_SAMPLES (8), DEVICE_STEP_PROMPT_LEN
@@ -35,6 +37,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import results_record  # noqa: E402 (bench/, on the path above)
 
 FIXTURES = ROOT / "tests" / "fixtures" / "data"
 # size -> (trainer preset whose settings the step uses, HF config of the shapes, default micro-batch, time share:
@@ -155,7 +159,9 @@ def prompts(cfg: Any, n: int, length: int, vocab: int) -> tuple[Any, Any, tuple[
         return ids, np.ones_like(ids), (151645, 151643), 151643, f"random full-length ids ({why})"
 
 
-def update_batch(ids_NP: Any, mask_NP: Any, comp_NC: Any, cmask_NC: Any, old_NC: Any, adv_N: Any) -> dict:
+def update_batch(
+    ids_NP: Any, mask_NP: Any, comp_NC: Any, cmask_NC: Any, old_NC: Any, adv_N: Any
+) -> dict[str, Any]:
     """The update's batch as trainer/loop/update.py builds it from a rollout."""
     import numpy as np
 
@@ -167,7 +173,7 @@ def update_batch(ids_NP: Any, mask_NP: Any, comp_NC: Any, cmask_NC: Any, old_NC:
     }  # fmt: skip
 
 
-def xla_cost(compiled: Any) -> dict[str, float]:
+def xla_cost(compiled: Any) -> dict[str, float | str]:
     """XLA's own cost analysis of a compiled program (a loop body, here the micro-batch scan's, counted once)."""
     try:
         cost = compiled.cost_analysis()
@@ -192,6 +198,7 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
     from trainer.kernels import resolve_impl
     from trainer.layout import decode_layout, init_opt_state
     from trainer.loop.programs import make_update, optimizer
+    from trainer.loop.remat import AutoUpdate
     from trainer.sampling import sampler
     from trainer.sharding import batch_devices
 
@@ -200,7 +207,8 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
     gpu, note = step_roofline.gpu_for(dev.device_kind)
     rec.put(workload=w, device=f"{jax.default_backend()} {dev.device_kind} x{len(jax.devices())}",
             jax=jax.__version__, peaks={"name": gpu.name, "hbm_bw": gpu.hbm_bw, "bf16_flops": gpu.bf16_flops},
-            peaks_note=note)  # fmt: skip
+            peaks_note=note, platform=jax.default_backend(), device_kind=dev.device_kind,
+            driver=results_record.driver_version(jax.default_backend()))  # fmt: skip
     N, P_len, C = w["prompts"] * w["samples"], w["prompt_len"], w["new_tokens"]
     dtype = "float32" if size == "tiny" and jax.default_backend() == "cpu" else "bfloat16"
     sets = [
@@ -245,11 +253,22 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
     while True:
         ucfg = config.with_sets(cfg, [f"train.micro_batch={micro}"])
         ucfg.check_batch(1, batch_devices(mesh))
-        update = make_update(ucfg, mconf, P_len, impl, (params, opt_state)).lower(
-            params, opt_state, glike, np.int32(cfg.train.steps)
+        if ucfg.train.remat == "auto":  # the trainer's choice (trainer.loop.remat), its executable kept
+            auto = AutoUpdate(ucfg, mconf, P_len, impl, (params, opt_state), say=rec.say)
+            choice = auto.resolve(params, opt_state, glike, np.int32(cfg.train.steps))
+            rec.put(remat=choice.policy, remat_why=choice.why)
+            ucfg = config.with_sets(ucfg, [f"train.remat={choice.policy}"])
+        else:
+            auto = None
+        update = (
+            auto.executable
+            if auto is not None and auto.executable is not None
+            else make_update(ucfg, mconf, P_len, impl, (params, opt_state))
+            .lower(params, opt_state, glike, np.int32(cfg.train.steps))
+            .compile()
         )
-        update = update.compile()
         mem = update.memory_analysis()
+        assert mem is not None, "the backend reports no compiled memory"
         need = int(mem.temp_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes)
         stats = dev.memory_stats() or {}
         free = stats.get("bytes_limit", 0) - stats.get("bytes_in_use", 0)
@@ -268,7 +287,7 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
     # The standalone prefill, timed apart to split the rollout into prefill and decode (trainer.fit lowers
     # the same function with the same static arguments).
     # (Internal names: if the sampler changes them, the split is lost, not the run.)
-    split = {"error": None}
+    split: dict[str, str | None] = {"error": None}
 
     def prefill(rparams: Any, ids: Any, mask: Any) -> float:
         if split["error"]:
@@ -400,6 +419,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--one", help="(internal) run one size in this process")
     ap.add_argument("--result", type=Path, help="(internal) where --one writes its JSON")
     ap.add_argument("--deadline", type=float, default=0.0, help="(internal) epoch seconds")
+    ap.add_argument(
+        "--results", type=Path, default=Path(os.environ["DEVICE_STEP_RESULTS"]) if os.environ.get("DEVICE_STEP_RESULTS")
+        else None, help="write each size's results record here (default: bench/results/ for a GPU or TPU run, "
+        "nowhere for a CPU run; also DEVICE_STEP_RESULTS)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     if args.one:
         return run_one(args.one, args.result, args.deadline or time.time() + 3600)
@@ -442,6 +466,10 @@ def main(argv: list[str] | None = None) -> int:
             elif rc != 0 and r.get("status") != "error":
                 r.update(status="error", error=r.get("error") or f"exit {rc}")
             report["sizes"].append(r)
+            rec = results_record.build(r, config=SIZES[size][0], commit=report["commit"], started=start)
+            where = results_record.folder(args.results, rec["platform"]) if rec else None
+            if rec is not None and where is not None:
+                report.setdefault("records", []).append(str(results_record.write(rec, where)))
             write(report, out_dir)
     report["wall_s"] = time.time() - start
     text = write(report, out_dir)
@@ -454,7 +482,7 @@ def write(report: dict[str, Any], out_dir: Path | None) -> str:
 
     sizes = report["sizes"]
     dev = next((r["device"] for r in sizes if r.get("device")), "?")
-    peaks = next((r["peaks"] for r in sizes if r.get("peaks")), {})
+    peaks: dict[str, Any] = next((r["peaks"] for r in sizes if r.get("peaks")), {})
     text = (
         f"device_step: {dev}, commit {report['commit']}, {report['started']}\n"
         f"bound = analytic roofline of the needed work at {peaks.get('name', '?')} peaks "

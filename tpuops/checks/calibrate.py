@@ -79,9 +79,10 @@ def load(results: Path | None) -> list[dict[str, Any]]:
 
 
 def basis(records: list[dict[str, Any]]) -> Basis | None:
-    """TPU records when there are any, else GPU ones; newest first. None without records."""
+    """TPU records when there are any, else GPU ones; newest first. None without records. A CPU record (the bench's
+    check of itself, `DEVICE_STEP_SIZES=tiny`) measures no accelerator and is never a basis."""
     tpu = [r for r in records if str(r["platform"]).lower() == "tpu"]
-    chosen = tpu or records
+    chosen = tpu or [r for r in records if str(r["platform"]).lower() == "gpu"]
     if not chosen:
         return None
     return Basis(tuple(sorted(chosen, key=lambda r: str(r["date"]), reverse=True)))

@@ -209,10 +209,12 @@ def summary(result: dict[str, Any]) -> str:
     """One line: the verdict, the tightest phase and, when it does not fit, the cheapest fix found."""
     tight = result["phases"][result["tightest_phase"]]
     where = f"{result['config']} on {result['accelerator']}"
+    auto = result.get("remat_auto")  # train.remat auto: the policy chosen and why (trainer/fit/remat.py)
+    chose = f"; remat auto: {auto['why']}" if isinstance(auto, dict) and "why" in auto else ""
     if result["fits"]:
         return (f"{where} fits: tightest phase {result['tightest_phase']} peaks at {tight['peak_bytes'] / GB:.1f} GB "
                 f"of {result['hbm_bytes_per_device'] / GB:.1f} GB per device ({result['headroom']:.0%} headroom); "
-                f"estimated step >= {result['estimate']['step_s']:.2f} s")  # fmt: skip
+                f"estimated step >= {result['estimate']['step_s']:.2f} s{chose}")  # fmt: skip
     line = (f"{where} does not fit: {result['tightest_phase']} peak {tight['peak_bytes'] / GB:.1f} GB > "
             f"{result['usable_bytes_per_device'] / GB:.1f} GB usable per device")  # fmt: skip
     fix = result.get("fix")
@@ -222,10 +224,10 @@ def summary(result: dict[str, Any]) -> str:
     )
     if fix:
         sets = " ".join(f"--set {s}" for s in fix["set"])
-        return f"{line}: {sets} fits (peak {fix['peak_bytes'] / GB:.1f} GB){skipped}"
+        return f"{line}: {sets} fits (peak {fix['peak_bytes'] / GB:.1f} GB){skipped}{chose}"
     return (
         f"{line}: lower train.micro_batch, set train.remat=full, or pick a larger TPU (tpuops fit --accelerator)"
-        f"{skipped}"
+        f"{skipped}{chose}"
     )
 
 

@@ -241,9 +241,11 @@ def run(
     """Compile and judge every phase at the model's depth (the layer scan compiles one layer body, so depth
     costs no compile time); when only the update does not fit, the first override list that does
     (`fix_candidates`, each compiled in its own process: `search_fix`). With `host`, the host's work of a step
-    is timed here (trainer.fit.host) and added."""
+    is timed here (trainer.fit.host) and added. With `train.remat: auto` the update is compiled per remat candidate
+    until one fits (trainer.fit.remat); the result's `remat` is the policy chosen and `remat_auto` says why."""
     from trainer.fit import analyze, estimate, programs
     from trainer.fit import host as host_work
+    from trainer.fit import remat as fit_remat
     from trainer.kernels.logprob.blocks import compile_target
 
     devices = list(topology_devices(tgt.topology, slices))
@@ -252,9 +254,19 @@ def run(
     layers = programs.model_config(cfg).num_hidden_layers
 
     host_result = host_work.measure(cfg) if host else None
+    phases = only or programs.ROLLOUT + programs.UPDATE
+    auto: dict[str, Any] | None = None
     with compile_target(f"tpu {devices[0].device_kind}"):
-        progs, facts = programs.step_programs(cfg, devices, only or programs.ROLLOUT + programs.UPDATE)
+        if (
+            cfg.train.remat == "auto" and "update" in phases
+        ):  # the update compiled per candidate, the winner kept
+            cfg, update_raw, auto = fit_remat.resolve(cfg, devices, per_device, geo, breakdown)
+            phases = tuple(p for p in phases if p != "update")
+        progs, facts = programs.step_programs(cfg, devices, phases)
         raw = analyze.measure_all(progs, len(devices), breakdown, per_device, geo)
+        if auto is not None:
+            raw["update"] = update_raw
+            facts["remat_auto"] = auto
     result = analyze.judge(raw, per_device, host_result["seconds"] if host_result else 0.0)
     failed = [k for k, p in result["phases"].items() if not p["fits"]]
     result["fix"] = None

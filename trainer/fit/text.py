@@ -38,7 +38,8 @@ def render(r: dict[str, Any]) -> str:
         if p.get("breakdown"):
             rows.append(f"{name}: HBM bytes per run by source")
             rows += [f"  {b['bytes'] / GB:>8.3f} GB {b['ops']:>5} ops  {b['source']}" for b in p["breakdown"]]
-    return "\n".join([head, *rows, verdict, *estimate_lines(r)])
+    auto = [f"remat auto: {r['remat_auto']['why']}"] if r.get("remat_auto") else []
+    return "\n".join([head, *rows, verdict, *auto, *estimate_lines(r)])
 
 
 def _range(pair: list[float]) -> str:

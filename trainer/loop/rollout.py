@@ -11,7 +11,7 @@ import numpy as np
 from trainer import data
 from trainer.config import ConfigError
 from trainer.distributed import global_array, to_host
-from trainer.loop.programs import make_update
+from trainer.loop.remat import device_bytes, update_program
 from trainer.loop.state import Rollout, Run, State
 from trainer.model import flash
 from trainer.sampling.sampler import generate
@@ -43,7 +43,11 @@ def rollout(run: Run, state: State, step: int) -> Rollout:
     ids_PP, mask_PP = encode_chat(run.tokenizer, [run.task.messages(ex) for ex in prompts], buckets)
     p_len = ids_PP.shape[1]
     if p_len not in run.updates:  # a bucket not seen yet: its update compiles now, as its rollout will
-        run.updates[p_len] = make_update(cfg, run.mconf, p_len, run.impl, (state.params, state.opt_state))
+        like = (state.params, state.opt_state)
+        resident = device_bytes(run.ref_params)
+        run.updates[p_len] = update_program(
+            cfg, run.mconf, p_len, run.impl, like, resident_bytes=resident, say=run.emit.line
+        )
     ids_NP, mask_NP = np.repeat(ids_PP, G, axis=0), np.repeat(mask_PP, G, axis=0)
     rng = jax.random.fold_in(jax.random.key(cfg.train.seed), step)
     out = _generate(run, run.to_decode(state.params), ids_NP, mask_NP, rng, G)

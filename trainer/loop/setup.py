@@ -12,7 +12,8 @@ from trainer import checkpoint, data, metrics, profiling, tasks
 from trainer.config import Config
 from trainer.kernels import resolve_impl
 from trainer.layout import decode_layout, init_opt_state
-from trainer.loop.programs import make_ref_logp, make_update, optimizer
+from trainer.loop.programs import make_ref_logp, optimizer
+from trainer.loop.remat import device_bytes, update_program
 from trainer.loop.state import Run, State
 from trainer.loop.stop import StopNotice
 from trainer.sampling.sampler import for_rollout
@@ -46,7 +47,8 @@ def setup(cfg: Config, emit: metrics.Emitter | None) -> tuple[Run, State]:
         task=task, weights=task.weights(cfg), target_ids=target_ids,
         sampling=for_rollout(r, jax.default_backend()),
         eos=eos_ids(tokenizer), pad=pad_id(tokenizer), impl=impl,
-        updates={P_len: make_update(cfg, mconf, P_len, impl, (params, opt_state))},
+        updates={P_len: update_program(cfg, mconf, P_len, impl, (params, opt_state),
+                                       resident_bytes=device_bytes(ref_params), say=emit.line)},
         ref_params=ref_params, ref_logp=make_ref_logp(cfg, mconf, impl, mesh) if ref_params is not None else None,
         ckpt=checkpoint.manager(cfg.checkpoint.dir) if cfg.checkpoint.dir else None,
         notice=StopNotice(process_count), wandb_run=wandb_run,

@@ -38,7 +38,7 @@ class Run:
     eos: Any  # token ids that end a completion
     pad: int
     impl: str  # the loss implementation train.loss_impl resolved to
-    updates: dict[int, OnMesh]  # prompt length P -> the jitted update (one compile per bucket seen)
+    updates: dict[int, Callable[..., Any]]  # prompt length P -> the update (one compile per bucket seen)
     ref_params: Any  # the frozen reference policy (loss.beta > 0), else None
     ref_logp: OnMesh | None  # (ref_params, batch, P) -> reference log-probs [N, C]
     ckpt: Any  # the orbax checkpoint manager, or None without checkpoint.dir

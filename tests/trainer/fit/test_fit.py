@@ -127,3 +127,24 @@ def test_every_shipped_tpu_config_fits_its_tpu(
         assert 0 < est["bound_s"] < est["expected_s"][0] <= est["expected_mid_s"] <= est["expected_s"][1]
         for name in result["phases"]:  # what `tpuops fit`'s status line shows while it waits
             assert f"fit: compiling {name}\n" in r.stderr and f"fit: compiled {name} in " in r.stderr, name
+
+
+@pytest.mark.slow
+def test_remat_auto_compiles_the_update_per_candidate_until_one_fits(
+    small_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`train.remat: auto` for a TPU: the update compiled with none first (it fits here with room to spare, so
+    nothing else compiles); the winner's measurement is the update phase, and the verdict says which and why."""
+    from tpuops.checks.fit import summary
+
+    _compile_for("v6e-8", monkeypatch)
+    cfg = config.load("tiny", [
+        f"model.path={small_model}", "model.dtype=bfloat16", "data.prompt_buckets=128", "rollout.max_new_tokens=128",
+        "rollout.samples_per_prompt=8", "train.prompts_per_step=8", "train.micro_batch=64", "train.remat=auto",
+    ])  # fmt: skip
+    result = run(cfg, tpus.from_accelerator("v6e-8"), [], fix=False, only=("update",), host=False)
+    auto = result["remat_auto"]
+    assert result["remat"] == auto["policy"] == "none" and list(auto["peaks"]) == ["none"]
+    assert auto["peaks"]["none"] == result["phases"]["update"]["peak_bytes"]  # the winner, not compiled again
+    assert auto["why"].startswith("none: peak ") and "(90% of 34.36 GB)" in auto["why"]
+    assert summary({**result, "config": "tiny"}).endswith(f"; remat auto: {auto['why']}")
