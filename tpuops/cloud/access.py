@@ -4,7 +4,7 @@ metadata over the project's), else the node's `ssh-keys` metadata."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tpuops.cloud.backends import backend_of
 from tpuops.cloud.client import Api, Notify
@@ -13,6 +13,9 @@ from tpuops.cloud.tpu_api import VmInfo
 from tpuops.cloud.vm_state import update_metadata
 from tpuops.console import Routine  # confirmations that change nothing: shown only with -v
 from tpuops.errors import ConnectError, PermissionDeniedError
+
+if TYPE_CHECKING:
+    import requests
 
 SSH_KEYS = "ssh-keys"
 
@@ -46,7 +49,7 @@ def project_metadata(api: Api, notify: Notify) -> dict[str, str]:
     return {it["key"]: it.get("value", "") for it in items}
 
 
-def authorized_http(api: Api) -> Any:
+def authorized_http(api: Api) -> requests.Session:
     """A requests session for the one Compute API read tpuops makes by hand (anonymous for an emulator)."""
     if api.endpoint:
         import requests
