@@ -8,7 +8,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from tpuops import shell
 from tpuops.config import secrets
@@ -207,7 +206,7 @@ class Executor(RunLock):
         return [a for step in sop.steps for a in step.check(ctx)]
 
     def _checks(
-        self, pool: ThreadPoolExecutor, sop: Sop, values: dict, run_id: str, workers: list[int]
+        self, pool: ThreadPoolExecutor, sop: Sop, values: dict[str, object], run_id: str, workers: list[int]
     ) -> StepReport | None:
         """Every step's read-only checks (the TPU's holders, the interpreter), before any step changes a
         worker. None when the SOP has none; a StepReport only worth showing when one failed."""
@@ -241,7 +240,13 @@ class Executor(RunLock):
         return sr if sr.failed else None
 
     def _env_hashes(
-        self, pool: ThreadPoolExecutor, sop: Sop, step: Step, values: dict, run_id: str, workers: list[int]
+        self,
+        pool: ThreadPoolExecutor,
+        sop: Sop,
+        step: Step,
+        values: dict[str, object],
+        run_id: str,
+        workers: list[int],
     ) -> dict[int, str]:
         """Each worker's own hash of the .env its job will source ("none" without one): drift between workers
         stops the run even when no sync_env step sent them the same file."""
@@ -262,7 +267,13 @@ class Executor(RunLock):
         return dict(pool.map(one, workers))
 
     def _run_step(
-        self, pool: ThreadPoolExecutor, sop: Sop, step: Step, values: dict, run_id: str, workers: list[int]
+        self,
+        pool: ThreadPoolExecutor,
+        sop: Sop,
+        step: Step,
+        values: dict[str, object],
+        run_id: str,
+        workers: list[int],
     ) -> StepReport:
         t0 = time.monotonic()
         sr = StepReport(step.title, step.kind)
@@ -307,7 +318,11 @@ class Executor(RunLock):
         return sr
 
     def _run_actions(
-        self, w: int, actions: list[Action], cancel: Any, doing: Callable[[str], None] | None = None
+        self,
+        w: int,
+        actions: list[Action],
+        cancel: threading.Event,
+        doing: Callable[[str], None] | None = None,
     ) -> list[CmdResult]:
         results: list[CmdResult] = []
         for action in actions:
@@ -376,10 +391,12 @@ class Executor(RunLock):
         return {n: env[n] for n in names}
 
 
-class _Either:
-    """Set when either event is: a step's own cancel (another worker failed) or the executor's detach."""
+class _Either(threading.Event):
+    """Set when either event is: a step's own cancel (another worker failed) or the executor's detach. An Event
+    (what the transports and the follower wait on) whose state is the two events'."""
 
     def __init__(self, own: threading.Event, outside: threading.Event) -> None:
+        super().__init__()
         self.own, self.outside = own, outside
 
     def is_set(self) -> bool:

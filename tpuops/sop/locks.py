@@ -8,7 +8,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from tpuops import shell
 from tpuops.errors import TpuopsError
@@ -34,7 +33,11 @@ class RunLock:
         raise NotImplementedError
 
     def _run_actions(
-        self, w: int, actions: list[Action], cancel: Any, doing: Callable[[str], None] | None = None
+        self,
+        w: int,
+        actions: list[Action],
+        cancel: threading.Event,
+        doing: Callable[[str], None] | None = None,
     ) -> list[CmdResult]:
         raise NotImplementedError
 
@@ -53,7 +56,7 @@ class RunLock:
         return Command(script, timeout=60, cancellable=False, what=what)
 
     def _claim(
-        self, pool: ThreadPoolExecutor, sop: Sop, values: dict, run_id: str, workers: list[int]
+        self, pool: ThreadPoolExecutor, sop: Sop, values: dict[str, object], run_id: str, workers: list[int]
     ) -> StepReport:
         """The lock on the first worker, then on the others: of two runs started at once, the one that gets
         the first worker's lock is the one that starts; the other is refused there, before it takes any."""
@@ -104,7 +107,7 @@ class RunLock:
         sr: StepReport,
         step: Step,
         sop: Sop,
-        values: dict,
+        values: dict[str, object],
         run_id: str,
         holding: set[int],
     ) -> None:

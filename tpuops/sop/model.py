@@ -6,9 +6,10 @@ import difflib
 import math
 import re
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -44,9 +45,9 @@ class Param(Frozen):
     """
 
     type: ParamType = "str"
-    default: Any = None
+    default: object = None  # a YAML value of the parameter's type
     description: str = ""
-    choices: list[Any] | None = None
+    choices: list[object] | None = None
     maps_to: str | None = None
 
     @property
@@ -259,7 +260,7 @@ def markers(stdout: str) -> list[dict[str, str]]:
     return found
 
 
-def suggest(word: str, options: Any) -> str:
+def suggest(word: str, options: Iterable[str]) -> str:
     """`; did you mean 'x'?` for the closest of `options`, or nothing."""
     close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
