@@ -11,8 +11,8 @@ The range spans the efficiencies of the records on that basis; the newest is nam
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypedDict, cast
 

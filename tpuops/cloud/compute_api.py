@@ -153,7 +153,9 @@ def aggregated_instances(api: Api, flt: str = "") -> list[tuple[str, list[Instan
 
 def aggregated_migs(api: Api, flt: str = "") -> list[tuple[str, list[Mig]]]:
     """(zone, MIGs) of one aggregatedList over every zone."""
-    scopes = aggregated_pages(api, "list MIGs", "aggregated/instanceGroupManagers", {"filter": flt} if flt else {})
+    scopes = aggregated_pages(
+        api, "list MIGs", "aggregated/instanceGroupManagers", {"filter": flt} if flt else {}
+    )
     return [(scope.rsplit("/", 1)[-1], page.get("instanceGroupManagers", [])) for scope, page in scopes]
 
 

@@ -81,7 +81,10 @@ def _clients(endpoint: str | None) -> Clients:
             "global_operations": guard(compute_v1.GlobalOperationsClient(**kw)),
         }
         for transport in (
-            made.instances._transport, made.migs._transport, made.templates._transport, made.policies._transport
+            made.instances._transport,
+            made.migs._transport,
+            made.templates._transport,
+            made.policies._transport,
         ):
             getattr(transport, "_extended_operations_services", {}).update(ops)
     return made
@@ -225,7 +228,9 @@ def _pages(api: Api, what: str, path: str, params: dict[str, str] | None) -> Ite
 
 def pages(api: Api, what: str, path: str, params: dict[str, str] | None = None) -> list[Instance]:
     """Every instance of an instances.list (`items` of every page)."""
-    return [item for page in _pages(api, what, path, params) for item in cast(InstancePage, page).get("items", [])]
+    return [
+        item for page in _pages(api, what, path, params) for item in cast(InstancePage, page).get("items", [])
+    ]
 
 
 def aggregated_pages(

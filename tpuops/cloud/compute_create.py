@@ -13,17 +13,16 @@ from tpuops.cloud import compute_client as cx
 from tpuops.cloud.accelerators import Shape, compute_shape
 from tpuops.cloud.client import Api
 from tpuops.cloud.compute_api import policy_name, region_of, template_name
-from tpuops.cloud.create import AUTOSTOP_KEY, CreateRequest
+from tpuops.cloud.create import AUTOSTOP_KEY, CreateRequest, Message
 from tpuops.cloud.tpu_api import VmInfo
 from tpuops.errors import CloudError, UsageError
 
 if TYPE_CHECKING:
     from google.api_core.extended_operation import ExtendedOperation
 
-# A request message as google-cloud-compute takes it as a dict (its proto field names: `machine_type`, `type_`).
-Message = dict[str, "Field"]
-Field = str | int | bool | list[Message] | Message
-Made = list[tuple[str, Callable[..., "ExtendedOperation"], dict[str, str]]]  # (what, its delete, its arguments)
+Made = list[
+    tuple[str, Callable[..., "ExtendedOperation"], dict[str, str]]
+]  # (what, its delete, its arguments)
 
 # The boot image when --image is not given. Google's pages do not name one image family for TPU machine types
 # on Compute Engine (docs/cloud.md says so): an Ubuntu LTS the TPU runtime (libtpu from PyPI) installs on.

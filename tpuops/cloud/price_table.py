@@ -100,7 +100,9 @@ def region_of(zone: str) -> str:
 @cache
 def table() -> PriceTable:
     """The shipped price table (package data)."""
-    return cast(PriceTable, json.loads(resources.files("tpuops.cloud").joinpath("data/tpu_prices.json").read_text()))
+    return cast(
+        PriceTable, json.loads(resources.files("tpuops.cloud").joinpath("data/tpu_prices.json").read_text())
+    )
 
 
 @cache

@@ -127,7 +127,9 @@ def _extend(path: Path, data: Yaml) -> Yaml:
         base = _extend(base_path, base)
     child = {k: v for k, v in data.items() if k != "extends"}
     params = dict(base.get("params") or {})
-    overrides = cast(dict[str, Yaml], child.pop("params", None) or {})  # a mapping of mappings, as YAML gave it
+    overrides = cast(
+        dict[str, Yaml], child.pop("params", None) or {}
+    )  # a mapping of mappings, as YAML gave it
     for name, override in overrides.items():
         params[name] = {**params.get(name, {}), **override}
     return {**base, **child, "params": params}

@@ -77,7 +77,9 @@ class Sop(Frozen):
     scan: Scan | None = None
     steps: list[AnyStep]
 
-    def resolve(self, sets: dict[str, str], defaults: Mapping[str, object] | None = None) -> dict[str, object]:
+    def resolve(
+        self, sets: dict[str, str], defaults: Mapping[str, object] | None = None
+    ) -> dict[str, object]:
         """Typed parameter values: --set beats user-config defaults beats the SOP's own defaults.
 
         A `maps_to` parameter with none of these has no value (the trainer config's own stands); one with a

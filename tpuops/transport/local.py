@@ -9,6 +9,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
 from tpuops import shell
 from tpuops.transport.base import CANCELLED_EXIT, TIMEOUT_EXIT, CmdResult, Kind, LineSink, Worker
@@ -132,7 +133,7 @@ class LocalTransport:
         pass
 
 
-def _pump(stream, sink: list[str], worker: int, on_line: LineSink | None) -> None:
+def _pump(stream: IO[bytes], sink: list[str], worker: int, on_line: LineSink | None) -> None:
     for raw in iter(stream.readline, b""):
         line = raw.decode(errors="replace")
         sink.append(line)
@@ -141,7 +142,7 @@ def _pump(stream, sink: list[str], worker: int, on_line: LineSink | None) -> Non
     stream.close()
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:

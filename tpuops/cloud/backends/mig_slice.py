@@ -11,8 +11,8 @@ from tpuops.cloud.backends.compute_instance import ComputeInstance, compute_list
 from tpuops.cloud.waits import wait_for
 
 if TYPE_CHECKING:
-    from tpuops.cloud.compute_json import Instance
     from tpuops.cloud.client import Api
+    from tpuops.cloud.compute_json import Instance
     from tpuops.cloud.create import CreateRequest
     from tpuops.cloud.tpu_api import VmInfo
 
