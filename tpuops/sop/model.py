@@ -23,6 +23,7 @@ from tpuops.transport.base import CmdResult, Kind
 TEMPLATE = re.compile(r"(?<![$\{])\{([a-z_][a-z0-9_]*)\}(?!\})")
 # Values every step can use without declaring them.
 BUILTINS = ("worker", "num_workers", "run_id", "coordinator_host")
+Values = dict[str, object]  # a SOP's parameter values, typed (Sop.resolve)
 
 # A trainer config key a parameter may stand for (`maps_to: train.steps`): section.key, lower case.
 TRAINER_KEY = re.compile(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+")
