@@ -92,24 +92,39 @@ def authorize(
     the project's metadata), change nothing: say what would be added (`pending`) and add nothing."""
     project_md = project_metadata(api, notify)
     if oslogin_enabled(project_md, vm.metadata):
-        from tpuops.cloud.oslogin import import_key
+        return _by_oslogin(api, vm, identity, user=user, key_ttl=key_ttl, notify=notify, dry_run=dry_run)
+    return _by_metadata(api, vm, identity, project_md, user=user or default_user(), key_push=key_push,
+                        notify=notify, dry_run=dry_run)  # fmt: skip
 
-        if dry_run:
-            notify(
-                f"{vm.name}: OS Login (enable-oslogin=TRUE): would import {identity.path.name} into your OS Login "
-                "profile (a dry run changes nothing)"
-            )
-            return Authorized("oslogin", user or default_user(), pushed=False, pending=True)
 
-        posix, who = import_key(api.project, api.endpoint, identity.public, key_ttl, user)
-        if user and user != posix:
-            notify(f"OS Login: using the POSIX user {posix} instead of --user {user}")
+def _by_oslogin(
+    api: Api, vm: VmInfo, identity: Identity, *, user: str | None, key_ttl: float | None, notify: Notify,
+    dry_run: bool,
+) -> Authorized:  # fmt: skip
+    """The key imported into the caller's OS Login profile; the login name is the profile's POSIX user."""
+    from tpuops.cloud.oslogin import import_key
+
+    if dry_run:
         notify(
-            f"{vm.name}: OS Login (enable-oslogin=TRUE): imported {identity.path.name} into {who}'s "
-            f"profile; logging in as {posix}"
+            f"{vm.name}: OS Login (enable-oslogin=TRUE): would import {identity.path.name} into your OS Login "
+            "profile (a dry run changes nothing)"
         )
-        return Authorized("oslogin", posix, pushed=False)
-    user = user or default_user()
+        return Authorized("oslogin", user or default_user(), pushed=False, pending=True)
+    posix, who = import_key(api.project, api.endpoint, identity.public, key_ttl, user)
+    if user and user != posix:
+        notify(f"OS Login: using the POSIX user {posix} instead of --user {user}")
+    notify(
+        f"{vm.name}: OS Login (enable-oslogin=TRUE): imported {identity.path.name} into {who}'s "
+        f"profile; logging in as {posix}"
+    )
+    return Authorized("oslogin", posix, pushed=False)
+
+
+def _by_metadata(
+    api: Api, vm: VmInfo, identity: Identity, project_md: dict[str, str], *, user: str, key_push: bool,
+    notify: Notify, dry_run: bool,
+) -> Authorized:  # fmt: skip
+    """The key in the project's or the VM's `ssh-keys` metadata already, else added to the VM's."""
     if has_key(project_md.get(SSH_KEYS, ""), user, identity):
         notify(
             Routine(f"{vm.name}: metadata keys: {user}'s key is in the project's ssh-keys; nothing to add")
