@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tpuops import config
 from tpuops.cloud.autostop import Autostop, check
@@ -16,6 +17,9 @@ from tpuops.cloud.vm_state import delete_vm, wait_state
 from tpuops.cloud.zone_cache import remember_zone
 from tpuops.cloud.zones import check_zone, known_zones, not_offered
 from tpuops.errors import UsageError
+
+if TYPE_CHECKING:
+    from tpuops.cloud.backends.base import Backend
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,6 @@ def create(
     VM's metadata from the start and the VM is awaited to READY (its watcher is started over SSH next)."""
     from tpuops.cloud.accelerators import parse
     from tpuops.cloud.backends import for_create
-    from tpuops.cloud.client import ApiNotFoundError
     from tpuops.cloud.compute_create import choose_api
 
     acc = parse(accelerator_type)  # exit 2 naming the families or the family's sizes, before any call
@@ -147,15 +150,23 @@ def create(
         req = replace(req, wait=True)
     if backend.api != "tpu":
         notify(f"{name}: {accelerator_type} through {backend.words}")
+    vm = _made(backend, api, req, image or "")
+    remember_zone(api, name, vm.zone, vm.kind)
+    return vm
+
+
+def _made(backend: Backend, api: Api, req: CreateRequest, image: str) -> VmInfo:
+    """The backend's create; a 404 naming one of the zones (or the only one) is "not offered there"."""
+    from tpuops.cloud.client import ApiNotFoundError
+
     try:
-        vm = backend.create(api, req, image or "")
+        return backend.create(api, req, image)
     except ApiNotFoundError as e:
+        wanted = req.zones
         zone = next((z for z in wanted if z in e.message), wanted[0] if len(wanted) == 1 else "")
         if not zone:
             raise
-        raise not_offered(accelerator_type, zone, api) from None
-    remember_zone(api, name, vm.zone, vm.kind)
-    return vm
+        raise not_offered(req.accelerator_type, zone, api) from None
 
 
 def _zones(
