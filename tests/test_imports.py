@@ -331,3 +331,38 @@ def test_the_api_branch_pattern_finds_what_it_should(tmp_path: Path) -> None:
 def test_nothing_outside_cloud_branches_on_a_vms_api() -> None:
     found = api_branches(ROOT)
     assert not found, "ask tpuops.cloud.backends.backend_of(vm) instead:\n" + "\n".join(found)
+
+
+MAX_ANY = 60  # lines naming `Any` in tpuops/ outside the emulator (which may keep looser types)
+_ANY = re.compile(r"\bAny\b")
+
+
+def any_lines(root: Path) -> list[str]:
+    """`path:line` of each line of a .py file under root/tpuops, outside tpuops/cloud/emulator, that names `Any`
+    as a word (what `grep -rw Any tpuops --include=*.py` counts)."""
+    out = []
+    for path in sorted((root / "tpuops").rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("tpuops/cloud/emulator/"):
+            continue
+        out += [f"{rel}:{k}" for k, line in enumerate(path.read_text().splitlines(), 1) if _ANY.search(line)]
+    return out
+
+
+def test_the_any_count_counts_words_outside_the_emulator(tmp_path: Path) -> None:
+    (tmp_path / "tpuops" / "cloud" / "emulator").mkdir(parents=True)
+    (tmp_path / "tpuops" / "a.py").write_text(
+        "from typing import Any\nx: Any = 1\nAnyway = 2\ny: dict[str, Any] = {}  # Any\n"
+    )
+    (tmp_path / "tpuops" / "cloud" / "emulator" / "b.py").write_text("z: Any = 1\n")
+    (tmp_path / "tpuops" / "c.txt").write_text("Any\n")
+    assert any_lines(tmp_path) == ["tpuops/a.py:1", "tpuops/a.py:2", "tpuops/a.py:4"]
+
+
+@pytest.mark.xfail(strict=False, reason="Any is cut room by room; this holds once every room is typed")
+def test_any_is_rare_outside_the_emulator() -> None:
+    found = any_lines(ROOT)
+    assert len(found) < MAX_ANY, (
+        f"{len(found)} lines name Any in tpuops/ outside the emulator (at most {MAX_ANY - 1}): a TypedDict or a "
+        "dataclass for a JSON shape, `object` and narrowing for a value truly unknown:\n" + "\n".join(found)
+    )

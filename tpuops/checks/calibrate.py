@@ -11,9 +11,12 @@ The range spans the efficiencies of the records on that basis; the newest is nam
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Literal, TypedDict, cast
+
+from tpuops.checks.fit import FitResult
 
 RESULTS = Path("bench") / "results"
 # Every field the calibration reads from a record (a test holds each recorded file to it).
@@ -22,15 +25,45 @@ FIELDS = ("card", "platform", "date", "commit", "config", "new_tokens", "step_s"
 # trainer.fit's phases by kind (trainer/fit/estimate.py PHASE_KIND): the decode loops are HBM-bound, the rest
 # (prefill, ref_logp, update) are training-like programs judged by MFU.
 DECODE_PHASES = ("decode_cast", "decode")
+Efficiency = Literal["decode_mbu", "update_mfu"]
+
+
+class Record(TypedDict):
+    """One measurement of `bench/results/` (FIELDS; a file may carry more, which the calibration does not
+    read) and the file it came from."""
+
+    card: str
+    platform: str  # "tpu" or "gpu"
+    date: str
+    commit: str
+    config: str
+    new_tokens: int
+    step_s: float
+    bound_s: float
+    decode_mbu: float  # the decode loop's share of HBM bandwidth
+    update_mfu: float  # the update's model FLOPs utilisation
+    file: str
+
+
+class BasisDict(TypedDict):
+    records: list[Record]
+    decode_mbu: list[float]  # [lowest, highest]
+    update_mfu: list[float]
+
+
+class Calibrated(TypedDict):
+    expected_s: list[float]  # [low, high]
+    expected_mid_s: float
+    basis: BasisDict
 
 
 @dataclass(frozen=True)
 class Basis:
     """The records a calibrated range is made from: newest first, all on one platform."""
 
-    records: tuple[dict[str, Any], ...]
+    records: tuple[Record, ...]
 
-    def span(self, key: str) -> tuple[float, float]:
+    def span(self, key: Efficiency) -> tuple[float, float]:
         values = [float(r[key]) for r in self.records]
         return min(values), max(values)
 
@@ -41,9 +74,10 @@ class Basis:
         pct = lambda lo, hi: f"{lo:.0%}" if round(lo, 2) == round(hi, 2) else f"{lo * 100:.0f}-{hi:.0%}"  # noqa: E731
         return f"{runs}: decode {pct(*d)} of HBM bandwidth, update {pct(*u)} MFU"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> BasisDict:
+        keep = (*FIELDS, "file")
         return {
-            "records": [{k: r[k] for k in (*FIELDS, "file") if k in r} for r in self.records],
+            "records": [cast(Record, {k: v for k, v in r.items() if k in keep}) for r in self.records],
             "decode_mbu": list(self.span("decode_mbu")), "update_mfu": list(self.span("update_mfu")),
         }  # fmt: skip
 
@@ -65,20 +99,20 @@ def find_results(start: Path, fallback: Path | None = None) -> Path | None:
     return fallback
 
 
-def load(results: Path | None) -> list[dict[str, Any]]:
+def load(results: Path | None) -> list[Record]:
     """The records of a results folder (each with `file`); a file without every FIELD is left out."""
-    out = []
+    out: list[Record] = []
     for f in sorted(results.glob("*.json")) if results else []:
         try:
             rec = json.loads(f.read_text())
         except (OSError, ValueError):
             continue
         if isinstance(rec, dict) and all(k in rec for k in FIELDS):
-            out.append({**rec, "file": f.name})
+            out.append(cast(Record, {**rec, "file": f.name}))
     return out
 
 
-def basis(records: list[dict[str, Any]]) -> Basis | None:
+def basis(records: list[Record]) -> Basis | None:
     """TPU records when there are any, else GPU ones; newest first. None without records. A CPU record (the bench's
     check of itself, `DEVICE_STEP_SIZES=tiny`) measures no accelerator and is never a basis."""
     tpu = [r for r in records if str(r["platform"]).lower() == "tpu"]
@@ -88,12 +122,13 @@ def basis(records: list[dict[str, Any]]) -> Basis | None:
     return Basis(tuple(sorted(chosen, key=lambda r: str(r["date"]), reverse=True)))
 
 
-def calibrated(estimate: dict[str, Any], b: Basis) -> dict[str, Any]:
+def calibrated(estimate: Mapping[str, object], b: Basis) -> Calibrated:
     """The expected step at the measured efficiencies: each phase's bound / the efficiency of its kind (the
-    best measured efficiency gives the low end), plus the host's work."""
-    phases: dict[str, float] = estimate["phases_s"]
+    best measured efficiency gives the low end), plus the host's work. `estimate`: trainer.fit's, with
+    `phases_s` (phase -> seconds at its bound) and `host_s`."""
+    phases = cast(dict[str, float], estimate["phases_s"])
     d, u = b.span("decode_mbu"), b.span("update_mfu")
-    host = float(estimate.get("host_s", 0.0))
+    host = float(cast(float, estimate.get("host_s", 0.0)))
 
     def at(i: int) -> float:
         return host + sum(s / (d if name in DECODE_PHASES else u)[i] for name, s in phases.items())
@@ -103,8 +138,8 @@ def calibrated(estimate: dict[str, Any], b: Basis) -> dict[str, Any]:
 
 
 def calibrate(
-    result: dict[str, Any], efficiency: str = "measured", cwd: Path | None = None, *, packaged: bool = True
-) -> dict[str, Any]:
+    result: FitResult, efficiency: str = "measured", cwd: Path | None = None, *, packaged: bool = True
+) -> FitResult:
     """The fit result with `estimate.calibrated` (the range at measured efficiencies and its basis) and
     `estimate.basis_line`; `efficiency="published"` (or no records) keeps the published range as the step."""
     est = dict(result["estimate"])

@@ -24,6 +24,10 @@ from tpuops.errors import DoesNotFitError, ExitCode, TpuopsError, UsageError
 
 EXIT_NO_FIT, EXIT_NO_LIBTPU = 3, 4  # trainer.fit's exit codes (docs/contracts.md)
 GB = 1e9
+# trainer.fit's JSON verdict (docs/contracts.md) with what tpuops adds to it (`cached`, `estimate.calibrated`,
+# `cost`): another program's output, read by key here and in the run's fit view; a plain mapping until those
+# readers take a typed record.
+FitResult = dict[str, Any]
 
 
 class FitUnavailableError(UsageError):
@@ -73,7 +77,7 @@ def cache_key(config: str, sets: list[str], target: str, cwd: Path) -> str:
     return h.hexdigest()[:24]
 
 
-def exit_code(result: dict[str, Any]) -> int:
+def exit_code(result: FitResult) -> int:
     """0 when the config fits, 12 (DoesNotFitError's code) when it does not."""
     return int(ExitCode.OK if result["fits"] else DoesNotFitError.exit_code)
 
@@ -88,7 +92,7 @@ def check(
     use_cache: bool = True,
     on_progress: Callable[[str], None] | None = None,
     slices: int = 1,
-) -> dict[str, Any]:
+) -> FitResult:
     """The fit result (JSON of trainer.fit, plus `cached`); FitUnavailableError without libtpu, UsageError for a
     bad config or target. `on_progress` hears trainer.fit's `fit: ...` lines as they come (compiling X)."""
     if accelerator and topology:
@@ -205,7 +209,7 @@ class FitProgress:
         return None
 
 
-def summary(result: dict[str, Any]) -> str:
+def summary(result: FitResult) -> str:
     """One line: the verdict, the tightest phase and, when it does not fit, the cheapest fix found."""
     tight = result["phases"][result["tightest_phase"]]
     where = f"{result['config']} on {result['accelerator']}"
@@ -231,7 +235,7 @@ def summary(result: dict[str, Any]) -> str:
     )
 
 
-def cached_words(result: dict[str, Any], accelerator: str | None) -> str:
+def cached_words(result: FitResult, accelerator: str | None) -> str:
     """After the verdict line: where it came from when no compile ran (the cache is per config, overrides, TPU
     type and trainer source), and how to compile again; '' for a fresh verdict."""
     if not result.get("cached"):
@@ -244,7 +248,7 @@ def cached_words(result: dict[str, Any], accelerator: str | None) -> str:
             "`tpuops fit --no-cache` compiles again)")  # fmt: skip
 
 
-def step_seconds(result: dict[str, Any]) -> tuple[float, str]:
+def step_seconds(result: FitResult) -> tuple[float, str]:
     """The step time a cost is made from: the midpoint of the range at this trainer's measured efficiency
     (tpuops.checks.calibrate), else of the published-efficiency range, else the bound (older verdicts)."""
     est = result["estimate"]
@@ -255,7 +259,7 @@ def step_seconds(result: dict[str, Any]) -> tuple[float, str]:
     return float(est["step_s"]), "bound_s"
 
 
-def with_cost(result: dict[str, Any], region: str | None, endpoint: str | None = None) -> dict[str, Any]:
+def with_cost(result: FitResult, region: str | None, endpoint: str | None = None) -> FitResult:
     """The fit result with `cost`: dollars per step and per run (train.steps), on demand and Spot, for its
     accelerator in `region` (tpuops/cloud/pricing: the billing catalog, else the shipped table). When the type has
     no price there, `cost` is None and `unpriced` says why and names the nearest regions that offer it. Never
@@ -271,6 +275,6 @@ def with_cost(result: dict[str, Any], region: str | None, endpoint: str | None =
                                            result["accelerator"], price, basis, result.get("slices", 1))}  # fmt: skip
 
 
-def require_fit(result: dict[str, Any]) -> None:
+def require_fit(result: FitResult) -> None:
     if not result["fits"]:
         raise DoesNotFitError(summary(result))

@@ -4,7 +4,7 @@ metadata over the project's), else the node's `ssh-keys` metadata."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tpuops.cloud.backends import backend_of
 from tpuops.cloud.client import Api, Notify
@@ -13,6 +13,9 @@ from tpuops.cloud.tpu_api import VmInfo
 from tpuops.cloud.vm_state import update_metadata
 from tpuops.console import Routine  # confirmations that change nothing: shown only with -v
 from tpuops.errors import ConnectError, PermissionDeniedError
+
+if TYPE_CHECKING:
+    import requests
 
 SSH_KEYS = "ssh-keys"
 
@@ -46,7 +49,7 @@ def project_metadata(api: Api, notify: Notify) -> dict[str, str]:
     return {it["key"]: it.get("value", "") for it in items}
 
 
-def authorized_http(api: Api) -> Any:
+def authorized_http(api: Api) -> requests.Session:
     """A requests session for the one Compute API read tpuops makes by hand (anonymous for an emulator)."""
     if api.endpoint:
         import requests
@@ -89,24 +92,39 @@ def authorize(
     the project's metadata), change nothing: say what would be added (`pending`) and add nothing."""
     project_md = project_metadata(api, notify)
     if oslogin_enabled(project_md, vm.metadata):
-        from tpuops.cloud.oslogin import import_key
+        return _by_oslogin(api, vm, identity, user=user, key_ttl=key_ttl, notify=notify, dry_run=dry_run)
+    return _by_metadata(api, vm, identity, project_md, user=user or default_user(), key_push=key_push,
+                        notify=notify, dry_run=dry_run)  # fmt: skip
 
-        if dry_run:
-            notify(
-                f"{vm.name}: OS Login (enable-oslogin=TRUE): would import {identity.path.name} into your OS Login "
-                "profile (a dry run changes nothing)"
-            )
-            return Authorized("oslogin", user or default_user(), pushed=False, pending=True)
 
-        posix, who = import_key(api.project, api.endpoint, identity.public, key_ttl, user)
-        if user and user != posix:
-            notify(f"OS Login: using the POSIX user {posix} instead of --user {user}")
+def _by_oslogin(
+    api: Api, vm: VmInfo, identity: Identity, *, user: str | None, key_ttl: float | None, notify: Notify,
+    dry_run: bool,
+) -> Authorized:  # fmt: skip
+    """The key imported into the caller's OS Login profile; the login name is the profile's POSIX user."""
+    from tpuops.cloud.oslogin import import_key
+
+    if dry_run:
         notify(
-            f"{vm.name}: OS Login (enable-oslogin=TRUE): imported {identity.path.name} into {who}'s "
-            f"profile; logging in as {posix}"
+            f"{vm.name}: OS Login (enable-oslogin=TRUE): would import {identity.path.name} into your OS Login "
+            "profile (a dry run changes nothing)"
         )
-        return Authorized("oslogin", posix, pushed=False)
-    user = user or default_user()
+        return Authorized("oslogin", user or default_user(), pushed=False, pending=True)
+    posix, who = import_key(api.project, api.endpoint, identity.public, key_ttl, user)
+    if user and user != posix:
+        notify(f"OS Login: using the POSIX user {posix} instead of --user {user}")
+    notify(
+        f"{vm.name}: OS Login (enable-oslogin=TRUE): imported {identity.path.name} into {who}'s "
+        f"profile; logging in as {posix}"
+    )
+    return Authorized("oslogin", posix, pushed=False)
+
+
+def _by_metadata(
+    api: Api, vm: VmInfo, identity: Identity, project_md: dict[str, str], *, user: str, key_push: bool,
+    notify: Notify, dry_run: bool,
+) -> Authorized:  # fmt: skip
+    """The key in the project's or the VM's `ssh-keys` metadata already, else added to the VM's."""
     if has_key(project_md.get(SSH_KEYS, ""), user, identity):
         notify(
             Routine(f"{vm.name}: metadata keys: {user}'s key is in the project's ssh-keys; nothing to add")

@@ -8,9 +8,14 @@ import html
 import json
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from tpuops.errors import CloudError, UsageError
+
+if TYPE_CHECKING:
+    import requests
+
+C = TypeVar("C")
 
 CALL_TIMEOUT_S = 30.0  # the longest one try of a Google API call waits for its answer (TPUOPS_API_TIMEOUT)
 DEADLINE_TRIES = 4  # a call and its retries end within this many times that (api_core's Retry deadline)
@@ -60,7 +65,7 @@ def page_words(body: bytes) -> str:
     return f"an HTML page ({title!r})" if title else "an HTML page"
 
 
-def check(resp: Any, *args: Any, **kwargs: Any) -> None:
+def check(resp: requests.Response, *args: object, **kwargs: object) -> None:
     """A requests response hook on every session of every Google client tpuops builds: a 2xx answer must be a
     JSON object, whole (an empty body passes: nothing is parsed from it). Error answers are left to api_core,
     which reads a non-JSON error body as its message (`one_line` makes that one line)."""
@@ -94,7 +99,7 @@ def check(resp: Any, *args: Any, **kwargs: Any) -> None:
         raise BadAnswerError(f"answered JSON {type(data).__name__}, not an object", page=False, host=host)
 
 
-def guard_session(session: Any) -> Any:
+def guard_session(session: requests.Session) -> requests.Session:
     """`session` (a requests session) with `check` on every answer, once."""
     hooks = session.hooks.setdefault("response", [])
     if check not in hooks:
@@ -102,7 +107,7 @@ def guard_session(session: Any) -> Any:
     return session
 
 
-def guard(client: Any) -> Any:
+def guard(client: C) -> C:
     """A google-cloud REST client whose answers pass `check`: its transport's own requests session (the
     generated REST transports keep it as `_session`; a client without one is returned as it is)."""
     session = getattr(getattr(client, "_transport", None), "_session", None)

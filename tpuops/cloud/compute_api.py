@@ -6,15 +6,15 @@ delete."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import cast
 
 from tpuops.cloud.accelerators import accelerator_of, slice_of
 from tpuops.cloud.client import Api, ApiNotFoundError
-from tpuops.cloud.compute_client import call, clients, pages, read, wait_op
+from tpuops.cloud.compute_client import aggregated_pages, call, clients, pages, read, wait_op
+from tpuops.cloud.compute_json import GuestAttributes, Instance, ManagedInstances, Metadata, Mig
 from tpuops.cloud.tpu_api import VmInfo, WorkerAddr
 
-Json = dict[str, Any]  # one resource as the Compute Engine REST API returns it
-Listed = tuple[list[tuple[str, list[Json]]], list[tuple[str, list[Json]]]]  # (instances, MIGs) per zone
+Listed = tuple[list[tuple[str, list[Instance]]], list[tuple[str, list[Mig]]]]  # (instances, MIGs) per zone
 WORKER_NUMBER = (
     "agent-worker-number"  # the worker index in an instance's metadata (as Cloud TPU VMs carry it)
 )
@@ -29,8 +29,8 @@ _STATES = {
 }  # fmt: skip
 
 
-def _md(inst: Json) -> dict[str, str]:
-    return {it["key"]: it.get("value", "") for it in inst.get("metadata", {}).get("items", [])}
+def _md(inst: Instance) -> dict[str, str]:
+    return {it["key"]: it.get("value", "") for it in inst.get("metadata", Metadata()).get("items", [])}
 
 
 def _short(url: str) -> str:
@@ -43,18 +43,18 @@ def _state(status: str, spot: bool) -> str:
     return _STATES.get(status, status or "CREATING")
 
 
-def _spot(inst: Json) -> bool:
+def _spot(inst: Instance) -> bool:
     return inst.get("scheduling", {}).get("provisioningModel") == "SPOT"
 
 
-def _addr(index: int, inst: Json) -> WorkerAddr:
+def _addr(index: int, inst: Instance) -> WorkerAddr:
     nics = inst.get("networkInterfaces") or [{}]
     external = next((ac["natIP"] for ac in nics[0].get("accessConfigs", []) if ac.get("natIP")), None)
     return WorkerAddr(index, nics[0].get("networkIP", ""), external, 22)
 
 
 def vm_from_instances(
-    project: str, name: str, zone: str, insts: list[Json], *, kind: str, vms: int = 1, state: str = ""
+    project: str, name: str, zone: str, insts: list[Instance], *, kind: str, vms: int = 1, state: str = ""
 ) -> VmInfo:
     """Instances (in worker order) of a slice of `vms` VMs -> one VmInfo; `state` overrides the instances'
     own (a MIG's, which also counts the instances it is still making)."""
@@ -90,32 +90,32 @@ def vm_from_instances(
 
 
 def get_instance(api: Api, zone: str, name: str) -> VmInfo:
-    inst = read(api, f"get instance {name} in {zone}", f"zones/{zone}/instances/{name}")
+    inst = cast(Instance, read(api, f"get instance {name} in {zone}", f"zones/{zone}/instances/{name}"))
     return vm_from_instances(api.project, name, zone, [inst], kind="instance")
 
 
 def get_mig(api: Api, zone: str, name: str) -> VmInfo:
-    mig = read(api, f"get MIG {name} in {zone}", f"zones/{zone}/instanceGroupManagers/{name}")
+    mig = cast(Mig, read(api, f"get MIG {name} in {zone}", f"zones/{zone}/instanceGroupManagers/{name}"))
     return mig_vm(api, zone, mig)
 
 
-def worker_order(insts: list[Json]) -> list[Json]:
+def worker_order(insts: list[Instance]) -> list[Instance]:
     """The slice's workers: by the worker number in each instance's metadata, else by name."""
 
-    def key(inst: Json) -> tuple[int, str]:
+    def key(inst: Instance) -> tuple[int, str]:
         number = _md(inst).get(WORKER_NUMBER, "")
         return (int(number) if number.isdigit() else 1 << 30, inst["name"])
 
     return sorted(insts, key=key)
 
 
-def mig_vm(api: Api, zone: str, mig: Json) -> VmInfo:
+def mig_vm(api: Api, zone: str, mig: Mig) -> VmInfo:
     """A MIG (as the API gave it) -> its slice: listManagedInstances for the members and one instances.list
     (filtered on the base name) for their addresses and metadata."""
     name = mig["name"]
-    members = read(api, f"list instances of MIG {name}",
-                   f"zones/{zone}/instanceGroupManagers/{name}/listManagedInstances", method="POST",
-                   ).get("managedInstances", [])  # fmt: skip
+    answer = read(api, f"list instances of MIG {name}",
+                  f"zones/{zone}/instanceGroupManagers/{name}/listManagedInstances", method="POST")  # fmt: skip
+    members = cast(ManagedInstances, answer).get("managedInstances", [])
     names = {m.get("name") or _short(m.get("instance", "")) for m in members}
     base = mig.get("baseInstanceName") or name
     found = pages(
@@ -141,21 +141,27 @@ def mig_vm(api: Api, zone: str, mig: Json) -> VmInfo:
     return vm_from_instances(api.project, name, zone, insts, kind="mig", vms=target, state=state)
 
 
-def tpu_instance(inst: Json) -> bool:
+def tpu_instance(inst: Instance) -> bool:
     return bool(accelerator_of(_short(inst.get("machineType", ""))))
 
 
-def aggregated(api: Api, what: str, flt: str = "") -> list[tuple[str, list[Json]]]:
-    """(zone, resources) of one aggregatedList (`instances` or `instanceGroupManagers`) over every zone."""
-    kind = "instances" if what == "instances" else "instanceGroupManagers"
-    label = "instances" if what == "instances" else "MIGs"
-    scopes = pages(api, f"list {label}", f"aggregated/{kind}", {"filter": flt} if flt else {})
-    return [(scope.rsplit("/", 1)[-1], page.get(kind, [])) for scope, page in scopes]
+def aggregated_instances(api: Api, flt: str = "") -> list[tuple[str, list[Instance]]]:
+    """(zone, instances) of one aggregatedList over every zone."""
+    scopes = aggregated_pages(api, "list instances", "aggregated/instances", {"filter": flt} if flt else {})
+    return [(scope.rsplit("/", 1)[-1], page.get("instances", [])) for scope, page in scopes]
+
+
+def aggregated_migs(api: Api, flt: str = "") -> list[tuple[str, list[Mig]]]:
+    """(zone, MIGs) of one aggregatedList over every zone."""
+    scopes = aggregated_pages(
+        api, "list MIGs", "aggregated/instanceGroupManagers", {"filter": flt} if flt else {}
+    )
+    return [(scope.rsplit("/", 1)[-1], page.get("instanceGroupManagers", [])) for scope, page in scopes]
 
 
 def search_instances(api: Api, name: str) -> list[VmInfo]:
     """TPU instances named `name` in any zone: one aggregatedList filtered on the name."""
-    found = aggregated(api, "instances", f'name eq "{name}"')
+    found = aggregated_instances(api, f'name eq "{name}"')
     return [vm_from_instances(api.project, i["name"], zone, [i], kind="instance")
             for zone, page in found for i in page
             if i["name"] == name and tpu_instance(i) and not mig_owner(zone, i)]  # fmt: skip
@@ -164,7 +170,7 @@ def search_instances(api: Api, name: str) -> list[VmInfo]:
 def search_migs(api: Api, name: str) -> list[VmInfo]:
     """MIG slices named `name` in any zone: one aggregatedList filtered on the name, then each one's members."""
     out = []
-    for zone, page in aggregated(api, "migs", f'name eq "{name}"'):
+    for zone, page in aggregated_migs(api, f'name eq "{name}"'):
         for mig in page:
             if mig["name"] == name:
                 vm = mig_vm(api, zone, mig)
@@ -177,12 +183,12 @@ def listing(api: Api) -> Listed:
     """(instances, MIGs) of every zone: two aggregatedList calls, at once (what the instance and MIG backends
     each pick their VMs from)."""
     with ThreadPoolExecutor(max_workers=2) as pool:
-        insts = pool.submit(aggregated, api, "instances")
-        migs = pool.submit(aggregated, api, "migs")
+        insts = pool.submit(aggregated_instances, api)
+        migs = pool.submit(aggregated_migs, api)
         return insts.result(), migs.result()
 
 
-def mig_owner(zone: str, inst: Json) -> str:
+def mig_owner(zone: str, inst: Instance) -> str:
     """`ZONE/MIG` of the MIG an instance belongs to (its `created-by` metadata), '' for a lone instance."""
     owner = _md(inst).get(CREATED_BY, "")
     return f"{zone}/{_short(owner)}" if "/instanceGroupManagers/" in owner else ""
@@ -194,8 +200,9 @@ def guest_attributes(api: Api, vm: VmInfo) -> list[dict[str, dict[str, str]]]:
     instance (Compute has no per-slice read), all at once."""
 
     def one(instance: str) -> dict[str, dict[str, str]]:
-        resp = read(api, f"guest attributes of {instance}",
-                    f"zones/{vm.zone}/instances/{instance}/getGuestAttributes", {"queryPath": "hostkeys/"})  # fmt: skip
+        answer = read(api, f"guest attributes of {instance}",
+                      f"zones/{vm.zone}/instances/{instance}/getGuestAttributes", {"queryPath": "hostkeys/"})  # fmt: skip
+        resp = cast(GuestAttributes, answer)
         per: dict[str, dict[str, str]] = {}
         for item in resp.get("queryValue", {}).get("items", []):
             per.setdefault(item.get("namespace", ""), {})[item.get("key", "")] = item.get("value", "")

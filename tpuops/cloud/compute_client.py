@@ -9,9 +9,9 @@ from __future__ import annotations
 import functools
 import itertools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from tpuops.cloud.answers import failure, guard, guard_session
 from tpuops.cloud.client import (
@@ -23,7 +23,13 @@ from tpuops.cloud.client import (
     page_hint,
     short_error,
 )
+from tpuops.cloud.compute_json import AggregatedPage, Instance, InstancePage, ScopedList
 from tpuops.errors import CloudError, CommandTimeoutError, PermissionDeniedError
+
+if TYPE_CHECKING:
+    import requests
+    from google.api_core.extended_operation import ExtendedOperation
+    from google.cloud import compute_v1
 
 T = TypeVar("T")
 COMPUTE_HOST = "https://compute.googleapis.com"
@@ -33,10 +39,10 @@ COMPUTE_HOST = "https://compute.googleapis.com"
 class Clients:
     """The Compute Engine clients tpuops uses, built once per process and endpoint (one id for the log)."""
 
-    instances: Any
-    migs: Any
-    templates: Any
-    policies: Any
+    instances: compute_v1.InstancesClient
+    migs: compute_v1.InstanceGroupManagersClient
+    templates: compute_v1.InstanceTemplatesClient
+    policies: compute_v1.ResourcePoliciesClient
     client_id: str
 
 
@@ -58,12 +64,13 @@ def _clients(endpoint: str | None) -> Clients:
     from google.cloud import compute_v1
 
     kw = client_kwargs(endpoint)
-    made: list[Any] = [
+    made = Clients(
         guard(compute_v1.InstancesClient(**kw)),
         guard(compute_v1.InstanceGroupManagersClient(**kw)),
         guard(compute_v1.InstanceTemplatesClient(**kw)),
         guard(compute_v1.ResourcePoliciesClient(**kw)),
-    ]
+        client_id=client_id(endpoint),
+    )
     if endpoint:
         # The library builds the operations client that `operation.result()` polls with the credentials only,
         # never the client options (compute_v1/services/*/transports/base.py `_zone_operations_client`): it
@@ -73,10 +80,14 @@ def _clients(endpoint: str | None) -> Clients:
             "region_operations": guard(compute_v1.RegionOperationsClient(**kw)),
             "global_operations": guard(compute_v1.GlobalOperationsClient(**kw)),
         }
-        for client in made:
-            getattr(client._transport, "_extended_operations_services", {}).update(ops)
-    instances, migs, templates, policies = made
-    return Clients(instances, migs, templates, policies, client_id=client_id(endpoint))
+        for transport in (
+            made.instances._transport,
+            made.migs._transport,
+            made.templates._transport,
+            made.policies._transport,
+        ):
+            getattr(transport, "_extended_operations_services", {}).update(ops)
+    return made
 
 
 def clients(api: Api) -> Clients:
@@ -91,7 +102,7 @@ def _headers(api: Api) -> list[tuple[str, str]]:
     return [*marks, ("x-tpuops-purpose", api.purpose)] if api.purpose else marks
 
 
-def call(api: Api, what: str, fn: Callable[..., T], /, **kw: Any) -> T:
+def call(api: Api, what: str, fn: Callable[..., T], /, **kw: object) -> T:
     """`fn(**kw)` with the same google.api_core Retry as the TPU API's (`Api.retry`: backoff with jitter on
     429/503/504 and refused connections, at most `api.retries` retries, each said through `notify`); other
     errors -> TpuopsError (a 403 names the Compute Engine role)."""
@@ -127,7 +138,7 @@ def compute_error(what: str, e: Exception, api: Api | None = None) -> CloudError
     return failure("Compute API", what, e, *limits_of(api, "Compute API"))
 
 
-def wait_op(api: Api, op: Any, what: str, timeout: float) -> None:
+def wait_op(api: Api, op: ExtendedOperation, what: str, timeout: float) -> None:
     """Wait for a Compute operation with the library's own poller (`ExtendedOperation.result`), its backoff
     starting at 0.1 s instead of the default 1 s (x1.5 up to 20 s: most operations here take well under a
     second on the emulator and a few seconds on Google); an operation that finished with errors is an error
@@ -155,7 +166,7 @@ def wait_op(api: Api, op: Any, what: str, timeout: float) -> None:
         raise CloudError(f"{what}: {detail}")
 
 
-def _op_errors(op: Any) -> str:
+def _op_errors(op: ExtendedOperation) -> str:
     """`CODE message; ...` of a finished operation's `error.errors[]`, '' when it has none."""
     errors = getattr(getattr(op, "error", None), "errors", None) or []
     return "; ".join(f"{e.code} {e.message}".strip() for e in errors)
@@ -168,7 +179,7 @@ def capacity_error(e: CloudError) -> bool:
 
 
 @functools.cache
-def _session(endpoint: str | None) -> Any:
+def _session(endpoint: str | None) -> requests.Session:
     """One authorized requests session per process and endpoint (`client.credentials`: anonymous against the
     emulator, Application Default Credentials otherwise)."""
     from google.auth.transport.requests import AuthorizedSession
@@ -176,16 +187,17 @@ def _session(endpoint: str | None) -> Any:
     return guard_session(AuthorizedSession(credentials(endpoint)))
 
 
-def read(api: Api, what: str, path: str, params: dict[str, str] | None = None, method: str = "GET") -> Any:
+def read(api: Api, what: str, path: str, params: dict[str, str] | None = None, method: str = "GET") -> object:
     """One Compute Engine read, `projects/P/` + `path`, as the REST API's JSON (the field names of
-    cloud.google.com/compute/docs/reference/rest/v1), with the library's retry and the errors of `call`."""
+    cloud.google.com/compute/docs/reference/rest/v1; a JSON object, `answers.check` sees to that: callers
+    cast it to its shape in compute_json), with the library's retry and the errors of `call`."""
     base = (api.endpoint or COMPUTE_HOST).rstrip("/")
     if "://" not in base:
         base = f"https://{base}"
     url = f"{base}/compute/v1/projects/{api.project}/{path}"
     headers = dict(_headers(api))
 
-    def once() -> Any:
+    def once() -> object:
         from google.api_core import exceptions as gexc
 
         resp = _session(api.endpoint).request(method, url, params=params or {}, headers=headers,
@@ -202,15 +214,31 @@ def read(api: Api, what: str, path: str, params: dict[str, str] | None = None, m
         raise compute_error(what, e, api) from None
 
 
-def pages(api: Api, what: str, path: str, params: dict[str, str] | None = None) -> list[Any]:
-    """Every page of a list (`items`, following `nextPageToken`)."""
-    out: list[Any] = []
+def _pages(api: Api, what: str, path: str, params: dict[str, str] | None) -> Iterator[object]:
+    """Every page of a list, following `nextPageToken`."""
     query = dict(params or {})
     while True:
         page = read(api, what, path, query)
-        items = page.get("items", [])
-        out += list(items.items()) if isinstance(items, dict) else items
-        token = page.get("nextPageToken")
+        yield page
+        token = cast(InstancePage, page).get("nextPageToken")
         if not token:
-            return out
+            return
         query["pageToken"] = token
+
+
+def pages(api: Api, what: str, path: str, params: dict[str, str] | None = None) -> list[Instance]:
+    """Every instance of an instances.list (`items` of every page)."""
+    return [
+        item for page in _pages(api, what, path, params) for item in cast(InstancePage, page).get("items", [])
+    ]
+
+
+def aggregated_pages(
+    api: Api, what: str, path: str, params: dict[str, str] | None = None
+) -> list[tuple[str, ScopedList]]:
+    """(scope, its resources) of every page of an aggregatedList (`items` maps each scope to them)."""
+    return [
+        scope
+        for page in _pages(api, what, path, params)
+        for scope in cast(AggregatedPage, page).get("items", {}).items()
+    ]

@@ -5,16 +5,24 @@ model. Which API a create uses: TPU7x always Compute Engine, the others the Clou
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from tpuops.cloud import compute_api as cc
 from tpuops.cloud import compute_client as cx
-from tpuops.cloud.accelerators import compute_shape
+from tpuops.cloud.accelerators import Shape, compute_shape
 from tpuops.cloud.client import Api
 from tpuops.cloud.compute_api import policy_name, region_of, template_name
-from tpuops.cloud.create import AUTOSTOP_KEY, CreateRequest
+from tpuops.cloud.create import AUTOSTOP_KEY, CreateRequest, Message
 from tpuops.cloud.tpu_api import VmInfo
 from tpuops.errors import CloudError, UsageError
+
+if TYPE_CHECKING:
+    from google.api_core.extended_operation import ExtendedOperation
+
+Made = list[
+    tuple[str, Callable[..., "ExtendedOperation"], dict[str, str]]
+]  # (what, its delete, its arguments)
 
 # The boot image when --image is not given. Google's pages do not name one image family for TPU machine types
 # on Compute Engine (docs/cloud.md says so): an Ubuntu LTS the TPU runtime (libtpu from PyPI) installs on.
@@ -39,15 +47,18 @@ def choose_api(accelerator_type: str, flag: str | None, configured: str | None) 
     return flag or configured or "tpu"
 
 
-def _properties(req: CreateRequest, machine: str, image: str) -> dict[str, Any]:
+def _properties(req: CreateRequest, machine: str, image: str) -> Message:
     """An instance's (or a template's) properties: machine type, boot disk, network, scheduling, metadata."""
-    nic: dict[str, Any] = {"network": "global/networks/default"}
+    nic: Message = {"network": "global/networks/default"}
     if not req.internal_ips:
         nic["access_configs"] = [{"type_": "ONE_TO_ONE_NAT", "name": "External NAT"}]
-    scheduling: dict[str, Any] = {"on_host_maintenance": "TERMINATE", "automatic_restart": not req.spot}
+    scheduling: Message = {"on_host_maintenance": "TERMINATE", "automatic_restart": not req.spot}
     if req.spot:
         scheduling.update(provisioning_model="SPOT", instance_termination_action="STOP")
-    items = [{"key": "enable-guest-attributes", "value": "TRUE"}, {"key": cc.IMAGE_KEY, "value": image}]
+    items: list[Message] = [
+        {"key": "enable-guest-attributes", "value": "TRUE"},
+        {"key": cc.IMAGE_KEY, "value": image},
+    ]
     if req.ssh_keys:
         items.append({"key": "ssh-keys", "value": req.ssh_keys})
     if req.autostop:
@@ -112,12 +123,12 @@ def _instance(api: Api, req: CreateRequest, zone: str, machine: str, image: str)
     cx.wait_op(api, op, f"create {req.name} in {zone}", req.timeout)
 
 
-def _mig(api: Api, req: CreateRequest, zone: str, shape: Any, image: str) -> None:
+def _mig(api: Api, req: CreateRequest, zone: str, shape: Shape, image: str) -> None:
     """Template (global) + workload policy (regional, HIGH_THROUGHPUT, the topology) + MIG (zonal)."""
     c = cx.clients(api)
     region = region_of(zone)
     tpl, wp = template_name(req.name), policy_name(req.name)
-    made: list[tuple[str, Any, dict[str, Any]]] = []
+    made: Made = []
     try:
         op = cx.call(
             api, f"create template {tpl}", c.templates.insert, project=api.project,
@@ -150,7 +161,7 @@ def _mig(api: Api, req: CreateRequest, zone: str, shape: Any, image: str) -> Non
         raise
 
 
-def _undo(api: Api, name: str, zone: str, made: list[tuple[str, Any, dict[str, Any]]]) -> None:
+def _undo(api: Api, name: str, zone: str, made: Made) -> None:
     """A failed slice leaves nothing behind: its MIG (if any) and what was made for it, newest first."""
     from tpuops.cloud.client import ApiNotFoundError
 

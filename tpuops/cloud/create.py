@@ -17,6 +17,9 @@ _CAPACITY = 8  # google.rpc.Code.RESOURCE_EXHAUSTED: no capacity in the zone, or
 # 2023). 256 leaves room above that and refuses a typo such as 1000 before any request is made.
 MAX_SLICES = 256
 AUTOSTOP_KEY = "tpuops-autostop"  # the VM's metadata that keeps its autostop setting (cloud/autostop.py)
+# A request message as the google-cloud clients take it as a dict (its proto field names: `accelerator_type`).
+Message = dict[str, "Field"]
+Field = str | int | bool | list["Message"] | Message
 
 
 @dataclass(frozen=True)
@@ -44,11 +47,11 @@ def check_slices(slices: int) -> None:
         )
 
 
-def _node(api: Api, req: CreateRequest) -> dict:
-    node: dict = {"accelerator_type": req.accelerator_type, "runtime_version": req.runtime_version}
+def _node(api: Api, req: CreateRequest) -> Message:
+    node: Message = {"accelerator_type": req.accelerator_type, "runtime_version": req.runtime_version}
     if req.spot and not req.queued:
         node["scheduling_config"] = {"spot": True}
-    metadata = {"ssh-keys": req.ssh_keys} if req.ssh_keys else {}
+    metadata: Message = {"ssh-keys": req.ssh_keys} if req.ssh_keys else {}
     if req.autostop:
         metadata[AUTOSTOP_KEY] = req.autostop
     if metadata:
@@ -98,12 +101,12 @@ def create_vm(api: Api, req: CreateRequest) -> VmInfo:
 
 def _create_queued(api: Api, req: CreateRequest, zone: str) -> VmInfo:
     parent = api.parent(zone)
-    spec: dict = {"parent": parent, "node": _node(api, req)}
+    spec: Message = {"parent": parent, "node": _node(api, req)}
     if req.slices > 1:  # nodes PREFIX-0..PREFIX-(n-1), joined over DCN (v2 NodeSpec.multisliceParams)
         spec["multislice_params"] = {"node_count": req.slices, "node_id_prefix": req.name}
     else:
         spec["node_id"] = req.name
-    qr: dict = {"tpu": {"node_spec": [spec]}}
+    qr: Message = {"tpu": {"node_spec": [spec]}}
     if req.spot:
         qr["spot"] = {}
     op = api.call(
@@ -149,7 +152,7 @@ def _create_queued(api: Api, req: CreateRequest, zone: str) -> VmInfo:
 
 
 def _qr_state(api: Api, name: str) -> str:
-    return api.call(f"get {name}", api.client.get_queued_resource, name=name).state.state.name
+    return str(api.call(f"get {name}", api.client.get_queued_resource, name=name).state.state.name)
 
 
 def _placeholder(api: Api, req: CreateRequest, zone: str, state: str) -> VmInfo:

@@ -53,7 +53,7 @@ class Tunnels:
     def __init__(self, project: str, zone: str, timeout: float = 60.0) -> None:
         self.project, self.zone, self.timeout = project, zone, timeout
         self.command = gcloud_command()
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[subprocess.Popen[str]] = []
         self._lock = threading.Lock()
         atexit.register(self.close)
 

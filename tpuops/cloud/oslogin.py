@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tpuops.cloud.client import gcloud_config_value, short_error
 from tpuops.errors import CloudError, PermissionDeniedError, UsageError
+
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
+    from google.cloud.oslogin_v1 import OsLoginServiceClient
 
 EMULATOR_ACCOUNT = "tpuops-user@example.com"  # the emulator's caller when no account is configured
 ROLE_HINT = (
@@ -15,7 +19,7 @@ ROLE_HINT = (
 )
 
 
-def account(endpoint: str | None, credentials: Any = None) -> str:
+def account(endpoint: str | None, credentials: Credentials | None = None) -> str:
     """Whose profile: gcloud's `core/account` (as gcloud uses), else the service account of the credentials,
     else the email the access token belongs to."""
     found = gcloud_config_value("core", "account")
@@ -24,32 +28,35 @@ def account(endpoint: str | None, credentials: Any = None) -> str:
     if endpoint:
         return EMULATOR_ACCOUNT
     email = getattr(credentials, "service_account_email", None)
-    if email and "@" in email:
+    if isinstance(email, str) and "@" in email:
         return email
-    email = _token_email(credentials)
-    if email:
-        return email
+    token_email = _token_email(credentials)
+    if token_email:
+        return token_email
     raise UsageError(
         "OS Login needs your Google account and none is configured",
         hint="run `gcloud config set account YOU@EXAMPLE.COM` (or `gcloud auth login`)",
     )
 
 
-def _token_email(credentials: Any) -> str | None:
+def _token_email(credentials: Credentials | None) -> str | None:
     import google.auth.transport.requests
     import requests
 
+    if credentials is None:
+        return None
     try:
         credentials.refresh(google.auth.transport.requests.Request())
         resp = requests.get(
             "https://oauth2.googleapis.com/tokeninfo", params={"access_token": credentials.token}, timeout=10
         )
-        return resp.json().get("email") if resp.ok else None
+        email = resp.json().get("email") if resp.ok else None
+        return email if isinstance(email, str) else None
     except Exception:
         return None
 
 
-def client(endpoint: str | None) -> tuple[Any, Any]:
+def client(endpoint: str | None) -> tuple[OsLoginServiceClient, Credentials]:
     """(OsLoginServiceClient over REST, its credentials): anonymous against an emulator endpoint."""
     from google.cloud import oslogin_v1
 
@@ -71,7 +78,7 @@ def import_key(
 
     svc, creds = client(endpoint)
     who = account(endpoint, creds)
-    key: dict[str, Any] = {"key": public}
+    key: dict[str, str | int] = {"key": public}
     if ttl_s:
         key["expiration_time_usec"] = int((time.time() + ttl_s) * 1e6)
     try:

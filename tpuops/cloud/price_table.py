@@ -14,11 +14,62 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import NotRequired, TypedDict, cast
 
 from tpuops.cloud import accelerators
 
 _ZONE = re.compile(r"[a-z]+-[a-z]+\d+-[a-z]")
+
+
+class PriceRow(TypedDict):
+    """One slice type in one region: USD per slice-hour and per chip-hour, and the zones that offer it."""
+
+    on_demand: float
+    spot: float | None
+    on_demand_per_chip: float
+    spot_per_chip: float | None
+    zones: list[str]
+
+
+class SliceEntry(TypedDict):
+    chips: int
+    regions: dict[str, PriceRow]
+    not_offered: list[str]
+
+
+class FamilyEntry(TypedDict):
+    catalog_name: str
+    slices: dict[str, SliceEntry]  # slice size ("8") -> its entry
+
+
+class Source(TypedDict):
+    name: str
+    repository: str
+    path: str
+    commit: str
+    date: str
+    date_is: NotRequired[str]
+
+
+class PriceTable(TypedDict):
+    """data/tpu_prices.json."""
+
+    source: Source
+    unit: str
+    families: dict[str, FamilyEntry]
+
+
+class NearRegion(TypedDict):
+    region: str
+    on_demand_per_chip: float
+
+
+class UnpricedDict(TypedDict):
+    accelerator: str
+    region: str
+    reason: str
+    nearest: list[NearRegion]
+    source: Source
 
 
 @dataclass(frozen=True)
@@ -34,7 +85,7 @@ class Unpriced:
         near = ", ".join(f"{r} (${p:.2f}/chip-hour)" for r, p in self.nearest)
         return f"{self.reason}" + (f"; nearest regions that offer it: {near}" if near else "")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> UnpricedDict:
         return {
             "accelerator": self.accelerator, "region": self.region, "reason": self.reason,
             "nearest": [{"region": r, "on_demand_per_chip": p} for r, p in self.nearest], "source": source(),
@@ -47,9 +98,11 @@ def region_of(zone: str) -> str:
 
 
 @cache
-def table() -> dict[str, Any]:
+def table() -> PriceTable:
     """The shipped price table (package data)."""
-    return json.loads(resources.files("tpuops.cloud").joinpath("data/tpu_prices.json").read_text())
+    return cast(
+        PriceTable, json.loads(resources.files("tpuops.cloud").joinpath("data/tpu_prices.json").read_text())
+    )
 
 
 @cache
@@ -58,9 +111,9 @@ def _coords() -> dict[str, tuple[float, float]]:
     return {k: (float(v[0]), float(v[1])) for k, v in raw["regions"].items()}
 
 
-def source() -> dict[str, str]:
+def source() -> Source:
     """The table's source: catalog name, repository, path, commit and date."""
-    return dict(table()["source"])
+    return table()["source"].copy()
 
 
 def label() -> str:
@@ -78,13 +131,12 @@ def _km(a: str, b: str) -> float:
     return 2 * 6371 * math.asin(math.sqrt(h))
 
 
-def slice_entry(accelerator_type: str) -> dict[str, Any] | None:
+def slice_entry(accelerator_type: str) -> SliceEntry | None:
     """The table's entry for one slice type (chips, regions, not_offered), None when the catalog lists none."""
     fam = table()["families"].get(accelerators.family(accelerator_type))
     if fam is None:
         return None
-    entry: dict[str, Any] | None = fam["slices"].get(accelerator_type.rsplit("-", 1)[1])
-    return entry
+    return fam["slices"].get(accelerator_type.rsplit("-", 1)[1])
 
 
 def nearest(accelerator_type: str, region: str, n: int = 3) -> tuple[tuple[str, float], ...]:
@@ -96,7 +148,7 @@ def nearest(accelerator_type: str, region: str, n: int = 3) -> tuple[tuple[str, 
     return tuple((r, float(entry["regions"][r]["on_demand_per_chip"])) for r in offered[:n])
 
 
-def price_in(accelerator_type: str, region: str) -> dict[str, Any] | Unpriced:
+def price_in(accelerator_type: str, region: str) -> PriceRow | Unpriced:
     """The table's row for the type in `region` (a zone is read as its region): on_demand, spot (per slice-hour),
     on_demand_per_chip, spot_per_chip, zones; or why there is none."""
     region = region_of(region)
@@ -115,4 +167,4 @@ def price_in(accelerator_type: str, region: str) -> dict[str, Any] | Unpriced:
     if row is None:
         return Unpriced(accelerator_type, region, f"{accelerator_type} is not offered in {region} ({label()})",
                         nearest(accelerator_type, region))  # fmt: skip
-    return dict(row)
+    return row.copy()

@@ -14,13 +14,18 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Literal, NotRequired, TypedDict, cast
 
 from tpuops.cloud import accelerators, price_table
 from tpuops.cloud.price_table import Unpriced, region_of
 from tpuops.config import state_home
+
+if TYPE_CHECKING:
+    from google.cloud.billing_v1 import Sku
+    from google.type.money_pb2 import Money
 
 CACHE_DAYS = 7  # a catalog fetch is reused this long
 COMPUTE_ENGINE = "Compute Engine"
@@ -32,6 +37,42 @@ _SKU_FAMILY = re.compile(
     r"\b(?:TPU[ -]?(?P<v>v4|v5e|v5 ?lite(?:pod)?|v5p|v6e|7x)|(?P<trillium>Trillium))\b", re.I
 )
 _NOT_ON_DEMAND = re.compile(r"commit|reserv|calendar|flex|dws|dynamic workload", re.I)
+Prices = dict[str, dict[str, dict[str, float]]]  # family -> region -> {"on_demand": $, "spot": $}
+
+
+class PriceDict(TypedDict):
+    """`Price.to_dict()`: its fields, the unit, and the table's source when it came from the table."""
+
+    family: str
+    region: str
+    on_demand: float
+    spot: float | None
+    source: str
+    where: str
+    date: str
+    age_days: int
+    commit: str
+    unit: str
+    catalog: NotRequired[price_table.Source]
+
+
+class Dollars(TypedDict):
+    on_demand: float | None
+    spot: float | None
+
+
+class Cost(TypedDict):
+    """What a step and a run cost (`cost()`), as --json and result.json carry it."""
+
+    accelerator: str
+    chips: int
+    region: str
+    step_s: float
+    step_basis: str
+    steps: int | None
+    per_step: Dollars
+    per_run: Dollars | None
+    price: PriceDict
 
 
 @dataclass(frozen=True)
@@ -48,9 +89,11 @@ class Price:
     age_days: int
     commit: str = ""  # the table's catalog commit ("" for the billing catalog)
 
-    def to_dict(self) -> dict[str, Any]:
-        out = {**asdict(self), "unit": "USD per chip-hour"}
-        return {**out, "catalog": price_table.source()} if self.source == "table" else out
+    def to_dict(self) -> PriceDict:
+        out = cast(PriceDict, {**asdict(self), "unit": "USD per chip-hour"})
+        if self.source == "table":
+            out["catalog"] = price_table.source()
+        return out
 
 
 def _age(date: str, today: datetime.date | None = None) -> int:
@@ -69,7 +112,7 @@ def from_table(accelerator_type: str, region: str) -> Price | Unpriced:
                  _age(src["date"]), src["commit"])  # fmt: skip
 
 
-def _money(unit_price: Any) -> float:
+def _money(unit_price: Money) -> float:
     return round(int(unit_price.units or 0) + int(unit_price.nanos or 0) / 1e9, 9)
 
 
@@ -83,10 +126,10 @@ def _family_of(description: str) -> str | None:
     return "v5e" if v.startswith("v5lite") else ("tpu7x" if v == "7x" else v)
 
 
-def parse_skus(skus: list[Any]) -> dict[str, dict[str, dict[str, float]]]:
+def parse_skus(skus: list[Sku]) -> Prices:
     """family -> region -> {"on_demand": $, "spot": $} from the catalog's SKU objects (per chip-hour, hourly
     units only; commitments, reservations and flex-start SKUs left out)."""
-    out: dict[str, dict[str, dict[str, float]]] = {}
+    out: Prices = {}
     for sku in skus:
         desc = sku.description or ""
         family = _family_of(desc)
@@ -112,7 +155,7 @@ def parse_skus(skus: list[Any]) -> dict[str, dict[str, dict[str, float]]]:
     return out
 
 
-def fetch_catalog(endpoint: str | None) -> dict[str, dict[str, dict[str, float]]]:
+def fetch_catalog(endpoint: str | None) -> Prices:
     """The TPU prices of the catalog: the real `google-cloud-billing` client over REST (anonymous credentials
     against `endpoint`, Application Default Credentials otherwise)."""
     from google.cloud import billing_v1
@@ -139,7 +182,7 @@ def _cache_file(endpoint: str | None) -> Path:
     return state_home() / "prices" / f"catalog-{key}.json"
 
 
-def catalog(endpoint: str | None, *, refresh: bool = False) -> tuple[dict[str, Any], str] | None:
+def catalog(endpoint: str | None, *, refresh: bool = False) -> tuple[Prices, str] | None:
     """(prices, fetch date) from the cache when under CACHE_DAYS old, else fetched and cached; None when there
     are no credentials and no endpoint, or the catalog cannot be read (the table is used then)."""
     if not endpoint and not _credentials_present():
@@ -189,7 +232,7 @@ def lookup(accelerator_type: str, region: str | None = None, endpoint: str | Non
 
 def cost(
     step_s: float, steps: int | None, accelerator_type: str, price: Price, basis: str, slices: int = 1
-) -> dict[str, Any]:
+) -> Cost:
     """Dollars per step and per run, on demand and Spot: step seconds x chips x price per chip-hour (a multislice:
     every slice's chips)."""
     chips = accelerators.chips(accelerator_type) * slices
@@ -217,12 +260,16 @@ def dollars(x: float | None) -> str:
     return f"${x:.4f}" if x >= 0.0001 or x == 0 else "<$0.0001"  # a tiny config's step rounds to nothing
 
 
-def cost_line(c: dict[str, Any]) -> str:
+def cost_line(record: Mapping[str, object]) -> str:
     """`cost: $0.0094/step, $1.88/run (200 steps) on demand; Spot $0.0028/step, $0.56/run - v6e-8 (8 chips) in
     us-central1 at $2.70/chip-hour (Spot $0.65), step 1.57 s (expected_mid_s): shipped table (SkyPilot catalog
-    017e2502, 2026-11-29, 0 days old)`."""
+    017e2502, 2026-11-29, 0 days old)`. `record`: a `cost()`, or one read back from a run's JSON."""
+    c = cast(Cost, record)
     p, s, r = c["price"], c["per_step"], c["per_run"]
-    run = lambda k: f", {dollars(r[k])}/run" if r else ""  # noqa: E731
+
+    def run(kind: Literal["on_demand", "spot"]) -> str:
+        return f", {dollars(r[kind])}/run" if r else ""
+
     steps = f" ({c['steps']} steps)" if r else " (steps unknown)"
     spot = f"; Spot {dollars(s['spot'])}/step{run('spot')}" if s["spot"] is not None else "; no Spot price"
     if p["source"] == "catalog":

@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, NotRequired, Protocol, TypedDict, cast
 
 from rich.table import Table
 
 from tpuops.cloud.backends import backend_of
 from tpuops.console import Col, emit_json, err, escape, out, table_of
 
+if TYPE_CHECKING:
+    from tpuops.cloud.autostop import Autostop
+    from tpuops.cloud.tpu_api import VmInfo
 
-def vm_list(vms: list[Any], zones: list[str], as_json: bool) -> None:
+
+class AppliedAutostop(Protocol):
+    """What `vm autostop` did (run/autostop.Applied): the VM, its new setting (None: off), worker 0's word."""
+
+    @property
+    def vm(self) -> VmInfo: ...
+    @property
+    def setting(self) -> Autostop | None: ...
+    @property
+    def watcher(self) -> str: ...
+    def to_dict(self) -> dict[str, object]: ...
+
+
+def vm_list(vms: list[VmInfo], zones: list[str], as_json: bool) -> None:
     if as_json:
         emit_json({"ok": True, "zones_searched": zones, "vms": [v.to_dict() for v in vms]})
         return
@@ -30,7 +47,7 @@ def vm_list(vms: list[Any], zones: list[str], as_json: bool) -> None:
     )
 
 
-def vm_describe(vm: Any, as_json: bool, verb: str = "", autostop: dict[str, str] | None = None) -> None:
+def vm_describe(vm: VmInfo, as_json: bool, verb: str = "", autostop: dict[str, str] | None = None) -> None:
     """`autostop`: cloud/autostop.state's, or what `create --autostop` set; shown by describe (None: off) and
     by a create that set it."""
     if as_json:
@@ -66,7 +83,7 @@ def vm_describe(vm: Any, as_json: bool, verb: str = "", autostop: dict[str, str]
     err.print(table)
 
 
-def autostop_set(applied: Any, as_json: bool) -> None:
+def autostop_set(applied: AppliedAutostop, as_json: bool) -> None:
     """`tpuops vm autostop`'s answer (run/autostop.Applied)."""
     if as_json:
         emit_json({"ok": True, "action": "autostop", **applied.to_dict()})
@@ -100,10 +117,20 @@ def emulator_started(url: str, identity: str, zones: list[str], state_dir: str) 
     err.print("Ctrl-C stops it and every emulated worker.")
 
 
-def emulator_state(state: dict[str, Any], as_json: bool) -> None:
+class EmulatorState(TypedDict):
+    """The emulator's `state` answer (cloud/emulator/control.py): each resource's state, the pending faults."""
+
+    nodes: dict[str, str]
+    instances: NotRequired[dict[str, str]]
+    queuedResources: dict[str, str]
+    faults: object
+
+
+def emulator_state(answer: Mapping[str, object], as_json: bool) -> None:
     if as_json:
-        emit_json({"ok": True, **state})
+        emit_json({"ok": True, **answer})
         return
+    state = cast(EmulatorState, answer)
     table = Table(title="emulator", title_justify="left")
     table.add_column("resource")
     table.add_column("state")

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tpuops.cloud.client import Api, ApiNotFoundError, api_error
 from tpuops.errors import CloudError, CommandTimeoutError
+
+if TYPE_CHECKING:
+    from google.api_core.operation import Operation
+    from google.api_core.retry import Retry
+    from google.cloud.tpu_v2 import Node
+    from google.longrunning.operations_pb2 import Operation as RawOperation
 
 ZONE_SEARCH_WIDTH = (
     10  # zones listed at once: requests' connection pool size (no socket opened to be dropped)
@@ -57,14 +63,14 @@ class VmInfo:
     instance_metadata: tuple[dict[str, str], ...] = field(default=(), compare=False, repr=False)
     fingerprints: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         out = {**asdict(self), "worker_count": len(self.workers)}
         for private in ("metadata", "instance_metadata", "fingerprints"):
             out.pop(private)
         return out
 
 
-def vm_from_node(node: Any) -> VmInfo:
+def vm_from_node(node: Node) -> VmInfo:
     _, project, _, zone, _, name = node.name.split("/")
     return VmInfo(
         name=name,
@@ -91,7 +97,7 @@ def node_name(api: Api, zone: str, name: str) -> str:
 
 
 def list_zone(api: Api, zone: str) -> list[VmInfo]:
-    def pages(parent: str, retry: Any, timeout: float, metadata: list[tuple[str, str]]) -> list[Any]:
+    def pages(parent: str, retry: Retry, timeout: float, metadata: list[tuple[str, str]]) -> list[Node]:
         return list(api.client.list_nodes(parent=parent, retry=retry, timeout=timeout, metadata=metadata))
 
     return [vm_from_node(n) for n in api.call(f"list nodes in {zone}", pages, parent=api.parent(zone))]
@@ -217,7 +223,7 @@ def host_keys(
     return out
 
 
-def wait_op(api: Api, op: Any, what: str, timeout: float) -> Any:
+def wait_op(api: Api, op: Operation, what: str, timeout: float) -> RawOperation:
     """Wait for a long-running operation with the library's own helper (`Operation.result`: it polls with
     backoff, each poll retried as every call is); returns the raw operations_pb2.Operation, whose `error`
     the caller reads (a stockout is not an exception there: create tries the next zone)."""

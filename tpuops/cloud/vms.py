@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tpuops import config
 from tpuops.cloud.autostop import Autostop, check
@@ -16,6 +17,9 @@ from tpuops.cloud.vm_state import delete_vm, wait_state
 from tpuops.cloud.zone_cache import remember_zone
 from tpuops.cloud.zones import check_zone, known_zones, not_offered
 from tpuops.errors import UsageError
+
+if TYPE_CHECKING:
+    from tpuops.cloud.backends.base import Backend
 
 
 @dataclass(frozen=True)
@@ -112,39 +116,17 @@ def create(
     VM's metadata from the start and the VM is awaited to READY (its watcher is started over SSH next)."""
     from tpuops.cloud.accelerators import parse
     from tpuops.cloud.backends import for_create
-    from tpuops.cloud.client import ApiNotFoundError
     from tpuops.cloud.compute_create import choose_api
 
     acc = parse(accelerator_type)  # exit 2 naming the families or the family's sizes, before any call
     check_slices(slices)
     cfg = config.load()
     which = choose_api(accelerator_type, api_name, cfg.api)
-    if which == "tpu" and not runtime_version:
-        raise UsageError(
-            f"creating {accelerator_type} through the Cloud TPU API needs --runtime-version",
-            hint="e.g. --runtime-version v2-alpha-tpuv6e (or --api compute for a Compute Engine TPU VM)",
-        )
-    if which == "compute" and slices > 1:
-        raise UsageError(
-            f"--slices {slices}: a multislice is made through the Cloud TPU API's queued resources only",
-            hint="add --api tpu (TPU7x multislice needs GKE: see docs/scale.md)",
-        )
-    if which == "tpu" and image:
-        raise UsageError("--image is for Compute Engine TPU VMs", hint="add --api compute, or drop --image")
+    _check_options(which, accelerator_type, runtime_version, slices, image)
     check_made_names(name, slices, mig=which == "compute" and acc.hosts > 1)
     endpoint = target.api_endpoint or cfg.api_endpoint
-    default_zone = target.zone or cfg.zone
-    wanted: list[str] = list(zones or ([default_zone] if default_zone else []))
-    for z in wanted:
-        if z in known_zones(endpoint):
-            continue
-        check_zone(z, endpoint, target.resolve(notify)[0])  # only a zone tpuops does not know asks the API
-    ssh_keys = ""
-    if ssh_public_key:
-        path = Path(ssh_public_key).expanduser()
-        if not path.is_file():
-            raise UsageError(f"--ssh-public-key {ssh_public_key}: no such file")
-        ssh_keys = f"{user or default_user()}:{path.read_text().strip()}"
+    wanted = _zones(target, zones, cfg.zone, endpoint, notify)
+    ssh_keys = _ssh_keys(ssh_public_key, user)
     api, _ = target.resolve(notify)
     req = CreateRequest(
         name,
@@ -168,15 +150,65 @@ def create(
         req = replace(req, wait=True)
     if backend.api != "tpu":
         notify(f"{name}: {accelerator_type} through {backend.words}")
+    vm = _made(backend, api, req, image or "")
+    remember_zone(api, name, vm.zone, vm.kind)
+    return vm
+
+
+def _made(backend: Backend, api: Api, req: CreateRequest, image: str) -> VmInfo:
+    """The backend's create; a 404 naming one of the zones (or the only one) is "not offered there"."""
+    from tpuops.cloud.client import ApiNotFoundError
+
     try:
-        vm = backend.create(api, req, image or "")
+        return backend.create(api, req, image)
     except ApiNotFoundError as e:
+        wanted = req.zones
         zone = next((z for z in wanted if z in e.message), wanted[0] if len(wanted) == 1 else "")
         if not zone:
             raise
-        raise not_offered(accelerator_type, zone, api) from None
-    remember_zone(api, name, vm.zone, vm.kind)
-    return vm
+        raise not_offered(req.accelerator_type, zone, api) from None
+
+
+def _zones(
+    target: ApiTarget, zones: list[str], configured: str | None, endpoint: str | None, notify: Notify
+) -> list[str]:
+    """The zones to try in turn (--zone, else the target's or tpuops.toml's one), each checked: only a zone
+    tpuops does not know asks the API."""
+    default_zone = target.zone or configured
+    wanted: list[str] = list(zones or ([default_zone] if default_zone else []))
+    for z in wanted:
+        if z in known_zones(endpoint):
+            continue
+        check_zone(z, endpoint, target.resolve(notify)[0])
+    return wanted
+
+
+def _check_options(
+    which: str, accelerator_type: str, runtime_version: str | None, slices: int, image: str | None
+) -> None:
+    """What the chosen API (`which`: tpu or compute) cannot make, refused before any call."""
+    if which == "tpu" and not runtime_version:
+        raise UsageError(
+            f"creating {accelerator_type} through the Cloud TPU API needs --runtime-version",
+            hint="e.g. --runtime-version v2-alpha-tpuv6e (or --api compute for a Compute Engine TPU VM)",
+        )
+    if which == "compute" and slices > 1:
+        raise UsageError(
+            f"--slices {slices}: a multislice is made through the Cloud TPU API's queued resources only",
+            hint="add --api tpu (TPU7x multislice needs GKE: see docs/scale.md)",
+        )
+    if which == "tpu" and image:
+        raise UsageError("--image is for Compute Engine TPU VMs", hint="add --api compute, or drop --image")
+
+
+def _ssh_keys(ssh_public_key: str | None, user: str | None) -> str:
+    """The `ssh-keys` metadata line for `--ssh-public-key` (`USER:KEYTYPE BLOB ...`), '' without one."""
+    if not ssh_public_key:
+        return ""
+    path = Path(ssh_public_key).expanduser()
+    if not path.is_file():
+        raise UsageError(f"--ssh-public-key {ssh_public_key}: no such file")
+    return f"{user or default_user()}:{path.read_text().strip()}"
 
 
 def delete(target: ApiTarget, name: str, timeout: float, notify: Notify) -> VmInfo:

@@ -7,11 +7,18 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import TypedDict, cast
 
 from tpuops.cloud.client import Api
 from tpuops.config import state_home
 
 CACHE_TTL_S = 600.0  # a VM does not move zones; the entry is dropped as soon as the VM is not found there
+
+
+class Entry(TypedDict):
+    zone: str
+    t: float  # when it was written (time.time())
+    kind: str  # node, instance, mig, ...
 
 
 def _cache_path() -> Path:
@@ -22,9 +29,9 @@ def _cache_key(api: Api, name: str) -> str:
     return f"{api.endpoint or 'tpu.googleapis.com'}|{api.project}|{name}"
 
 
-def _cached(api: Api, name: str) -> dict | None:
+def _cached(api: Api, name: str) -> Entry | None:
     try:
-        entry = json.loads(_cache_path().read_text()).get(_cache_key(api, name))
+        entry = cast(Entry | None, json.loads(_cache_path().read_text()).get(_cache_key(api, name)))
     except (OSError, ValueError):
         return None
     return entry if entry and time.time() - entry["t"] < CACHE_TTL_S else None

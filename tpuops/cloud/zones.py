@@ -26,10 +26,12 @@ def table_zones(accelerator_type: str | None = None) -> list[str]:
     families = price_table.table()["families"]
     if accelerator_type:
         acc = accelerators.parse(accelerator_type)
-        entries = [families.get(acc.price_family, {}).get("slices", {}).get(str(acc.size), {})]
+        fam = families.get(acc.price_family)
+        entry = fam["slices"].get(str(acc.size)) if fam else None
+        entries = [entry] if entry else []
     else:
         entries = [e for fam in families.values() for e in fam["slices"].values()]
-    return sorted({z for e in entries for row in e.get("regions", {}).values() for z in row["zones"]})
+    return sorted({z for e in entries for row in e["regions"].values() for z in row["zones"]})
 
 
 def known_zones(endpoint: str | None) -> list[str]:

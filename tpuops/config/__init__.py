@@ -6,7 +6,7 @@ first use: `tpuops --help` loads none of them (pydantic among them: tests/tpuops
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tpuops.config.model import TargetSettings, UserConfig
@@ -38,7 +38,7 @@ __all__ = [
 ]  # fmt: skip
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name not in _WHERE:
         raise AttributeError(f"module 'tpuops.config' has no attribute {name!r}")
     return getattr(importlib.import_module(f"tpuops.config.{_WHERE[name]}"), name)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
@@ -36,7 +36,7 @@ class UserConfig(TargetSettings):
     )  # a VM none of whose workers answers on SSH this long is lost
     sops_dir: str | None = None  # the user's SOP folder, relative to the tpuops.toml that names it
     api: Literal["tpu", "compute"] | None = None  # `vm create`'s API for v5e/v5p/v6e (TPU7x: always compute)
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, object] = Field(default_factory=dict)
     # Where each `params` key was set, `file:line` (the file that won): what a [params] error points at.
     _params_at: dict[str, str] = PrivateAttr(default_factory=dict)
 

@@ -8,7 +8,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from pydantic import ValidationError
 
@@ -45,7 +45,7 @@ def config_paths(cwd: Path | None = None) -> list[Path]:
 def load(cwd: Path | None = None) -> UserConfig:
     """The project file over the user file, each checked against UserConfig where it is read: an unknown key
     or a value of the wrong type is exit 2 naming the file, the line, the key and what it expects."""
-    merged: dict[str, Any] = {"params": {}}
+    merged: dict[str, object] = {"params": {}}
     params_at: dict[str, str] = {}
     for path in config_paths(cwd):
         if not path.is_file():
@@ -57,17 +57,18 @@ def load(cwd: Path | None = None) -> UserConfig:
             raise UsageError(f"{path}: invalid TOML: {e}") from None
         _spellings(path, text, data)
         _check(path, text, data)
-        params = {**merged["params"], **data.get("params", {})}
-        params_at.update({k: f"{path}:{_param_line(text, k)}" for k in data.get("params", {})})
+        given = cast(dict[str, object], data.get("params", {}))  # a table: `_check` saw to that
+        params = {**cast(dict[str, object], merged["params"]), **given}
+        params_at.update({k: f"{path}:{_param_line(text, k)}" for k in given})
         merged.update(data)
         merged["params"] = params
-    cfg = UserConfig(**merged)
+    cfg = UserConfig.model_validate(merged)
     cfg._params_at = params_at
     return cfg
 
 
 def _read_text(path: Path) -> str:
-    """A TOML file's text: UTF-8, as TOML defines it (a UTF-8 byte-order mark is dropped). Any other encoding
+    """A TOML file's text: UTF-8, as TOML defines it (a UTF-8 byte-order mark is dropped). Every other encoding
     (UTF-16 from an editor on Windows, a Latin-1 byte) or an unreadable file is exit 2 naming the file."""
     try:
         data = path.read_bytes()
@@ -89,7 +90,7 @@ def _read_text(path: Path) -> str:
         ) from None
 
 
-def _spellings(path: Path, text: str, data: dict[str, Any]) -> None:
+def _spellings(path: Path, text: str, data: dict[str, object]) -> None:
     """`key_ttl` as the --key-ttl flag takes it (seconds, or `30m`, `12h`, `7d`); `key_ttl_s`, its older name,
     still read (in seconds)."""
     if "key_ttl_s" in data:
@@ -98,8 +99,9 @@ def _spellings(path: Path, text: str, data: dict[str, Any]) -> None:
                 f"{path}:{_line(text, 'key_ttl_s')}: key_ttl_s is the older name of key_ttl: keep one"
             )
         data["key_ttl"] = data.pop("key_ttl_s")
-    if isinstance(data.get("key_ttl"), str):
-        data["key_ttl"] = float(parse_duration(f"{path}:{_line(text, 'key_ttl')}: key_ttl", data["key_ttl"]))
+    ttl = data.get("key_ttl")
+    if isinstance(ttl, str):
+        data["key_ttl"] = float(parse_duration(f"{path}:{_line(text, 'key_ttl')}: key_ttl", ttl))
 
 
 _TYPES = {
@@ -111,7 +113,7 @@ _TYPES = {
 }
 
 
-def _check(path: Path, text: str, data: dict[str, Any]) -> None:
+def _check(path: Path, text: str, data: dict[str, object]) -> None:
     valid = list(UserConfig.model_fields)
     for key in data:
         if key not in valid:
@@ -123,7 +125,7 @@ def _check(path: Path, text: str, data: dict[str, Any]) -> None:
             )
     _check_values(path, text, data)
     try:
-        UserConfig(**data)
+        UserConfig.model_validate(data)
     except ValidationError as e:
         first = e.errors()[0]
         key = ".".join(str(p) for p in first["loc"][:1])
@@ -166,7 +168,7 @@ def _param_line(text: str, key: str) -> int:
     return 1
 
 
-def _check_values(path: Path, text: str, data: dict[str, Any]) -> None:
+def _check_values(path: Path, text: str, data: dict[str, object]) -> None:
     """Names by the API's rules, numbers by sign and finiteness (config/validators.py), before anything runs."""
     from tpuops.config import validators
 

@@ -27,8 +27,9 @@ _RULES = {
 }
 
 
-def name(kind: str, value: str | None, where: str) -> str | None:
-    """`value` if it is a valid `kind` ("vm", "zone", "project", "region") name; None passes (not given)."""
+def name(kind: str, value: object, where: str) -> str | None:
+    """`value` if it is a valid `kind` ("vm", "zone", "project", "region") name; None passes (not given); anything
+    else (a number from a TOML file) is exit 2."""
     if value is None:
         return None
     pattern, rule = _RULES[kind]
@@ -51,7 +52,7 @@ def number(
 
 
 def finite(value: float, where: str) -> float:
-    """Any finite number (NaN and infinities are never a meaningful setting)."""
+    """A finite number (NaN and infinities are never a meaningful setting)."""
     if not math.isfinite(value):
         raise UsageError(f"{where} must be a finite number, received {value!r}")
     return value

@@ -130,7 +130,8 @@ def _metadata(path: str, method: str = "GET", data: bytes | None = None) -> byte
     )
     req.add_header("Metadata-Flavor", "Google")
     with urllib.request.urlopen(req, timeout=10) as resp:
-        return resp.read()
+        body: bytes = resp.read()
+        return body
 
 
 def publish(text: str) -> None:

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from tpuops import shell
 from tpuops.config import secrets
@@ -20,7 +19,7 @@ from tpuops.sop import claim, ports
 from tpuops.sop.actions import Action, Command, Fetch, Follow, Upload, progress_sink
 from tpuops.sop.loader import Sop
 from tpuops.sop.locks import RunLock
-from tpuops.sop.model import Outcome, PlanContext, Step
+from tpuops.sop.model import Outcome, PlanContext, Step, Values
 from tpuops.sop.reports import Preview, SopReport, StepReport
 from tpuops.sop.rules import CHECKS_TITLE, LOCK_TITLE, claims, consistency, died_of_a_signal
 from tpuops.sop.status import FAILED
@@ -57,7 +56,7 @@ class Executor(RunLock):
     # started, cancel what runs and leave nothing behind.
     detach: threading.Event = field(default_factory=threading.Event)
 
-    def plan(self, sop: Sop, values: dict[str, object], run_id: str, workers: list[int]) -> Plan:
+    def plan(self, sop: Sop, values: Values, run_id: str, workers: list[int]) -> Plan:
         n = len(self.transport.workers)
         first: Plan = []
         if claims(sop):
@@ -70,7 +69,7 @@ class Executor(RunLock):
             for step in sop.steps
         ]
 
-    def preview(self, sop: Sop, values: dict[str, object], run_id: str, workers: list[int]) -> list[Preview]:
+    def preview(self, sop: Sop, values: Values, run_id: str, workers: list[int]) -> list[Preview]:
         """Each step's read-only preview on every worker, in parallel (a dry run's look at what it would change:
         git sync's local edits). Nothing is written; a worker that cannot be read says why."""
         n = len(self.transport.workers)
@@ -115,7 +114,7 @@ class Executor(RunLock):
             worker, n, run_id, values, self.force, self.local_dir, paths, coordinator, here, slices
         )
 
-    def execute(self, sop: Sop, values: dict[str, object], run_id: str, workers: list[int]) -> SopReport:
+    def execute(self, sop: Sop, values: Values, run_id: str, workers: list[int]) -> SopReport:
         """Claim the run lock on every worker, run every read-only check, and only then the steps: a start
         refused anywhere changes nothing anywhere. A job starts on every worker or on none."""
         t0 = time.monotonic()
@@ -153,7 +152,7 @@ class Executor(RunLock):
         self,
         pool: ThreadPoolExecutor,
         sop: Sop,
-        values: dict[str, object],
+        values: Values,
         run_id: str,
         active: list[int],
         report: SopReport,
@@ -207,7 +206,7 @@ class Executor(RunLock):
         return [a for step in sop.steps for a in step.check(ctx)]
 
     def _checks(
-        self, pool: ThreadPoolExecutor, sop: Sop, values: dict, run_id: str, workers: list[int]
+        self, pool: ThreadPoolExecutor, sop: Sop, values: Values, run_id: str, workers: list[int]
     ) -> StepReport | None:
         """Every step's read-only checks (the TPU's holders, the interpreter), before any step changes a
         worker. None when the SOP has none; a StepReport only worth showing when one failed."""
@@ -241,7 +240,7 @@ class Executor(RunLock):
         return sr if sr.failed else None
 
     def _env_hashes(
-        self, pool: ThreadPoolExecutor, sop: Sop, step: Step, values: dict, run_id: str, workers: list[int]
+        self, pool: ThreadPoolExecutor, sop: Sop, step: Step, values: Values, run_id: str, workers: list[int]
     ) -> dict[int, str]:
         """Each worker's own hash of the .env its job will source ("none" without one): drift between workers
         stops the run even when no sync_env step sent them the same file."""
@@ -262,7 +261,7 @@ class Executor(RunLock):
         return dict(pool.map(one, workers))
 
     def _run_step(
-        self, pool: ThreadPoolExecutor, sop: Sop, step: Step, values: dict, run_id: str, workers: list[int]
+        self, pool: ThreadPoolExecutor, sop: Sop, step: Step, values: Values, run_id: str, workers: list[int]
     ) -> StepReport:
         t0 = time.monotonic()
         sr = StepReport(step.title, step.kind)
@@ -307,7 +306,11 @@ class Executor(RunLock):
         return sr
 
     def _run_actions(
-        self, w: int, actions: list[Action], cancel: Any, doing: Callable[[str], None] | None = None
+        self,
+        w: int,
+        actions: list[Action],
+        cancel: threading.Event,
+        doing: Callable[[str], None] | None = None,
     ) -> list[CmdResult]:
         results: list[CmdResult] = []
         for action in actions:
@@ -376,10 +379,12 @@ class Executor(RunLock):
         return {n: env[n] for n in names}
 
 
-class _Either:
-    """Set when either event is: a step's own cancel (another worker failed) or the executor's detach."""
+class _Either(threading.Event):
+    """Set when either event is: a step's own cancel (another worker failed) or the executor's detach. An Event
+    (what the transports and the follower wait on) whose state is the two events'."""
 
     def __init__(self, own: threading.Event, outside: threading.Event) -> None:
+        super().__init__()
         self.own, self.outside = own, outside
 
     def is_set(self) -> bool:

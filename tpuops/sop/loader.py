@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -16,6 +16,7 @@ from tpuops.sop.procedure import STEP_KINDS, Fragment, Include, Sop, Validate
 from tpuops.sop.validate import (
     SAFE_LOADER,
     Where,
+    Yaml,
     check_kinds,
     check_overrides,
     check_templates,
@@ -102,7 +103,7 @@ def load(path: Path) -> Sop:
     return sop
 
 
-def _read(path: Path, shape: str) -> tuple[str, dict]:
+def _read(path: Path, shape: str) -> tuple[str, Yaml]:
     text = path.read_text()
     try:
         data = yaml.load(text, Loader=SAFE_LOADER)
@@ -115,7 +116,7 @@ def _read(path: Path, shape: str) -> tuple[str, dict]:
     return text, data
 
 
-def _extend(path: Path, data: dict) -> dict:
+def _extend(path: Path, data: Yaml) -> Yaml:
     """`extends: NAME`: start from that SOP's YAML; params merge by name, other keys replace."""
     name = str(data["extends"])
     # A user SOP may extend the built-in it shadows (sops/recompile-check.yaml: `extends: recompile-check`).
@@ -126,20 +127,23 @@ def _extend(path: Path, data: dict) -> dict:
         base = _extend(base_path, base)
     child = {k: v for k, v in data.items() if k != "extends"}
     params = dict(base.get("params") or {})
-    for name, override in (child.pop("params", None) or {}).items():
+    overrides = cast(
+        dict[str, Yaml], child.pop("params", None) or {}
+    )  # a mapping of mappings, as YAML gave it
+    for name, override in overrides.items():
         params[name] = {**params.get(name, {}), **override}
     return {**base, **child, "params": params}
 
 
 def _compose(
-    path: Path, text: str, data: dict, model: type[BaseModel], stack: tuple[Path, ...]
+    path: Path, text: str, data: Yaml, model: type[BaseModel], stack: tuple[Path, ...]
 ) -> tuple[BaseModel, Where]:
     """Validate one file (a SOP or a fragment) and splice in its includes: a fragment's params join this
     file's, its steps take the place of the `- include:` entry."""
     where = Where(texts={path: text})
     entries = data.get("steps")
     slots: list[int | tuple[BaseModel, Where]] = []  # per entry: an own step's index, or a fragment
-    own: list[Any] = []
+    own: list[object] = []
     own_index: list[int] = []  # own step -> its index among the file's entries
     for i, entry in enumerate(entries if isinstance(entries, list) else []):
         if isinstance(entry, dict) and "include" in entry and "kind" not in entry:
@@ -176,7 +180,7 @@ def _compose(
     return result.model_copy(update={"steps": steps}), where
 
 
-def _include(path: Path, text: str, i: int, entry: dict, stack: tuple[Path, ...]) -> tuple[BaseModel, Where]:
+def _include(path: Path, text: str, i: int, entry: Yaml, stack: tuple[Path, ...]) -> tuple[BaseModel, Where]:
     """The fragment a `- include: NAME` entry names, loaded (with its own includes) and validated."""
     at = f"{path}:{line_of(text, ['steps', i])}"
     for key in entry:
@@ -213,7 +217,7 @@ def _find_fragment(path: Path, name: str, at: str) -> Path:
     )
 
 
-def _merge_param(where: Where, name: str, decl: Any, path: Path, text: str) -> None:
+def _merge_param(where: Where, name: str, decl: object, path: Path, text: str) -> None:
     """A parameter declared by this file or an included fragment. Declared again, it must keep its type;
     the including file may refine the rest (a default, a description), fragments must agree."""
     before = where.raw.get(name)

@@ -8,7 +8,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from tpuops import shell
 from tpuops.errors import TpuopsError
@@ -16,7 +15,7 @@ from tpuops.shell import Redactor
 from tpuops.sop import claim
 from tpuops.sop.actions import Action, Command
 from tpuops.sop.loader import Sop
-from tpuops.sop.model import Outcome, PlanContext, Step, markers
+from tpuops.sop.model import Outcome, PlanContext, Step, Values, markers
 from tpuops.sop.reports import StepReport
 from tpuops.sop.rules import LOCK_TITLE, claim_outcome, start_refused
 from tpuops.sop.status import FAILED
@@ -34,7 +33,11 @@ class RunLock:
         raise NotImplementedError
 
     def _run_actions(
-        self, w: int, actions: list[Action], cancel: Any, doing: Callable[[str], None] | None = None
+        self,
+        w: int,
+        actions: list[Action],
+        cancel: threading.Event,
+        doing: Callable[[str], None] | None = None,
     ) -> list[CmdResult]:
         raise NotImplementedError
 
@@ -53,7 +56,7 @@ class RunLock:
         return Command(script, timeout=60, cancellable=False, what=what)
 
     def _claim(
-        self, pool: ThreadPoolExecutor, sop: Sop, values: dict, run_id: str, workers: list[int]
+        self, pool: ThreadPoolExecutor, sop: Sop, values: Values, run_id: str, workers: list[int]
     ) -> StepReport:
         """The lock on the first worker, then on the others: of two runs started at once, the one that gets
         the first worker's lock is the one that starts; the other is refused there, before it takes any."""
@@ -104,7 +107,7 @@ class RunLock:
         sr: StepReport,
         step: Step,
         sop: Sop,
-        values: dict,
+        values: Values,
         run_id: str,
         holding: set[int],
     ) -> None:

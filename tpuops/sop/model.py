@@ -6,10 +6,10 @@ import difflib
 import math
 import re
 import shlex
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -23,6 +23,7 @@ from tpuops.transport.base import CmdResult, Kind
 TEMPLATE = re.compile(r"(?<![$\{])\{([a-z_][a-z0-9_]*)\}(?!\})")
 # Values every step can use without declaring them.
 BUILTINS = ("worker", "num_workers", "run_id", "coordinator_host")
+Values = dict[str, object]  # a SOP's parameter values, typed (Sop.resolve)
 
 # A trainer config key a parameter may stand for (`maps_to: train.steps`): section.key, lower case.
 TRAINER_KEY = re.compile(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+")
@@ -45,9 +46,9 @@ class Param(Frozen):
     """
 
     type: ParamType = "str"
-    default: Any = None
+    default: object = None  # a YAML value of the parameter's type
     description: str = ""
-    choices: list[Any] | None = None
+    choices: list[object] | None = None
     maps_to: str | None = None
 
     @property
@@ -251,7 +252,7 @@ def markers(stdout: str) -> list[dict[str, str]]:
     return found
 
 
-def suggest(word: str, options: Any) -> str:
+def suggest(word: str, options: Iterable[str]) -> str:
     """`; did you mean 'x'?` for the closest of `options`, or nothing."""
     close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""

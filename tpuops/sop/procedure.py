@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -76,7 +77,9 @@ class Sop(Frozen):
     scan: Scan | None = None
     steps: list[AnyStep]
 
-    def resolve(self, sets: dict[str, str], defaults: dict[str, Any] | None = None) -> dict[str, object]:
+    def resolve(
+        self, sets: dict[str, str], defaults: Mapping[str, object] | None = None
+    ) -> dict[str, object]:
         """Typed parameter values: --set beats user-config defaults beats the SOP's own defaults.
 
         A `maps_to` parameter with none of these has no value (the trainer config's own stands); one with a
@@ -98,7 +101,7 @@ class Sop(Frozen):
         values: dict[str, object] = {}
         for name, p in self.params.items():
             if name in sets:
-                raw = sets[name]
+                raw: object = sets[name]
             elif defaults and defaults.get(name) is not None:
                 raw = defaults[name]
             elif p.default is not None:

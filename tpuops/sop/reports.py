@@ -4,7 +4,6 @@ read-only look at one worker (Preview)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from tpuops.errors import error_class
 from tpuops.sop.model import Outcome
@@ -45,7 +44,7 @@ class SopReport:
     def ok(self) -> bool:
         return all(not s.failed for s in self.steps)
 
-    def to_dict(self, code: int) -> dict[str, Any]:
+    def to_dict(self, code: int) -> dict[str, object]:
         """The steps' part of the --json report (run/launch's RunResult adds the log, hint and recoveries);
         holds no secret: details are redacted."""
         failure = self.first_failure()

@@ -53,17 +53,8 @@ class Run(Step):
         rd = run_dir(ctx.raw(self.runs_dir), ctx.run_id)
         k = ctx.worker
         watch = notice.mode(ctx.raw(self.preemption_notice) if self.preemption_notice else None)
-        body = cmd = ctx.command(self.command)
-        if self.compile_cache is not None:  # after .env is read: `auto` keeps a cache the .env names
-            body = f"{compile_cache.export(ctx.raw(self.compile_cache), ctx.raw(self.cwd or ''))} {body}"
-        abort = None if self.megascale_abort is None else str(self.megascale_abort)
-        if hang_abort := libtpu.export(ctx, abort):  # after .env too: its own LIBTPU_INIT_ARGS come last
-            body = f"{hang_abort} {body}"
-        if self.source_env_file:
-            f = shell.path(ctx.raw(self.source_env_file))
-            body = f"if [ -f {f} ]; then set -a; . {f}; set +a; fi; {body}"
-        if self.cwd:
-            body = f"cd {shell.path(ctx.raw(self.cwd))} && {body}"
+        cmd = ctx.command(self.command)
+        body = self._body(ctx, cmd)
         # The job ends by writing its exit code over bytes reserved before it started (a disk that filled up
         # meanwhile still gets it, with a note), atomically (tmp + mv), then gives the run lock back.
         space = f'"$rd"/worker-{k}.space'
@@ -112,6 +103,22 @@ echo "tpuops: started pid=$pid"
                 script, env=env, secret_env=tuple(self.secret_env), timeout=60, cancellable=False, what=what
             )
         ]
+
+    def _body(self, ctx: PlanContext, cmd: str) -> str:
+        """The command as the job runs it: in `cwd`, after the .env file, with the compile cache and the hang
+        abort's exports."""
+        body = cmd
+        if self.compile_cache is not None:  # after .env is read: `auto` keeps a cache the .env names
+            body = f"{compile_cache.export(ctx.raw(self.compile_cache), ctx.raw(self.cwd or ''))} {body}"
+        abort = None if self.megascale_abort is None else str(self.megascale_abort)
+        if hang_abort := libtpu.export(ctx, abort):  # after .env too: its own LIBTPU_INIT_ARGS come last
+            body = f"{hang_abort} {body}"
+        if self.source_env_file:
+            f = shell.path(ctx.raw(self.source_env_file))
+            body = f"if [ -f {f} ]; then set -a; . {f}; set +a; fi; {body}"
+        if self.cwd:
+            body = f"cd {shell.path(ctx.raw(self.cwd))} && {body}"
+        return body
 
     def outcome(self, results: list[CmdResult]) -> Outcome:
         r = results[-1] if results else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -16,7 +16,9 @@ from tpuops.sop.procedure import STEP_KINDS, Sop
 
 # libyaml's parser where PyYAML was built with it (the wheels are): the same documents and errors as the pure-Python
 # SafeLoader at a fraction of the CPU (`tpuops sop list` reads every SOP and fragment; docs/performance.md).
-SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+Yaml = dict[str, object]  # a YAML mapping as the safe loader gives it
+Loc = list[str | int]  # a path into a YAML document (pydantic's `loc`): keys and list indices
+SAFE_LOADER: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 @dataclass
@@ -25,14 +27,14 @@ class Where:
 
     texts: dict[Path, str] = field(default_factory=dict)
     params: dict[str, Path] = field(default_factory=dict)
-    raw: dict[str, dict] = field(default_factory=dict)  # the merged declarations, as YAML gave them
+    raw: dict[str, object] = field(default_factory=dict)  # the merged declarations, as YAML gave them
     steps: list[tuple[Path, int]] = field(default_factory=list)  # (file, index in that file's steps)
 
-    def at(self, path: Path, loc: list) -> str:
+    def at(self, path: Path, loc: Loc) -> str:
         return f"{path}:{line_of(self.texts[path], loc)}"
 
 
-def check_kinds(path: Path, text: str, steps: list, index: list[int]) -> None:
+def check_kinds(path: Path, text: str, steps: list[object], index: list[int]) -> None:
     for step, i in zip(steps, index, strict=True):
         if isinstance(step, dict) and step.get("kind") in STEP_KINDS:
             continue
@@ -53,7 +55,9 @@ def check_kinds(path: Path, text: str, steps: list, index: list[int]) -> None:
             )
 
 
-def explain(path: Path, text: str, data: dict, err: ValidationError, index: list[int], model: type) -> str:
+def explain(
+    path: Path, text: str, data: Yaml, err: ValidationError, index: list[int], model: type[BaseModel]
+) -> str:
     e = err.errors()[0]
     loc = [p for p in e["loc"] if p not in STEP_KINDS]  # pydantic puts the union tag in the path
     if loc[:1] == ["steps"] and len(loc) > 1 and isinstance(loc[1], int):
@@ -68,10 +72,10 @@ def explain(path: Path, text: str, data: dict, err: ValidationError, index: list
     return f"{path}:{line}: {where}: {e['msg']} (received {e.get('input')!r})"
 
 
-def _model_at(data: dict, loc: list, model: type[BaseModel]) -> list[str]:
+def _model_at(data: Yaml, loc: Loc, model: type[BaseModel]) -> list[str]:
     if loc[:1] == ["steps"] and len(loc) == 2:
-        kind = data["steps"][loc[1]].get("kind")
-        return list(STEP_KINDS[kind].model_fields)
+        step = cast(list[Yaml], data["steps"])[cast(int, loc[1])]  # a step of a known kind (check_kinds)
+        return list(STEP_KINDS[cast(str, step.get("kind"))].model_fields)
     if loc[:1] == ["params"] and len(loc) == 2:
         return list(Param.model_fields)
     return list(model.model_fields)
@@ -153,7 +157,7 @@ def _strings(value: object) -> list[str]:
     return []
 
 
-def line_of(text: str, loc: list) -> int:
+def line_of(text: str, loc: Loc) -> int:
     """1-based line of the node at `loc` in the YAML text (the closest ancestor that exists)."""
     node = yaml.compose(text, Loader=SAFE_LOADER)
     for i, part in enumerate(loc):

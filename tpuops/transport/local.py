@@ -9,6 +9,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
 from tpuops import shell
 from tpuops.transport.base import CANCELLED_EXIT, TIMEOUT_EXIT, CmdResult, Kind, LineSink, Worker
@@ -74,17 +75,7 @@ class LocalTransport:
             proc.stdin.close()
         except BrokenPipeError:
             pass
-        error, kind = None, None
-        while proc.poll() is None:
-            if timeout is not None and time.monotonic() - t0 > timeout:
-                error, kind = f"timed out after {timeout:g}s", Kind.TIMEOUT
-            elif cancel is not None and cancel.is_set():
-                error, kind = "cancelled: another worker failed", Kind.CANCELLED
-            if error:
-                _kill_group(proc)
-                break
-            time.sleep(0.005)
-        proc.wait()
+        error, kind = _wait(proc, t0, timeout, cancel)
         for t in readers:
             t.join(timeout=5)
         code = proc.returncode
@@ -132,7 +123,7 @@ class LocalTransport:
         pass
 
 
-def _pump(stream, sink: list[str], worker: int, on_line: LineSink | None) -> None:
+def _pump(stream: IO[bytes], sink: list[str], worker: int, on_line: LineSink | None) -> None:
     for raw in iter(stream.readline, b""):
         line = raw.decode(errors="replace")
         sink.append(line)
@@ -141,7 +132,26 @@ def _pump(stream, sink: list[str], worker: int, on_line: LineSink | None) -> Non
     stream.close()
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _wait(
+    proc: subprocess.Popen[bytes], t0: float, timeout: float | None, cancel: threading.Event | None
+) -> tuple[str | None, Kind | None]:
+    """Until the command ends, or its group is killed at `timeout` (from `t0`) or when `cancel` is set:
+    (why it was stopped, its kind), (None, None) when it ended by itself."""
+    error, kind = None, None
+    while proc.poll() is None:
+        if timeout is not None and time.monotonic() - t0 > timeout:
+            error, kind = f"timed out after {timeout:g}s", Kind.TIMEOUT
+        elif cancel is not None and cancel.is_set():
+            error, kind = "cancelled: another worker failed", Kind.CANCELLED
+        if error:
+            _kill_group(proc)
+            break
+        time.sleep(0.005)
+    proc.wait()
+    return error, kind
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:

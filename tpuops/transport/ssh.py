@@ -190,35 +190,7 @@ class SshTransport:
             self._drop(worker)
             return CmdResult(worker, redacted, 255, error=f"connection lost: {e}", kind=Kind.CONNECT)
         out, err = _Lines(worker, on_line), _Lines(worker, on_line)
-        error, kind = None, None
-        while True:
-            if chan.recv_ready():
-                out.feed(chan.recv(65536))
-                continue
-            if chan.recv_stderr_ready():
-                err.feed(chan.recv_stderr(65536))
-                continue
-            if chan.exit_status_ready():
-                break
-            if timeout is not None and time.monotonic() - t0 > timeout:
-                error, kind = f"timed out after {timeout:g}s", Kind.TIMEOUT
-            elif cancel is not None and cancel.is_set():
-                error, kind = "cancelled: another worker failed", Kind.CANCELLED
-            elif chan.closed or not chan.get_transport().is_active():
-                # The server sends the exit status, then closes: both may have arrived since the check above
-                # (a closed channel's status is always ready; -1 when none came: see below).
-                if chan.exit_status_ready():
-                    break
-                error, kind = _lost(chan.get_transport()), Kind.CONNECT
-            if error:
-                chan.close()
-                break
-            select.select([chan], [], [], 0.005)
-        # Drain what arrived together with the exit status.
-        while chan.recv_ready():
-            out.feed(chan.recv(65536))
-        while chan.recv_stderr_ready():
-            err.feed(chan.recv_stderr(65536))
+        error, kind = _pump(chan, out, err, t0, timeout, cancel)
         codes = {Kind.TIMEOUT: TIMEOUT_EXIT, Kind.CANCELLED: CANCELLED_EXIT, Kind.CONNECT: 255}
         code = chan.recv_exit_status() if kind is None else codes[kind]
         if kind is None and code == -1:  # paramiko's "closed without an exit status"
@@ -313,6 +285,49 @@ class SshTransport:
             raise ConnectError(
                 f"connection to {self.workers[worker].label} lost: {e or type(e).__name__}"
             ) from e
+
+
+def _pump(
+    chan: paramiko.Channel,
+    out: _Lines,
+    err: _Lines,
+    t0: float,
+    timeout: float | None,
+    cancel: threading.Event | None,
+) -> tuple[str | None, Kind | None]:
+    """The command's output into `out` and `err` until it exits, or until the channel is closed at `timeout`
+    (from `t0`), when `cancel` is set or when the connection is lost: (why it stopped, its kind), (None, None)
+    when it exited by itself."""
+    error, kind = None, None
+    while True:
+        if chan.recv_ready():
+            out.feed(chan.recv(65536))
+            continue
+        if chan.recv_stderr_ready():
+            err.feed(chan.recv_stderr(65536))
+            continue
+        if chan.exit_status_ready():
+            break
+        if timeout is not None and time.monotonic() - t0 > timeout:
+            error, kind = f"timed out after {timeout:g}s", Kind.TIMEOUT
+        elif cancel is not None and cancel.is_set():
+            error, kind = "cancelled: another worker failed", Kind.CANCELLED
+        elif chan.closed or not chan.get_transport().is_active():
+            # The server sends the exit status, then closes: both may have arrived since the check above
+            # (a closed channel's status is always ready; -1 when none came: `run` tells those apart).
+            if chan.exit_status_ready():
+                break
+            error, kind = _lost(chan.get_transport()), Kind.CONNECT
+        if error:
+            chan.close()
+            break
+        select.select([chan], [], [], 0.005)
+    # Drain what arrived together with the exit status.
+    while chan.recv_ready():
+        out.feed(chan.recv(65536))
+    while chan.recv_stderr_ready():
+        err.feed(chan.recv_stderr(65536))
+    return error, kind
 
 
 def _lost(connection: paramiko.Transport | None) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 if TYPE_CHECKING:
     from tpuops.cloud.client import Api
@@ -84,22 +84,23 @@ class Listing:
         self.zones = list(zones)
         self._lock = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
-        self._answers: dict[str, Any] = {}
+        self._answers: dict[str, object] = {}  # key -> fetch()'s answer, of the type its `once` asks for
+        self._errors: dict[str, Exception] = {}
 
     def once(self, key: str, fetch: Callable[[], T]) -> T:
         """`fetch()` the first time `key` is asked, its answer (or its error) every time after."""
         with self._lock:
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:
-            if key not in self._answers:
+            if key not in self._answers and key not in self._errors:
                 try:
-                    self._answers[key] = (True, fetch())
+                    self._answers[key] = fetch()
                 except Exception as e:  # the same error for every backend that reads this answer
-                    self._answers[key] = (False, e)
-            ok, value = self._answers[key]
-        if not ok:
-            raise value
-        return value
+                    self._errors[key] = e
+            error, value = self._errors.get(key), self._answers.get(key)
+        if error is not None:
+            raise error
+        return cast(T, value)
 
     def keep(self, zone: str) -> bool:
         return not self.zones or zone in self.zones
@@ -107,4 +108,4 @@ class Listing:
     @property
     def searched(self) -> list[str]:
         """The zones the Cloud TPU API was asked (set by the node listing)."""
-        return list(self._answers.get("tpu-zones", (True, self.zones))[1])
+        return list(cast(list[str], self._answers.get("tpu-zones", self.zones)))

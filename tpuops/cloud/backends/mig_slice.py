@@ -12,6 +12,7 @@ from tpuops.cloud.waits import wait_for
 
 if TYPE_CHECKING:
     from tpuops.cloud.client import Api
+    from tpuops.cloud.compute_json import Instance
     from tpuops.cloud.create import CreateRequest
     from tpuops.cloud.tpu_api import VmInfo
 
@@ -31,14 +32,14 @@ class MigSlice(ComputeInstance):
     def list_vms(self, api: Api, listing: Listing) -> list[VmInfo]:
         """Each MIG with its instances (grouped by their `created-by` metadata): no call of its own."""
         instances, migs = compute_listing(api, listing)
-        members: dict[str, list[compute_api.Json]] = {}
+        members: dict[str, list[Instance]] = {}
         for zone, page in instances:
             for inst in page:
                 if compute_api.tpu_instance(inst) and (owner := compute_api.mig_owner(zone, inst)):
                     members.setdefault(owner, []).append(inst)
         out = []
-        for zone, page in migs:
-            for mig in page:
+        for zone, zone_migs in migs:
+            for mig in zone_migs:
                 group = compute_api.worker_order(members.get(f"{zone}/{mig['name']}", []))
                 if not listing.keep(zone) or not group:
                     continue
