@@ -138,7 +138,7 @@ def dry_run(dr: RunResult, as_json: bool, *, verbose: bool = False) -> None:
     if isinstance(cost, dict):
         from tpuops.cloud.pricing import cost_line
 
-        err.print(escape(cost_line(cost)), highlight=False)
+        err.print(escape(cost_line(dict(cost))), highlight=False)
     out.out((render_plan if verbose else summarize_plan)(planned.plan), end="", highlight=False)
     for p in planned.preview:  # after the plan, where the eye ends: what the run would discard on each worker
         err.print(escape(p.line()), highlight=False)
@@ -193,7 +193,8 @@ def runs_table(states: list[RunState], as_json: bool) -> None:
     rows: list[dict[str, Any]] = []  # the --json rows (workers is a list there, text in the table)
     for st in states:
         r = st.record
-        where = r.target.get("vm") or ",".join(r.target.get("hosts") or []) or "local"
+        vm, hosts = r.target.get("vm"), r.target.get("hosts")
+        where = str(vm) if vm else ",".join(map(str, hosts)) if isinstance(hosts, list) and hosts else "local"
         rows.append(
             {
                 "run_id": r.run_id,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from tpuops.errors import ExitCode
 from tpuops.logs.events import LogReport
-from tpuops.run.estimate import compare
+from tpuops.run.estimate import Estimate, compare
 from tpuops.run.target import Target
 from tpuops.sop.executor import Plan, Preview, SopReport, StepReport
 from tpuops.sop.model import Outcome
@@ -58,7 +58,7 @@ class RunResult:
     log: LogReport | None = None
     recoveries: tuple[Recovery, ...] = ()
     hint: str | None = None  # what to try next, for failures with a known fix (an out-of-memory)
-    estimate: dict[str, Any] | None = None  # the fit preflight's cost and predicted peak HBM (a VM run)
+    estimate: Estimate | None = None  # the fit preflight's cost and predicted peak HBM (a VM run)
     planned: Planned | None = None  # a dry run: the plan instead of a run
     profile: Profiled | None = None  # --profile-steps: the job's trace of those steps, summarised per worker
     vm_lost: str | None = None  # the VM went under the run (exit 8): how, at which step (`hint`: what to do)
