@@ -11,6 +11,7 @@ import json
 import math
 from collections.abc import Callable
 
+
 def finite(data: object) -> object:
     """`data` with every non-finite float (NaN, inf, -inf) replaced by None, in dicts, lists and tuples."""
     if isinstance(data, float):
@@ -22,10 +23,13 @@ def finite(data: object) -> object:
     return data
 
 
-def dumps(data: object, *, default: Callable[[object], object] | None = str, indent: int | None = None) -> str:
+def dumps(
+    data: object, *, default: Callable[[object], object] | None = str, indent: int | None = None
+) -> str:
     """json.dumps under the rule above; `default` turns other objects into JSON (str by default)."""
 
-    def convert(o: object) -> object:  # an object `default` turns into a float or a container is made finite too
+    # An object `default` turns into a float or a container is made finite too.
+    def convert(o: object) -> object:
         return finite(default(o)) if default is not None else o
 
     return json.dumps(finite(data), default=convert, allow_nan=False, indent=indent)

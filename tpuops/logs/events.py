@@ -70,10 +70,9 @@ CHIP_LISTS: tuple[ChipList, ...] = ("hbm_gb_chips", "duty_pct_chips")
 MAX_CHIP_SAMPLES = 2048  # per worker; every other one is dropped when full (the series keeps its span)
 
 
-class ChipSample(TypedDict, total=False):
-    """One worker's chips at a step (StepRow's chip fields): only the fields its line carried."""
+class Chips(TypedDict, total=False):
+    """One worker's chips (StepRow's chip fields): only the fields its line carried."""
 
-    step: Required[int]
     hbm_gb_min: float
     hbm_gb_max: float
     hbm_gb_peak: float
@@ -82,6 +81,24 @@ class ChipSample(TypedDict, total=False):
     duty_pct_max: float
     hbm_gb_chips: list[float]
     duty_pct_chips: list[float]
+
+
+class ChipSample(Chips, total=False):
+    """One worker's chips at a step."""
+
+    step: Required[int]
+
+
+def chip_fields(sample: ChipSample) -> Chips:
+    """A sample's chips without its step."""
+    out: Chips = {}
+    for k in CHIP_FIELDS:
+        if k in sample:
+            out[k] = sample[k]
+    for n in CHIP_LISTS:
+        if n in sample:
+            out[n] = sample[n]
+    return out
 
 
 def chip_sample(step: int, values: Mapping[str, object]) -> ChipSample | None:
@@ -179,7 +196,8 @@ class LogReport:
     compiles_by_step: dict[int, int] = field(default_factory=dict)
     recompiles: list[Compile] = field(default_factory=list)
     cache_hits: int = 0  # JAX's `Persistent compilation cache hit for ...` lines
-    evals: list[dict[str, int | float | str]] = field(default_factory=list)  # an `eval:` line's key=value pairs
+    # Each `eval:` line's key=value pairs.
+    evals: list[dict[str, int | float | str]] = field(default_factory=list)
     checkpoints: int = 0
     last_checkpoint: str | None = None
     last_checkpoint_step: int | None = (

@@ -89,7 +89,8 @@ def saved(target: str, runs_home: Path | None = None) -> Estimate | None:
         path = runs_home / target
     for name in ("result.json", "run.json"):  # a detached run has no result yet
         try:
-            est: Estimate | None = json.loads((path / name).read_text()).get("estimate")  # as fit_preflight wrote it
+            # As fit_preflight wrote it.
+            est: Estimate | None = json.loads((path / name).read_text()).get("estimate")
         except (OSError, ValueError, AttributeError):
             continue
         if isinstance(est, dict):

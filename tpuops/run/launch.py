@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+
 from tpuops import config as user_config
 from tpuops.config import TargetSpec, UserConfig
 from tpuops.errors import ExitCode, TpuopsError, UsageError

@@ -31,9 +31,7 @@ class Reviewed:
     report: LogReport
     deltas: list[Delta] | None
     code: int
-    estimate: Estimate | None = (
-        None  # the run's fit estimate (result.json), for cost and HBM beside it
-    )
+    estimate: Estimate | None = None  # the run's fit estimate (result.json), for cost and HBM beside it
 
 
 def review(

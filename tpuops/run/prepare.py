@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
+
 from tpuops import shell
 from tpuops.config import TargetSpec, UserConfig
 from tpuops.errors import UsageError
@@ -329,6 +330,11 @@ def hang_watch(sop: loader.Sop, values: dict[str, object], cwd: Path) -> HangWat
         if step.kind == "follow":
             for action in step.plan(ctx):
                 if isinstance(action, Follow):
-                    return {"hang_factor": action.hang_factor, "hang_min_s": action.hang_min_s,
-                            "hang_warmup": action.hang_warmup, "on_hang": action.on_hang, "poll_s": action.poll_s}
+                    return {
+                        "hang_factor": action.hang_factor,
+                        "hang_min_s": action.hang_min_s,
+                        "hang_warmup": action.hang_warmup,
+                        "on_hang": action.on_hang,
+                        "poll_s": action.poll_s,
+                    }
     return None

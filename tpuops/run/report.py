@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from tpuops.console import Col, emit_json, err, escape, grid, out, status_cell, table_of, table_width
 from tpuops.logs.events import at_step
@@ -186,11 +186,30 @@ def sop_show(sop: Sop, path: str, as_json: bool) -> None:
     out.print(grid(["#", "step", "kind"], steps, title="steps", title_justify="left"))
 
 
+class RunRow(TypedDict):
+    """One run of `tpuops runs --json`."""
+
+    run_id: str
+    sop: str
+    target: str
+    workers: list[int]
+    started: str
+    status: str
+    detail: str
+
+
+class WorkerStopped(TypedDict):
+    """One worker of `tpuops stop --json`: whether its job was stopped, and what it said."""
+
+    ok: bool
+    detail: str
+
+
 def runs_table(states: list[RunState], as_json: bool) -> None:
     """`tpuops runs`: each run's state (run/detached.RunState), and why when it could not be known."""
     import time
 
-    rows: list[dict[str, Any]] = []  # the --json rows (workers is a list there, text in the table)
+    rows: list[RunRow] = []  # the --json rows (workers is a list there, text in the table)
     for st in states:
         r = st.record
         vm, hosts = r.target.get("vm"), r.target.get("hosts")
@@ -222,7 +241,7 @@ def runs_table(states: list[RunState], as_json: bool) -> None:
 
 
 def stop_table(run_id: str, results: dict[int, CmdResult], as_json: bool) -> None:
-    data: dict[str, dict[str, Any]] = {
+    data: dict[str, WorkerStopped] = {
         str(w): {
             "ok": r.ok,
             "detail": r.stdout.replace("tpuops: ", "").strip().replace("\n", "; ") or r.stderr.strip(),

@@ -4,7 +4,7 @@ the plan, exit code 0)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from tpuops.errors import ExitCode
 from tpuops.logs.events import LogReport
@@ -100,7 +100,7 @@ class RunResult:
             return None
         return f"{self.vm_lost} ({self.hint})" if self.hint else self.vm_lost
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The --json report and the run's saved result (a dry run's: its plan); holds no secret (details
         are redacted, and secrets never reach a plan: they travel in .env files)."""
         if self.planned is not None:
@@ -117,7 +117,7 @@ class RunResult:
             **({} if self.vm_lost is None else {"error": "preempted", "message": self.error_line()}),
         }
 
-    def _plan_dict(self, p: Planned) -> dict[str, Any]:
+    def _plan_dict(self, p: Planned) -> dict[str, object]:
         vm = p.target.vm if p.target is not None else None
         return {
             "sop": self.sop,

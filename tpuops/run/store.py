@@ -142,12 +142,8 @@ class RunRecord:
         None  # keyed hashes of the .env values sent (launch._secret_digests)
     )
     scan: ScanRecord | None = None  # the SOP's scan settings (warmup, fail_on_recompile, step_pattern)
-    watch: WatchRecord | None = (
-        None  # a VM run's watch (unreachable_s, watch_s): attach watches it the same
-    )
-    estimate: Estimate | None = (
-        None  # the fit's estimate (config, accelerator): a verdict's hint names them
-    )
+    watch: WatchRecord | None = None  # a VM run's watch (unreachable_s, watch_s): attach watches it the same
+    estimate: Estimate | None = None  # the fit's estimate (config, accelerator): a verdict's hint names them
     route: RouteRecord | None = (
         None  # how a VM run logged in to its workers (None: not recorded, resolve the VM)
     )
@@ -195,7 +191,12 @@ def load(run_id: str) -> RunRecord:
             f"run record {d} is unreadable (an interrupted write)", hint="remove that folder"
         ) from None
     return RunRecord(
-        data["run_id"], data["sop"], data["target"], data["workers"], data["values"], data["started"],
+        data["run_id"],
+        data["sop"],
+        data["target"],
+        data["workers"],
+        data["values"],
+        data["started"],
         result=result,
         secret_files=tuple(data.get("secret_files", ())),
         runs_dir=data.get("runs_dir"),
@@ -253,7 +254,13 @@ def record_end(run_id: str, exit_codes: dict[int, int | None], code: int) -> Non
     ended = all(exit_codes.get(w) is not None for w in rec.workers)
     if rec.result is None and (ended or code == ExitCode.HANG):
         codes = {str(w): exit_codes.get(w) for w in rec.workers}
-        end: ResultRecord = {"run_id": run_id, "sop": rec.sop, "ok": code == 0, "exit_code": code, "exit_codes": codes}
+        end: ResultRecord = {
+            "run_id": run_id,
+            "sop": rec.sop,
+            "ok": code == 0,
+            "exit_code": code,
+            "exit_codes": codes,
+        }
         if code == ExitCode.STOPPED:
             end["stopped"] = True
         save_result(run_id, end)
