@@ -7,12 +7,16 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict, Unpack
 
 from rich.console import Console
 
 if TYPE_CHECKING:  # built at use (rich.table costs import time on every command)
+    from rich.box import Box
+    from rich.live import Live as RichLive
+    from rich.spinner import Spinner
     from rich.table import Column, Table
+    from rich.text import JustifyMethod
 
 out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
 err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
@@ -90,7 +94,19 @@ def id_column(header: str, ids: list[str]) -> Column:
     return Column(header, no_wrap=True, min_width=max([len(header), *map(len, ids)]))
 
 
-def grid(heads: Sequence[str | Column], rows: Iterable[Sequence[str]], **kw: Any) -> Table:
+class TableOptions(TypedDict, total=False):
+    """The rich Table settings tpuops' tables take (`grid`, `table_of`)."""
+
+    title: str | None
+    title_justify: JustifyMethod
+    caption: str
+    caption_justify: JustifyMethod
+    box: Box | None
+    pad_edge: bool
+    collapse_padding: bool
+
+
+def grid(heads: Sequence[str | Column], rows: Iterable[Sequence[str]], **kw: Unpack[TableOptions]) -> Table:
     """A rich Table of short cells, sized by rich: `heads` the column headers (a `rich.table.Column` where a
     column needs its own settings), `kw` the table's (title, box). Wide tables of long cells: `table_of`."""
     from rich.table import Table
@@ -141,7 +157,7 @@ def table_width(cols: list[Col], rows: list[list[str]]) -> int:
     return sum(_least(c, [r[i] for r in rows]) + 3 for i, c in enumerate(cols)) + 1
 
 
-def table_of(cols: list[Col], rows: list[list[str]], width: int, **kw: Any) -> Table:
+def table_of(cols: list[Col], rows: list[list[str]], width: int, **kw: Unpack[TableOptions]) -> Table:
     """A rich Table that fits `width` with every id whole: columns with `drop` go first (the caption names
     them: --json has every field), prose is cut with an ellipsis, wrapped columns wrap between words."""
     from rich.table import Table
@@ -250,15 +266,15 @@ class Live:
     def __init__(self, watched: Watched | None) -> None:
         self.watched = watched
         self.phase = watched.phase if watched is not None else None
-        self._live: Any = None
-        self._spinner: Any = None
+        self._live: RichLive | None = None
+        self._spinner: Spinner | None = None
 
     def line(self, worker: int, text: str) -> None:
         shown = self.watched.line(worker, text) if self.watched is not None else text
         for piece in shown.split("\n"):
             line(worker, piece)
 
-    def _status(self) -> Any:
+    def _status(self) -> Spinner:
         """The one spinner, its text renewed: a new Spinner at every refresh would start at its first frame
         each time and never turn. The text fits the terminal's width less the spinner's 2 columns."""
         from rich.spinner import Spinner
@@ -321,7 +337,7 @@ def json_mode(on: bool) -> None:
     _JSON["on"] = on
 
 
-def emit_json(data: Any, default: Callable[[Any], Any] = str) -> None:
+def emit_json(data: object, default: Callable[[object], object] = str) -> None:
     """The one machine-readable answer of a command, on stdout."""
     from tpuops.jsonout import dumps
 

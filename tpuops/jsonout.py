@@ -10,10 +10,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from typing import Any
 
 
-def finite(data: Any) -> Any:
+def finite(data: object) -> object:
     """`data` with every non-finite float (NaN, inf, -inf) replaced by None, in dicts, lists and tuples."""
     if isinstance(data, float):
         return data if math.isfinite(data) else None
@@ -24,10 +23,13 @@ def finite(data: Any) -> Any:
     return data
 
 
-def dumps(data: Any, *, default: Callable[[Any], Any] | None = str, **kw: Any) -> str:
+def dumps(
+    data: object, *, default: Callable[[object], object] | None = str, indent: int | None = None
+) -> str:
     """json.dumps under the rule above; `default` turns other objects into JSON (str by default)."""
 
-    def convert(o: Any) -> Any:  # an object `default` turns into a float or a container is made finite too
+    # An object `default` turns into a float or a container is made finite too.
+    def convert(o: object) -> object:
         return finite(default(o)) if default is not None else o
 
-    return json.dumps(finite(data), default=convert, allow_nan=False, **kw)
+    return json.dumps(finite(data), default=convert, allow_nan=False, indent=indent)

@@ -7,7 +7,7 @@ import inspect
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -347,7 +347,7 @@ def wired(fn: Callable[..., None]) -> Callable[..., None]:
     names = [p.name for p in params]
     assert len(names) == len(set(names)), f"{fn.__name__}: an option is declared twice: {names}"
 
-    def command(**kwargs: Any) -> None:
+    def command(**kwargs: object) -> None:
         from tpuops import console
 
         console.json_mode(bool(kwargs.get("json")))

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Literal, NotRequired, Required, TypedDict
 
 # Failure kinds from the most specific to the least: the first one present is the run's cause (an OOM
 # inside a traceback is an OOM; a traceback says more than "exited 1"). Unknown kinds rank last.
@@ -60,21 +61,71 @@ class StepRow:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-CHIP_FIELDS = ("hbm_gb_min", "hbm_gb_max", "hbm_gb_peak", "hbm_gb_limit", "duty_pct_min", "duty_pct_max")
-CHIP_LISTS = ("hbm_gb_chips", "duty_pct_chips")
+ChipField = Literal["hbm_gb_min", "hbm_gb_max", "hbm_gb_peak", "hbm_gb_limit", "duty_pct_min", "duty_pct_max"]
+ChipList = Literal["hbm_gb_chips", "duty_pct_chips"]
+CHIP_FIELDS: tuple[ChipField, ...] = (
+    "hbm_gb_min", "hbm_gb_max", "hbm_gb_peak", "hbm_gb_limit", "duty_pct_min", "duty_pct_max"
+)  # fmt: skip
+CHIP_LISTS: tuple[ChipList, ...] = ("hbm_gb_chips", "duty_pct_chips")
 MAX_CHIP_SAMPLES = 2048  # per worker; every other one is dropped when full (the series keeps its span)
 
 
-def chip_sample(step: int, values: dict[str, Any]) -> dict[str, Any] | None:
-    """One worker's chips at a step, from a step row's or a `chips:` line's fields; None when it has none."""
-    out: dict[str, Any] = {k: values[k] for k in (*CHIP_FIELDS, *CHIP_LISTS) if values.get(k) is not None}
-    return {"step": step, **out} if out else None
+class Chips(TypedDict, total=False):
+    """One worker's chips (StepRow's chip fields): only the fields its line carried."""
+
+    hbm_gb_min: float
+    hbm_gb_max: float
+    hbm_gb_peak: float
+    hbm_gb_limit: float
+    duty_pct_min: float
+    duty_pct_max: float
+    hbm_gb_chips: list[float]
+    duty_pct_chips: list[float]
 
 
-def add_chip_sample(series: list[dict[str, Any]], sample: dict[str, Any]) -> None:
+class ChipSample(Chips, total=False):
+    """One worker's chips at a step."""
+
+    step: Required[int]
+
+
+def chip_fields(sample: ChipSample) -> Chips:
+    """A sample's chips without its step."""
+    out: Chips = {}
+    for k in CHIP_FIELDS:
+        if k in sample:
+            out[k] = sample[k]
+    for n in CHIP_LISTS:
+        if n in sample:
+            out[n] = sample[n]
+    return out
+
+
+def chip_sample(step: int, values: Mapping[str, object]) -> ChipSample | None:
+    """One worker's chips at a step, from a step row's or a `chips:` line's fields (numbers only: a field
+    that is not one is left out); None when it has none."""
+    out: ChipSample = {"step": step}
+    for k in CHIP_FIELDS:
+        if isinstance(v := values.get(k), int | float):
+            out[k] = v
+    for n in CHIP_LISTS:
+        if isinstance(vs := values.get(n), list):
+            out[n] = vs
+    return out if len(out) > 1 else None
+
+
+def add_chip_sample(series: list[ChipSample], sample: ChipSample) -> None:
     series.append(sample)
     if len(series) > MAX_CHIP_SAMPLES:
         del series[:-1:2]
+
+
+class CompileCache(TypedDict):
+    """What JAX's persistent compilation cache gave a run (`LogReport.compile_cache`)."""
+
+    hits: int
+    saved_s: float | None
+    off: NotRequired[bool]
 
 
 @dataclass
@@ -145,7 +196,8 @@ class LogReport:
     compiles_by_step: dict[int, int] = field(default_factory=dict)
     recompiles: list[Compile] = field(default_factory=list)
     cache_hits: int = 0  # JAX's `Persistent compilation cache hit for ...` lines
-    evals: list[dict[str, Any]] = field(default_factory=list)
+    # Each `eval:` line's key=value pairs.
+    evals: list[dict[str, int | float | str]] = field(default_factory=list)
     checkpoints: int = 0
     last_checkpoint: str | None = None
     last_checkpoint_step: int | None = (
@@ -155,16 +207,16 @@ class LogReport:
     wandb: str | None = None
     start: dict[str, str] = field(default_factory=dict)
     batch: dict[str, str] = field(default_factory=dict)
-    config: dict[str, Any] | None = None  # the full config: `config: {json}` (older logs) or config.json
+    config: dict[str, object] | None = None  # the full config: `config: {json}` (older logs) or config.json
     config_summary: dict[str, str] = field(default_factory=dict)  # the `config: key=value ...` line
-    summary: dict[str, Any] | None = None
-    metrics: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, object] | None = None  # the trainer's `summary: {json}` line
+    metrics: list[dict[str, object]] = field(default_factory=list)  # `metrics: {json}` lines
     reward_errors: dict[str, int] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
     failure_counts: dict[str, int] = field(default_factory=dict)
     exit_codes: dict[int, int | None] = field(default_factory=dict)  # None: no exit file (killed/preempted)
     # worker -> its chips over time (worker 0: from its step lines; the others: their `chips:` lines)
-    chips: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    chips: dict[int, list[ChipSample]] = field(default_factory=dict)
 
     @property
     def hbm_peak_gb(self) -> float | None:
@@ -175,7 +227,7 @@ class LogReport:
 
     @property
     def hbm_limit_gb(self) -> float | None:
-        nums = [s["hbm_gb_limit"] for ss in self.chips.values() for s in ss if "hbm_gb_limit" in s]
+        nums = [v for ss in self.chips.values() for s in ss if (v := s.get("hbm_gb_limit")) is not None]
         return min(nums) if nums else None
 
     @property
@@ -193,19 +245,20 @@ class LogReport:
         return self.compiles.get("after_warmup", 0) > 0
 
     @property
-    def compile_cache(self) -> dict[str, Any] | None:
+    def compile_cache(self) -> CompileCache | None:
         """Programs JAX read from its persistent compilation cache: the trainer's summary counts them (and the
         compile seconds saved); another job's log, when it logs compiles, by JAX's cache-hit lines. None: the
         log does not say."""
         s = self.summary or {}
-        if isinstance(s.get("compile_cache_hits"), int):
-            return {"hits": s["compile_cache_hits"], "saved_s": s.get("compile_cache_saved_s")}
+        if isinstance(hits := s.get("compile_cache_hits"), int):
+            saved = s.get("compile_cache_saved_s")
+            return {"hits": hits, "saved_s": saved if isinstance(saved, int | float) else None}
         if s.get("compile_cache") == "off":
             return {"hits": 0, "saved_s": None, "off": True}
         return {"hits": self.cache_hits, "saved_s": None} if self.cache_hits else None
 
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+    def to_dict(self) -> dict[str, object]:
+        data: dict[str, object] = asdict(self)
         cause = self.cause()
         data["cause"] = None if cause is None else asdict(cause)
         data["compiles_by_step"] = {str(k): v for k, v in self.compiles_by_step.items()}

@@ -11,7 +11,7 @@ from tpuops.logs.events import CHIP_FIELDS, CHIP_LISTS, StepRow
 # The step line's `key=value` tokens (the trainer's form: docs/contracts.md section 2).
 KV = re.compile(r"(?P<k>[A-Za-z_][\w.]*)=(?P<v>\S+)")
 _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
-# Any numeric field after another format's step number: `loss=0.31`, `acc: 0.9`, `lr=1e-4`, `update=0.3s`.
+# Every other numeric field after another format's step number: `loss=0.31`, `acc: 0.9`, `lr=1e-4`, `update=0.3s`.
 NUM_KV = re.compile(rf"(?<![\w.])(?P<k>[A-Za-z_][\w.]*)\s*[=:]\s*(?P<v>{_NUMBER})(?P<s>s)?(?![\w.:%/-])")
 # The trainer's own names also as `key value` (`loss 0.31`), as older logs print them.
 LOOSE_KV = re.compile(

@@ -12,7 +12,6 @@ import gzip
 import json
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from tpuops.logs.xplane import XEvent, XPlane
 
@@ -43,8 +42,8 @@ class TraceSummary:
     def busy_share(self) -> float:
         return self.busy_ms / self.window_ms if self.window_ms > 0 else 0.0
 
-    def to_dict(self, top: int = 10) -> dict[str, Any]:
-        d = asdict(self)
+    def to_dict(self, top: int = 10) -> dict[str, object]:
+        d: dict[str, object] = asdict(self)
         d["ops"] = [asdict(o) for o in self.ops[:top]]
         d["idle_ms"] = max(0.0, self.window_ms - self.busy_ms)
         d["busy_share"] = self.busy_share
@@ -160,7 +159,7 @@ def summarise(planes: list[XPlane], steps: tuple[int, int] | None = None) -> Tra
 
 def trace_json(planes: list[XPlane]) -> bytes:
     """The trace as gzipped trace-event JSON (one process per plane, one thread per line): Perfetto opens it."""
-    events: list[dict[str, Any]] = []
+    events: list[dict[str, object]] = []
     starts = [e.start_ns for p in planes for ln in p.lines for e in ln.events]
     t0 = min(starts) if starts else 0.0
     for pid, plane in enumerate(planes, start=1):

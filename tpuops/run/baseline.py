@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from tpuops.logs.events import LogReport
 
@@ -27,14 +27,14 @@ class Delta:
     regressed: bool
 
 
-def _get(data: dict[str, Any], dotted: str) -> float | None:
-    cur: Any = data
+def _get(data: object, dotted: str) -> float | None:
+    cur = data
     for part in dotted.split("."):
         cur = cur.get(part) if isinstance(cur, dict) else None
     return float(cur) if isinstance(cur, int | float) else None
 
 
-def compare(report: LogReport, baseline: dict[str, Any], threshold: float = 0.1) -> list[Delta]:
+def compare(report: LogReport, baseline: Mapping[str, object], threshold: float = 0.1) -> list[Delta]:
     """Relative change of each metric both reports have; regressed when worse by more than `threshold`."""
     base = baseline.get("report", baseline)  # accepts the --json output or a bare to_dict()
     now = report.to_dict()

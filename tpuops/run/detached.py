@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 from tpuops import config as user_config
 from tpuops import shell
@@ -14,7 +13,18 @@ from tpuops.logs.chunks import file_lines
 from tpuops.logs.events import NOSPACE, STOPPED, Event, ExitEvent, LogReport, exit_status
 from tpuops.logs.follow import Follower, Readings
 from tpuops.run import finish, profile, scan
-from tpuops.run.store import OffsetWriter, RunRecord, load, record_end, save_result, saved_offsets
+from tpuops.run.store import (
+    HANG_KEYS,
+    HangWatch,
+    OffsetWriter,
+    ResultRecord,
+    RunRecord,
+    ScanRecord,
+    load,
+    record_end,
+    save_result,
+    saved_offsets,
+)
 from tpuops.run.target import Target, reach_again, select_workers
 from tpuops.run.vmwatch import recovery_hint, watched_as_run
 from tpuops.shell import Redactor
@@ -66,12 +76,13 @@ def attach(
     target, transport = reach_again(rec.spec(), rec.route, rec.workers, redact)
     try:
         learn_sent_env(rec, transport, redact)
-        judged = rec.scan or {}
+        judged: ScanRecord = rec.scan or {}
+        pattern = judged.get("step_pattern") or rec.values.get("step_pattern")
         follower = Follower(
             transport, redact=redact, on_line=on_line, on_past=on_past, on_event=ended,
             offsets={} if from_start else saved_offsets(run_id), on_offset=None if from_start else OffsetWriter(run_id),
             detach=detach or threading.Event(),
-            reads=Readings(int(judged.get("warmup", 1)), judged.get("step_pattern") or rec.values.get("step_pattern")),
+            reads=Readings(int(judged.get("warmup", 1)), str(pattern) if pattern else None),
         )  # fmt: skip
         results = _follow_watched(rec, target, follower, _follow_as_run(rec, stream, timeout))
         if follower.detach.is_set() or any(r.kind is Kind.DETACHED for r in results.values()):
@@ -124,7 +135,7 @@ def _judged(
     config, accelerator = finish.named(rec.values, rec.estimate)
     verdict = finish.judge(
         log, stopped=stopped, lost=bool(lost) and not hung, hung=hung,
-        fail_on_recompile=bool((rec.scan or {}).get("fail_on_recompile")), config=config, accelerator=accelerator,
+        fail_on_recompile=bool(rec.scan and rec.scan.get("fail_on_recompile")), config=config, accelerator=accelerator,
     )  # fmt: skip
     record_end(rec.run_id, exits, verdict.code)
     return Attached(rec.run_id, log, int(verdict.code), lost, verdict.hint)
@@ -132,12 +143,11 @@ def _judged(
 
 def _follow_as_run(rec: RunRecord, stream: str, timeout: float) -> Follow:
     """The follow of attach, with the run's own hang watch (its follow step's, kept in the run record)."""
-    kept = (rec.watch or {}).get("follow") or {}
-    hang = {
-        k: v
-        for k, v in kept.items()
-        if k in ("hang_factor", "hang_min_s", "hang_warmup", "on_hang", "poll_s")
-    }
+    kept = (rec.watch.get("follow") if rec.watch else None) or {}
+    hang: HangWatch = {}
+    for k in HANG_KEYS:  # a record of another tpuops version may keep more
+        if k in kept:
+            hang[k] = kept[k]
     return Follow(rec.remote_dir, stream=stream, timeout=timeout, **hang)
 
 
@@ -146,7 +156,7 @@ def learn_sent_env(rec: RunRecord, transport: Transport, redact: Redactor) -> No
     .env the workers have (worker 0's, where sync_env put it): its values are redacted in clear, the fast way."""
     from tpuops.config import secrets
 
-    paths = (rec.secret_digests or {}).get("worker_files", [])
+    paths = rec.secret_digests.get("worker_files", []) if rec.secret_digests else []
     for path in paths if redact.unknown_hashed else []:
         try:
             data = transport.read_from(rec.workers[0], path, 0, 1 << 20)
@@ -315,7 +325,7 @@ def states(records: list[RunRecord], *, ask: bool = True, timeout_s: float = 20.
     return [out[r.run_id] for r in records]
 
 
-def _finished_state(result: dict[str, Any]) -> str:
+def _finished_state(result: ResultRecord) -> str:
     if result.get("stopped") or result.get("exit_code") == ExitCode.STOPPED:
         return "stopped"
     if result.get("interrupted"):

@@ -5,14 +5,80 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from tpuops.logs.events import LogReport
 
 GB = 1e9
 
 
-def saved(target: str, runs_home: Path | None = None) -> dict[str, Any] | None:
+class UnitPrice(TypedDict):
+    """The price per chip-hour a cost was made with (the fields of cloud/pricing's `Price.to_dict` read here)."""
+
+    on_demand: float
+    spot: float | None
+    source: str
+    date: str
+
+
+class Dollars(TypedDict):
+    on_demand: float | None
+    spot: float | None
+
+
+class FitCost(TypedDict):
+    """The fit's cost of a run (cloud/pricing's `cost()`), as far as the comparison reads it."""
+
+    chips: int
+    steps: int | None
+    step_s: float
+    per_run: Dollars | None
+    price: UnitPrice
+
+
+class Estimate(TypedDict, total=False):
+    """What a VM run's fit preflight saved (run/prepare.fit_preflight; run.json and result.json): the config and
+    accelerator it was made for, the cost, and the predicted peak HBM per device and its phase."""
+
+    config: str
+    accelerator: str
+    cost: FitCost | None
+    peak_bytes: float | None
+    tightest_phase: str
+
+
+class Figures(TypedDict):
+    steps: int | None
+    step_s: float
+    on_demand: float | None
+    spot: float | None
+
+
+class CostAgainst(TypedDict):
+    estimated: Figures
+    actual: Figures
+    price: UnitPrice
+    chips: int
+    estimated_run_s: float
+    actual_run_s: float
+
+
+class HbmAgainst(TypedDict):
+    predicted_gb: float
+    measured_gb: float
+    over: bool
+    phase: str | None
+
+
+class Against(TypedDict):
+    """A run against its fit (`compare`): each part only where both sides exist."""
+
+    cost: CostAgainst | None
+    hbm: HbmAgainst | None
+    warnings: list[str]
+
+
+def saved(target: str, runs_home: Path | None = None) -> Estimate | None:
     """The fit estimate a VM run's preflight saved (run.json, and result.json), for a run id or run folder."""
     path = Path(target).expanduser()
     if not path.is_dir():
@@ -23,7 +89,8 @@ def saved(target: str, runs_home: Path | None = None) -> dict[str, Any] | None:
         path = runs_home / target
     for name in ("result.json", "run.json"):  # a detached run has no result yet
         try:
-            est = json.loads((path / name).read_text()).get("estimate")
+            # As fit_preflight wrote it.
+            est: Estimate | None = json.loads((path / name).read_text()).get("estimate")
         except (OSError, ValueError, AttributeError):
             continue
         if isinstance(est, dict):
@@ -31,11 +98,11 @@ def saved(target: str, runs_home: Path | None = None) -> dict[str, Any] | None:
     return None
 
 
-def compare(estimate: dict[str, Any] | None, log: LogReport) -> dict[str, Any]:
+def compare(estimate: Estimate | None, log: LogReport) -> Against:
     """{"cost": {estimated, actual} | None, "hbm": {predicted_gb, measured_gb, over} | None, "warnings": [...]}:
     each part only where both sides exist."""
-    out: dict[str, Any] = {"cost": None, "hbm": None, "warnings": []}
-    est = estimate or {}
+    out: Against = {"cost": None, "hbm": None, "warnings": []}
+    est: Estimate = estimate or {}
     cost = est.get("cost")
     if isinstance(cost, dict) and log.steps and log.dt is not None:
         price, chips = cost["price"], cost["chips"]
@@ -45,10 +112,11 @@ def compare(estimate: dict[str, Any] | None, log: LogReport) -> dict[str, Any]:
             return None if per_hour is None else round(run_s / 3600 * chips * per_hour, 6)
 
         estimated_s = (cost["steps"] or log.steps) * cost["step_s"]
+        per_run = cost.get("per_run")
         out["cost"] = {
-            "estimated": {"steps": cost["steps"], "step_s": cost["step_s"], "on_demand": cost["per_run"]["on_demand"]
-                          if cost.get("per_run") else None, "spot": cost["per_run"]["spot"] if cost.get("per_run")
-                          else None},
+            "estimated": {"steps": cost["steps"], "step_s": cost["step_s"],
+                          "on_demand": per_run["on_demand"] if per_run else None,
+                          "spot": per_run["spot"] if per_run else None},
             "actual": {"steps": log.steps, "step_s": log.dt.mean, "on_demand": money(price["on_demand"]),
                        "spot": money(price.get("spot"))},
             "price": price, "chips": chips, "estimated_run_s": estimated_s, "actual_run_s": run_s,
@@ -66,7 +134,7 @@ def compare(estimate: dict[str, Any] | None, log: LogReport) -> dict[str, Any]:
     return out
 
 
-def lines(cmp: dict[str, Any]) -> list[str]:
+def lines(cmp: Against) -> list[str]:
     """The comparison as people read it (the report's text)."""
     from tpuops.cloud.pricing import dollars
 

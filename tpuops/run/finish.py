@@ -4,10 +4,10 @@ exit code, the words people read and what to try next; then its record (`result.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tpuops.errors import ExitCode
 from tpuops.logs.events import STOPPED, LogReport, exit_status
@@ -17,6 +17,7 @@ from tpuops.sop.executor import SopReport
 
 if TYPE_CHECKING:
     from tpuops.logs.follow import Readings
+    from tpuops.run.estimate import Estimate
     from tpuops.run.profile import Profiled
     from tpuops.run.result import RunResult
     from tpuops.sop.loader import Sop
@@ -80,7 +81,7 @@ def finished(
     reads: Readings,
     *,
     accelerator: str | None,
-    estimate: dict[str, Any] | None = None,
+    estimate: Estimate | None = None,
     profiled: Profiled | None = None,
 ) -> RunResult:
     """A followed run's end: its logs scanned once (`scan`), its verdict (`judge`), its record (`save`)."""
@@ -211,9 +212,9 @@ def _failed_on_its_own(log: LogReport | None, steps: SopReport | None, stopped: 
     return failure is not None and failure[2].data.get("stopped") is not True
 
 
-def named(values: dict[str, Any], estimate: dict[str, Any] | None) -> tuple[str | None, str | None]:
+def named(values: Mapping[str, object], estimate: Estimate | None) -> tuple[str | None, str | None]:
     """The config and accelerator a run's hint names (`judge`'s keywords), from its record."""
-    est = estimate or {}
+    est: Estimate = estimate or {}
     config = values.get("config") or est.get("config")
     accelerator = est.get("accelerator")
     return (str(config) if config else None), (str(accelerator) if accelerator else None)

@@ -3,7 +3,7 @@ every number whole), the step's bound and expected ranges with their basis, the 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, SupportsFloat
 
 from tpuops.console import emit_json, err, escape, grid
 
@@ -32,6 +32,13 @@ def _cells(result: dict[str, Any]) -> list[dict[str, str]]:
             "largest": p["largest_term"],
         })  # fmt: skip
     return rows
+
+
+def _number(o: object) -> float:
+    """A value json cannot write (a numpy scalar) as the float it is; anything else json refuses, as float would."""
+    if isinstance(o, SupportsFloat):
+        return float(o)
+    raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
 
 
 def _visible(cell: str) -> int:
@@ -63,7 +70,7 @@ def fit_report(result: dict[str, Any], as_json: bool) -> None:
     from tpuops.checks.fit import GB, cached_words, summary
 
     if as_json:
-        emit_json(result, default=float)
+        emit_json(result, default=_number)
     title = (
         f"{result['config']} on {result['accelerator']} ({result['topology']}: {result['devices']} x "
         f"{result['device_kind']}, {result['hbm_bytes_per_device'] / GB:.1f} GB HBM each) - loss {result['impl']}, "

@@ -11,6 +11,7 @@ from pathlib import Path
 from tpuops.logs.events import LogReport
 from tpuops.logs.fields import NOT_SHOWN, pick, value
 from tpuops.run.baseline import Delta
+from tpuops.run.estimate import Estimate
 from tpuops.run.logtext import NOT_LOGGED, chip_lines, compiles_logged, exit_code
 from tpuops.run.pagecharts import TIMES, charts, chip_charts, grpo
 
@@ -121,7 +122,7 @@ def page(
     report: LogReport,
     deltas: list[Delta] | None = None,
     meta: dict[str, str] | None = None,
-    estimate: dict[str, object] | None = None,
+    estimate: Estimate | None = None,
     profile: str | None = None,
 ) -> str:
     """The whole report as one self-contained HTML page (people would rather look than read); `profile`: the
@@ -224,7 +225,7 @@ def _chips_section(report: LogReport) -> list[str]:
     return parts
 
 
-def _against_fit(report: LogReport, estimate: dict[str, object] | None) -> list[str]:
+def _against_fit(report: LogReport, estimate: Estimate | None) -> list[str]:
     """The run against its fit estimate (cost and HBM), when the run has one."""
     from tpuops.run.estimate import compare, lines
 

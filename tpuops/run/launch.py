@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from tpuops import config as user_config
 from tpuops.config import TargetSpec, UserConfig
@@ -18,8 +17,9 @@ from tpuops.logs.events import Event
 from tpuops.logs.fields import parse_columns
 from tpuops.logs.follow import Readings
 from tpuops.run import autostop, bundled, prepare, profile, tree
+from tpuops.run.estimate import Estimate
 from tpuops.run.result import Planned, RunResult
-from tpuops.run.store import env_values, record_start
+from tpuops.run.store import ScanRecord, WatchRecord, env_values, record_start
 from tpuops.run.target import Target, connect_all, keep_route, open_transport, resolve, select_workers
 from tpuops.shell import Redactor
 from tpuops.sop import loader
@@ -121,7 +121,7 @@ def start(
         return _execute(req, checked, target, hooks, cwd)
     unreachable = cfg.unreachable_s if unreachable_s is None else unreachable_s
     # In the run's record: attach watches the same, and says how to recover a lost VM of a run that recovers.
-    watch: dict[str, float | bool] = {
+    watch: WatchRecord = {
         "unreachable_s": unreachable,
         "watch_s": watch_s,
         "recover": bool(max_recoveries),
@@ -239,7 +239,7 @@ def _execute(
     hooks: _Hooks,
     cwd: Path,
     *,
-    watch: dict[str, float | bool] | None = None,
+    watch: WatchRecord | None = None,
 ) -> RunResult:
     """One attempt on a resolved target: the fit preflight, then the plan or the run and its one result."""
     sop, values = checked.sop, checked.values
@@ -317,7 +317,7 @@ def _dry_run(
     executor: Executor,
     workers: list[int],
     fit_line: str | None,
-    estimate: dict[str, Any] | None,
+    estimate: Estimate | None,
 ) -> RunResult:
     """--dry-run: every worker's plan, and (with `inspect`, read-only) what the steps would change beyond it."""
     sop, values = checked.sop, checked.values
@@ -337,19 +337,27 @@ def _record(
     target: Target,
     workers: list[int],
     secret_files: list[str],
-    estimate: dict[str, Any] | None,
+    estimate: Estimate | None,
     cwd: Path,
-    watch: dict[str, float | bool] | None,
+    watch: WatchRecord | None,
 ) -> None:
     """The run's record before its first step (`tpuops runs`, attach, logs, report read it), and its tree."""
     sop, values = checked.sop, checked.values
     record_start(
         run_id, sop.name, target.spec, workers, values, secret_files, prepare.runs_dir(sop, values),
         _worker_env_files(sop, values, cwd),
-        None if sop.scan is None else {**sop.scan.model_dump(), "step_pattern": values.get("step_pattern")},
-        estimate, {**(watch or {}), "follow": prepare.hang_watch(sop, values, cwd)},
+        _scan_record(sop, values), estimate, {**(watch or {}), "follow": prepare.hang_watch(sop, values, cwd)},
     )  # fmt: skip
     tree.keep(user_config.state_home() / "runs" / run_id, values)
+
+
+def _scan_record(sop: loader.Sop, values: dict[str, object]) -> ScanRecord | None:
+    """The SOP's scan settings with the step pattern the run uses (`--set step_pattern=...`), for its record."""
+    if sop.scan is None:
+        return None
+    pattern = values.get("step_pattern")
+    return {"source": sop.scan.source, "warmup": sop.scan.warmup, "fail_on_recompile": sop.scan.fail_on_recompile,
+            "step_pattern": None if pattern is None else str(pattern)}  # fmt: skip
 
 
 def _scan_settings(sop: loader.Sop, values: dict[str, object]) -> tuple[int, str | None]:

@@ -19,6 +19,8 @@ from tpuops.run.logtext import NOT_LOGGED, NOT_SEEN, cache_line, chip_lines, com
 if TYPE_CHECKING:  # built by console.py's helpers
     from rich.table import Table
 
+    from tpuops.run.estimate import Estimate
+
 HEAD_ROWS = 10  # the terminal table shows the first and last steps; --json and --html have every kept row
 
 
@@ -29,9 +31,7 @@ class Reviewed:
     report: LogReport
     deltas: list[Delta] | None
     code: int
-    estimate: dict[str, object] | None = (
-        None  # the run's fit estimate (result.json), for cost and HBM beside it
-    )
+    estimate: Estimate | None = None  # the run's fit estimate (result.json), for cost and HBM beside it
 
 
 def review(
@@ -86,7 +86,7 @@ def as_dict(
     code: int,
     deltas: list[Delta] | None,
     html: Path | None,
-    estimate: dict[str, object] | None = None,
+    estimate: Estimate | None = None,
 ) -> dict[str, object]:
     from tpuops.run.estimate import compare
 
@@ -106,7 +106,7 @@ def write_html(
     path: Path,
     deltas: list[Delta] | None = None,
     meta: dict[str, str] | None = None,
-    estimate: dict[str, object] | None = None,
+    estimate: Estimate | None = None,
     profile: str | None = None,
 ) -> None:
     from tpuops.run.htmlpage import page
@@ -120,7 +120,7 @@ def render(
     as_json: bool,
     deltas: list[Delta] | None,
     html: Path | None,
-    estimate: dict[str, object] | None = None,
+    estimate: Estimate | None = None,
 ) -> None:
     if as_json:
         out.print_json(jsonout.dumps(as_dict(report, code, deltas, html, estimate)))
@@ -217,7 +217,7 @@ def _notes(report: LogReport) -> list[str]:
     return lines + [f"metrics: {escape(json.dumps(m))}" for m in report.metrics]
 
 
-def _against_fit(report: LogReport, estimate: dict[str, object] | None) -> None:
+def _against_fit(report: LogReport, estimate: Estimate | None) -> None:
     """The run against its fit estimate (cost, HBM) and its warnings."""
     from tpuops.run.estimate import compare, lines
 

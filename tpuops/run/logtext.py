@@ -3,7 +3,7 @@ code, each worker's chips, whether compiles were logged."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from tpuops.errors import ExitCode
 from tpuops.logs.events import LogReport
@@ -38,7 +38,7 @@ def chip_lines(report: LogReport) -> list[str]:
     return out
 
 
-def chip_span(sample: dict[str, Any], prefix: str, fmt: str) -> str:
+def chip_span(sample: Mapping[str, object], prefix: str, fmt: str) -> str:
     """`min-max` of a chip sample's `PREFIX_min`/`PREFIX_max`, whichever of them it has ("" for neither): a
     step line may carry any of its optional fields."""
     found = [

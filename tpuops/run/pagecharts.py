@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from tpuops.logs.events import LogReport
+from tpuops.logs.events import ChipField, LogReport
 from tpuops.logs.fields import NOT_SHOWN, pick, value
 from tpuops.run.logtext import compiles_logged
 
@@ -90,8 +90,11 @@ def chip_charts(report: LogReport) -> list[str]:
     duty: list[Series] = []
     for w, series in sorted(report.chips.items()):
         by = {s["step"]: s for s in series}
-        for key, label, into in (("hbm_gb_max", "max", hbm), ("hbm_gb_min", "min", hbm),
-                                 ("duty_pct_max", "max", duty), ("duty_pct_min", "min", duty)):  # fmt: skip
+        lines: tuple[tuple[ChipField, str, list[Series]], ...] = (
+            ("hbm_gb_max", "max", hbm), ("hbm_gb_min", "min", hbm),
+            ("duty_pct_max", "max", duty), ("duty_pct_min", "min", duty),
+        )  # fmt: skip
+        for key, label, into in lines:
             ys = [by[x].get(key) if x in by else None for x in xs]
             if any(y is not None for y in ys):
                 into.append(Series(f"w{w} {label}", ys))

@@ -6,11 +6,12 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from tpuops import shell
 from tpuops.config import TargetSpec, UserConfig
 from tpuops.errors import UsageError
+from tpuops.run.estimate import Estimate
+from tpuops.run.store import HangWatch
 from tpuops.sop import claim, loader
 from tpuops.sop.actions import Action, Command
 from tpuops.sop.model import TEMPLATE, PlanContext, fill, fill_argv, suggest
@@ -88,7 +89,7 @@ def fit_preflight(
     zone: str | None = None,
     endpoint: str | None = None,
     slices: int = 1,
-) -> tuple[str | None, dict[str, Any] | None]:
+) -> tuple[str | None, Estimate | None]:
     """On a VM, before any SSH: the trainer config compiled for the VM's TPU type (cached). A config that
     does not fit stops here (exit 11); without libtpu on this machine one warning line and the run goes on.
     Returns the verdict line and the estimate a report compares the run with: the cost (dollars per step and
@@ -319,11 +320,9 @@ def check_command_sizes(sop: loader.Sop, title: str, actions: list[Action]) -> N
             )
 
 
-def hang_watch(sop: loader.Sop, values: dict[str, object], cwd: Path) -> dict[str, object] | None:
+def hang_watch(sop: loader.Sop, values: dict[str, object], cwd: Path) -> HangWatch | None:
     """The run's follow step's hang watch (hang_factor, hang_min_s, hang_warmup, on_hang) as it runs: the run
     record keeps it, so `tpuops attach` watches for a hang as the run's own follow did. None without a follow."""
-    from dataclasses import asdict
-
     from tpuops.logs.actions import Follow
 
     ctx = plan_context(values, cwd)
@@ -331,6 +330,11 @@ def hang_watch(sop: loader.Sop, values: dict[str, object], cwd: Path) -> dict[st
         if step.kind == "follow":
             for action in step.plan(ctx):
                 if isinstance(action, Follow):
-                    keep = ("hang_factor", "hang_min_s", "hang_warmup", "on_hang", "poll_s")
-                    return {k: v for k, v in asdict(action).items() if k in keep}
+                    return {
+                        "hang_factor": action.hang_factor,
+                        "hang_min_s": action.hang_min_s,
+                        "hang_warmup": action.hang_warmup,
+                        "on_hang": action.on_hang,
+                        "poll_s": action.poll_s,
+                    }
     return None

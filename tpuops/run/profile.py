@@ -10,7 +10,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from tpuops import config as user_config
 from tpuops import shell
@@ -59,7 +58,7 @@ class Profiled:
             f"XProf: xprof --logdir {self.folder}",
         ]
 
-    def to_dict(self, top: int = 10) -> dict[str, Any]:
+    def to_dict(self, top: int = 10) -> dict[str, object]:
         return {
             "ok": self.code == 0,
             "run_id": self.run_id,

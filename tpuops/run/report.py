@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from tpuops.console import Col, emit_json, err, escape, grid, out, status_cell, table_of, table_width
 from tpuops.logs.events import at_step
@@ -138,7 +138,7 @@ def dry_run(dr: RunResult, as_json: bool, *, verbose: bool = False) -> None:
     if isinstance(cost, dict):
         from tpuops.cloud.pricing import cost_line
 
-        err.print(escape(cost_line(cost)), highlight=False)
+        err.print(escape(cost_line(dict(cost))), highlight=False)
     out.out((render_plan if verbose else summarize_plan)(planned.plan), end="", highlight=False)
     for p in planned.preview:  # after the plan, where the eye ends: what the run would discard on each worker
         err.print(escape(p.line()), highlight=False)
@@ -186,14 +186,34 @@ def sop_show(sop: Sop, path: str, as_json: bool) -> None:
     out.print(grid(["#", "step", "kind"], steps, title="steps", title_justify="left"))
 
 
+class RunRow(TypedDict):
+    """One run of `tpuops runs --json`."""
+
+    run_id: str
+    sop: str
+    target: str
+    workers: list[int]
+    started: str
+    status: str
+    detail: str
+
+
+class WorkerStopped(TypedDict):
+    """One worker of `tpuops stop --json`: whether its job was stopped, and what it said."""
+
+    ok: bool
+    detail: str
+
+
 def runs_table(states: list[RunState], as_json: bool) -> None:
     """`tpuops runs`: each run's state (run/detached.RunState), and why when it could not be known."""
     import time
 
-    rows: list[dict[str, Any]] = []  # the --json rows (workers is a list there, text in the table)
+    rows: list[RunRow] = []  # the --json rows (workers is a list there, text in the table)
     for st in states:
         r = st.record
-        where = r.target.get("vm") or ",".join(r.target.get("hosts") or []) or "local"
+        vm, hosts = r.target.get("vm"), r.target.get("hosts")
+        where = str(vm) if vm else ",".join(map(str, hosts)) if isinstance(hosts, list) and hosts else "local"
         rows.append(
             {
                 "run_id": r.run_id,
@@ -221,7 +241,7 @@ def runs_table(states: list[RunState], as_json: bool) -> None:
 
 
 def stop_table(run_id: str, results: dict[int, CmdResult], as_json: bool) -> None:
-    data: dict[str, dict[str, Any]] = {
+    data: dict[str, WorkerStopped] = {
         str(w): {
             "ok": r.ok,
             "detail": r.stdout.replace("tpuops: ", "").strip().replace("\n", "; ") or r.stderr.strip(),

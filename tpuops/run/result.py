@@ -4,11 +4,11 @@ the plan, exit code 0)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from tpuops.errors import ExitCode
 from tpuops.logs.events import LogReport
-from tpuops.run.estimate import compare
+from tpuops.run.estimate import Estimate, compare
 from tpuops.run.target import Target
 from tpuops.sop.executor import Plan, Preview, SopReport, StepReport
 from tpuops.sop.model import Outcome
@@ -58,7 +58,7 @@ class RunResult:
     log: LogReport | None = None
     recoveries: tuple[Recovery, ...] = ()
     hint: str | None = None  # what to try next, for failures with a known fix (an out-of-memory)
-    estimate: dict[str, Any] | None = None  # the fit preflight's cost and predicted peak HBM (a VM run)
+    estimate: Estimate | None = None  # the fit preflight's cost and predicted peak HBM (a VM run)
     planned: Planned | None = None  # a dry run: the plan instead of a run
     profile: Profiled | None = None  # --profile-steps: the job's trace of those steps, summarised per worker
     vm_lost: str | None = None  # the VM went under the run (exit 8): how, at which step (`hint`: what to do)
@@ -100,7 +100,7 @@ class RunResult:
             return None
         return f"{self.vm_lost} ({self.hint})" if self.hint else self.vm_lost
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The --json report and the run's saved result (a dry run's: its plan); holds no secret (details
         are redacted, and secrets never reach a plan: they travel in .env files)."""
         if self.planned is not None:
@@ -117,7 +117,7 @@ class RunResult:
             **({} if self.vm_lost is None else {"error": "preempted", "message": self.error_line()}),
         }
 
-    def _plan_dict(self, p: Planned) -> dict[str, Any]:
+    def _plan_dict(self, p: Planned) -> dict[str, object]:
         vm = p.target.vm if p.target is not None else None
         return {
             "sop": self.sop,

@@ -103,7 +103,7 @@ def review(
         stopped=() if hung else finish.stopped_workers(rec.local_dir if rec else path),
         hung=hung,
         deltas=r.deltas,
-        fail_on_recompile=bool((rec.scan or {}).get("fail_on_recompile")) if rec else False,
+        fail_on_recompile=bool(rec.scan and rec.scan.get("fail_on_recompile")) if rec else False,
         config=config,
         accelerator=accelerator,
     )

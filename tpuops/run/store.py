@@ -13,12 +13,13 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 from tpuops import config as user_config
 from tpuops import jsonout
 from tpuops.config import TargetSpec, write_atomic
 from tpuops.errors import ExitCode, UsageError
+from tpuops.run.estimate import Estimate
 from tpuops.shell import Redactor
 from tpuops.sop.runs import run_dir
 
@@ -47,27 +48,102 @@ class RouteRecord(TypedDict):
     instances: list[str]  # iap: each worker's instance (what a tunnel goes to)
 
 
-@dataclass(frozen=True)
-class RunRecord:
+class SecretDigests(TypedDict):
+    """The run's .env values as keyed hashes of each printed form (`secret_digests`), and where the workers
+    keep the .env files that were sent."""
+
+    key: str  # hex
+    forms: list[tuple[int, str]]  # (length, keyed digest); JSON keeps each as a two-item list
+    worker_files: NotRequired[list[str]]
+
+
+class ScanRecord(TypedDict, total=False):
+    """How the run's logs are judged (the SOP's `scan:`, the step pattern the run used): attach judges the same."""
+
+    source: Literal["log", "stdout"]
+    warmup: int
+    fail_on_recompile: bool
+    step_pattern: str | None
+
+
+HANG_KEYS: tuple[Literal["hang_factor", "hang_min_s", "hang_warmup", "on_hang", "poll_s"], ...] = (
+    "hang_factor", "hang_min_s", "hang_warmup", "on_hang", "poll_s"
+)  # fmt: skip
+
+
+class HangWatch(TypedDict, total=False):
+    """The run's follow step's hang watch (logs/actions.Follow's fields): attach watches for a hang the same."""
+
+    hang_factor: float
+    hang_min_s: float
+    hang_warmup: int
+    on_hang: str
+    poll_s: float
+
+
+class WatchRecord(TypedDict, total=False):
+    """How the run is watched: its VM (a VM run's `unreachable_s`, `watch_s`, whether it recovers) and its hang."""
+
+    unreachable_s: float
+    watch_s: float
+    recover: bool
+    follow: HangWatch | None
+
+
+class ResultRecord(TypedDict, total=False):
+    """result.json, as `tpuops runs`, attach and report read it: RunResult.to_dict() of a followed run (its
+    steps, log report and recoveries besides), or the short record attach and `tpuops stop` save."""
+
     run_id: str
     sop: str
-    target: dict[str, Any]
+    ok: bool
+    exit_code: int
+    exit_codes: dict[str, int | None]
+    stopped: bool
+    interrupted: str | bool
+    hint: str | None
+    estimate: Estimate | None
+    finished: float
+
+
+class RunJson(TypedDict):
+    """run.json, as `record_start` writes it (older records may lack the later keys: `load` reads them so)."""
+
+    run_id: str
+    sop: str
+    target: dict[str, object]  # TargetSpec's fields (tuples as lists)
     workers: list[int]
-    values: dict[str, Any]
+    values: dict[str, object]
     started: float
-    result: dict[str, Any] | None = None  # the JSON report once the SOP finished
+    argv: list[str]
+    secret_files: list[str]
+    secret_digests: SecretDigests
+    runs_dir: str
+    scan: ScanRecord | None
+    estimate: Estimate | None
+    watch: WatchRecord | None
+    route: NotRequired[RouteRecord]
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A run's record on this machine: its run.json, and its result.json once it ended."""
+
+    run_id: str
+    sop: str
+    target: dict[str, object]  # TargetSpec's fields as written (`spec()` makes the TargetSpec)
+    workers: list[int]
+    values: dict[str, object]
+    started: float
+    result: ResultRecord | None = None  # the JSON report once the SOP finished
     secret_files: tuple[str, ...] = ()  # the local .env files whose values the run's logs must not show
     runs_dir: str | None = None  # the run step's runs_dir on the workers (older records: the parameter)
-    secret_digests: dict[str, Any] | None = (
+    secret_digests: SecretDigests | None = (
         None  # keyed hashes of the .env values sent (launch._secret_digests)
     )
-    scan: dict[str, Any] | None = None  # the SOP's scan settings (warmup, fail_on_recompile, step_pattern)
-    watch: dict[str, Any] | None = (
-        None  # a VM run's watch (unreachable_s, watch_s): attach watches it the same
-    )
-    estimate: dict[str, Any] | None = (
-        None  # the fit's estimate (config, accelerator): a verdict's hint names them
-    )
+    scan: ScanRecord | None = None  # the SOP's scan settings (warmup, fail_on_recompile, step_pattern)
+    watch: WatchRecord | None = None  # a VM run's watch (unreachable_s, watch_s): attach watches it the same
+    estimate: Estimate | None = None  # the fit's estimate (config, accelerator): a verdict's hint names them
     route: RouteRecord | None = (
         None  # how a VM run logged in to its workers (None: not recorded, resolve the VM)
     )
@@ -96,10 +172,8 @@ class RunRecord:
     def spec(self) -> TargetSpec:
         """The recorded target; keys a record of another tpuops version has and this one does not are left out."""
         known = {f.name for f in dataclasses.fields(TargetSpec)}
-        t: dict[str, Any] = {
-            k: tuple(v) if isinstance(v, list) else v for k, v in self.target.items() if k in known
-        }
-        return TargetSpec(**t)
+        t = {k: tuple(v) if isinstance(v, list) else v for k, v in self.target.items() if k in known}
+        return TargetSpec(**t)  # type: ignore[arg-type]  # the fields record_start wrote from a TargetSpec
 
 
 def load(run_id: str) -> RunRecord:
@@ -108,14 +182,21 @@ def load(run_id: str) -> RunRecord:
         known = [r.run_id for r in list_runs()[:5]]
         raise UsageError(f"no run {run_id!r} in {d.parent}", hint=f"recent: {', '.join(known) or 'none'}")
     try:
-        data = json.loads((d / "run.json").read_text())
-        result = json.loads((d / "result.json").read_text()) if (d / "result.json").exists() else None
+        data: RunJson = json.loads((d / "run.json").read_text())
+        result: ResultRecord | None = (
+            json.loads((d / "result.json").read_text()) if (d / "result.json").exists() else None
+        )
     except ValueError:  # written before records were atomic, and cut short
         raise UsageError(
             f"run record {d} is unreadable (an interrupted write)", hint="remove that folder"
         ) from None
     return RunRecord(
-        **{k: data[k] for k in ("run_id", "sop", "target", "workers", "values", "started")},
+        data["run_id"],
+        data["sop"],
+        data["target"],
+        data["workers"],
+        data["values"],
+        data["started"],
         result=result,
         secret_files=tuple(data.get("secret_files", ())),
         runs_dir=data.get("runs_dir"),
@@ -173,28 +254,27 @@ def record_end(run_id: str, exit_codes: dict[int, int | None], code: int) -> Non
     ended = all(exit_codes.get(w) is not None for w in rec.workers)
     if rec.result is None and (ended or code == ExitCode.HANG):
         codes = {str(w): exit_codes.get(w) for w in rec.workers}
-        stopped = {"stopped": True} if code == ExitCode.STOPPED else {}
-        save_result(
-            run_id,
-            {
-                "run_id": run_id,
-                "sop": rec.sop,
-                "ok": code == 0,
-                "exit_code": code,
-                "exit_codes": codes,
-                **stopped,
-            },
-        )
+        end: ResultRecord = {
+            "run_id": run_id,
+            "sop": rec.sop,
+            "ok": code == 0,
+            "exit_code": code,
+            "exit_codes": codes,
+        }
+        if code == ExitCode.STOPPED:
+            end["stopped"] = True
+        save_result(run_id, end)
 
 
 def record_route(run_id: str, route: RouteRecord) -> None:
     """Add to a run's record how it logged in to its workers (after its first connections)."""
     path = user_config.state_home() / "runs" / run_id / "run.json"
-    data = json.loads(path.read_text())
+    data: RunJson = json.loads(path.read_text())
     write_atomic(path, jsonout.dumps({**data, "route": route}, indent=1))
 
 
-def save_result(run_id: str, data: dict[str, Any]) -> None:
+def save_result(run_id: str, data: Mapping[str, object]) -> None:
+    """The run's result.json: a RunResult's `to_dict()`, or a ResultRecord (attach's and stop's short one)."""
     d = user_config.state_home() / "runs" / run_id
     write_atomic(d / "result.json", jsonout.dumps({**data, "finished": time.time()}))
 
@@ -208,7 +288,7 @@ def env_values(secret_files: list[str]) -> list[str]:
     ]
 
 
-def secret_digests(secret_files: list[str]) -> dict[str, object]:
+def secret_digests(secret_files: list[str]) -> SecretDigests:
     """What the run's .env values were, kept as keyed hashes of each printed form (never a value): `attach` and
     `logs` still redact them after the local .env changed (shell.Redactor.add_hashed)."""
     from tpuops.shell import secret_digest, secret_forms
@@ -217,7 +297,7 @@ def secret_digests(secret_files: list[str]) -> dict[str, object]:
     forms = sorted(
         {(len(s), secret_digest(key, s)) for v in env_values(secret_files) for s in secret_forms(v)}
     )
-    return {"key": key.hex(), "forms": [list(f) for f in forms]}
+    return {"key": key.hex(), "forms": forms}  # written as two-item lists, as before
 
 
 def record_start(
@@ -229,18 +309,18 @@ def record_start(
     secret_files: list[str],
     runs_dir: str,
     worker_env_files: list[str],
-    scan: Mapping[str, object] | None = None,
-    estimate: Mapping[str, object] | None = None,
-    watch: dict[str, object] | None = None,
+    scan: ScanRecord | None = None,
+    estimate: Estimate | None = None,
+    watch: WatchRecord | None = None,
 ) -> None:
     """Remember how to reach a run again (`tpuops runs`, attach, logs); holds no secret (only where they are)."""
     d = user_config.run_folder(run_id)
-    record = {
+    record: RunJson = {
         "run_id": run_id,
         "sop": sop,
         "target": dict(target.__dict__),
         "workers": workers,
-        "values": {k: v for k, v in values.items()},
+        "values": dict(values),
         "started": time.time(),
         # The command that started it (the report page shows it); secrets are never on it (.env only).
         "argv": ["tpuops", *sys.argv[1:]],

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tpuops import shell
 from tpuops.errors import TpuopsError
+from tpuops.logs.events import Chips, chip_fields
 from tpuops.logs.scanner import LogScanner
 from tpuops.run.store import RunRecord, load
 from tpuops.run.target import open_transport, resolve
+
+if TYPE_CHECKING:
+    from tpuops.transport.base import Transport
 
 TAIL_BYTES = 1 << 20  # the end of each log that is read for its latest step or chips line
 NO_CHIPS = (
@@ -27,7 +31,7 @@ class WorkerTop:
     worker: int
     state: str  # running, exited N, lost, unreachable
     step: int | None
-    chips: dict[str, Any] | None
+    chips: Chips | None  # the latest chip sample's fields but its step
     detail: str = ""
 
 
@@ -44,7 +48,7 @@ class Top:
     def running(self) -> bool:
         return any(w.state in ("running", "starting") for w in self.workers)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "run_id": self.run_id, "workers": [asdict(w) for w in self.workers],
             "memory_fields": self.memory_fields, "note": None if self.memory_fields else NO_CHIPS,
@@ -64,7 +68,7 @@ tail -c {TAIL_BYTES} "$rd/worker-$k.log" 2>/dev/null | grep -E '^(step=|chips: )
 """
 
 
-def _one(rec: RunRecord, transport: Any, w: int) -> WorkerTop:
+def _one(rec: RunRecord, transport: Transport, w: int) -> WorkerTop:
     from tpuops.sop.model import markers
 
     try:
@@ -83,7 +87,7 @@ def _one(rec: RunRecord, transport: Any, w: int) -> WorkerTop:
     sample = report.chips.get(w) or next(iter(report.chips.values()), None)
     latest = sample[-1] if sample else None
     step = latest["step"] if latest else report.last_step
-    chips = {k: v for k, v in latest.items() if k != "step"} if latest else None
+    chips = chip_fields(latest) if latest else None
     return WorkerTop(w, state, step, chips)
 
 
