@@ -3,6 +3,7 @@ enough for the CLI (a plain `pip install -e .`, no extras)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -142,14 +143,11 @@ def test_the_cli_s_imports_are_base_dependencies() -> None:
     provides = {"yaml": "pyyaml", "dotenv": "python-dotenv", "google": "google-api-core", "grpc": "grpcio"}
     found: set[str] = set()
     for path in (REPO / "tpuops").rglob("*.py"):
-        for line in path.read_text().splitlines():
-            words = line.split()
-            if (
-                len(words) >= 2
-                and words[0] in ("import", "from")
-                and not line.startswith((" " * 8 + "#", "#"))
-            ):
-                found.add(words[1].split(".")[0].rstrip(","))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
     third_party = {m for m in found if m not in sys.stdlib_module_names and m not in ("tpuops", "__future__")}
     missing = sorted(m for m in third_party if provides.get(m, m).lower() not in declared)
     assert not missing, f"imported by tpuops/ but not in [project] dependencies: {missing}"
