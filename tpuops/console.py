@@ -104,6 +104,7 @@ class TableOptions(TypedDict, total=False):
     box: Box | None
     pad_edge: bool
     collapse_padding: bool
+    show_header: bool
 
 
 def grid(heads: Sequence[str | Column], rows: Iterable[Sequence[str]], **kw: Unpack[TableOptions]) -> Table:

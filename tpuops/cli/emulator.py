@@ -48,9 +48,9 @@ def serve(
     from pathlib import Path
 
     from tpuops import console
-    from tpuops.cloud import tables
     from tpuops.cloud.emulator import control
     from tpuops.config import state_home
+    from tpuops.run import vmview
 
     where = Path(state_dir) if state_dir else state_home() / "emulator"
     faults: dict[str, object] = {"unavailable": unavailable} if unavailable else {}
@@ -58,7 +58,7 @@ def serve(
         faults["capacity"] = {z: no_capacity.count(z) for z in no_capacity}
 
     def ready(url: str, identity: str, zones: list[str]) -> None:
-        tables.emulator_started(url, identity, zones, str(where))
+        vmview.emulator_started(url, identity, zones, str(where))
 
     control.serve(
         where,
@@ -74,10 +74,10 @@ def serve(
 
 
 def _admin(api_endpoint: str | None, action: str, body: dict[str, object], json: bool) -> None:
-    from tpuops.cloud import tables
     from tpuops.cloud.emulator import control
+    from tpuops.run import vmview
 
-    tables.emulator_state(control.admin(api_endpoint, action, body), json)
+    vmview.emulator_state(control.admin(api_endpoint, action, body), json)
 
 
 @fault.command("preempt")

@@ -58,11 +58,12 @@ def list_(
 ) -> None:
     """List TPU VMs; without --zone every TPU zone is searched in parallel."""
     from tpuops import console
-    from tpuops.cloud import tables, vms
+    from tpuops.cloud import vms
+    from tpuops.run import vmview
 
     found, zones = vms.list_(_target(project, api_endpoint), zone or [], console.note)
     complete.remember_vms(found, zones)  # the names TAB offers (never an API call on TAB)
-    tables.vm_list(found, zones, json)
+    vmview.vm_list(found, zones, json)
 
 
 @app.command("describe")
@@ -77,10 +78,11 @@ def describe(
 ) -> None:
     """Which API (tpu or compute), state, health, type, runtime or image, spot, and each worker's IPs."""
     from tpuops import console
-    from tpuops.cloud import tables, vms
+    from tpuops.cloud import vms
+    from tpuops.run import vmview
 
     vm, autostop = vms.describe(_target(project, api_endpoint, zone), name, console.note)
-    tables.vm_describe(vm, json, autostop=autostop)
+    vmview.vm_describe(vm, json, autostop=autostop)
 
 
 @app.command("create")
@@ -162,7 +164,8 @@ def create(
     """
     from tpuops import console
     from tpuops.cloud import autostop as auto
-    from tpuops.cloud import tables, vms
+    from tpuops.cloud import vms
+    from tpuops.run import vmview
 
     setting = auto.parse(autostop, autostop_action) if autostop else None
     vm = vms.create(
@@ -190,7 +193,7 @@ def create(
         if setting is None
         else _autostop_watcher(vm.zone, name, setting, project, user, identity, api_endpoint)
     )
-    tables.vm_describe(vm, json, verb="created", autostop=watch)
+    vmview.vm_describe(vm, json, verb="created", autostop=watch)
 
 
 def _autostop_watcher(
@@ -243,16 +246,16 @@ def autostop(
     from pathlib import Path
 
     from tpuops.cloud import autostop as auto
-    from tpuops.cloud import tables
     from tpuops.config import target_from_options
     from tpuops.run import autostop as running
+    from tpuops.run import vmview
 
     setting = auto.parse(duration, action)
     spec = target_from_options(
         vm=name, zone=zone, project=project, user=user, identity=identity, internal_ip=internal_ip,
         tunnel_through_iap=tunnel_through_iap, key_push=key_push, api_endpoint=api_endpoint,
     )  # fmt: skip
-    tables.autostop_set(running.apply(spec, setting, cwd=Path.cwd()), json)
+    vmview.autostop_set(running.apply(spec, setting, cwd=Path.cwd()), json)
 
 
 @app.command("delete")
@@ -269,8 +272,9 @@ def delete(
 ) -> None:
     """Delete a TPU VM (its queued resource, if it came from one; a MIG with its template and workload policy)."""
     from tpuops import console
-    from tpuops.cloud import tables, vms
+    from tpuops.cloud import vms
     from tpuops.errors import UsageError
+    from tpuops.run import vmview
 
     if not yes:
         if not sys.stdin.isatty():
@@ -278,7 +282,7 @@ def delete(
         typer.confirm(f"delete TPU VM {name}?", abort=True)
     vm = vms.delete(_target(project, api_endpoint, zone), name, timeout, console.note)
     complete.remember_vms([], forget=[vm.name])
-    tables.vm_deleted(vm.name, vm.zone, json)
+    vmview.vm_deleted(vm.name, vm.zone, json)
 
 
 @app.command("wait")
@@ -295,13 +299,14 @@ def wait(
 ) -> None:
     """Wait until the VM reaches a state; exits 5 on timeout and 8 if it was preempted."""
     from tpuops import console
-    from tpuops.cloud import tables, vms
+    from tpuops.cloud import vms
+    from tpuops.run import vmview
 
     vm, where = vms.wait(_target(project, api_endpoint, zone), name, state, timeout, console.note)
     if vm is None:
-        tables.vm_gone(name, where, json)
+        vmview.vm_gone(name, where, json)
     else:
-        tables.vm_describe(vm, json, verb="waited")
+        vmview.vm_describe(vm, json, verb="waited")
 
 
 @app.command("clean")

@@ -10,10 +10,9 @@ import pytest
 
 from tpuops import console
 from tpuops.checks.doctor import WorkerHealth, add_fixes
-from tpuops.cloud import tables
 from tpuops.cloud.tpu_api import VmInfo, WorkerAddr
 from tpuops.logs.scanner import LogScanner
-from tpuops.run import logreport, report
+from tpuops.run import logreport, report, vmview
 from tpuops.run.detached import RunState
 from tpuops.run.health import Doctored
 from tpuops.run.result import RunResult
@@ -57,7 +56,7 @@ def test_vm_list(width: int) -> None:
         VmInfo("ironwood", "us-central1-c", "p", "CREATING", "", "tpu7x-16", "", False, True, (addr,) * 2,
                api="compute", kind="mig"),
     ]  # fmt: skip
-    text = rendered(lambda: tables.vm_list(vms, ["us-central1-c"], False))
+    text = rendered(lambda: vmview.vm_list(vms, ["us-central1-c"], False))
     whole(text, "mllm-jax-v5e-256", "europe-west4-b", "us-central1-c", "v5litepod-256",
           "tpu7x-16", "CREATING", " 64 ")  # fmt: skip
     assert ("left out" in text) == (width == 80) and "us-cent…" not in text

@@ -1,30 +1,16 @@
-"""Rendering for `tpuops vm` and `tpuops emulator` : tables on stderr, JSON on stdout."""
+"""What `tpuops vm` and `tpuops emulator` show: tables on stderr (through console.py), JSON on stdout."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, NotRequired, Protocol, TypedDict, cast
-
-from rich.table import Table
+from typing import TYPE_CHECKING, NotRequired, TypedDict, cast
 
 from tpuops.cloud.backends import backend_of
-from tpuops.console import Col, emit_json, err, escape, out, table_of
+from tpuops.console import Col, emit_json, err, escape, grid, out, table_of
 
 if TYPE_CHECKING:
-    from tpuops.cloud.autostop import Autostop
     from tpuops.cloud.tpu_api import VmInfo
-
-
-class AppliedAutostop(Protocol):
-    """What `vm autostop` did (run/autostop.Applied): the VM, its new setting (None: off), worker 0's word."""
-
-    @property
-    def vm(self) -> VmInfo: ...
-    @property
-    def setting(self) -> Autostop | None: ...
-    @property
-    def watcher(self) -> str: ...
-    def to_dict(self) -> dict[str, object]: ...
+    from tpuops.run.autostop import Applied
 
 
 def vm_list(vms: list[VmInfo], zones: list[str], as_json: bool) -> None:
@@ -68,22 +54,25 @@ def vm_describe(vm: VmInfo, as_json: bool, verb: str = "", autostop: dict[str, s
     ]
     if not verb or autostop:
         rows.append(("autostop", f"{autostop['words']}; {autostop['status']}" if autostop else "off"))
-    table = Table(title=f"{verb + ' ' if verb else ''}{vm.name}", title_justify="left", show_header=False)
-    table.add_column("field")
-    table.add_column("value")
-    for k, v in rows:
-        table.add_row(k, escape(v))
     for w in vm.workers:
         where = f"internal {w.internal_ip}  external {w.external_ip or '-'}"
         if vm.slices:
             where = f"slice {w.slice}  {where}"
         if vm.instances:
             where += f"  instance {vm.instances[w.index]}"
-        table.add_row(f"w{w.index}", escape(where))
+        rows.append((f"w{w.index}", where))
+    title = f"{verb + ' ' if verb else ''}{vm.name}"
+    table = grid(
+        ["field", "value"],
+        [(k, escape(v)) for k, v in rows],
+        title=title,
+        title_justify="left",
+        show_header=False,
+    )
     err.print(table)
 
 
-def autostop_set(applied: AppliedAutostop, as_json: bool) -> None:
+def autostop_set(applied: Applied, as_json: bool) -> None:
     """`tpuops vm autostop`'s answer (run/autostop.Applied)."""
     if as_json:
         emit_json({"ok": True, "action": "autostop", **applied.to_dict()})
@@ -131,10 +120,7 @@ def emulator_state(answer: Mapping[str, object], as_json: bool) -> None:
         emit_json({"ok": True, **answer})
         return
     state = cast(EmulatorState, answer)
-    table = Table(title="emulator", title_justify="left")
-    table.add_column("resource")
-    table.add_column("state")
-    for name, st in {**state["nodes"], **state.get("instances", {}), **state["queuedResources"]}.items():
-        table.add_row(name, st)
+    named = {**state["nodes"], **state.get("instances", {}), **state["queuedResources"]}
+    table = grid(["resource", "state"], list(named.items()), title="emulator", title_justify="left")
     err.print(table)
     err.print(f"pending faults: {state['faults']}")
