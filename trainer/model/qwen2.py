@@ -39,6 +39,7 @@ from trainer.model.attention import (
     group_prompt,
     rope_cos_sin,
 )
+from trainer.model import fusion
 from trainer.model.config import Qwen2Config
 from trainer.model.flash import attend_flash
 from trainer.sharding import (
@@ -55,6 +56,7 @@ Params = dict[str, Any]
 _BTD = ("batch", "length", "embed")
 _BTNH = ("batch", "length", "heads", "head_dim")
 _BTKH = ("batch", "length", "kv_heads", "head_dim")
+_BTKPH = ("batch", "length", "kv_heads", None, "head_dim")  # the fused q|k|v: [B, T, K, G + 2, H]
 _BTF = ("batch", "length", "mlp")
 
 
@@ -77,12 +79,13 @@ class RMSNorm(nn.Module):
 
 class Attention(nn.Module):
     config: Qwen2Config
+    fused: bool = True  # q|k|v as one weight and one matmul (False: HF's three, the tests' reference)
 
-    def _dense(self, features: int, bias: bool, name: str) -> nn.Dense:
+    def _dense(self, features: int | tuple[int, ...], bias: bool, name: str) -> nn.DenseGeneral:
         c = self.config
         init = nn.initializers.normal(c.initializer_range)
         # Non-zero bias init so that tests exercise the q/k/v biases (HF initialises them to zero).
-        return nn.Dense(
+        return nn.DenseGeneral(
             features, use_bias=bias, dtype=_dt(c.dtype), param_dtype=_dt(c.param_dtype),
             kernel_init=init, bias_init=init, name=name,
         )  # fmt: skip
@@ -99,9 +102,15 @@ class Attention(nn.Module):
         c = self.config
         B, T, _ = x_BTD.shape
         N, K, H = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        q = constrain(self._dense(N * H, True, "q_proj")(x_BTD).reshape(B, T, N, H), *_BTNH)
-        k = constrain(self._dense(K * H, True, "k_proj")(x_BTD).reshape(B, T, K, H), *_BTKH)
-        v = constrain(self._dense(K * H, True, "v_proj")(x_BTD).reshape(B, T, K, H), *_BTKH)
+        G = N // K
+        if self.fused:  # one matmul: each kv head's G query heads, its key and its value (trainer/model/fusion.py)
+            qkv = constrain(self._dense((K, G + 2, H), True, "qkv_proj")(x_BTD), *_BTKPH)
+            q = constrain(qkv[:, :, :, :G].reshape(B, T, N, H), *_BTNH)
+            k, v = (constrain(qkv[:, :, :, G + i], *_BTKH) for i in (0, 1))
+        else:  # Hugging Face's three projections: the reference the fused layout is tested against
+            q = constrain(self._dense(N * H, True, "q_proj")(x_BTD).reshape(B, T, N, H), *_BTNH)
+            k = constrain(self._dense(K * H, True, "k_proj")(x_BTD).reshape(B, T, K, H), *_BTKH)
+            v = constrain(self._dense(K * H, True, "v_proj")(x_BTD).reshape(B, T, K, H), *_BTKH)
         mesh = jax.sharding.get_abstract_mesh()
         by_sequence = kv is not None and not mesh.empty and not heads_split(K, mesh)
         if by_sequence:
@@ -146,6 +155,7 @@ class Attention(nn.Module):
 
 class MLP(nn.Module):
     config: Qwen2Config
+    fused: bool = True  # gate|up as one weight and one matmul (False: HF's two, the tests' reference)
 
     @nn.compact
     def __call__(self, x_BTD: Array) -> Array:
@@ -157,8 +167,13 @@ class MLP(nn.Module):
             "kernel_init": nn.initializers.normal(c.initializer_range),
         }
         x_BTD = constrain(x_BTD, "group_rows", "length", "embed")  # trainer.sharding.LOGICAL
-        gate = constrain(nn.Dense(c.intermediate_size, name="gate_proj", **kw)(x_BTD), *_BTF)
-        up = constrain(nn.Dense(c.intermediate_size, name="up_proj", **kw)(x_BTD), *_BTF)
+        if self.fused:  # one matmul: [B, T, 2, F], the gate's columns then the up projection's
+            gate_up = nn.DenseGeneral((2, c.intermediate_size), name="gate_up_proj", **kw)(x_BTD)
+            gate_up = constrain(gate_up, "batch", "length", None, "mlp")
+            gate, up = (constrain(gate_up[:, :, i], *_BTF) for i in (0, 1))
+        else:  # Hugging Face's two projections: the reference the fused layout is tested against
+            gate = constrain(nn.Dense(c.intermediate_size, name="gate_proj", **kw)(x_BTD), *_BTF)
+            up = constrain(nn.Dense(c.intermediate_size, name="up_proj", **kw)(x_BTD), *_BTF)
         return constrain(nn.Dense(c.hidden_size, name="down_proj", **kw)(nn.silu(gate) * up), *_BTD)
 
 
@@ -173,6 +188,7 @@ class DecoderLayer(nn.Module):
     window: int = 0  # decode: attend over the first `window` cache slots (0: all)
     prompt: int = 0  # decode: the cache's first `prompt` slots, the same in each group of `samples` rows
     samples: int = 1
+    fused: bool = True  # the fused projections (trainer/model/fusion.py)
 
     @nn.compact
     def __call__(
@@ -190,10 +206,10 @@ class DecoderLayer(nn.Module):
             "param_dtype": _dt(c.param_dtype),
         }
         h = RMSNorm(name="input_layernorm", **norm)(x_BTD)
-        attn_out, new_kv = Attention(c, name="self_attn")(h, cos_BTH, sin_BTH, mask_BTS, kv)
+        attn_out, new_kv = Attention(c, self.fused, name="self_attn")(h, cos_BTH, sin_BTH, mask_BTS, kv)
         x_BTD = x_BTD + attn_out
         h = RMSNorm(name="post_attention_layernorm", **norm)(x_BTD)
-        x_BTD = constrain(x_BTD + MLP(c, name="mlp")(h), *_BTD)
+        x_BTD = constrain(x_BTD + MLP(c, self.fused, name="mlp")(h), *_BTD)
         if slot is None:
             return x_BTD, (new_kv if self.collect_kv else None)
         return (x_BTD, *new_kv), None
@@ -221,6 +237,7 @@ class Qwen2(nn.Module):
     window: int = 0  # decode: attend over the first `window` cache slots (0: all)
     prompt: int = 0  # decode: the cache's first `prompt` slots, the same in each group of `samples` rows
     samples: int = 1
+    fused: bool = True  # the fused projections (trainer/model/fusion.py); False: HF's layout, tests only
 
     def setup(self) -> None:
         c = self.config
@@ -234,7 +251,7 @@ class Qwen2(nn.Module):
         self.layers = nn.scan(
             layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
             in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
-        )(c, self.collect_kv, self.window, self.prompt, self.samples, name="layers")  # fmt: skip
+        )(c, self.collect_kv, self.window, self.prompt, self.samples, self.fused, name="layers")  # fmt: skip
         self.norm = RMSNorm(c.rms_norm_eps, _dt(c.dtype), _dt(c.param_dtype))
         if not c.tie_word_embeddings:
             self.lm_head = nn.Dense(
@@ -267,7 +284,10 @@ def init_params(config: Qwen2Config, rng: Array) -> Params:
     ids = jnp.zeros((1, 2), jnp.int32)
     # Shapes from linen, values from NumPy seeded by `rng`: jitting linen's init costs ~7 s of XLA compile
     # on CPU for the 151,936-row vocabulary; NumPy draws the same sizes in a fraction of a second.
-    shapes = jax.eval_shape(lambda: Qwen2(config).init(rng, ids, method=Qwen2.init_all)["params"])
+    # Drawn in Hugging Face's layout (separate projections) and then fused: the same seed gives the same
+    # weights as before the projections were fused (trainer/model/fusion.py).
+    fused = jax.eval_shape(lambda: Qwen2(config).init(rng, ids, method=Qwen2.init_all)["params"])
+    shapes = jax.eval_shape(fusion.unfuse_tree, fused)
     leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
     host = {path_str(kp): np.empty(leaf.shape, np.float32) for kp, leaf in leaves}
     gen = np.random.default_rng(np.asarray(jax.random.key_data(rng)).ravel().tolist())
@@ -288,8 +308,11 @@ def init_params(config: Qwen2Config, rng: Array) -> Params:
             target[...] = gen.standard_normal(target.shape, dtype=np.float32) * np.float32(
                 config.initializer_range
             )
-    values = [jnp.asarray(host[path_str(kp)], leaf.dtype) for kp, leaf in leaves]
-    return jax.tree_util.tree_unflatten(treedef, values)
+    unfused = jax.tree_util.tree_unflatten(treedef, [host[path_str(kp)] for kp, _ in leaves])
+    dtype = _dt(config.param_dtype)
+    return cast(Params, jax.tree_util.tree_map(
+        lambda x: jnp.asarray(x, dtype), fusion.fuse_tree(unfused, config.num_key_value_heads)
+    ))  # fmt: skip
 
 
 def causal_mask(attention_mask_BT: Array) -> Array:
