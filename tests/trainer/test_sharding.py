@@ -120,6 +120,12 @@ def test_a_decode_group_wider_than_the_kv_heads_splits_them_by_head_and_by_seque
     assert same(sharding.logical_spec(("batch", "length", "mlp"), (16, 1, F), rmesh), "dp", None, group)
     assert same(sharding.logical_spec(("group_rows", "length", "embed"), (16, 1, D), rmesh), "dp")
     assert sharding.vocab_ways(V, rmesh) == 4 and sharding.batch_devices(rmesh) == 4
+    # The fused q|k|v [L, D, K, G + 2, H] and gate|up [L, D, 2, F]: split along the kv heads / the MLP columns,
+    # never along their part axis, so each device holds its kv head's q, k and v, and matching gate and up columns.
+    G = N // K
+    assert same(spec("layers/self_attn/qkv_proj/kernel", (4, D, K, G + 2, H)), None, None, "tp", None, None)
+    assert same(spec("layers/self_attn/qkv_proj/bias", (4, K, G + 2, H)), None, "tp", None, None)
+    assert same(spec("layers/mlp/gate_up_proj/kernel", (4, D, 2, F)), None, None, None, group)
     # Meshes without tps are as before: the training mesh's rules do not name it.
     mesh = sharding.make_mesh(1, 4, 2)
     assert sharding.param_spec("layers/mlp/gate_proj/kernel", (4, D, F), mesh) == P(None, "fsdp", "tp")
@@ -137,6 +143,17 @@ def test_sharded_forward_and_generate_equal_unsharded(
     emb = sharded["embed_tokens"]["embedding"]
     assert emb.sharding.spec == P("tp", "fsdp") and len(emb.addressable_shards) == 8
     assert emb.addressable_shards[0].data.shape == (151936 // 2, 64 // 4)
+    # The fused leaves read block by block from the separate HF tensors: each device's block (one kv head's q, k
+    # and v; half the MLP columns of both gate and up) is that block of the whole leaf.
+    for module, name in [("self_attn", "qkv_proj"), ("mlp", "gate_up_proj")]:
+        leaf = sharded["layers"][module][name]["kernel"]
+        assert len({str(s.index) for s in leaf.addressable_shards}) == 8  # every device its own block
+        for shard in leaf.addressable_shards:
+            want = np.asarray(params["layers"][module][name]["kernel"])[shard.index]
+            np.testing.assert_array_equal(np.asarray(shard.data), want)
+    assert sharded["layers"]["self_attn"]["qkv_proj"]["kernel"].sharding.spec == P(
+        None, "fsdp", "tp", None, None
+    )
     placed = sharding.shard_params(params, mesh)
     assert jax.tree.map(lambda a, b: a.sharding == b.sharding, placed, sharded) == jax.tree.map(
         lambda _: True, params

@@ -145,9 +145,7 @@ def _bounds(index: slice, dim: int) -> tuple[int, int]:
     return r.start, r.stop
 
 
-def fused_reader(
-    shape: tuple[int, ...], fused: Fused, readers: Sequence[Reader]
-) -> Reader:
+def fused_reader(shape: tuple[int, ...], fused: Fused, readers: Sequence[Reader]) -> Reader:
     """Read a block of a fused leaf of `shape` from the separate projections' readers (each: a block of its own
     leaf by index, None for the whole): a device reads only the kv heads or MLP columns its shard holds."""
 

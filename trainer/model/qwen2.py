@@ -103,7 +103,9 @@ class Attention(nn.Module):
         B, T, _ = x_BTD.shape
         N, K, H = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         G = N // K
-        if self.fused:  # one matmul: each kv head's G query heads, its key and its value (trainer/model/fusion.py)
+        if (
+            self.fused
+        ):  # one matmul: each kv head's G query heads, its key and its value (trainer/model/fusion.py)
             qkv = constrain(self._dense((K, G + 2, H), True, "qkv_proj")(x_BTD), *_BTKPH)
             q = constrain(qkv[:, :, :, :G].reshape(B, T, N, H), *_BTNH)
             k, v = (constrain(qkv[:, :, :, G + i], *_BTKH) for i in (0, 1))
