@@ -89,7 +89,8 @@ def _convert(tree: object, at_dict: Callable[[dict[str, object]], dict[str, obje
     if isinstance(tree, Mapping):
         return at_dict({str(k): _convert(v, at_dict) for k, v in tree.items()})
     if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a NamedTuple (optax's states)
-        return type(tree)(*(_convert(v, at_dict) for v in tree))
+        make: Callable[..., object] = type(tree)
+        return make(*[_convert(v, at_dict) for v in tree])
     if isinstance(tree, (tuple, list)):
         return type(tree)(_convert(v, at_dict) for v in tree)
     return tree
@@ -113,8 +114,10 @@ def fuse_tree(tree: object, kv_heads: int) -> object:
     return _convert(tree, at_dict)
 
 
-def unfuse_tree(tree: object) -> object:
-    """`fuse_tree` undone: the separate projections, as Hugging Face stores them."""
+def unfuse_tree(tree: object, split_leaf: Callable[[object, Fused], list[object]] | None = None) -> object:
+    """`fuse_tree` undone: the separate projections, as Hugging Face stores them. `split_leaf` splits one fused
+    leaf (default: an array's `unfuse_leaf`; `unfuse_struct` for a tree of ShapeDtypeStructs)."""
+    split_one = split_leaf or unfuse_leaf
 
     def at_dict(node: dict[str, object]) -> dict[str, object]:
         for f in FUSED:
@@ -122,12 +125,25 @@ def unfuse_tree(tree: object) -> object:
             if not isinstance(fused, Mapping):
                 continue
             del node[f.name]
-            split = {key: unfuse_leaf(leaf, f) for key, leaf in fused.items()}
+            split = {key: split_one(leaf, f) for key, leaf in fused.items()}
             for i, p in enumerate(f.parts):
                 node[p] = {key: parts[i] for key, parts in split.items()}
         return node
 
     return _convert(tree, at_dict)
+
+
+def unfuse_struct(x: object, fused: Fused) -> list[object]:
+    """`unfuse_leaf` for a ShapeDtypeStruct: each part's shape, sharded like the fused leaf without its part
+    axis (a kv-head split becomes a split of the part's K * X * H columns by whole kv heads)."""
+    assert isinstance(x, jax.ShapeDtypeStruct), type(x)
+    shapes = [p.shape for p in jax.eval_shape(lambda a: unfuse_leaf(a, fused), x)]
+    placement = x.sharding
+    if isinstance(placement, jax.sharding.NamedSharding):
+        spec = tuple(placement.spec) + (None,) * (len(x.shape) - len(placement.spec))
+        kept = spec[:-2] if fused.grouped else (*spec[:-2], spec[-1])
+        placement = jax.sharding.NamedSharding(placement.mesh, jax.sharding.PartitionSpec(*kept))
+    return [jax.ShapeDtypeStruct(s, x.dtype, sharding=placement) for s in shapes]
 
 
 def fused_path(path: str) -> tuple[str, Fused, int] | None:

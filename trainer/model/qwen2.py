@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
+from trainer.model import fusion
 from trainer.model.attention import (
     apply_rope,
     attend,
@@ -39,7 +40,6 @@ from trainer.model.attention import (
     group_prompt,
     rope_cos_sin,
 )
-from trainer.model import fusion
 from trainer.model.config import Qwen2Config
 from trainer.model.flash import attend_flash
 from trainer.sharding import (

@@ -3,7 +3,8 @@ forward's logits, the KV-cache decode step and the gradients, in float32 and in 
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +39,7 @@ def _inputs(B: int = 3, T: int = 9) -> tuple[jax.Array, jax.Array, jax.Array]:
     return jnp.asarray(ids), jnp.asarray(pos), jnp.asarray(mask)
 
 
-def test_fuse_and_unfuse_are_inverse_and_keep_hf_head_order(tiny_f32: tuple) -> None:
+def test_fuse_and_unfuse_are_inverse_and_keep_hf_head_order(tiny_f32: tuple[Any, ...]) -> None:
     config, params = tiny_f32
     unfused = fusion.unfuse_tree(params)
     flat = _flat(unfused)
@@ -63,7 +64,7 @@ def test_fuse_and_unfuse_are_inverse_and_keep_hf_head_order(tiny_f32: tuple) -> 
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_forward_logits_equal_the_separate_projections(tiny_f32: tuple, dtype: str) -> None:
+def test_forward_logits_equal_the_separate_projections(tiny_f32: tuple[Any, ...], dtype: str) -> None:
     config, params = tiny_f32
     config = config.replace(dtype=dtype)
     ids, pos, mask = _inputs()
@@ -78,7 +79,9 @@ def test_forward_logits_equal_the_separate_projections(tiny_f32: tuple, dtype: s
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_decode_step_equals_the_separate_projections(tiny_f32: tuple, prompts: tuple, dtype: str) -> None:
+def test_decode_step_equals_the_separate_projections(
+    tiny_f32: tuple[Any, ...], prompts: tuple[Any, ...], dtype: str
+) -> None:
     config, params = tiny_f32
     config = config.replace(dtype=dtype)
     unfused = fusion.unfuse_tree(params)
@@ -95,9 +98,10 @@ def test_decode_step_equals_the_separate_projections(tiny_f32: tuple, prompts: t
     )
 
     @jax.jit
-    def separate(p: Any, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    def separate(p: Any, k_in: jax.Array, v_in: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         model = qwen2.Qwen2(config, fused=False)
-        hidden, (k, v) = model.apply({"params": p}, new_B1, new_pos, slot_mask, (k, v, cache.index))
+        out = model.apply({"params": p}, new_B1, new_pos, slot_mask, (k_in, v_in, cache.index))
+        hidden, (k, v) = cast(tuple[jax.Array, tuple[jax.Array, jax.Array]], out)  # apply() is typed loosely
         return qwen2.logits_from_hidden(p, config, hidden), k, v
 
     want, want_keys, want_values = separate(unfused, cache.keys, cache.values)
@@ -113,7 +117,7 @@ def test_decode_step_equals_the_separate_projections(tiny_f32: tuple, prompts: t
     )
 
 
-def test_gradients_equal_the_separate_projections_fused(tiny_f32: tuple) -> None:
+def test_gradients_equal_the_separate_projections_fused(tiny_f32: tuple[Any, ...]) -> None:
     """The gradient of a token log-likelihood with respect to the fused weights is the separate weights'
     gradient in the fused layout (float32 compute: summation order only)."""
     config, params = tiny_f32
@@ -133,3 +137,36 @@ def test_gradients_equal_the_separate_projections_fused(tiny_f32: tuple) -> None
         scale = np.abs(want[name]).max()
         assert scale > 0, name  # every weight gets a gradient
         np.testing.assert_allclose(got[name], want[name], atol=1e-5 * max(1.0, scale), rtol=0, err_msg=name)
+
+
+def test_a_checkpoint_of_the_separate_layout_is_fused_on_restore(
+    tiny_f32: tuple[Any, ...], tmp_path: Path
+) -> None:
+    """An Orbax checkpoint written with separate q/k/v and gate/up (parameters and Adam's moments) restores
+    into the fused layout, each leaf placed like the live state's (here split over an 8-device mesh)."""
+    import optax
+
+    from trainer import checkpoint, sharding
+
+    config, params = tiny_f32
+    opt = optax.adamw(1e-3)
+    old_params = fusion.unfuse_tree(params)
+    # Moments that differ from the parameters and from zero: one real update's worth.
+    grads = jax.tree_util.tree_map(lambda x: jnp.full_like(x, 0.5) + x, old_params)
+    _, old_opt = opt.update(grads, opt.init(old_params), old_params)
+    checkpoint.save(
+        checkpoint.manager(str(tmp_path)), 4, {"params": old_params, "opt_state": old_opt}, {"k": 1}
+    )
+
+    mesh = sharding.make_mesh(1, 4, 2)
+    live = sharding.shard_params(params, mesh)
+    like = {"params": live, "opt_state": opt.init(live)}
+    got = checkpoint.restore_latest(checkpoint.manager(str(tmp_path)), like)
+    assert got is not None
+    step, state, meta = got
+    assert (step, meta) == (4, {"k": 1})
+    want = _flat(fusion.fuse_tree({"params": old_params, "opt_state": old_opt}, config.num_key_value_heads))
+    have = _flat(state)
+    assert have.keys() == want.keys() and all(np.array_equal(have[k], want[k]) for k in want)
+    qkv = state["params"]["layers"]["self_attn"]["qkv_proj"]["kernel"]
+    assert qkv.sharding == live["layers"]["self_attn"]["qkv_proj"]["kernel"].sharding
