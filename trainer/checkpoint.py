@@ -1,8 +1,5 @@
 """Orbax checkpoints (local path or gs://): parameters, optimizer state, step and data position.
 
-A checkpoint from before the attention's q/k/v and the MLP's gate/up were fused (trainer/model/fusion.py) is
-restored in its separate layout and fused on load.
-
 No JAX at import: the entry point checks a gs:// directory (gcsfs, credentials) before loading anything."""
 
 from __future__ import annotations
@@ -81,43 +78,7 @@ def restore_latest(mgr: Any, like: dict[str, Any]) -> tuple[int, dict[str, Any],
     abstract = jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), like
     )
-    try:
-        got = mgr.restore(
-            step,
-            args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()),
-        )
-    except ValueError as e:  # a checkpoint of another tree: perhaps the projections' separate layout
-        got = _restore_separate(mgr, step, abstract)
-        if got is None:
-            raise e from None
+    got = mgr.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore())
+    )
     return step, got["state"], got["meta"]
-
-
-def _restore_separate(mgr: Any, step: int, abstract: dict[str, Any]) -> dict[str, Any] | None:
-    """A checkpoint written before q/k/v and gate/up were fused (trainer/model/fusion.py), restored in that
-    layout and fused, every leaf then placed like `abstract`'s; None when `abstract` has no fused projections
-    or the checkpoint is not in that layout either."""
-    import jax
-    import orbax.checkpoint as ocp
-
-    from trainer.model import fusion
-    from trainer.sharding import path_str
-
-    qkv = [
-        x
-        for kp, x in jax.tree_util.tree_leaves_with_path(abstract)
-        if path_str(kp).endswith("qkv_proj/kernel")
-    ]
-    if not qkv:
-        return None
-    separate = fusion.unfuse_tree(abstract, fusion.unfuse_struct)
-    try:
-        got = mgr.restore(
-            step,
-            args=ocp.args.Composite(state=ocp.args.StandardRestore(separate), meta=ocp.args.JsonRestore()),
-        )
-    except ValueError:
-        return None
-    fused = fusion.fuse_tree(got["state"], kv_heads=qkv[0].shape[-3])
-    placed = jax.tree_util.tree_map(lambda x, like: jax.device_put(x, like.sharding), fused, abstract)
-    return {"state": placed, "meta": got["meta"]}

@@ -143,17 +143,6 @@ def test_sharded_forward_and_generate_equal_unsharded(
     emb = sharded["embed_tokens"]["embedding"]
     assert emb.sharding.spec == P("tp", "fsdp") and len(emb.addressable_shards) == 8
     assert emb.addressable_shards[0].data.shape == (151936 // 2, 64 // 4)
-    # The fused leaves read block by block from the separate HF tensors: each device's block (one kv head's q, k
-    # and v; half the MLP columns of both gate and up) is that block of the whole leaf.
-    for module, name in [("self_attn", "qkv_proj"), ("mlp", "gate_up_proj")]:
-        leaf = sharded["layers"][module][name]["kernel"]
-        assert len({str(s.index) for s in leaf.addressable_shards}) == 8  # every device its own block
-        for shard in leaf.addressable_shards:
-            want = np.asarray(params["layers"][module][name]["kernel"])[shard.index]
-            np.testing.assert_array_equal(np.asarray(shard.data), want)
-    assert sharded["layers"]["self_attn"]["qkv_proj"]["kernel"].sharding.spec == P(
-        None, "fsdp", "tp", None, None
-    )
     placed = sharding.shard_params(params, mesh)
     assert jax.tree.map(lambda a, b: a.sharding == b.sharding, placed, sharded) == jax.tree.map(
         lambda _: True, params

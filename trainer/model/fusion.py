@@ -1,13 +1,17 @@
-"""The fused projections' layout and its conversion from and to Hugging Face's separate tensors.
+"""The decode layout's fused projections and their conversion from and to Hugging Face's separate ones.
 
-The model stores q|k|v as one weight and gate|up as another, so that each is one matmul (one read of the
-activations, one kernel launch in the decode instead of three or two):
+The decode's copy of the weights (trainer.layout.decode_layout) holds q|k|v as one weight and gate|up as another,
+so that each is one matmul (one read of the activations, one kernel launch per layer and token instead of three
+or two):
   self_attn/qkv_proj: kernel [D, K, G + 2, H], bias [K, G + 2, H]: for each kv head k its G query heads (query
     head n = k * G + g, Hugging Face's order), then its key head, then its value head;
   mlp/gate_up_proj:   kernel [D, 2, F]: the gate's columns, then the up projection's.
 The part axis (G + 2, 2) is never split: split over tp along K, each device holds whole kv heads with their own
 query heads; along F, matching gate and up columns (trainer/sharding.py). Concatenated along the split axis
 instead, a device's slice would hold, e.g., only query heads.
+Training keeps the separate projections (checkpoints, Hugging Face export and the update unchanged): fused in the
+update too, the TPU compile of the seed's update read 50 GB more HBM and peaked 3.3 GB higher
+(docs/performance.md, "Choices the compiles decided").
 Dims as trainer/model/qwen2.py's; in the model's tree every leaf has a leading [L] (the layer stack).
 """
 
@@ -21,7 +25,6 @@ import jax.numpy as jnp
 import numpy as np
 
 Arr = TypeVar("Arr", np.ndarray, jax.Array)
-Reader = Callable[[tuple[slice, ...] | None], np.ndarray]
 
 
 class Fused(NamedTuple):
@@ -37,6 +40,14 @@ FUSED: tuple[Fused, ...] = (
 )
 
 
+def is_fused(params: Mapping[str, object]) -> bool:
+    """Whether a model's parameters (stacked layers, or `unrolled.unstack_layers`' tuple of layers) are in the
+    fused layout: what the model's functions run."""
+    layers = params["layers"]
+    first = layers[0] if isinstance(layers, (tuple, list)) else layers
+    return isinstance(first, Mapping) and "qkv_proj" in first.get("self_attn", {})
+
+
 def _concat(parts: Sequence[Arr], axis: int) -> Arr:
     if isinstance(parts[0], np.ndarray):
         return np.concatenate(parts, axis=axis)
@@ -49,15 +60,6 @@ def fuse_leaf(parts: Sequence[Arr], grouped: bool, kv_heads: int) -> Arr:
         return _concat([p.reshape(*p.shape[:-1], 1, p.shape[-1]) for p in parts], axis=-2)
     H = parts[-1].shape[-1] // kv_heads  # the key projection: one head per kv head
     return _concat([p.reshape(*p.shape[:-1], kv_heads, -1, H) for p in parts], axis=-2)
-
-
-def fused_shape(part_shapes: Sequence[tuple[int, ...]], grouped: bool, kv_heads: int) -> tuple[int, ...]:
-    """The shape `fuse_leaf` gives for parts of these shapes."""
-    *lead, last = part_shapes[-1]
-    if not grouped:
-        return (*lead, len(part_shapes), last)
-    H = last // kv_heads
-    return (*lead, kv_heads, sum(s[-1] // (kv_heads * H) for s in part_shapes), H)
 
 
 def part_widths(fused_shape: Sequence[int], fused: Fused) -> tuple[int, ...]:
@@ -84,8 +86,8 @@ def _is_mapping(x: object) -> bool:
 
 
 def _convert(tree: object, at_dict: Callable[[dict[str, object]], dict[str, object]]) -> object:
-    """`tree` with every dict (innermost first) replaced by `at_dict(dict)`: params, and the optimizer state's
-    per-parameter trees (Adam's moments) inside optax's tuples."""
+    """`tree` with every dict (innermost first) replaced by `at_dict(dict)`, through tuples, lists and
+    NamedTuples (a tree that holds parameter trees, as optax's states do)."""
     if isinstance(tree, Mapping):
         return at_dict({str(k): _convert(v, at_dict) for k, v in tree.items()})
     if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a NamedTuple (optax's states)
@@ -114,10 +116,8 @@ def fuse_tree(tree: object, kv_heads: int) -> object:
     return _convert(tree, at_dict)
 
 
-def unfuse_tree(tree: object, split_leaf: Callable[[object, Fused], list[object]] | None = None) -> object:
-    """`fuse_tree` undone: the separate projections, as Hugging Face stores them. `split_leaf` splits one fused
-    leaf (default: an array's `unfuse_leaf`; `unfuse_struct` for a tree of ShapeDtypeStructs)."""
-    split_one = split_leaf or unfuse_leaf
+def unfuse_tree(tree: object) -> object:
+    """`fuse_tree` undone: the separate projections, as Hugging Face stores them."""
 
     def at_dict(node: dict[str, object]) -> dict[str, object]:
         for f in FUSED:
@@ -125,59 +125,9 @@ def unfuse_tree(tree: object, split_leaf: Callable[[object, Fused], list[object]
             if not isinstance(fused, Mapping):
                 continue
             del node[f.name]
-            split = {key: split_one(leaf, f) for key, leaf in fused.items()}
+            split = {key: unfuse_leaf(leaf, f) for key, leaf in fused.items()}
             for i, p in enumerate(f.parts):
                 node[p] = {key: parts[i] for key, parts in split.items()}
         return node
 
     return _convert(tree, at_dict)
-
-
-def unfuse_struct(x: object, fused: Fused) -> list[object]:
-    """`unfuse_leaf` for a ShapeDtypeStruct: each part's shape, sharded like the fused leaf without its part
-    axis (a kv-head split becomes a split of the part's K * X * H columns by whole kv heads)."""
-    assert isinstance(x, jax.ShapeDtypeStruct), type(x)
-    shapes = [p.shape for p in jax.eval_shape(lambda a: unfuse_leaf(a, fused), x)]
-    placement = x.sharding
-    if isinstance(placement, jax.sharding.NamedSharding):
-        spec = tuple(placement.spec) + (None,) * (len(x.shape) - len(placement.spec))
-        kept = spec[:-2] if fused.grouped else (*spec[:-2], spec[-1])
-        placement = jax.sharding.NamedSharding(placement.mesh, jax.sharding.PartitionSpec(*kept))
-    return [jax.ShapeDtypeStruct(s, x.dtype, sharding=placement) for s in shapes]
-
-
-def fused_path(path: str) -> tuple[str, Fused, int] | None:
-    """(the fused leaf's path, its Fused row, the part's index) for a separate projection's "/"-joined path."""
-    for f in FUSED:
-        for i, p in enumerate(f.parts):
-            marker = f"/{f.module}/{p}/"
-            if marker in path:
-                return path.replace(marker, f"/{f.module}/{f.name}/"), f, i
-    return None
-
-
-def _bounds(index: slice, dim: int) -> tuple[int, int]:
-    r = range(dim)[index]
-    return r.start, r.stop
-
-
-def fused_reader(shape: tuple[int, ...], fused: Fused, readers: Sequence[Reader]) -> Reader:
-    """Read a block of a fused leaf of `shape` from the separate projections' readers (each: a block of its own
-    leaf by index, None for the whole): a device reads only the kv heads or MLP columns its shard holds."""
-
-    def read(index: tuple[slice, ...] | None) -> np.ndarray:
-        index = index or (slice(None),) * len(shape)
-        lead = index[:-3] if fused.grouped else index[:-2]
-        if not fused.grouped:  # [..., 2, F]: the parts in this block, each with its columns
-            first, stop = _bounds(index[-2], shape[-2])
-            blocks = [readers[i]((*lead, index[-1])) for i in range(first, stop)]
-            return np.concatenate([b[..., None, :] for b in blocks], axis=-2)
-        k0, k1 = _bounds(index[-3], shape[-3])  # [..., K, G + 2, H]: whole kv heads of every part
-        H = shape[-1]
-        blocks = []
-        for width, part in zip(part_widths(shape, fused), readers, strict=True):
-            block = part((*lead, slice(k0 * width * H, k1 * width * H)))
-            blocks.append(block.reshape(*block.shape[:-1], k1 - k0, width, H))
-        return np.ascontiguousarray(np.concatenate(blocks, axis=-2)[..., index[-2], index[-1]])
-
-    return read

@@ -2,10 +2,9 @@
 
 `load_pretrained` reads tensors with `safetensors` (no torch) straight into sharded jax Arrays: each
 device's shard is sliced out of the file by `jax.make_array_from_callback`, so a process reads only the
-bytes its own devices hold; q/k/v and gate/up are fused on the way (trainer/model/fusion.py: a device reads
-only its kv heads' or MLP columns' rows of each). A `path_or_repo_id` that is not a local folder is fetched with
+bytes its own devices hold. A `path_or_repo_id` that is not a local folder is fetched with
 huggingface_hub (only on machines with internet). `save_pretrained` writes a folder that transformers'
-`Qwen2ForCausalLM.from_pretrained` loads (the fused projections split back into Hugging Face's tensors).
+`Qwen2ForCausalLM.from_pretrained` loads.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from trainer import sharding
-from trainer.model import fusion
 from trainer.model import params as name_map
 from trainer.model.config import Qwen2Config
 
@@ -61,48 +59,6 @@ def _block(tensor: Any, index: tuple[slice, ...], transpose: bool, dtype: Any) -
     return np.ascontiguousarray(block).astype(dtype)
 
 
-def _source(
-    path: str, tensors: list[Any], transpose: bool, dtype: Any
-) -> tuple[tuple[int, ...], fusion.Reader]:
-    """(shape, block reader) of one Flax leaf in Hugging Face's layout, from its tensors (one per layer when
-    stacked): a block is read by slicing the file, so a process reads only the bytes its own devices hold."""
-    hf_shape = tuple(tensors[0].get_shape())
-    shape = hf_shape[::-1] if transpose else hf_shape
-    stacked = name_map.is_stacked(path)
-    if stacked:
-        shape = (len(tensors), *shape)
-
-    def read(index: tuple[slice, ...] | None) -> np.ndarray:
-        index = index or (slice(None),) * len(shape)  # None: the whole array (jax's callback contract)
-        if not stacked:
-            return _block(tensors[0], index, transpose, dtype)
-        rows = range(len(tensors))[index[0]]  # this shard's layers, each sliced like the 2-D tensor
-        return np.stack([_block(tensors[i], index[1:], transpose, dtype) for i in rows])
-
-    return shape, read
-
-
-def _fused_sources(
-    sources: dict[str, tuple[tuple[int, ...], fusion.Reader]], kv_heads: int
-) -> dict[str, tuple[tuple[int, ...], fusion.Reader]]:
-    """`sources` in the model's layout: the separate projections' leaves replaced by their fused leaf, whose
-    blocks are read from theirs (trainer/model/fusion.py)."""
-    out: dict[str, tuple[tuple[int, ...], fusion.Reader]] = {}
-    groups: dict[str, tuple[fusion.Fused, dict[int, str]]] = {}
-    for path, source in sources.items():
-        hit = fusion.fused_path(path)
-        if hit is None:
-            out[path] = source
-            continue
-        fused, row, i = hit
-        groups.setdefault(fused, (row, {}))[1][i] = path
-    for path, (row, parts) in groups.items():
-        order = [parts[i] for i in range(len(row.parts))]
-        shape = fusion.fused_shape([sources[p][0] for p in order], row.grouped, kv_heads)
-        out[path] = shape, fusion.fused_reader(shape, row, [sources[p][1] for p in order])
-    return out
-
-
 def load_pretrained(
     path_or_repo_id: str | Path,
     *,
@@ -132,11 +88,13 @@ def load_pretrained(
     params: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
         handles = {p: stack.enter_context(safe_open(p, "np")) for p in set(files.values())}
-        sources: dict[str, tuple[tuple[int, ...], fusion.Reader]] = {}
         for path, (names, transpose) in leaves.items():
             tensors = [handles[files[name]].get_slice(name) for name in names]
-            sources[path] = _source(path, tensors, transpose, target)
-        for path, (shape, read) in _fused_sources(sources, config.num_key_value_heads).items():
+            hf_shape = tuple(tensors[0].get_shape())
+            shape = hf_shape[::-1] if transpose else hf_shape
+            stacked = name_map.is_stacked(path)
+            if stacked:
+                shape = (len(tensors), *shape)
             placement: jax.sharding.Sharding
             if mesh is None:
                 placement = SingleDeviceSharding(jax.local_devices()[0])
@@ -144,6 +102,15 @@ def load_pretrained(
                 placement = jax.sharding.NamedSharding(
                     mesh, sharding.param_spec(path, shape, mesh, sharding.head_counts(config))
                 )
+
+            def read(index: tuple[slice, ...] | None, tensors: list[Any] = tensors, stacked: bool = stacked,
+                     transpose: bool = transpose, rank: int = len(shape)) -> np.ndarray:  # fmt: skip
+                index = index or (slice(None),) * rank  # None: the whole array (jax's callback contract)
+                if not stacked:
+                    return _block(tensors[0], index, transpose, target)
+                rows = range(len(tensors))[index[0]]  # this shard's layers, each sliced like the 2-D tensor
+                return np.stack([_block(tensors[i], index[1:], transpose, target) for i in rows])
+
             node = params
             *parents, leaf = path.split("/")
             for key in parents:
@@ -174,9 +141,9 @@ def save_pretrained(
     gather is collective); only process 0 writes, unless every_process (each to its own local folder)."""
     out = Path(out_dir)
     tensors: dict[str, np.ndarray] = {}
-    host = jax.tree_util.tree_map(lambda x: _host_numpy(x).astype(jnp.dtype(config.param_dtype)), params)
-    for key_path, array in jax.tree_util.tree_leaves_with_path(fusion.unfuse_tree(host)):  # HF's layout
+    for key_path, leaf in jax.tree_util.tree_leaves_with_path(params):
         path = sharding.path_str(key_path)
+        array = _host_numpy(leaf).astype(jnp.dtype(config.param_dtype))
         rows = enumerate(array) if name_map.is_stacked(path) else [(None, array)]
         for layer, row in rows:
             name, transpose = name_map.flax_to_hf(path, layer)

@@ -11,6 +11,9 @@ Public API (params is the dict under linen's "params" collection):
   forward_with_kv(...)  prefill: hidden plus every layer's fresh keys/values ([L, B, T, K, H] each)
   decode_step(...)      one token per sequence against the stacked KV cache (trainer/sampling/kv_cache.py)
   (trainer/model/unrolled.py: decode_step_layers, the same with the layers unrolled over per-layer weights)
+Two layouts of the same weights, chosen by the params tree (fusion.is_fused): Hugging Face's separate q/k/v and
+gate/up projections (training), or each fused into one weight and one matmul (the decode layout that
+trainer.layout.decode_layout makes; trainer/model/fusion.py).
 The decoder layers run as one scan over stacked parameters (params["layers"], a leading [L] axis on every
 layer parameter): one compiled layer body, whatever the depth. trainer/model/params.py maps the stack to
 Hugging Face's per-layer tensors.
@@ -79,7 +82,7 @@ class RMSNorm(nn.Module):
 
 class Attention(nn.Module):
     config: Qwen2Config
-    fused: bool = True  # q|k|v as one weight and one matmul (False: HF's three, the tests' reference)
+    fused: bool = False  # q|k|v as one weight and one matmul (the decode layout); else HF's three
 
     def _dense(self, features: int | tuple[int, ...], bias: bool, name: str) -> nn.DenseGeneral:
         c = self.config
@@ -103,13 +106,11 @@ class Attention(nn.Module):
         B, T, _ = x_BTD.shape
         N, K, H = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         G = N // K
-        if (
-            self.fused
-        ):  # one matmul: each kv head's G query heads, its key and its value (trainer/model/fusion.py)
+        if self.fused:  # one matmul: each kv head's G query heads, then its key and value (model/fusion.py)
             qkv = constrain(self._dense((K, G + 2, H), True, "qkv_proj")(x_BTD), *_BTKPH)
             q = constrain(qkv[:, :, :, :G].reshape(B, T, N, H), *_BTNH)
             k, v = (constrain(qkv[:, :, :, G + i], *_BTKH) for i in (0, 1))
-        else:  # Hugging Face's three projections: the reference the fused layout is tested against
+        else:  # Hugging Face's three projections (the training layout)
             q = constrain(self._dense(N * H, True, "q_proj")(x_BTD).reshape(B, T, N, H), *_BTNH)
             k = constrain(self._dense(K * H, True, "k_proj")(x_BTD).reshape(B, T, K, H), *_BTKH)
             v = constrain(self._dense(K * H, True, "v_proj")(x_BTD).reshape(B, T, K, H), *_BTKH)
@@ -157,7 +158,7 @@ class Attention(nn.Module):
 
 class MLP(nn.Module):
     config: Qwen2Config
-    fused: bool = True  # gate|up as one weight and one matmul (False: HF's two, the tests' reference)
+    fused: bool = False  # gate|up as one weight and one matmul (the decode layout); else HF's two
 
     @nn.compact
     def __call__(self, x_BTD: Array) -> Array:
@@ -173,7 +174,7 @@ class MLP(nn.Module):
             gate_up = nn.DenseGeneral((2, c.intermediate_size), name="gate_up_proj", **kw)(x_BTD)
             gate_up = constrain(gate_up, "batch", "length", None, "mlp")
             gate, up = (constrain(gate_up[:, :, i], *_BTF) for i in (0, 1))
-        else:  # Hugging Face's two projections: the reference the fused layout is tested against
+        else:  # Hugging Face's two projections (the training layout)
             gate = constrain(nn.Dense(c.intermediate_size, name="gate_proj", **kw)(x_BTD), *_BTF)
             up = constrain(nn.Dense(c.intermediate_size, name="up_proj", **kw)(x_BTD), *_BTF)
         return constrain(nn.Dense(c.hidden_size, name="down_proj", **kw)(nn.silu(gate) * up), *_BTD)
@@ -190,7 +191,7 @@ class DecoderLayer(nn.Module):
     window: int = 0  # decode: attend over the first `window` cache slots (0: all)
     prompt: int = 0  # decode: the cache's first `prompt` slots, the same in each group of `samples` rows
     samples: int = 1
-    fused: bool = True  # the fused projections (trainer/model/fusion.py)
+    fused: bool = False  # the fused projections of the decode layout (trainer/model/fusion.py)
 
     @nn.compact
     def __call__(
@@ -239,7 +240,7 @@ class Qwen2(nn.Module):
     window: int = 0  # decode: attend over the first `window` cache slots (0: all)
     prompt: int = 0  # decode: the cache's first `prompt` slots, the same in each group of `samples` rows
     samples: int = 1
-    fused: bool = True  # the fused projections (trainer/model/fusion.py); False: HF's layout, tests only
+    fused: bool = False  # the fused projections of the decode layout (trainer/model/fusion.py)
 
     def setup(self) -> None:
         c = self.config
@@ -286,10 +287,7 @@ def init_params(config: Qwen2Config, rng: Array) -> Params:
     ids = jnp.zeros((1, 2), jnp.int32)
     # Shapes from linen, values from NumPy seeded by `rng`: jitting linen's init costs ~7 s of XLA compile
     # on CPU for the 151,936-row vocabulary; NumPy draws the same sizes in a fraction of a second.
-    # Drawn in Hugging Face's layout (separate projections) and then fused: the same seed gives the same
-    # weights as before the projections were fused (trainer/model/fusion.py).
-    fused = jax.eval_shape(lambda: Qwen2(config).init(rng, ids, method=Qwen2.init_all)["params"])
-    shapes = jax.eval_shape(fusion.unfuse_tree, fused)
+    shapes = jax.eval_shape(lambda: Qwen2(config).init(rng, ids, method=Qwen2.init_all)["params"])
     leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
     host = {path_str(kp): np.empty(leaf.shape, np.float32) for kp, leaf in leaves}
     gen = np.random.default_rng(np.asarray(jax.random.key_data(rng)).ravel().tolist())
@@ -310,11 +308,8 @@ def init_params(config: Qwen2Config, rng: Array) -> Params:
             target[...] = gen.standard_normal(target.shape, dtype=np.float32) * np.float32(
                 config.initializer_range
             )
-    unfused = jax.tree_util.tree_unflatten(treedef, [host[path_str(kp)] for kp, _ in leaves])
-    dtype = _dt(config.param_dtype)
-    return cast(Params, jax.tree_util.tree_map(
-        lambda x: jnp.asarray(x, dtype), fusion.fuse_tree(unfused, config.num_key_value_heads)
-    ))  # fmt: skip
+    values = [jnp.asarray(host[path_str(kp)], leaf.dtype) for kp, leaf in leaves]
+    return jax.tree_util.tree_unflatten(treedef, values)
 
 
 def causal_mask(attention_mask_BT: Array) -> Array:
@@ -337,7 +332,7 @@ def forward_hidden(
     params: Params, config: Qwen2Config, input_ids_BT: Array, positions_BT: Array, attention_mask_BT: Array
 ) -> Array:
     """Final-normed hidden states [B, T, D] in the compute dtype (causal, padding keys masked)."""
-    hidden, _ = Qwen2(config).apply(
+    hidden, _ = Qwen2(config, fused=fusion.is_fused(params)).apply(
         {"params": params}, input_ids_BT, positions_BT, self_mask(config, attention_mask_BT)
     )
     return hidden
@@ -348,7 +343,7 @@ def forward_with_kv(
     params: Params, config: Qwen2Config, input_ids_BT: Array, positions_BT: Array, attention_mask_BT: Array
 ) -> tuple[Array, tuple[Array, Array]]:
     """Like forward_hidden, plus every layer's keys and values after RoPE (k_LBTKH, v_LBTKH): the prefill."""
-    out = Qwen2(config, collect_kv=True).apply(
+    out = Qwen2(config, collect_kv=True, fused=fusion.is_fused(params)).apply(
         {"params": params}, input_ids_BT, positions_BT, self_mask(config, attention_mask_BT)
     )
     return cast(tuple[Array, tuple[Array, Array]], out)  # apply() is typed loosely: (hidden, (k, v))
@@ -399,7 +394,8 @@ def decode_step(
     first `prompt` cache slots are the same (one prompt's, `sampler._prefill`), read once per group.
 
     Returns (logits_BTV float32, keys, values) with the cache updated."""
-    out = Qwen2(config, window=window, prompt=prompt, samples=samples).apply(
+    model = Qwen2(config, window=window, prompt=prompt, samples=samples, fused=fusion.is_fused(params))
+    out = model.apply(
         {"params": params}, input_ids_BT, positions_BT, slot_mask_BTS, (keys_LBSKH, values_LBSKH, slot)
     )
     hidden, (keys, values) = cast(tuple[Array, tuple[Array, Array]], out)  # apply() is typed loosely

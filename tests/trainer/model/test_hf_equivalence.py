@@ -30,7 +30,7 @@ def test_logits_match_transformers(model_dir: str, request: pytest.FixtureReques
     folder: Path = request.getfixturevalue(model_dir)
     config, params = load_pretrained(folder, dtype="float32")
     assert config.num_key_value_heads < config.num_attention_heads  # GQA
-    bias = np.asarray(params["layers"]["self_attn"]["qkv_proj"]["bias"])
+    bias = np.asarray(params["layers"]["self_attn"]["q_proj"]["bias"])
     assert np.abs(bias).max() > 0.01  # the biases are exercised, not zeros
 
     ref = transformers.Qwen2ForCausalLM.from_pretrained(

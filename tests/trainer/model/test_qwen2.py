@@ -79,7 +79,7 @@ def test_init_params_is_seeded(tiny_f32: tuple) -> None:
     a = qwen2.init_params(config, jax.random.key(5))
     b = qwen2.init_params(config, jax.random.key(5))
     c = qwen2.init_params(config, jax.random.key(6))
-    leaf = ("layers", "self_attn", "qkv_proj", "kernel")
+    leaf = ("layers", "self_attn", "q_proj", "kernel")
     get = lambda p: np.asarray(p[leaf[0]][leaf[1]][leaf[2]][leaf[3]])  # noqa: E731
     np.testing.assert_array_equal(get(a), get(b))
     assert not np.array_equal(get(a), get(c))
