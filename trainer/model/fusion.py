@@ -18,13 +18,14 @@ Dims as trainer/model/qwen2.py's; in the model's tree every leaf has a leading [
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple, TypeVar, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 Arr = TypeVar("Arr", np.ndarray, jax.Array)
+Tree = TypeVar("Tree")
 
 
 class Fused(NamedTuple):
@@ -98,8 +99,9 @@ def _convert(tree: object, at_dict: Callable[[dict[str, object]], dict[str, obje
     return tree
 
 
-def fuse_tree(tree: object, kv_heads: int) -> object:
-    """A parameter tree (or any tree holding parameter trees) of the separate projections in the fused layout."""
+def fuse_tree(tree: Tree, kv_heads: int) -> Tree:
+    """A parameter tree (or any tree holding parameter trees) of the separate projections in the fused layout
+    (the same kind of container, with new leaves)."""
 
     def at_dict(node: dict[str, object]) -> dict[str, object]:
         for f in FUSED:
@@ -113,10 +115,10 @@ def fuse_tree(tree: object, kv_heads: int) -> object:
             node[f.name] = leaves
         return node
 
-    return _convert(tree, at_dict)
+    return cast(Tree, _convert(tree, at_dict))
 
 
-def unfuse_tree(tree: object) -> object:
+def unfuse_tree(tree: Tree) -> Tree:
     """`fuse_tree` undone: the separate projections, as Hugging Face stores them."""
 
     def at_dict(node: dict[str, object]) -> dict[str, object]:
@@ -130,4 +132,4 @@ def unfuse_tree(tree: object) -> object:
                 node[p] = {key: parts[i] for key, parts in split.items()}
         return node
 
-    return _convert(tree, at_dict)
+    return cast(Tree, _convert(tree, at_dict))

@@ -11,9 +11,8 @@ Public API (params is the dict under linen's "params" collection):
   forward_with_kv(...)  prefill: hidden plus every layer's fresh keys/values ([L, B, T, K, H] each)
   decode_step(...)      one token per sequence against the stacked KV cache (trainer/sampling/kv_cache.py)
   (trainer/model/unrolled.py: decode_step_layers, the same with the layers unrolled over per-layer weights)
-Two layouts of the same weights, chosen by the params tree (fusion.is_fused): Hugging Face's separate q/k/v and
-gate/up projections (training), or each fused into one weight and one matmul (the decode layout that
-trainer.layout.decode_layout makes; trainer/model/fusion.py).
+Two layouts of the weights, picked from the params tree (fusion.is_fused): HF's separate q/k/v and gate/up
+(training), or each fused into one matmul (the decode's copy, trainer.layout.decode_layout; model/fusion.py).
 The decoder layers run as one scan over stacked parameters (params["layers"], a leading [L] axis on every
 layer parameter): one compiled layer body, whatever the depth. trainer/model/params.py maps the stack to
 Hugging Face's per-layer tensors.
@@ -171,8 +170,8 @@ class MLP(nn.Module):
         }
         x_BTD = constrain(x_BTD, "group_rows", "length", "embed")  # trainer.sharding.LOGICAL
         if self.fused:  # one matmul: [B, T, 2, F], the gate's columns then the up projection's
-            gate_up = nn.DenseGeneral((2, c.intermediate_size), name="gate_up_proj", **kw)(x_BTD)
-            gate_up = constrain(gate_up, "batch", "length", None, "mlp")
+            gate_up = constrain(nn.DenseGeneral((2, c.intermediate_size), name="gate_up_proj", **kw)(x_BTD),
+                                "batch", "length", None, "mlp")  # fmt: skip
             gate, up = (constrain(gate_up[:, :, i], *_BTF) for i in (0, 1))
         else:  # Hugging Face's two projections (the training layout)
             gate = constrain(nn.Dense(c.intermediate_size, name="gate_proj", **kw)(x_BTD), *_BTF)
@@ -394,8 +393,7 @@ def decode_step(
     first `prompt` cache slots are the same (one prompt's, `sampler._prefill`), read once per group.
 
     Returns (logits_BTV float32, keys, values) with the cache updated."""
-    model = Qwen2(config, window=window, prompt=prompt, samples=samples, fused=fusion.is_fused(params))
-    out = model.apply(
+    out = Qwen2(config, window=window, prompt=prompt, samples=samples, fused=fusion.is_fused(params)).apply(
         {"params": params}, input_ids_BT, positions_BT, slot_mask_BTS, (keys_LBSKH, values_LBSKH, slot)
     )
     hidden, (keys, values) = cast(tuple[Array, tuple[Array, Array]], out)  # apply() is typed loosely
