@@ -1,5 +1,6 @@
 """Where a training step's programs run: the update on the training mesh (FSDP), the rollout on a decode mesh
-of the same devices with the weights cast once to the compute dtype (trainer.sharding.rollout_mesh).
+of the same devices with the weights cast once to the compute dtype and q/k/v, gate/up fused
+(trainer.sharding.rollout_mesh, trainer/model/fusion.py).
 
 Every jitted program is traced, lowered and run with its mesh in context (`OnMesh`), so the model's
 activation constraints (trainer.sharding.constrain) and the batch-sharded loss kernels apply; trainer.fit
@@ -18,6 +19,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from trainer.model.fusion import fuse_tree
 from trainer.sharding import DCN_AXIS, head_counts, param_shardings, rollout_mesh
 
 
@@ -47,17 +49,34 @@ def rollout_tp(requested: int, kv_heads: int, devices: int) -> int:
 
 
 def decode_layout(mesh: Mesh, mconf: Any, params_like: Any, tp: int) -> tuple[Mesh, OnMesh]:
-    """(decode mesh, jitted params -> compute-dtype copy laid out for decode) over `mesh`'s devices."""
+    """(decode mesh, jitted params -> compute-dtype copy laid out for decode) over `mesh`'s devices. The copy
+    has the attention's q/k/v and the MLP's gate/up fused into one weight each (trainer/model/fusion.py): one
+    matmul each per layer and token."""
     per_slice = mesh.devices.size // mesh.shape[DCN_AXIS]
     kv = mconf.num_key_value_heads
     rmesh = rollout_mesh(mesh, rollout_tp(tp, kv, per_slice), kv)
     dtype = jnp.dtype(mconf.dtype)
-    shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, dtype), params_like)
+    shardings = jax.tree_util.tree_map(lambda x: x.sharding, decode_params_like(mconf, params_like, rmesh))
     cast = jax.jit(
-        lambda p: jax.tree_util.tree_map(lambda x: x.astype(dtype), p),
-        out_shardings=param_shardings(shapes, rmesh, head_counts(mconf)),
+        lambda p: fuse_tree(jax.tree_util.tree_map(lambda x: x.astype(dtype), p), kv),
+        out_shardings=shardings,
     )
     return rmesh, OnMesh(cast, rmesh)
+
+
+def decode_params_like(mconf: Any, params_like: Any, rmesh: Mesh) -> Any:
+    """ShapeDtypeStructs of `decode_layout`'s copy of `params_like` (the training layout): fused, in the
+    compute dtype, laid out on the decode mesh `rmesh`."""
+    dtype = jnp.dtype(mconf.dtype)
+    shapes = jax.eval_shape(
+        lambda p: fuse_tree(p, mconf.num_key_value_heads),
+        jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, dtype), params_like),
+    )
+    return jax.tree_util.tree_map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        shapes,
+        param_shardings(shapes, rmesh, head_counts(mconf)),
+    )
 
 
 def opt_state_shardings(opt: optax.GradientTransformation, params_like: Any, mesh: Mesh) -> Any:

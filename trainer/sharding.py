@@ -68,6 +68,12 @@ LOGICAL: dict[str, Any] = {
 PARAM_RULES: tuple[tuple[str, P], ...] = (
     (r"embed_tokens/embedding", P(TP_GROUP, "fsdp")),  # [V, D]
     # Decoder layers are stacked ([L, ...], the layer scan's input): the layer axis is never split.
+    # The fused projections (trainer/model/fusion.py) split over tp along the kv heads or the MLP columns, never
+    # along their part axis: each device's slice holds matching q, k and v heads, or gate and up columns.
+    (r"layers/self_attn/qkv_proj/kernel", P(None, "fsdp", "tp", None, None)),  # [L, D, K, G + 2, H]
+    (r"layers/self_attn/qkv_proj/bias", P(None, "tp", None, None)),  # [L, K, G + 2, H]
+    (r"layers/mlp/gate_up_proj/kernel", P(None, "fsdp", None, TP_GROUP)),  # [L, D, 2, F]
+    # Hugging Face's separate projections (the unfused reference model of the tests).
     (r"layers/self_attn/[qkv]_proj/kernel", P(None, "fsdp", "tp")),  # [L, D, heads*H]
     (r"layers/self_attn/[qkv]_proj/bias", P(None, "tp")),
     (r"layers/self_attn/o_proj/kernel", P(None, "tp", "fsdp")),  # [L, N*H, D]
@@ -131,6 +137,7 @@ def _fit(spec: P, shape: tuple[int, ...], mesh: Any) -> P:
 
 
 # The attention projections' head dims ([qkv]_proj's output, o_proj's input): "q" counts query heads, "kv" kv heads.
+# (The fused qkv_proj splits along its kv-head axis, which `_fit` keeps whole by itself.)
 _HEAD_DIMS = re.compile(r"layers/self_attn/(?:(?P<q>[qo])|(?P<kv>[kv]))_proj/(?:kernel|bias)")
 
 

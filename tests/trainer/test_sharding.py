@@ -120,6 +120,12 @@ def test_a_decode_group_wider_than_the_kv_heads_splits_them_by_head_and_by_seque
     assert same(sharding.logical_spec(("batch", "length", "mlp"), (16, 1, F), rmesh), "dp", None, group)
     assert same(sharding.logical_spec(("group_rows", "length", "embed"), (16, 1, D), rmesh), "dp")
     assert sharding.vocab_ways(V, rmesh) == 4 and sharding.batch_devices(rmesh) == 4
+    # The fused q|k|v [L, D, K, G + 2, H] and gate|up [L, D, 2, F]: split along the kv heads / the MLP columns,
+    # never along their part axis, so each device holds its kv head's q, k and v, and matching gate and up columns.
+    G = N // K
+    assert same(spec("layers/self_attn/qkv_proj/kernel", (4, D, K, G + 2, H)), None, None, "tp", None, None)
+    assert same(spec("layers/self_attn/qkv_proj/bias", (4, K, G + 2, H)), None, "tp", None, None)
+    assert same(spec("layers/mlp/gate_up_proj/kernel", (4, D, 2, F)), None, None, None, group)
     # Meshes without tps are as before: the training mesh's rules do not name it.
     mesh = sharding.make_mesh(1, 4, 2)
     assert sharding.param_spec("layers/mlp/gate_proj/kernel", (4, D, F), mesh) == P(None, "fsdp", "tp")

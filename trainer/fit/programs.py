@@ -29,7 +29,7 @@ from jax.sharding import PartitionSpec as P
 
 from trainer.config import Config
 from trainer.kernels import resolve_impl
-from trainer.layout import OnMesh, decode_layout, opt_state_shardings
+from trainer.layout import OnMesh, decode_layout, decode_params_like, opt_state_shardings
 from trainer.loop.programs import make_ref_logp, make_update, optimizer
 from trainer.model import flash
 from trainer.model.config import Qwen2Config, preset
@@ -142,10 +142,7 @@ def _rollout(
     resident = device_bytes(params) + device_bytes(opt_state)
     programs: list[Program] = []
     programs.append(Program("decode_cast", to_decode.lower(params), device_bytes(opt_state)))
-    rparams = jax.tree_util.tree_map(lambda x: _sds(x.shape, jnp.dtype(mconf.dtype), None), params)
-    rparams = jax.tree_util.tree_map(
-        lambda x, s: _sds(x.shape, x.dtype, s), rparams, param_shardings(rparams, rmesh, head_counts(mconf))
-    )
+    rparams = decode_params_like(mconf, params, rmesh)  # what to_decode makes: fused, compute dtype
     sampling = sampler.for_rollout(cfg.rollout, "tpu")  # the layer loop the run picks on a TPU
     # The prefill's attention as the run picks it for the largest bucket (trainer.loop.rollout).
     mconf = mconf.replace(attention=flash.resolve(cfg.train.attention_impl, P_len, strict=False))

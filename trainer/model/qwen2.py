@@ -11,6 +11,8 @@ Public API (params is the dict under linen's "params" collection):
   forward_with_kv(...)  prefill: hidden plus every layer's fresh keys/values ([L, B, T, K, H] each)
   decode_step(...)      one token per sequence against the stacked KV cache (trainer/sampling/kv_cache.py)
   (trainer/model/unrolled.py: decode_step_layers, the same with the layers unrolled over per-layer weights)
+Two layouts of the weights, picked from the params tree (fusion.is_fused): HF's separate q/k/v and gate/up
+(training), or each fused into one matmul (the decode's copy, trainer.layout.decode_layout; model/fusion.py).
 The decoder layers run as one scan over stacked parameters (params["layers"], a leading [L] axis on every
 layer parameter): one compiled layer body, whatever the depth. trainer/model/params.py maps the stack to
 Hugging Face's per-layer tensors.
@@ -31,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
+from trainer.model import fusion
 from trainer.model.attention import (
     apply_rope,
     attend,
@@ -55,6 +58,7 @@ Params = dict[str, Any]
 _BTD = ("batch", "length", "embed")
 _BTNH = ("batch", "length", "heads", "head_dim")
 _BTKH = ("batch", "length", "kv_heads", "head_dim")
+_BTKPH = ("batch", "length", "kv_heads", None, "head_dim")  # the fused q|k|v: [B, T, K, G + 2, H]
 _BTF = ("batch", "length", "mlp")
 
 
@@ -77,12 +81,13 @@ class RMSNorm(nn.Module):
 
 class Attention(nn.Module):
     config: Qwen2Config
+    fused: bool = False  # q|k|v as one weight and one matmul (the decode layout); else HF's three
 
-    def _dense(self, features: int, bias: bool, name: str) -> nn.Dense:
+    def _dense(self, features: int | tuple[int, ...], bias: bool, name: str) -> nn.DenseGeneral:
         c = self.config
         init = nn.initializers.normal(c.initializer_range)
         # Non-zero bias init so that tests exercise the q/k/v biases (HF initialises them to zero).
-        return nn.Dense(
+        return nn.DenseGeneral(
             features, use_bias=bias, dtype=_dt(c.dtype), param_dtype=_dt(c.param_dtype),
             kernel_init=init, bias_init=init, name=name,
         )  # fmt: skip
@@ -99,9 +104,15 @@ class Attention(nn.Module):
         c = self.config
         B, T, _ = x_BTD.shape
         N, K, H = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        q = constrain(self._dense(N * H, True, "q_proj")(x_BTD).reshape(B, T, N, H), *_BTNH)
-        k = constrain(self._dense(K * H, True, "k_proj")(x_BTD).reshape(B, T, K, H), *_BTKH)
-        v = constrain(self._dense(K * H, True, "v_proj")(x_BTD).reshape(B, T, K, H), *_BTKH)
+        G = N // K
+        if self.fused:  # one matmul: each kv head's G query heads, then its key and value (model/fusion.py)
+            qkv = constrain(self._dense((K, G + 2, H), True, "qkv_proj")(x_BTD), *_BTKPH)
+            q = constrain(qkv[:, :, :, :G].reshape(B, T, N, H), *_BTNH)
+            k, v = (constrain(qkv[:, :, :, G + i], *_BTKH) for i in (0, 1))
+        else:  # Hugging Face's three projections (the training layout)
+            q = constrain(self._dense(N * H, True, "q_proj")(x_BTD).reshape(B, T, N, H), *_BTNH)
+            k = constrain(self._dense(K * H, True, "k_proj")(x_BTD).reshape(B, T, K, H), *_BTKH)
+            v = constrain(self._dense(K * H, True, "v_proj")(x_BTD).reshape(B, T, K, H), *_BTKH)
         mesh = jax.sharding.get_abstract_mesh()
         by_sequence = kv is not None and not mesh.empty and not heads_split(K, mesh)
         if by_sequence:
@@ -146,6 +157,7 @@ class Attention(nn.Module):
 
 class MLP(nn.Module):
     config: Qwen2Config
+    fused: bool = False  # gate|up as one weight and one matmul (the decode layout); else HF's two
 
     @nn.compact
     def __call__(self, x_BTD: Array) -> Array:
@@ -157,8 +169,13 @@ class MLP(nn.Module):
             "kernel_init": nn.initializers.normal(c.initializer_range),
         }
         x_BTD = constrain(x_BTD, "group_rows", "length", "embed")  # trainer.sharding.LOGICAL
-        gate = constrain(nn.Dense(c.intermediate_size, name="gate_proj", **kw)(x_BTD), *_BTF)
-        up = constrain(nn.Dense(c.intermediate_size, name="up_proj", **kw)(x_BTD), *_BTF)
+        if self.fused:  # one matmul: [B, T, 2, F], the gate's columns then the up projection's
+            gate_up = constrain(nn.DenseGeneral((2, c.intermediate_size), name="gate_up_proj", **kw)(x_BTD),
+                                "batch", "length", None, "mlp")  # fmt: skip
+            gate, up = (constrain(gate_up[:, :, i], *_BTF) for i in (0, 1))
+        else:  # Hugging Face's two projections (the training layout)
+            gate = constrain(nn.Dense(c.intermediate_size, name="gate_proj", **kw)(x_BTD), *_BTF)
+            up = constrain(nn.Dense(c.intermediate_size, name="up_proj", **kw)(x_BTD), *_BTF)
         return constrain(nn.Dense(c.hidden_size, name="down_proj", **kw)(nn.silu(gate) * up), *_BTD)
 
 
@@ -173,6 +190,7 @@ class DecoderLayer(nn.Module):
     window: int = 0  # decode: attend over the first `window` cache slots (0: all)
     prompt: int = 0  # decode: the cache's first `prompt` slots, the same in each group of `samples` rows
     samples: int = 1
+    fused: bool = False  # the fused projections of the decode layout (trainer/model/fusion.py)
 
     @nn.compact
     def __call__(
@@ -190,10 +208,10 @@ class DecoderLayer(nn.Module):
             "param_dtype": _dt(c.param_dtype),
         }
         h = RMSNorm(name="input_layernorm", **norm)(x_BTD)
-        attn_out, new_kv = Attention(c, name="self_attn")(h, cos_BTH, sin_BTH, mask_BTS, kv)
+        attn_out, new_kv = Attention(c, self.fused, name="self_attn")(h, cos_BTH, sin_BTH, mask_BTS, kv)
         x_BTD = x_BTD + attn_out
         h = RMSNorm(name="post_attention_layernorm", **norm)(x_BTD)
-        x_BTD = constrain(x_BTD + MLP(c, name="mlp")(h), *_BTD)
+        x_BTD = constrain(x_BTD + MLP(c, self.fused, name="mlp")(h), *_BTD)
         if slot is None:
             return x_BTD, (new_kv if self.collect_kv else None)
         return (x_BTD, *new_kv), None
@@ -221,6 +239,7 @@ class Qwen2(nn.Module):
     window: int = 0  # decode: attend over the first `window` cache slots (0: all)
     prompt: int = 0  # decode: the cache's first `prompt` slots, the same in each group of `samples` rows
     samples: int = 1
+    fused: bool = False  # the fused projections of the decode layout (trainer/model/fusion.py)
 
     def setup(self) -> None:
         c = self.config
@@ -234,7 +253,7 @@ class Qwen2(nn.Module):
         self.layers = nn.scan(
             layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
             in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
-        )(c, self.collect_kv, self.window, self.prompt, self.samples, name="layers")  # fmt: skip
+        )(c, self.collect_kv, self.window, self.prompt, self.samples, self.fused, name="layers")  # fmt: skip
         self.norm = RMSNorm(c.rms_norm_eps, _dt(c.dtype), _dt(c.param_dtype))
         if not c.tie_word_embeddings:
             self.lm_head = nn.Dense(
@@ -312,7 +331,7 @@ def forward_hidden(
     params: Params, config: Qwen2Config, input_ids_BT: Array, positions_BT: Array, attention_mask_BT: Array
 ) -> Array:
     """Final-normed hidden states [B, T, D] in the compute dtype (causal, padding keys masked)."""
-    hidden, _ = Qwen2(config).apply(
+    hidden, _ = Qwen2(config, fused=fusion.is_fused(params)).apply(
         {"params": params}, input_ids_BT, positions_BT, self_mask(config, attention_mask_BT)
     )
     return hidden
@@ -323,7 +342,7 @@ def forward_with_kv(
     params: Params, config: Qwen2Config, input_ids_BT: Array, positions_BT: Array, attention_mask_BT: Array
 ) -> tuple[Array, tuple[Array, Array]]:
     """Like forward_hidden, plus every layer's keys and values after RoPE (k_LBTKH, v_LBTKH): the prefill."""
-    out = Qwen2(config, collect_kv=True).apply(
+    out = Qwen2(config, collect_kv=True, fused=fusion.is_fused(params)).apply(
         {"params": params}, input_ids_BT, positions_BT, self_mask(config, attention_mask_BT)
     )
     return cast(tuple[Array, tuple[Array, Array]], out)  # apply() is typed loosely: (hidden, (k, v))
@@ -374,7 +393,7 @@ def decode_step(
     first `prompt` cache slots are the same (one prompt's, `sampler._prefill`), read once per group.
 
     Returns (logits_BTV float32, keys, values) with the cache updated."""
-    out = Qwen2(config, window=window, prompt=prompt, samples=samples).apply(
+    out = Qwen2(config, window=window, prompt=prompt, samples=samples, fused=fusion.is_fused(params)).apply(
         {"params": params}, input_ids_BT, positions_BT, slot_mask_BTS, (keys_LBSKH, values_LBSKH, slot)
     )
     hidden, (keys, values) = cast(tuple[Array, tuple[Array, Array]], out)  # apply() is typed loosely

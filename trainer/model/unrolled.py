@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
+from trainer.model import fusion
 from trainer.model.config import Qwen2Config
 from trainer.model.qwen2 import _BTD, DecoderLayer, Params, RMSNorm, _dt, logits_from_hidden, rope_cos_sin
 from trainer.sharding import constrain, lookup_layout
@@ -42,7 +43,7 @@ def decode_step_layers(
     table_VD = lookup_layout(params["embed_tokens"]["embedding"]).astype(_dt(c.dtype))
     x_BTD = constrain(jnp.take(table_VD, input_ids_BT, axis=0), *_BTD)
     cos, sin = rope_cos_sin(positions_BT, c)
-    layer = DecoderLayer(c, window=window, prompt=prompt, samples=samples)
+    layer = DecoderLayer(c, window=window, prompt=prompt, samples=samples, fused=fusion.is_fused(params))
     new: list[tuple[Array, Array]] = []
     for p_l, kv_l in zip(params["layers"], caches, strict=True):
         (x_BTD, *kv), _ = layer.apply(
