@@ -365,3 +365,42 @@ def test_any_is_rare_outside_the_emulator() -> None:
         f"{len(found)} lines name Any in tpuops/ outside the emulator (at most {MAX_ANY - 1}): a TypedDict or a "
         "dataclass for a JSON shape, `object` and narrowing for a value truly unknown:\n" + "\n".join(found)
     )
+
+
+MAX_BODY = (
+    60  # lines of a function's body (its signature and docstring aside) before it is split by what it does
+)
+
+
+def long_functions(root: Path) -> list[str]:
+    """`path:name (n lines)` of each function in tpuops/ (the emulator aside) whose body is over MAX_BODY lines."""
+    out = []
+    for path in sorted((root / "tpuops").rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("tpuops/cloud/emulator/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            body = node.body
+            if len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                body = body[1:]  # the docstring
+            lines = (node.end_lineno or node.lineno) - body[0].lineno + 1
+            if lines > MAX_BODY:
+                out.append(f"{rel}:{node.name} ({lines} lines)")
+    return out
+
+
+def test_the_function_bound_is_measured(tmp_path: Path) -> None:
+    (tmp_path / "tpuops").mkdir()
+    long_body = "\n".join(f"    x{i} = {i}" for i in range(MAX_BODY + 1))
+    short_body = "\n".join(f"    y{i} = {i}" for i in range(MAX_BODY))
+    (tmp_path / "tpuops" / "m.py").write_text(
+        f'def long():\n    """Doc."""\n{long_body}\n\n\ndef short(\n    a: int,\n):\n    """Doc."""\n{short_body}\n'
+    )
+    assert long_functions(tmp_path) == [f"tpuops/m.py:long ({MAX_BODY + 1} lines)"]
+
+
+def test_no_function_body_is_over_the_bound() -> None:
+    over = long_functions(ROOT)
+    assert not over, f"split by what each part does (a body of at most {MAX_BODY} lines): {over}"
