@@ -62,12 +62,20 @@ class RolloutConfig:
     # The decode's layer loop: scan (one layer body over the stacked weights), unrolled (one body per layer over
     # per-layer buffers: XLA:GPU copies a stack's layer slice before each matmul), auto (unrolled on GPU only).
     decode_layers: Literal["auto", "scan", "unrolled"] = "auto"
+    # Decode positions between two end-of-sequence checks: the decode loop tests "is every sequence done?" once
+    # per this many positions (on a GPU each test copies a flag to the host and waits for it). Positions run
+    # after every sequence is done change no token, log-prob or length; 1 = a test after every position.
+    eos_check_every: int = 1
 
     def __post_init__(self) -> None:
         _check(self.tp >= 0, f"rollout.tp must be >= 0 (0 = auto), received {self.tp}")
         _check(
             self.attention_block >= 0,
             f"rollout.attention_block must be >= 0 (0 = the whole cache), received {self.attention_block}",
+        )
+        _check(
+            self.eos_check_every >= 1,
+            f"rollout.eos_check_every must be >= 1 (1 = after every position), received {self.eos_check_every}",
         )
         _check(
             self.samples_per_prompt >= 2,

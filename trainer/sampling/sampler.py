@@ -5,7 +5,8 @@ generate() dispatches two jitted functions, `_prefill` and `_decode`; both are c
 (batch, bucket, config, sampling), so a run compiles each once per bucket. With `samples` G > 1 the rows come
 in groups of G copies of one prompt (GRPO's samples per prompt): the prefill runs each prompt once and hands
 its KV cache and first-token logits to the group's G rows. There is no
-Python loop and no host sync per token; the loop stops early once every sequence has emitted an EOS id.
+Python loop; the loop stops early once every sequence has emitted an EOS id, tested every `eos_every` positions
+(a GPU copies each test's flag to the host: `_decode`).
 `logprobs_BC` is the log-probability of each sampled token under the distribution that drew it: the
 temperature-scaled softmax after top-k/top-p filtering (greedy: the unfiltered temperature-scaled one).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import flax.struct
@@ -38,7 +40,7 @@ def for_rollout(rollout: RolloutConfig, platform: str, greedy: bool = False) -> 
     r = rollout
     return SamplingConfig(
         r.max_new_tokens, r.temperature, r.top_k, r.top_p, greedy=greedy, block=r.attention_block,
-        layers=layers_for(r.decode_layers, platform),
+        layers=layers_for(r.decode_layers, platform), eos_every=r.eos_check_every,
     )  # fmt: skip
 
 
@@ -173,7 +175,10 @@ def _decode(
     With `sampling.layers` "unrolled" the loops carry the weights and the cache as per-layer buffers (`qwen2.
     unstack_layers`; the cache as one [1, B, S, K, H] keys/values pair per layer), and the cache is stacked again
     at the end: the returned state is the scan's, slot for slot. With `samples` G > 1 (the state from `_prefill`
-    with the same G) each group's prompt slots are read from its first row only (`qwen2.attend_shared_prompt`)."""
+    with the same G) each group's prompt slots are read from its first row only (`qwen2.attend_shared_prompt`).
+    With `sampling.eos_every` k > 1 a segment of n positions is a loop of n // k trips of k positions each, then
+    one trip of the n % k left (`_positions`), each trip only while a sequence is not done: the test runs once per
+    k positions, and the returned state is the one k = 1 returns (tokens, log-probs, mask, step, cache)."""
     P = state.cache.length - sampling.max_new_tokens
     stacked = state.cache
     if sampling.layers == "unrolled":  # per-layer buffers for the whole loop: one copy of weights and cache
@@ -189,18 +194,72 @@ def _decode(
             window=P + end if sampling.block else 0, prompt=P, samples=samples,
         )  # fmt: skip
 
-        def cond(c: tuple[Array, DecodeState], n: int = end - start) -> Array:
-            return (c[0] < n) & ~jnp.all(c[1].done_B)
-
-        def body(c: tuple[Array, DecodeState], one: Any = one) -> tuple[Array, DecodeState]:
-            return c[0] + 1, one(c[1])
-
-        state = jax.lax.while_loop(cond, body, (jnp.int32(0), state))[1]
+        k, n = sampling.eos_every, end - start
+        if k == 1:
+            state = _checked_loop(one, n, state)
+            continue
+        if n // k:
+            state = _checked_loop(functools.partial(_positions, one, k), n // k, state)
+        if n % k:
+            state = _checked_loop(functools.partial(_positions, one, n % k), 1, state)
     if sampling.layers == "unrolled":
         state = state.replace(cache=state.cache.replace(
             keys=jnp.concatenate(state.cache.keys, axis=0), values=jnp.concatenate(state.cache.values, axis=0)
         ))  # fmt: skip
+    if sampling.eos_every > 1:
+        state = state.replace(cache=_clear_next_slot(state.cache))
     return state
+
+
+def _checked_loop(run: Callable[[DecodeState], DecodeState], trips: int, state: DecodeState) -> DecodeState:
+    """`run` up to `trips` times, each only while some sequence is not done: one lax.while_loop whose counter
+    counts from 0 to `trips` (the trip count trainer.fit.hlo reads; the test of `done` is its data part)."""
+
+    def cond(c: tuple[Array, DecodeState]) -> Array:
+        return (c[0] < trips) & ~jnp.all(c[1].done_B)
+
+    def body(c: tuple[Array, DecodeState]) -> tuple[Array, DecodeState]:
+        return c[0] + 1, run(c[1])
+
+    return jax.lax.while_loop(cond, body, (jnp.int32(0), state))[1]
+
+
+def _positions(one: Callable[[DecodeState], DecodeState], k: int, state: DecodeState) -> DecodeState:
+    """`k` decode positions in a row (a fori_loop: one position's body to compile) with no test of `done`
+    between them. A position run after every sequence is done records what the state already holds (pad,
+    mask 0, log-prob 0 in a column not yet written) and its counters are put back (`_frozen_if_done`), so the
+    state is the one the loop would have stopped with, but for the cache slot it wrote (`_clear_next_slot`)."""
+    return jax.lax.fori_loop(0, k, lambda _, s: _frozen_if_done(s, one(s)), state)
+
+
+def _frozen_if_done(before: DecodeState, after: DecodeState) -> DecodeState:
+    """`after`, or, when every sequence was done `before` it, `after` with the counters and the RNG of `before`
+    (step, positions, cache index: the position then ran in place, writing the one slot `index` points at)."""
+    done = jnp.all(before.done_B)
+
+    def keep(old: Array, new: Array) -> Array:
+        return jnp.where(done, old, new)
+
+    return after.replace(
+        step=keep(before.step, after.step), rng=keep(before.rng, after.rng),
+        positions_B=keep(before.positions_B, after.positions_B),
+        cache=after.cache.replace(index=keep(before.cache.index, after.cache.index)),
+    )  # fmt: skip
+
+
+def _clear_next_slot(cache: KVCache) -> KVCache:
+    """The cache with slot `index` unwritten again (zero keys and values, mask False), as a loop that stopped
+    there leaves it: positions run after every sequence was done all wrote that slot. The decode feeds at most
+    C - 1 tokens, so index <= S - 1 and the slot is always in the cache."""
+
+    def clear(buf: Array, axis: int) -> Array:
+        shape = list(buf.shape)
+        shape[axis] = 1
+        return jax.lax.dynamic_update_slice_in_dim(buf, jnp.zeros(shape, buf.dtype), cache.index, axis)
+
+    return cache.replace(
+        keys=clear(cache.keys, 2), values=clear(cache.values, 2), mask_BS=clear(cache.mask_BS, 1)
+    )
 
 
 def _sample(logits_BV: Array, rng: Array, sampling: SamplingConfig, mesh: Mesh | None) -> tuple[Array, Array]:

@@ -26,6 +26,9 @@ class SamplingConfig:
     # body per layer over per-layer buffers: what XLA:GPU needs to read weights and cache rows without copying
     # them; `layers_for` picks by platform).
     layers: str = "scan"
+    # Decode positions between two end-of-sequence checks: the loop's condition (on a GPU, a copy to the host
+    # each time) runs once per `eos_every` positions; positions run after every row is done change nothing.
+    eos_every: int = 1
 
     def __post_init__(self) -> None:
         if self.max_new_tokens <= 0:
@@ -40,6 +43,8 @@ class SamplingConfig:
             raise ValueError(f"top_p must be in (0, 1], received {self.top_p}")
         if self.block < 0:
             raise ValueError(f"block must be >= 0 (0 = the whole cache), received {self.block}")
+        if self.eos_every < 1:
+            raise ValueError(f"eos_every must be >= 1 (1 = every position), received {self.eos_every}")
         if self.layers not in LAYER_LOOPS:
             raise ValueError(f"layers must be one of {', '.join(LAYER_LOOPS)}, received {self.layers!r}")
 
