@@ -17,7 +17,10 @@ Settings (environment): DEVICE_STEP_SIZES (tiny,0.5b,1.5b,3b; also 3b-seed: the 
 tokens, its attention windows), DEVICE_STEP_PROMPTS (16), DEVICE_STEP_SAMPLES (8), DEVICE_STEP_PROMPT_LEN
 (512), DEVICE_STEP_NEW_TOKENS (512), DEVICE_STEP_STEPS (3), DEVICE_STEP_MICRO (per size: 16, 16, 8; halved
 until the update's compiled memory fits), DEVICE_STEP_BUDGET_S (450), DEVICE_STEP_LAYERS (the decode's layer
-loop, `rollout.decode_layers`: auto, scan or unrolled; auto is unrolled on a GPU).
+loop, `rollout.decode_layers`: auto, scan or unrolled; auto is unrolled on a GPU), DEVICE_STEP_SETS (more
+trainer `--set` overrides, space-separated, applied last: a variant such as `rollout.eos_check_every=8`),
+DEVICE_STEP_XLA_FLAGS (appended to XLA_FLAGS in each size's process: a compiler variant). Both are kept in the
+result and, as every DEVICE_STEP_* setting, in the record's command.
 """
 
 from __future__ import annotations
@@ -218,7 +221,9 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
         "log.wandb=disabled", "eval.every=0",
         f"rollout.decode_layers={os.environ.get('DEVICE_STEP_LAYERS', 'auto')}",
         "rollout.tp=0",  # the layout for the devices at hand (the presets name a TPU slice's tp)
+        *os.environ.get("DEVICE_STEP_SETS", "").split(),  # a variant's overrides, last so they win
     ]  # fmt: skip
+    rec.put(sets=os.environ.get("DEVICE_STEP_SETS", ""), xla_flags=os.environ.get("XLA_FLAGS", ""))
     cfg = config.load(SIZES[size][0], sets)
     mconf = model_shapes(size, dtype)
     mesh = training_mesh(cfg, jax.devices())
@@ -241,7 +246,7 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
     rmesh, to_decode = decode_layout(mesh, mconf, params, cfg.rollout.tp)
     impl = resolve_impl(cfg.train.loss_impl, jax.default_backend())
     sampling = sampler.for_rollout(cfg.rollout, jax.default_backend())
-    rec.put(decode_layers=sampling.layers)
+    rec.put(decode_layers=sampling.layers, eos_check_every=sampling.eos_every)
     rng = np.random.default_rng(1)
 
     # The update, compiled ahead of time so its memory is known before it runs: halve the micro-batch until
@@ -438,6 +443,10 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")
+    if extra := os.environ.get(
+        "DEVICE_STEP_XLA_FLAGS", ""
+    ).strip():  # read by XLA when the size's process starts
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {extra}".strip()
     start = time.time()
     report: dict[str, Any] = {"commit": commit(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                               "budget_s": budget, "sizes": []}  # fmt: skip

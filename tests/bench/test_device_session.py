@@ -1,0 +1,67 @@
+"""bench/device_session.sh, the one command of a device session: its plan (probe, the seed's workload before,
+each decode change as its own variant, tunix) fits its budget, and its CPU mode writes one record per seed run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "bench" / "device_session.sh"
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHON": sys.executable, "PYTHONPATH": str(REPO),
+           "DEVICE_SESSION_RESULTS": str(tmp_path / "results"), **extra}  # fmt: skip
+    for k in ("XLA_FLAGS", "DEVICE_STEP_RESULTS", "DEVICE_STEP_SETS", "DEVICE_STEP_XLA_FLAGS", "OUT"):
+        env.pop(k, None)
+    return env
+
+
+def _plan(tmp_path: Path, **extra: str) -> tuple[list[tuple[str, int, str]], int]:
+    r = subprocess.run(["bash", str(SCRIPT)], env=_env(tmp_path, DEVICE_SESSION_PLAN="1", **extra),
+                       capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+    lines = r.stdout.splitlines()
+    parts = [(w[1], int(w[2]), w[3]) for w in (x.split() for x in lines if x.startswith("part "))]
+    budget = next(int(x.split()[1]) for x in lines if x.startswith("budget "))
+    return parts, budget
+
+
+def test_the_plan_measures_one_change_at_a_time_within_one_device_call(tmp_path: Path) -> None:
+    parts, budget = _plan(tmp_path)
+    assert [p[0] for p in parts] == ["probe", "before", "eos8", "cmdbuf", "tunix"]
+    settings = dict((name, setting) for name, _, setting in parts)
+    assert settings["before"] == "-"  # today's defaults
+    assert settings["eos8"] == "DEVICE_STEP_SETS=rollout.eos_check_every=8"
+    assert settings["cmdbuf"] == "DEVICE_STEP_XLA_FLAGS=--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
+    assert budget <= 580  # one device call runs 600 s at most
+    caps = dict((name, cap) for name, cap, _ in parts)
+    assert caps["probe"] + caps["before"] + caps["eos8"] + caps["cmdbuf"] <= budget  # these always run
+    assert (
+        sum(caps.values()) <= 12 * 60
+    )  # and with tunix in a second call, the session stays within ~12 minutes
+    only, _ = _plan(tmp_path, DEVICE_SESSION_PARTS="tunix")
+    assert [p[0] for p in only] == ["tunix"]
+
+
+@pytest.mark.slow  # about 30 s on a 2-core CPU: two trainer processes compile the tiny model's step
+def test_the_cpu_mode_writes_a_record_per_seed_run_with_its_variant(tmp_path: Path) -> None:
+    env = _env(tmp_path, DEVICE_STEP_SIZES="tiny", DEVICE_SESSION_PARTS="probe,before,eos8",
+               JAX_COMPILATION_CACHE_DIR=str(tmp_path / "cache"))  # fmt: skip
+    r = subprocess.run(
+        ["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "jax " in r.stdout and "device_session: done" in r.stdout
+    records = [json.loads(p.read_text()) for p in sorted((tmp_path / "results").glob("*.json"))]
+    assert sorted(rec["command"] for rec in records) == [
+        "DEVICE_STEP_SIZES=tiny DEVICE_STEP_BUDGET_S=115 DEVICE_STEP_SETS=rollout.eos_check_every=8 "
+        "DEVICE_STEP_STEPS=1 bash bench/device_step.sh",
+        "DEVICE_STEP_SIZES=tiny DEVICE_STEP_BUDGET_S=115 DEVICE_STEP_STEPS=1 bash bench/device_step.sh",
+    ]
+    assert all(rec["step_s"] > 0 and rec["config"] == "tiny" for rec in records)
