@@ -4,16 +4,12 @@ says a job hung: the verdict its follow recorded does)."""
 
 from __future__ import annotations
 
-import json
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.tpuops.conftest import SshdPool
+from tests.tpuops.run.test_one_verdict import lose_client, newest_run, run_cli
 from tpuops.errors import ExitCode
 
 pytestmark = pytest.mark.slow
@@ -39,24 +35,13 @@ steps:
 """
 
 
-def _cli(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tpuops", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-        check=False, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-
-
-def _newest_run(cwd: Path) -> str:
-    return str(json.loads(_cli("runs", "--json", "--offline", cwd=cwd).stdout)[0]["run_id"])
-
-
 def _reported_then_stopped(run_id: str, cwd: Path) -> None:
     """`report RUN_ID` says 9 while the hung job goes on, `stop` ends it, and `report RUN_ID` still says 9."""
     for stop in (False, True):
         if stop:
-            stopped = _cli("stop", run_id, cwd=cwd)
+            stopped = run_cli("stop", run_id, cwd=cwd)
             assert stopped.returncode == 0, stopped.stderr
-        reported = _cli("report", run_id, cwd=cwd)
+        reported = run_cli("report", run_id, cwd=cwd)
         assert reported.returncode == ExitCode.HANG, (stop, reported.stderr[-3000:])
 
 
@@ -68,24 +53,13 @@ def test_a_hang_followed_or_attached_is_9_and_report_says_so_after_the_fact(
     sop = tmp_path / "hang.yaml"
     sop.write_text(SOP)
 
-    followed = _cli("sop", "run", str(sop), *hosts, cwd=tmp_path)
+    followed = run_cli("sop", "run", str(sop), *hosts, cwd=tmp_path)
     assert followed.returncode == ExitCode.HANG, followed.stderr[-3000:]
-    _reported_then_stopped(_newest_run(tmp_path), tmp_path)
+    _reported_then_stopped(newest_run(tmp_path), tmp_path)
 
     # The same job, its client killed once the job runs (the laptop goes away), then attached until the hang.
-    client = subprocess.Popen(
-        [sys.executable, "-m", "tpuops", "sop", "run", str(sop), *hosts],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while len(list((w.home / "runs").glob("*/worker-0.pid"))) < 2:  # the second run's job started
-            assert time.monotonic() < deadline, "the second run's job never started"
-            time.sleep(0.05)
-    finally:
-        client.send_signal(signal.SIGKILL)
-        client.wait()
-    run_id = _newest_run(tmp_path)
-    attached = _cli("attach", run_id, cwd=tmp_path)
+    lose_client(["sop", "run", str(sop), *hosts], tmp_path, w.home, jobs=2)
+    run_id = newest_run(tmp_path)
+    attached = run_cli("attach", run_id, cwd=tmp_path)
     assert attached.returncode == ExitCode.HANG, attached.stderr[-3000:]
     _reported_then_stopped(run_id, tmp_path)

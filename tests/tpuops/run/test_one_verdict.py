@@ -50,7 +50,7 @@ JOBS = {
 }
 
 
-def _cli(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tpuops", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
         check=False, stdin=subprocess.DEVNULL,
@@ -66,8 +66,25 @@ def _sop(tmp_path: Path, kind: str, hang_factor: float | None = None) -> Path:
     return path
 
 
-def _run_id(cwd: Path) -> str:
-    return json.loads(_cli("runs", "--json", "--offline", cwd=cwd).stdout)[0]["run_id"]
+def newest_run(cwd: Path) -> str:
+    return str(json.loads(run_cli("runs", "--json", "--offline", cwd=cwd).stdout)[0]["run_id"])
+
+
+def lose_client(args: list[str], cwd: Path, worker_home: Path, jobs: int = 1) -> None:
+    """Start `tpuops ARGS` and kill its client (the laptop goes away) once the worker holds `jobs` runs' jobs:
+    the job runs on, detached, for `tpuops attach` to follow."""
+    client = subprocess.Popen(
+        [sys.executable, "-m", "tpuops", *args],
+        cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(list((worker_home / "runs").glob("*/worker-0.pid"))) < jobs:
+            assert time.monotonic() < deadline, f"job {jobs} never started"
+            time.sleep(0.05)
+    finally:
+        client.send_signal(signal.SIGKILL)
+        client.wait()
 
 
 def _ended(worker_home: Path, run_id: str, timeout: float = 60) -> None:
@@ -86,26 +103,17 @@ def test_a_run_followed_attached_or_reported_gets_one_verdict(
 ) -> None:
     (w,) = sshd_pool.take(1)
     hosts = sshd_pool.host_args([w])
-    followed = _cli("sop", "run", str(_sop(tmp_path, kind)), *hosts, cwd=tmp_path)
+    followed = run_cli("sop", "run", str(_sop(tmp_path, kind)), *hosts, cwd=tmp_path)
     assert followed.returncode == code, followed.stderr[-3000:]
 
     # The same run, its client killed once its job runs (the laptop goes away), then attached again.
-    client = subprocess.Popen(
-        [sys.executable, "-m", "tpuops", "sop", "run", str(_sop(tmp_path, kind)), *hosts, "--set", "delay=3"],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while len(list((w.home / "runs").glob("*/worker-0.pid"))) < 2:  # the second run's job started
-            assert time.monotonic() < deadline, "the second run's job never started"
-            time.sleep(0.05)
-    finally:
-        client.send_signal(signal.SIGKILL)
-        client.wait()
-    run_id = _run_id(tmp_path)
+    lose_client(
+        ["sop", "run", str(_sop(tmp_path, kind)), *hosts, "--set", "delay=3"], tmp_path, w.home, jobs=2
+    )
+    run_id = newest_run(tmp_path)
     _ended(w.home, run_id)
-    attached = _cli("attach", run_id, cwd=tmp_path)
-    reported = _cli("report", run_id, cwd=tmp_path)
+    attached = run_cli("attach", run_id, cwd=tmp_path)
+    reported = run_cli("report", run_id, cwd=tmp_path)
     for r in (attached, reported):
         assert r.returncode == code, r.stderr[-3000:]
     if kind == "oom":  # the same fix every way it is read
@@ -117,24 +125,13 @@ def test_attach_watches_a_hang_as_the_run_s_own_follow_does(sshd_pool: SshdPool,
     (w,) = sshd_pool.take(1)
     hosts = sshd_pool.host_args([w])
     sop = _sop(tmp_path, "hang", hang_factor=2)
-    client = subprocess.Popen(
-        [sys.executable, "-m", "tpuops", "sop", "run", str(sop), *hosts],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while not list((w.home / "runs").glob("*/worker-0.pid")):
-            assert time.monotonic() < deadline, "the job never started"
-            time.sleep(0.05)
-    finally:
-        client.send_signal(signal.SIGKILL)
-        client.wait()
-    run_id = _run_id(tmp_path)
+    lose_client(["sop", "run", str(sop), *hosts], tmp_path, w.home)
+    run_id = newest_run(tmp_path)
     t0 = time.monotonic()
-    attached = _cli("attach", run_id, cwd=tmp_path)
+    attached = run_cli("attach", run_id, cwd=tmp_path)
     assert attached.returncode == ExitCode.HANG, attached.stderr[-3000:]
     assert time.monotonic() - t0 < 60  # not the job's 300 s: the run's own hang bound (min 2 s here)
-    stop = _cli("stop", run_id, cwd=tmp_path)
+    stop = run_cli("stop", run_id, cwd=tmp_path)
     assert stop.returncode == 0, stop.stderr
     assert not [p for p in Path("/proc").glob("[0-9]*") if _is(p, b"sleep\x00300\x00", w.home)]
 
