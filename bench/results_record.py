@@ -14,26 +14,17 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import TypedDict
+
+from tpuops.checks.calibrate import Measured
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 PHASES = ("cast_s", "prefill_s", "generate_s", "decode_s", "host_s", "update_s")
 
 
-class Record(TypedDict):
-    """One run of one size (the first ten fields are what the calibration reads)."""
+class Record(Measured):
+    """One run of one size: the fields the calibration reads (`Measured`), then the run's own."""
 
-    card: str
-    platform: str
-    date: str
-    commit: str
-    config: str
-    new_tokens: int
-    step_s: float
-    bound_s: float
-    decode_mbu: float
-    update_mfu: float
     device: str
     driver: str
     jax: str

@@ -20,17 +20,15 @@ from tpuops.checks.fit import FitResult
 
 RESULTS = Path("bench") / "results"
 # Every field the calibration reads from a record (a test holds each recorded file to it).
-FIELDS = ("card", "platform", "date", "commit", "config", "new_tokens", "step_s", "bound_s", "decode_mbu",
-          "update_mfu")  # fmt: skip
 # trainer.fit's phases by kind (trainer/fit/estimate.py PHASE_KIND): the decode loops are HBM-bound, the rest
 # (prefill, ref_logp, update) are training-like programs judged by MFU.
 DECODE_PHASES = ("decode_cast", "decode")
 Efficiency = Literal["decode_mbu", "update_mfu"]
 
 
-class Record(TypedDict):
-    """One measurement of `bench/results/` (FIELDS; a file may carry more, which the calibration does not
-    read) and the file it came from."""
+class Measured(TypedDict):
+    """The fields of a `bench/results/` record the calibration reads (FIELDS): what `bench/results_record.py`
+    writes at least."""
 
     card: str
     platform: str  # "tpu" or "gpu"
@@ -42,6 +40,15 @@ class Record(TypedDict):
     bound_s: float
     decode_mbu: float  # the decode loop's share of HBM bandwidth
     update_mfu: float  # the update's model FLOPs utilisation
+
+
+FIELDS = tuple(Measured.__annotations__)  # what a record must hold to be read
+
+
+class Record(Measured):
+    """One measurement as the calibration holds it (a file may carry more, which it does not read) and the
+    file it came from."""
+
     file: str
 
 
