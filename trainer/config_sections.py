@@ -132,6 +132,12 @@ class TrainConfig:
     # whole, then one matmul (docs/performance.md compares both). TPU compiler option
     # xla_tpu_enable_windowed_einsum_for_all_gather; CPU and GPU compiles ignore this setting.
     collective_matmul: bool = False
+    # Run each prompt once for its group of rollout.samples_per_prompt completions in the update's forward and
+    # backward (and the reference log-probs): the completions attend over their group's prompt keys
+    # (trainer.model.qwen2.forward_hidden_grouped), the same log-probs as whole rows at 1 / G of the prompts'
+    # FLOPs. It applies where a micro-batch's rows on a slice are whole groups (with the Pallas attention: the
+    # prompt bucket and max_new_tokens multiples of 128); elsewhere, and with false, every row runs its prompt.
+    shared_prompt: bool = True
     seed: int = 0
     flip_advantages: bool = False  # a sanity switch: the update should then make rewards fall
 

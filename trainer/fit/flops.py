@@ -10,7 +10,8 @@ the (output, kernel) position pairs that land on an input element. Custom calls 
 matmul XLA can see; the one the trainer runs inside its update, splash attention
 (jax.experimental.pallas.ops.tpu.splash_attention, libtpu names its custom calls `splash_mha_fwd...`,
 `splash_mha_dq...`, `splash_mha_dkv...`), is counted from its operands' shapes: per (query, key) position pair of
-the causal triangle (the trainer's mask; the kernel computes whole blocks, so at least these), the matmuls each
+the causal mask (the trainer's: the queries are the last Sq of the Skv keys, Sq = Skv but after a group's
+prompt; the kernel computes whole blocks, so at least these), the matmuls each
 kernel runs (forward QK^T and PV; dq QK^T, dO V^T and dS K; dkv QK^T, P^T dO, dO V^T and dS^T Q) over the head
 dim. Other custom calls count nothing.
 """
@@ -100,7 +101,7 @@ def _splash(ins: hlo.Instruction, operands: list[list[int]]) -> int:
     if m is None or len(heads) < 2:
         return 0
     (b, h, sq, d), skv = max(heads, key=lambda s: s[1]), min(heads, key=lambda s: s[1])[2]
-    pairs = sq * (sq + 1) // 2 if sq == skv else sq * skv
+    pairs = sq * (skv - sq) + sq * (sq + 1) // 2 if sq <= skv else sq * skv  # the last sq of the skv keys
     return _SPLASH_MATMULS[m["kind"]] * 2 * b * h * pairs * d
 
 

@@ -18,7 +18,7 @@ from trainer.grpo.loss import grpo_objective
 from trainer.kernels import token_logprob_entropy_from_hidden
 from trainer.layout import OnMesh
 from trainer.model import flash
-from trainer.model.qwen2 import forward_hidden, lm_head_weight
+from trainer.model.qwen2 import forward_hidden, forward_hidden_grouped, lm_head_weight
 from trainer.sharding import DCN_AXIS
 
 
@@ -56,13 +56,40 @@ def optimizer(cfg: Config, steps: Any = None) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(t.max_grad_norm), opt)
 
 
+def prompt_groups(cfg: Config, rows: int, P_len: int, attention: str) -> int:
+    """G when the update's forward runs each prompt once for its group of G = rollout.samples_per_prompt rows
+    (`train.shared_prompt`, `qwen2.forward_hidden_grouped`): `rows` (a micro-batch's on one slice) must be whole
+    groups, and the Pallas attention needs the prompt and the completion each a multiple of 128 tokens. Else 1:
+    every row runs its own prompt."""
+    G, C = cfg.rollout.samples_per_prompt, cfg.rollout.max_new_tokens
+    if not cfg.train.shared_prompt or G < 2 or rows % G:
+        return 1
+    if attention == "pallas" and (flash.supported(P_len) or flash.supported(C)):
+        return 1
+    return G
+
+
 def completion_logp(
     params: Any, mconf: Any, mb: dict[str, jax.Array], P_len: int, cfg: Config, impl: str
 ) -> tuple[jax.Array, jax.Array]:
-    """(log p, entropy) [B, C] of the completion tokens under `params`, on temperature-scaled logits."""
+    """(log p, entropy) [B, C] of the completion tokens under `params`, on temperature-scaled logits; each
+    group's prompt run once where `prompt_groups` allows."""
     C = cfg.rollout.max_new_tokens
-    hidden_BSD = forward_hidden(params, mconf, mb["ids"], mb["pos"], mb["mask"])
-    h_BCD = hidden_BSD[:, P_len - 1 : P_len - 1 + C]  # position t predicts token t + 1
+    G = prompt_groups(cfg, mb["ids"].shape[0], P_len, mconf.attention)
+    if G > 1:  # the rows are np.repeat's groups (trainer.loop.rollout): row u * G holds prompt u
+
+        def first(x: jax.Array) -> jax.Array:
+            return x[:, :P_len].reshape(-1, G, P_len)[:, 0]
+
+        h_UPD, h_BCD = forward_hidden_grouped(
+            params, mconf, *(first(mb[k]) for k in ("ids", "pos", "mask")),
+            *(mb[k][:, P_len:] for k in ("ids", "pos", "mask")),
+        )  # fmt: skip
+        # Position P - 1 (the prompt's last) predicts completion token 0, completion position t token t + 1.
+        h_BCD = jnp.concatenate([jnp.repeat(h_UPD[:, -1:], G, axis=0), h_BCD[:, : C - 1]], axis=1)
+    else:
+        hidden_BSD = forward_hidden(params, mconf, mb["ids"], mb["pos"], mb["mask"])
+        h_BCD = hidden_BSD[:, P_len - 1 : P_len - 1 + C]  # position t predicts token t + 1
     return token_logprob_entropy_from_hidden(
         h_BCD, lm_head_weight(params, mconf), mb["comp"], temperature=cfg.rollout.temperature, impl=impl
     )

@@ -55,11 +55,12 @@ class Blocks:
             if size <= 0 or size % LANES:
                 raise ValueError(f"Blocks.{name} must be a positive multiple of {LANES}, received {size}")
 
-    def fitted(self, T: int) -> Blocks:
-        """The largest blocks up to these that divide T (T a multiple of 128)."""
+    def fitted(self, T: int, T_kv: int = 0) -> Blocks:
+        """The largest blocks up to these that divide T queries and T_kv keys (default T; multiples of 128)."""
         return Blocks(
-            *(max(b for b in range(LANES, size + 1, LANES) if T % b == 0) for size in (self.q, self.kv))
-        )
+            *(max(b for b in range(LANES, size + 1, LANES) if n % b == 0)
+              for size, n in ((self.q, T), (self.kv, T_kv or T)))
+        )  # fmt: skip
 
     def splash(self) -> splash.BlockSizes:
         q, kv = self.q, self.kv
@@ -101,24 +102,27 @@ def resolve(name: str, T: int, on_tpu: bool | None = None, strict: bool = True) 
     return name
 
 
-def _kernel(N: int, T: int, blocks: Blocks, interpret: bool) -> SplashAttentionKernel:
-    """The causal kernel for N heads over T tokens. Its block masks are computed in NumPy at trace time and
-    become constants of the program (not cached across traces: the kernel holds them as arrays)."""
-    mask = splash.MultiHeadMask([splash.CausalMask((T, T)) for _ in range(N)])
+def _kernel(N: int, T: int, T_kv: int, blocks: Blocks, interpret: bool) -> SplashAttentionKernel:
+    """The causal kernel for N heads, T queries over T_kv keys (the queries are the last T of them). Its block
+    masks are computed in NumPy at trace time and become constants of the program (not cached across traces:
+    the kernel holds them as arrays)."""
+    mask = splash.MultiHeadMask([splash.CausalMask((T, T_kv), offset=T_kv - T) for _ in range(N)])
     return splash.make_splash_mha(
         mask, block_sizes=blocks.splash(), head_shards=1, q_seq_shards=1, interpret=interpret
     )
 
 
 def _local(
-    q_BTNH: Array, k_BTKH: Array, v_BTKH: Array, segment_BT: Array, blocks: Blocks, interpret: bool
-) -> Array:
-    """The kernel on one device's rows and heads."""
+    q_BTNH: Array, k_BSKH: Array, v_BSKH: Array, segment_BT: Array, segment_BS: Array, blocks: Blocks,
+    interpret: bool,
+) -> Array:  # fmt: skip
+    """The kernel on one device's rows and heads (T queries, the last T of the S keys)."""
     _, T, N, H = q_BTNH.shape
-    kernel = _kernel(N, T, blocks.fitted(T), interpret)
+    S = k_BSKH.shape[1]
+    kernel = _kernel(N, T, S, blocks.fitted(T, S), interpret)
     q_BNTH = (q_BTNH * jnp.asarray(1.0 / np.sqrt(H), q_BTNH.dtype)).transpose(0, 2, 1, 3)
-    k_BKTH, v_BKTH = k_BTKH.transpose(0, 2, 1, 3), v_BTKH.transpose(0, 2, 1, 3)
-    segments = splash.SegmentIds(q=segment_BT, kv=segment_BT)
+    k_BKTH, v_BKTH = k_BSKH.transpose(0, 2, 1, 3), v_BSKH.transpose(0, 2, 1, 3)
+    segments = splash.SegmentIds(q=segment_BT, kv=segment_BS)
     out_BNTH = jax.vmap(kernel)(q_BNTH, k_BKTH, v_BKTH, segment_ids=segments)  # (no residuals asked for)
     return cast(Array, out_BNTH).transpose(0, 2, 1, 3)
 
@@ -136,18 +140,54 @@ def attend_flash(q_BTNH: Array, k_BTKH: Array, v_BTKH: Array, attention_mask_BT:
         raise ValueError(f"expected the attention mask [B, T] = {(B, T)}, received {attention_mask_BT.shape}")
     if why := supported(T):
         raise ValueError(why)
+    segment_BT = attention_mask_BT.astype(jnp.int32)
+    return _sharded(q_BTNH, k_BTKH, v_BTKH, segment_BT, segment_BT)
+
+
+def attend_flash_after_prompt(
+    q_BCNH: Array, kp_UPKH: Array, vp_UPKH: Array, kc_BCKH: Array, vc_BCKH: Array, prompt_mask_UP: Array,
+    mask_BC: Array,
+) -> Array:  # fmt: skip
+    """Completions in groups of B / U rows per prompt (`attention.attend_shared_prompt`'s rows): each row's C
+    queries over its group's P prompt keys (the real ones), then its own real keys at or before it, by the same
+    kernel over [P + C] keys (the prompt's repeated over its group) with the causal mask's diagonal shifted by P
+    -> [B, C, N, H]. What `attend_flash` gives the completion's positions of the whole rows [prompt, completion]."""
+    B, C, _, H = q_BCNH.shape
+    U, P, K, _ = kp_UPKH.shape
+    if B % U or kc_BCKH.shape != (B, C, K, H) or prompt_mask_UP.shape != (U, P) or mask_BC.shape != (B, C):
+        raise ValueError(
+            f"expected q [B, C, N, H], the prompts' k, v [U, P, K, H] and masks [U, P], the completions' k, v "
+            f"[B, C, K, H] and masks [B, C] with U dividing B, received {q_BCNH.shape}, {kp_UPKH.shape}, "
+            f"{prompt_mask_UP.shape}, {kc_BCKH.shape} and {mask_BC.shape}"
+        )
+    if why := supported(P) or supported(C):
+        raise ValueError(why)
+
+    def per_row(x: Array) -> Array:
+        return jnp.repeat(x, B // U, axis=0)
+
+    k_BSKH, v_BSKH = (
+        jnp.concatenate([per_row(p), c], axis=1) for p, c in ((kp_UPKH, kc_BCKH), (vp_UPKH, vc_BCKH))
+    )
+    segment_BC = mask_BC.astype(jnp.int32)
+    segment_BS = jnp.concatenate([per_row(prompt_mask_UP.astype(jnp.int32)), segment_BC], axis=1)
+    return _sharded(q_BCNH, k_BSKH, v_BSKH, segment_BC, segment_BS)
+
+
+def _sharded(q_BTNH: Array, k_BSKH: Array, v_BSKH: Array, segment_BT: Array, segment_BS: Array) -> Array:
+    """`_local` on this platform's blocks, per device under a mesh in context."""
     on_tpu = _on_tpu()
     local = functools.partial(_local, blocks=TUNED["tpu" if on_tpu else "cpu"], interpret=not on_tpu)
-    segment_BT = attention_mask_BT.astype(jnp.int32)
     mesh = active_mesh()
     if mesh is None:
-        return local(q_BTNH, k_BTKH, v_BTKH, segment_BT)
+        return local(q_BTNH, k_BSKH, v_BSKH, segment_BT, segment_BS)
     # Rows over the batch axes that divide B; heads over tp only where tp divides K (and so N): a query head's
     # kv head must be on its device.
-    kv_spec = logical_spec(("batch", None, "kv_heads", None), k_BTKH.shape, mesh)
+    kv_spec = logical_spec(("batch", None, "kv_heads", None), k_BSKH.shape, mesh)
     kv_spec = P(kv_spec[0], None, kv_spec[2], None)
     q_spec = P(kv_spec[0], None, kv_spec[2], None)
     row_spec = P(kv_spec[0], None)
     return jax.shard_map(
-        local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, row_spec), out_specs=q_spec, check_vma=False
-    )(q_BTNH, k_BTKH, v_BTKH, segment_BT)
+        local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, row_spec, row_spec), out_specs=q_spec,
+        check_vma=False,
+    )(q_BTNH, k_BSKH, v_BSKH, segment_BT, segment_BS)  # fmt: skip

@@ -6,6 +6,7 @@ K key/value heads, G = N // K query heads per KV head, H head dim, F MLP width, 
 Public API (params is the dict under linen's "params" collection):
   init_params(config, rng) -> params
   forward_hidden(params, config, input_ids_BT, positions_BT, attention_mask_BT) -> hidden_BTD
+  forward_hidden_grouped(...)  the same for completions in groups of one prompt, each prompt run once
   lm_head_weight(params, config) -> W_DV          (the embedding transposed when tied)
   forward_logits(params, config, input_ids_BT, positions_BT, attention_mask_BT) -> logits_BTV
   forward_with_kv(...)  prefill: hidden plus every layer's fresh keys/values ([L, B, T, K, H] each)
@@ -13,9 +14,9 @@ Public API (params is the dict under linen's "params" collection):
   (trainer/model/unrolled.py: decode_step_layers, the same with the layers unrolled over per-layer weights)
 Two layouts of the weights, picked from the params tree (fusion.is_fused): HF's separate q/k/v and gate/up
 (training), or each fused into one matmul (the decode's copy, trainer.layout.decode_layout; model/fusion.py).
-The decoder layers run as one scan over stacked parameters (params["layers"], a leading [L] axis on every
-layer parameter): one compiled layer body, whatever the depth. trainer/model/params.py maps the stack to
-Hugging Face's per-layer tensors.
+The layer's parts (RMSNorm, Attention, MLP) are trainer/model/layers.py. The decoder layers run as one scan
+over stacked parameters (params["layers"], a leading [L] axis on every layer parameter): one compiled layer
+body, whatever the depth. trainer/model/params.py maps the stack to Hugging Face's per-layer tensors.
 Attention scores and softmax are always float32; q/k/v and probs@v run in the compute dtype.
 The forward functions are jitted with `config` static (inlined when called inside another jit).
 Activations are constrained by logical axis names at every layer boundary (trainer.sharding.constrain: a
@@ -34,149 +35,12 @@ import numpy as np
 from jax import Array
 
 from trainer.model import fusion
-from trainer.model.attention import (
-    apply_rope,
-    attend,
-    attend_shared_prompt,
-    completion_slots,
-    group_prompt,
-    rope_cos_sin,
-)
+from trainer.model.attention import rope_cos_sin
 from trainer.model.config import Qwen2Config
-from trainer.model.flash import attend_flash
-from trainer.sharding import (
-    constrain,
-    constrain_cache,
-    constrain_sequences,
-    heads_split,
-    lookup_layout,
-    path_str,
-)
+from trainer.model.layers import BTD, MLP, Attention, RMSNorm, dt
+from trainer.sharding import constrain, lookup_layout, path_str
 
 Params = dict[str, Any]
-# Logical axis names of the activations (trainer.sharding.LOGICAL maps them to mesh axes).
-_BTD = ("batch", "length", "embed")
-_BTNH = ("batch", "length", "heads", "head_dim")
-_BTKH = ("batch", "length", "kv_heads", "head_dim")
-_BTKPH = ("batch", "length", "kv_heads", None, "head_dim")  # the fused q|k|v: [B, T, K, G + 2, H]
-_BTF = ("batch", "length", "mlp")
-
-
-def _dt(name: str) -> jnp.dtype:
-    return jnp.dtype(name)
-
-
-class RMSNorm(nn.Module):
-    eps: float
-    dtype: Any
-    param_dtype: Any
-
-    @nn.compact
-    def __call__(self, x_BTD: Array) -> Array:
-        scale = self.param("scale", nn.initializers.ones, (x_BTD.shape[-1],), self.param_dtype)
-        x = x_BTD.astype(jnp.float32)
-        x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
-        return (scale.astype(jnp.float32) * x).astype(self.dtype)
-
-
-class Attention(nn.Module):
-    config: Qwen2Config
-    fused: bool = False  # q|k|v as one weight and one matmul (the decode layout); else HF's three
-
-    def _dense(self, features: int | tuple[int, ...], bias: bool, name: str) -> nn.DenseGeneral:
-        c = self.config
-        init = nn.initializers.normal(c.initializer_range)
-        # Non-zero bias init so that tests exercise the q/k/v biases (HF initialises them to zero).
-        return nn.DenseGeneral(
-            features, use_bias=bias, dtype=_dt(c.dtype), param_dtype=_dt(c.param_dtype),
-            kernel_init=init, bias_init=init, name=name,
-        )  # fmt: skip
-
-    @nn.compact
-    def __call__(self, x_BTD: Array, cos_BTH: Array, sin_BTH: Array, mask_BTS: Array, kv: Any) -> Any:
-        """`kv` None: attend over this call's own keys (mask_BTS is [B, T, T]; or the attention mask [B, T], which
-        selects the Pallas kernel: `self_mask`) and return them; else
-        (keys_LBSKH, values_LBSKH, layer, slot, window, prompt, samples): write the new keys/values at (`layer`,
-        `slot`) of the whole stacked cache, in place, attend over this layer's first `window` slots (0: all S;
-        mask_BTS is [B, T, S]) and return the updated stacked cache. With `samples` G > 1 the rows come in groups
-        of G samples of one prompt whose first `prompt` slots are the same in each group (the prefill wrote them
-        so): those are read from each group's first row only (`attend_shared_prompt`)."""
-        c = self.config
-        B, T, _ = x_BTD.shape
-        N, K, H = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        G = N // K
-        if self.fused:  # one matmul: each kv head's G query heads, then its key and value (model/fusion.py)
-            qkv = constrain(self._dense((K, G + 2, H), True, "qkv_proj")(x_BTD), *_BTKPH)
-            q = constrain(qkv[:, :, :, :G].reshape(B, T, N, H), *_BTNH)
-            k, v = (constrain(qkv[:, :, :, G + i], *_BTKH) for i in (0, 1))
-        else:  # Hugging Face's three projections (the training layout)
-            q = constrain(self._dense(N * H, True, "q_proj")(x_BTD).reshape(B, T, N, H), *_BTNH)
-            k = constrain(self._dense(K * H, True, "k_proj")(x_BTD).reshape(B, T, K, H), *_BTKH)
-            v = constrain(self._dense(K * H, True, "v_proj")(x_BTD).reshape(B, T, K, H), *_BTKH)
-        mesh = jax.sharding.get_abstract_mesh()
-        by_sequence = kv is not None and not mesh.empty and not heads_split(K, mesh)
-        if by_sequence:
-            # The cache is split by sequence over tp too (trainer.sharding.heads_split): each device attends
-            # for its own sequences with every head. The queries cross tp by one all-to-all in their own dtype,
-            # before RoPE (after it, XLA moved them as two float32 halves of RoPE's rotation); the output by one.
-            q = constrain_sequences(q)
-        q, k = apply_rope(q, cos_BTH, sin_BTH), apply_rope(k, cos_BTH, sin_BTH)
-        out: Array | None = None  # the decode's attention over a shared prompt, else computed below
-        if kv is None:
-            keys, values, new_kv = k, v, (k, v)
-        else:
-            # One small in-place update of the stacked cache per layer and decode step (the cache is the
-            # layer loop's carry, so XLA updates its buffer in place), then this layer's slots are read.
-            keys_LBSKH, values_LBSKH, layer, slot, window, prompt, samples = kv
-            at = (jnp.asarray(layer, jnp.int32), jnp.int32(0), jnp.asarray(slot, jnp.int32), jnp.int32(0),
-                  jnp.int32(0))  # fmt: skip
-            keys_LBSKH = jax.lax.dynamic_update_slice(keys_LBSKH, k[None].astype(keys_LBSKH.dtype), at)
-            values_LBSKH = jax.lax.dynamic_update_slice(values_LBSKH, v[None].astype(values_LBSKH.dtype), at)
-            # This layer's first `window` slots (0: all), read by one dynamic slice of the stack: only the slots
-            # this position can see (the rest are not written yet) leave HBM. (Slicing the window out of the
-            # whole layer row instead made XLA copy the row first: the same bytes as no window.)
-            size = (1, *keys_LBSKH.shape[1:2], window or keys_LBSKH.shape[2], *keys_LBSKH.shape[3:])
-            row = (at[0], *at[1:2], jnp.int32(0), *at[3:])  # (layer, 0, 0, 0, 0)
-            mask_BTS = mask_BTS[..., : size[2]]
-            new_kv = (constrain_cache(keys_LBSKH), constrain_cache(values_LBSKH))
-            if samples > 1 and 0 < prompt < size[2]:  # each group's prompt slots read once
-                parts = (*group_prompt(keys_LBSKH, values_LBSKH, at[0], prompt, samples),
-                         *completion_slots(keys_LBSKH, values_LBSKH, at[0], prompt, size[2]))  # fmt: skip
-                kp, vp, kc, vc = (x.astype(q.dtype) for x in parts)
-                out = attend_shared_prompt(q, kp, vp, kc, vc, mask_BTS)
-            else:
-                keys = jax.lax.dynamic_slice(keys_LBSKH, row, size)[0]
-                values = jax.lax.dynamic_slice(values_LBSKH, row, size)[0]
-        if out is None and kv is None and mask_BTS.ndim == 2:  # the [B, T] attention mask: the Pallas kernel
-            out = attend_flash(q, keys, values, mask_BTS)
-        elif out is None:
-            out = attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS)
-        out = constrain(constrain_sequences(out) if by_sequence else out, *_BTNH)
-        return constrain(self._dense(c.hidden_size, False, "o_proj")(out.reshape(B, T, N * H)), *_BTD), new_kv
-
-
-class MLP(nn.Module):
-    config: Qwen2Config
-    fused: bool = False  # gate|up as one weight and one matmul (the decode layout); else HF's two
-
-    @nn.compact
-    def __call__(self, x_BTD: Array) -> Array:
-        c = self.config
-        kw: dict[str, Any] = {
-            "use_bias": False,
-            "dtype": _dt(c.dtype),
-            "param_dtype": _dt(c.param_dtype),
-            "kernel_init": nn.initializers.normal(c.initializer_range),
-        }
-        x_BTD = constrain(x_BTD, "group_rows", "length", "embed")  # trainer.sharding.LOGICAL
-        if self.fused:  # one matmul: [B, T, 2, F], the gate's columns then the up projection's
-            gate_up = constrain(nn.DenseGeneral((2, c.intermediate_size), name="gate_up_proj", **kw)(x_BTD),
-                                "batch", "length", None, "mlp")  # fmt: skip
-            gate, up = (constrain(gate_up[:, :, i], *_BTF) for i in (0, 1))
-        else:  # Hugging Face's two projections (the training layout)
-            gate = constrain(nn.Dense(c.intermediate_size, name="gate_proj", **kw)(x_BTD), *_BTF)
-            up = constrain(nn.Dense(c.intermediate_size, name="up_proj", **kw)(x_BTD), *_BTF)
-        return constrain(nn.Dense(c.hidden_size, name="down_proj", **kw)(nn.silu(gate) * up), *_BTD)
 
 
 class DecoderLayer(nn.Module):
@@ -194,7 +58,7 @@ class DecoderLayer(nn.Module):
 
     @nn.compact
     def __call__(
-        self, carry: Any, layer: Array, cos_BTH: Array, sin_BTH: Array, mask_BTS: Array, slot: Array | None
+        self, carry: Any, layer: Array, cos_BTH: Array, sin_BTH: Array, mask_BTS: Any, slot: Array | None
     ) -> Any:
         c = self.config
         if slot is None:
@@ -202,16 +66,12 @@ class DecoderLayer(nn.Module):
         else:
             x_BTD, keys_LBSKH, values_LBSKH = carry
             kv = (keys_LBSKH, values_LBSKH, layer, slot, self.window, self.prompt, self.samples)
-        norm: dict[str, Any] = {
-            "eps": c.rms_norm_eps,
-            "dtype": _dt(c.dtype),
-            "param_dtype": _dt(c.param_dtype),
-        }
+        norm: dict[str, Any] = {"eps": c.rms_norm_eps, "dtype": dt(c.dtype), "param_dtype": dt(c.param_dtype)}
         h = RMSNorm(name="input_layernorm", **norm)(x_BTD)
         attn_out, new_kv = Attention(c, self.fused, name="self_attn")(h, cos_BTH, sin_BTH, mask_BTS, kv)
         x_BTD = x_BTD + attn_out
         h = RMSNorm(name="post_attention_layernorm", **norm)(x_BTD)
-        x_BTD = constrain(x_BTD + MLP(c, self.fused, name="mlp")(h), *_BTD)
+        x_BTD = constrain(x_BTD + MLP(c, self.fused, name="mlp")(h), *BTD)
         if slot is None:
             return x_BTD, (new_kv if self.collect_kv else None)
         return (x_BTD, *new_kv), None
@@ -244,7 +104,7 @@ class Qwen2(nn.Module):
     def setup(self) -> None:
         c = self.config
         self.embed_tokens = nn.Embed(
-            c.vocab_size, c.hidden_size, dtype=_dt(c.dtype), param_dtype=_dt(c.param_dtype),
+            c.vocab_size, c.hidden_size, dtype=dt(c.dtype), param_dtype=dt(c.param_dtype),
             embedding_init=nn.initializers.normal(c.initializer_range),
         )  # fmt: skip
         layer_cls = DecoderLayer
@@ -254,16 +114,16 @@ class Qwen2(nn.Module):
             layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
             in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
         )(c, self.collect_kv, self.window, self.prompt, self.samples, self.fused, name="layers")  # fmt: skip
-        self.norm = RMSNorm(c.rms_norm_eps, _dt(c.dtype), _dt(c.param_dtype))
+        self.norm = RMSNorm(c.rms_norm_eps, dt(c.dtype), dt(c.param_dtype))
         if not c.tie_word_embeddings:
             self.lm_head = nn.Dense(
-                c.vocab_size, use_bias=False, dtype=_dt(c.dtype), param_dtype=_dt(c.param_dtype),
+                c.vocab_size, use_bias=False, dtype=dt(c.dtype), param_dtype=dt(c.param_dtype),
                 kernel_init=nn.initializers.normal(c.initializer_range),
             )  # fmt: skip
 
-    def __call__(self, input_ids_BT: Array, positions_BT: Array, mask_BTS: Array, cache: Any = None) -> Any:
-        table_VD = lookup_layout(self.embed_tokens.embedding).astype(_dt(self.config.dtype))
-        x_BTD = constrain(jnp.take(table_VD, input_ids_BT, axis=0), *_BTD)  # nn.Embed's lookup
+    def __call__(self, input_ids_BT: Array, positions_BT: Array, mask_BTS: Any, cache: Any = None) -> Any:
+        table_VD = lookup_layout(self.embed_tokens.embedding).astype(dt(self.config.dtype))
+        x_BTD = constrain(jnp.take(table_VD, input_ids_BT, axis=0), *BTD)  # nn.Embed's lookup
         cos, sin = rope_cos_sin(positions_BT, self.config)
         layer_L = jnp.arange(self.config.num_hidden_layers, dtype=jnp.int32)
         if cache is None:  # prefill / training
@@ -338,6 +198,42 @@ def forward_hidden(
 
 
 @functools.partial(jax.jit, static_argnames="config")
+def forward_hidden_grouped(
+    params: Params, config: Qwen2Config, prompt_ids_UP: Array, prompt_positions_UP: Array,
+    prompt_mask_UP: Array, ids_BC: Array, positions_BC: Array, mask_BC: Array,
+) -> tuple[Array, Array]:  # fmt: skip
+    """forward_hidden of B = U x G rows [prompt, completion] whose rows come in groups of G samples of one prompt
+    (rows u*G .. u*G + G - 1 hold prompt u), each prompt run once: the layers see one row per group, [its prompt,
+    its G completions] (P + G x C tokens: every weight in one matmul per layer, the rows split over devices as
+    the groups are), and the attention splits it again (layers.attend_grouped): the prompt attends over itself,
+    each completion over its group's prompt, then its own tokens, causally. Returns (prompt hidden [U, P, D],
+    completion hidden [B, C, D]): the hidden states forward_hidden gives those positions of the whole rows, at
+    1 / G of the prompts' FLOPs and activations (the update's completion log-probs: trainer.loop.programs)."""
+    (U, P), (B, C) = prompt_ids_UP.shape, ids_BC.shape
+    if B % U:
+        raise ValueError(f"the {B} completion rows must come in groups over the {U} prompts")
+
+    def packed(prompt_UP: Array, rows_BC: Array) -> Array:
+        return jnp.concatenate([prompt_UP, rows_BC.reshape(U, B // U * C)], axis=1)
+
+    if config.attention == "pallas":  # the kernel reads the [B, T] masks as segment ids
+        masks = (
+            prompt_mask_UP.astype(jnp.int32),
+            prompt_mask_UP.astype(jnp.int32),
+            mask_BC.astype(jnp.int32),
+        )
+    else:
+        over_prompt_BCP = jnp.repeat(prompt_mask_UP.astype(bool), B // U, axis=0)[:, None, :]
+        over_prompt_BCP = jnp.broadcast_to(over_prompt_BCP, (B, C, P))
+        completion_BCS = jnp.concatenate([over_prompt_BCP, causal_mask(mask_BC)], axis=-1)
+        masks = (prompt_mask_UP, causal_mask(prompt_mask_UP), completion_BCS)
+    hidden_UTD, _ = Qwen2(config, fused=fusion.is_fused(params)).apply(
+        {"params": params}, packed(prompt_ids_UP, ids_BC), packed(prompt_positions_UP, positions_BC), masks
+    )
+    return hidden_UTD[:, :P], hidden_UTD[:, P:].reshape(B, C, -1)
+
+
+@functools.partial(jax.jit, static_argnames="config")
 def forward_with_kv(
     params: Params, config: Qwen2Config, input_ids_BT: Array, positions_BT: Array, attention_mask_BT: Array
 ) -> tuple[Array, tuple[Array, Array]]:
@@ -357,7 +253,7 @@ def lm_head_weight(params: Params, config: Qwen2Config) -> Array:
 
 @functools.partial(jax.jit, static_argnames="config")
 def logits_from_hidden(params: Params, config: Qwen2Config, hidden_BTD: Array) -> Array:
-    w_DV = lm_head_weight(params, config).astype(_dt(config.dtype))
+    w_DV = lm_head_weight(params, config).astype(dt(config.dtype))
     hidden_BTD = constrain(hidden_BTD, "group_rows", "length", "embed")  # trainer.sharding.LOGICAL
     logits_BTV = jnp.einsum("btd,dv->btv", hidden_BTD, w_DV, preferred_element_type=jnp.float32)
     # Split over the vocabulary like W: left free, a consumer that wants whole rows (the sampler's draw) made

@@ -8,8 +8,10 @@ import jax.numpy as jnp
 from jax import Array
 
 from trainer.model import fusion
+from trainer.model.attention import rope_cos_sin
 from trainer.model.config import Qwen2Config
-from trainer.model.qwen2 import _BTD, DecoderLayer, Params, RMSNorm, _dt, logits_from_hidden, rope_cos_sin
+from trainer.model.layers import BTD, RMSNorm, dt
+from trainer.model.qwen2 import DecoderLayer, Params, logits_from_hidden
 from trainer.sharding import constrain, lookup_layout
 
 
@@ -40,8 +42,8 @@ def decode_step_layers(
 
     Returns (logits_BTV float32, caches) with each layer's cache updated in place."""
     c = config
-    table_VD = lookup_layout(params["embed_tokens"]["embedding"]).astype(_dt(c.dtype))
-    x_BTD = constrain(jnp.take(table_VD, input_ids_BT, axis=0), *_BTD)
+    table_VD = lookup_layout(params["embed_tokens"]["embedding"]).astype(dt(c.dtype))
+    x_BTD = constrain(jnp.take(table_VD, input_ids_BT, axis=0), *BTD)
     cos, sin = rope_cos_sin(positions_BT, c)
     layer = DecoderLayer(c, window=window, prompt=prompt, samples=samples, fused=fusion.is_fused(params))
     new: list[tuple[Array, Array]] = []
@@ -50,6 +52,6 @@ def decode_step_layers(
             {"params": p_l}, (x_BTD, *kv_l), jnp.int32(0), cos, sin, slot_mask_BTS, slot
         )
         new.append((kv[0], kv[1]))  # this layer's [1, B, S, K, H] keys and values, updated at `slot`
-    norm = RMSNorm(c.rms_norm_eps, _dt(c.dtype), _dt(c.param_dtype))
+    norm = RMSNorm(c.rms_norm_eps, dt(c.dtype), dt(c.param_dtype))
     hidden_BTD = norm.apply({"params": params["norm"]}, x_BTD)
     return logits_from_hidden(params, c, hidden_BTD), tuple(new)

@@ -468,6 +468,20 @@ ENTRY %main (q: bf16[4,16,1536,128], k: bf16[4,2,1536,128], v: bf16[4,2,1536,128
     assert flops.op_flops(text) == ({kernel: flops.flops(text)} if matmuls else {})
 
 
+def test_splash_attention_after_a_prompt_counts_the_completions_pairs() -> None:
+    """The update's completions over their group's prompt (flash.attend_flash_after_prompt: 1024 queries, the last
+    of 1536 keys): each query sees the 512 prompt keys and its own at or before it."""
+    text = """
+ENTRY %main (q: bf16[4,16,1024,128], k: bf16[4,2,1536,128], v: bf16[4,2,1536,128]) -> bf16[4,16,1024,128] {
+  %q = bf16[4,16,1024,128]{3,2,1,0} parameter(0)
+  %k = bf16[4,2,1536,128]{3,2,1,0} parameter(1)
+  %v = bf16[4,2,1536,128]{3,2,1,0} parameter(2)
+  ROOT %splash_mha_fwd_segmented.1 = bf16[4,16,1024,128]{3,2,1,0} custom-call(%q, %k, %v), custom_call_target="tpu_custom_call"
+}
+"""
+    assert flops.flops(text) == 2 * 2 * 4 * 16 * (1024 * 512 + 1024 * 1025 // 2) * 128
+
+
 @pytest.fixture
 def v6e_8(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """The 8 devices of a v6e-8, compiled for by libtpu on this machine (no TPU)."""

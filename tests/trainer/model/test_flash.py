@@ -1,4 +1,4 @@
-"""The Pallas (splash) self-attention against `qwen2.attend` over `causal_mask`: outputs and gradients w.r.t. q, k
+"""The Pallas (splash) self-attention against `attention.attend` over `causal_mask`: outputs and gradients w.r.t. q, k
 and v for real tokens, with left and right padding and grouped-query heads, on one device and split over a
 mesh; and a whole tiny model's GRPO loss and parameter gradients with `attention` pallas against xla.
 The kernel runs in Pallas interpret mode here; `tpuops fit` lowers the same call to Mosaic for a TPU.
@@ -22,7 +22,7 @@ import pytest
 
 from trainer import config as trainer_config
 from trainer.loop.programs import make_loss_fn
-from trainer.model import flash, qwen2
+from trainer.model import attention, flash, qwen2
 from trainer.model.config import preset
 from trainer.sharding import make_mesh
 
@@ -64,7 +64,7 @@ def _close(got: jax.Array, want: jax.Array, rows: np.ndarray, tol: float, what: 
 def _compare(dtype: Any, seed: int, b: int = B, t: int = T) -> None:
     q, k, v, mask, g = _draw(seed, dtype, b, t)
     want_out, want_grads = _value_and_grads(
-        lambda q, k, v: qwen2.attend(q, k, v, qwen2.causal_mask(mask)), q, k, v, g
+        lambda q, k, v: attention.attend(q, k, v, qwen2.causal_mask(mask)), q, k, v, g
     )
     got_out, got_grads = _value_and_grads(lambda q, k, v: flash.attend_flash(q, k, v, mask), q, k, v, g)
     real = np.asarray(mask, bool)

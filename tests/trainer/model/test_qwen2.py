@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from trainer.model import qwen2
+from trainer.model import attention, qwen2
 
 
 def _positions(mask_BT: np.ndarray) -> jnp.ndarray:
@@ -97,14 +97,14 @@ def test_rope_half_by_half_gives_the_bits_and_gradients_of_rotate_half() -> None
         return (x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]).astype(x.dtype)
 
     config = qwen2.Qwen2Config(hidden_size=256, num_attention_heads=4)  # head_dim 64
-    cos, sin = qwen2.rope_cos_sin(jnp.arange(14).reshape(2, 7) * 37, config)
+    cos, sin = attention.rope_cos_sin(jnp.arange(14).reshape(2, 7) * 37, config)
     for dtype in (jnp.float32, jnp.bfloat16):
         x = jax.random.normal(jax.random.key(0), (2, 7, 3, 64)).astype(dtype)
         np.testing.assert_array_equal(
-            np.asarray(jax.jit(qwen2.apply_rope)(x, cos, sin)),
+            np.asarray(jax.jit(attention.apply_rope)(x, cos, sin)),
             np.asarray(jax.jit(rotate_half_form)(x, cos, sin)),
         )
         weights = jax.random.normal(jax.random.key(1), x.shape)  # a cotangent that is not all ones
         grads = [jax.grad(lambda x, fn=fn, w=weights: (fn(x, cos, sin).astype(jnp.float32) * w).sum())(x)
-                 for fn in (qwen2.apply_rope, rotate_half_form)]  # fmt: skip
+                 for fn in (attention.apply_rope, rotate_half_form)]  # fmt: skip
         np.testing.assert_array_equal(np.asarray(grads[0]), np.asarray(grads[1]))

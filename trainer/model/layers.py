@@ -1,0 +1,171 @@
+"""The Qwen2 decoder layer's parts as Flax linen modules: RMSNorm, the attention block (projections, RoPE, attention
+over its own keys, a KV cache or a group's prompt, the output projection) and the MLP. Dims as trainer/model/qwen2.py's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from trainer.model.attention import (
+    apply_rope,
+    attend,
+    attend_shared_prompt,
+    completion_slots,
+    group_prompt,
+)
+from trainer.model.config import Qwen2Config
+from trainer.model.flash import attend_flash, attend_flash_after_prompt
+from trainer.sharding import constrain, constrain_cache, constrain_sequences, heads_split
+
+# Logical axis names of the activations (trainer.sharding.LOGICAL maps them to mesh axes).
+BTD = ("batch", "length", "embed")
+BTNH = ("batch", "length", "heads", "head_dim")
+BTKH = ("batch", "length", "kv_heads", "head_dim")
+BTKPH = ("batch", "length", "kv_heads", None, "head_dim")  # the fused q|k|v: [B, T, K, G + 2, H]
+BTF = ("batch", "length", "mlp")
+
+
+def dt(name: str) -> jnp.dtype:
+    return jnp.dtype(name)
+
+
+class RMSNorm(nn.Module):
+    eps: float
+    dtype: Any
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self, x_BTD: Array) -> Array:
+        scale = self.param("scale", nn.initializers.ones, (x_BTD.shape[-1],), self.param_dtype)
+        x = x_BTD.astype(jnp.float32)
+        x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
+        return (scale.astype(jnp.float32) * x).astype(self.dtype)
+
+
+class Attention(nn.Module):
+    config: Qwen2Config
+    fused: bool = False  # q|k|v as one weight and one matmul (the decode layout); else HF's three
+
+    def _dense(self, features: int | tuple[int, ...], bias: bool, name: str) -> nn.DenseGeneral:
+        c = self.config
+        init = nn.initializers.normal(c.initializer_range)
+        # Non-zero bias init so that tests exercise the q/k/v biases (HF initialises them to zero).
+        return nn.DenseGeneral(
+            features, use_bias=bias, dtype=dt(c.dtype), param_dtype=dt(c.param_dtype),
+            kernel_init=init, bias_init=init, name=name,
+        )  # fmt: skip
+
+    @nn.compact
+    def __call__(self, x_BTD: Array, cos_BTH: Array, sin_BTH: Array, mask_BTS: Any, kv: Any) -> Any:
+        """`kv` None: attend over this call's own keys (mask_BTS is [B, T, T]; or the attention mask [B, T], which
+        selects the Pallas kernel: `self_mask`) and return them; else
+        (keys_LBSKH, values_LBSKH, layer, slot, window, prompt, samples): write the new keys/values at (`layer`,
+        `slot`) of the whole stacked cache, in place, attend over this layer's first `window` slots (0: all S;
+        mask_BTS is [B, T, S]) and return the updated stacked cache. With `samples` G > 1 the rows come in groups
+        of G samples of one prompt whose first `prompt` slots are the same in each group (the prefill wrote them
+        so): those are read from each group's first row only (`attend_shared_prompt`).
+        `mask_BTS` a tuple, with `kv` None: each row is a group [prompt, its completions] (`attend_grouped`)."""
+        c = self.config
+        B, T, _ = x_BTD.shape
+        N, K, H = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        G = N // K
+        if self.fused:  # one matmul: each kv head's G query heads, then its key and value (model/fusion.py)
+            qkv = constrain(self._dense((K, G + 2, H), True, "qkv_proj")(x_BTD), *BTKPH)
+            q = constrain(qkv[:, :, :, :G].reshape(B, T, N, H), *BTNH)
+            k, v = (constrain(qkv[:, :, :, G + i], *BTKH) for i in (0, 1))
+        else:  # Hugging Face's three projections (the training layout)
+            q = constrain(self._dense(N * H, True, "q_proj")(x_BTD).reshape(B, T, N, H), *BTNH)
+            k = constrain(self._dense(K * H, True, "k_proj")(x_BTD).reshape(B, T, K, H), *BTKH)
+            v = constrain(self._dense(K * H, True, "v_proj")(x_BTD).reshape(B, T, K, H), *BTKH)
+        mesh = jax.sharding.get_abstract_mesh()
+        by_sequence = kv is not None and not mesh.empty and not heads_split(K, mesh)
+        if by_sequence:
+            # The cache is split by sequence over tp too (trainer.sharding.heads_split): each device attends
+            # for its own sequences with every head. The queries cross tp by one all-to-all in their own dtype,
+            # before RoPE (after it, XLA moved them as two float32 halves of RoPE's rotation); the output by one.
+            q = constrain_sequences(q)
+        q, k = apply_rope(q, cos_BTH, sin_BTH), apply_rope(k, cos_BTH, sin_BTH)
+        out: Array | None = None  # the decode's attention over a shared prompt, else computed below
+        if kv is None:
+            keys, values, new_kv = k, v, (k, v)
+        else:
+            # One small in-place update of the stacked cache per layer and decode step (the cache is the
+            # layer loop's carry, so XLA updates its buffer in place), then this layer's slots are read.
+            keys_LBSKH, values_LBSKH, layer, slot, window, prompt, samples = kv
+            at = (jnp.asarray(layer, jnp.int32), jnp.int32(0), jnp.asarray(slot, jnp.int32), jnp.int32(0),
+                  jnp.int32(0))  # fmt: skip
+            keys_LBSKH = jax.lax.dynamic_update_slice(keys_LBSKH, k[None].astype(keys_LBSKH.dtype), at)
+            values_LBSKH = jax.lax.dynamic_update_slice(values_LBSKH, v[None].astype(values_LBSKH.dtype), at)
+            # This layer's first `window` slots (0: all), read by one dynamic slice of the stack: only the slots
+            # this position can see (the rest are not written yet) leave HBM. (Slicing the window out of the
+            # whole layer row instead made XLA copy the row first: the same bytes as no window.)
+            size = (1, *keys_LBSKH.shape[1:2], window or keys_LBSKH.shape[2], *keys_LBSKH.shape[3:])
+            row = (at[0], *at[1:2], jnp.int32(0), *at[3:])  # (layer, 0, 0, 0, 0)
+            mask_BTS = mask_BTS[..., : size[2]]
+            new_kv = (constrain_cache(keys_LBSKH), constrain_cache(values_LBSKH))
+            if samples > 1 and 0 < prompt < size[2]:  # each group's prompt slots read once
+                parts = (*group_prompt(keys_LBSKH, values_LBSKH, at[0], prompt, samples),
+                         *completion_slots(keys_LBSKH, values_LBSKH, at[0], prompt, size[2]))  # fmt: skip
+                kp, vp, kc, vc = (x.astype(q.dtype) for x in parts)
+                out = attend_shared_prompt(q, kp, vp, kc, vc, mask_BTS)
+            else:
+                keys = jax.lax.dynamic_slice(keys_LBSKH, row, size)[0]
+                values = jax.lax.dynamic_slice(values_LBSKH, row, size)[0]
+        if isinstance(mask_BTS, tuple):  # rows of [prompt, its completions]: qwen2.forward_hidden_grouped
+            out = attend_grouped(q, keys, values, *mask_BTS)
+        elif (
+            out is None and kv is None and mask_BTS.ndim == 2
+        ):  # the [B, T] attention mask: the Pallas kernel
+            out = attend_flash(q, keys, values, mask_BTS)
+        elif out is None:
+            out = attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS)
+        out = constrain(constrain_sequences(out) if by_sequence else out, *BTNH)
+        return constrain(self._dense(c.hidden_size, False, "o_proj")(out.reshape(B, T, N * H)), *BTD), new_kv
+
+
+def attend_grouped(
+    q_UTNH: Array, k_UTKH: Array, v_UTKH: Array, prompt_mask_UP: Array, prompt_self: Array, completions: Array
+) -> Array:
+    """Attention over rows that each hold one group: its prompt's P tokens, then its G completions' C tokens each
+    (T = P + G x C). The prompt attends over itself under `prompt_self` (its [U, P] attention mask: the Pallas
+    kernel; or the [U, P, P] causal mask); each completion over its group's real prompt keys, then its own, under
+    `completions` ([B, C] attention masks: the Pallas kernel; or [B, C, P + C], B = U x G) -> [U, T, N, H]."""
+    (U, P), (B, C) = prompt_mask_UP.shape, completions.shape[:2]
+    N, H = q_UTNH.shape[2:]
+    prompt = [x[:, :P] for x in (q_UTNH, k_UTKH, v_UTKH)]
+    own = [x[:, P:].reshape(B, C, *x.shape[2:]) for x in (q_UTNH, k_UTKH, v_UTKH)]
+    if completions.ndim == 2:
+        out_UPNH = attend_flash(*prompt, prompt_self)
+        out_BCNH = attend_flash_after_prompt(own[0], *prompt[1:], *own[1:], prompt_mask_UP, completions)
+    else:
+        out_UPNH = attend(*prompt, prompt_self)
+        out_BCNH = attend_shared_prompt(own[0], *prompt[1:], *own[1:], completions)
+    return jnp.concatenate([out_UPNH, out_BCNH.reshape(U, B // U * C, N, H)], axis=1)
+
+
+class MLP(nn.Module):
+    config: Qwen2Config
+    fused: bool = False  # gate|up as one weight and one matmul (the decode layout); else HF's two
+
+    @nn.compact
+    def __call__(self, x_BTD: Array) -> Array:
+        c = self.config
+        kw: dict[str, Any] = {
+            "use_bias": False,
+            "dtype": dt(c.dtype),
+            "param_dtype": dt(c.param_dtype),
+            "kernel_init": nn.initializers.normal(c.initializer_range),
+        }
+        x_BTD = constrain(x_BTD, "group_rows", "length", "embed")  # trainer.sharding.LOGICAL
+        if self.fused:  # one matmul: [B, T, 2, F], the gate's columns then the up projection's
+            gate_up = constrain(nn.DenseGeneral((2, c.intermediate_size), name="gate_up_proj", **kw)(x_BTD),
+                                "batch", "length", None, "mlp")  # fmt: skip
+            gate, up = (constrain(gate_up[:, :, i], *BTF) for i in (0, 1))
+        else:  # Hugging Face's two projections (the training layout)
+            gate = constrain(nn.Dense(c.intermediate_size, name="gate_proj", **kw)(x_BTD), *BTF)
+            up = constrain(nn.Dense(c.intermediate_size, name="up_proj", **kw)(x_BTD), *BTF)
+        return constrain(nn.Dense(c.hidden_size, name="down_proj", **kw)(nn.silu(gate) * up), *BTD)
