@@ -76,6 +76,8 @@ def fit_report(result: dict[str, Any], as_json: bool) -> None:
         f"{result['device_kind']}, {result['hbm_bytes_per_device'] / GB:.1f} GB HBM each) - loss {result['impl']}, "
         f"mesh {result['mesh']}, rollout mesh {result['rollout_mesh']}, {result['method']}"
     )
+    if (once := result.get("prompt_once_per", 1)) > 1:  # train.shared_prompt applied to the update
+        title += f"; update runs each prompt once per group of {once}"
     rows = _cells(result)
     if _width(rows, MEMORY + TIME) <= err.width:
         err.print(_table(rows, MEMORY + TIME, escape(title)))

@@ -30,12 +30,12 @@ from jax.sharding import PartitionSpec as P
 from trainer.config import Config
 from trainer.kernels import resolve_impl
 from trainer.layout import OnMesh, decode_layout, decode_params_like, opt_state_shardings
-from trainer.loop.programs import make_ref_logp, make_update, optimizer
+from trainer.loop.programs import make_ref_logp, make_update, optimizer, prompt_groups
 from trainer.model import flash
 from trainer.model.config import Qwen2Config, preset
 from trainer.model.qwen2 import Qwen2
 from trainer.sampling import sampler
-from trainer.sharding import batch_axes, batch_devices, head_counts, make_mesh, param_shardings
+from trainer.sharding import DCN_AXIS, batch_axes, batch_devices, head_counts, make_mesh, param_shardings
 
 
 @dataclass
@@ -131,6 +131,10 @@ def step_programs(
             "update": flash.resolve(cfg.train.attention_impl, P_len + C),
             "prefill": flash.resolve(cfg.train.attention_impl, P_len, strict=False),
         },
+        # The update runs each prompt once for this many rows (1: every row its own; train.shared_prompt).
+        "prompt_once_per": prompt_groups(
+            cfg, cfg.train.micro_batch // mesh.shape[DCN_AXIS], P_len, flash.resolve(cfg.train.attention_impl, P_len + C)
+        ),
     }  # fmt: skip
     return [p for p in programs if p.name in only], facts
 

@@ -13,6 +13,8 @@ def render(r: dict[str, Any]) -> str:
         f"{r['hbm_bytes_per_device'] / GB:.1f} GB HBM per device; loss impl {r['impl']}, mesh {r['mesh']}, "
         f"rollout mesh {r['rollout_mesh']})"
     )
+    if r.get("prompt_once_per", 1) > 1:
+        head += f"\nupdate: each prompt's tokens run once per group of {r['prompt_once_per']} (train.shared_prompt)"
     rows = [f"{'phase':<13}{'args':>8}{'out':>8}{'temp':>8}{'resident':>9}{'peak':>8}{'headroom':>9}"
             f"{'TFLOP':>8}{'HBM GB':>8}{'coll GB':>8}{'bound s':>8}{'expected s':>12}{'compile':>8}  largest"]  # fmt: skip
     for name, p in r["phases"].items():

@@ -16,6 +16,8 @@ float32 and normalises at the end (the reference rounds the probabilities to v's
 Under a mesh in context the kernel runs per device (`jax.shard_map`): rows split over the batch axes, heads
 over tp when tp divides the kv heads (query head n belongs to kv head n // (N / K), so contiguous head blocks
 keep their groups). Off TPU (and for no TPU compile target) it runs in Pallas interpret mode: the CPU tests.
+`attend_flash_after_prompt` is the same kernel for completions after their group's shared prompt (the update's
+grouped forward): their queries are the last C of P + C keys, so the causal mask's diagonal is shifted by P.
 `train.attention_impl` (auto | xla | pallas) picks it for the update and the rollout's prefill (the decode
 attends over its cache with `attend`); `resolve` turns auto into a choice.
 """
