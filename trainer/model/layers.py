@@ -136,14 +136,16 @@ def attend_grouped(
     `completions` ([B, C] attention masks: the Pallas kernel; or [B, C, P + C], B = U x G) -> [U, T, N, H]."""
     (U, P), (B, C) = prompt_mask_UP.shape, completions.shape[:2]
     N, H = q_UTNH.shape[2:]
-    prompt = [x[:, :P] for x in (q_UTNH, k_UTKH, v_UTKH)]
-    own = [x[:, P:].reshape(B, C, *x.shape[2:]) for x in (q_UTNH, k_UTKH, v_UTKH)]
+    q_UPNH, k_UPKH, v_UPKH = (x[:, :P] for x in (q_UTNH, k_UTKH, v_UTKH))
+    q_BCNH, k_BCKH, v_BCKH = (x[:, P:].reshape(B, C, *x.shape[2:]) for x in (q_UTNH, k_UTKH, v_UTKH))
     if completions.ndim == 2:
-        out_UPNH = attend_flash(*prompt, prompt_self)
-        out_BCNH = attend_flash_after_prompt(own[0], *prompt[1:], *own[1:], prompt_mask_UP, completions)
+        out_UPNH = attend_flash(q_UPNH, k_UPKH, v_UPKH, prompt_self)
+        out_BCNH = attend_flash_after_prompt(
+            q_BCNH, k_UPKH, v_UPKH, k_BCKH, v_BCKH, prompt_mask_UP, completions
+        )
     else:
-        out_UPNH = attend(*prompt, prompt_self)
-        out_BCNH = attend_shared_prompt(own[0], *prompt[1:], *own[1:], completions)
+        out_UPNH = attend(q_UPNH, k_UPKH, v_UPKH, prompt_self)
+        out_BCNH = attend_shared_prompt(q_BCNH, k_UPKH, v_UPKH, k_BCKH, v_BCKH, completions)
     return jnp.concatenate([out_UPNH, out_BCNH.reshape(U, B // U * C, N, H)], axis=1)
 
 

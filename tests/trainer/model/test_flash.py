@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.trainer.model.grads import assert_grads_close
 from trainer import config as trainer_config
 from trainer.loop.programs import make_loss_fn
 from trainer.model import attention, flash, qwen2
@@ -160,14 +161,7 @@ def test_tiny_model_grpo_loss_and_gradients_equal_with_pallas_attention() -> Non
     want_loss, want_grads = run("xla")
     got_loss, got_grads = run("pallas")
     np.testing.assert_allclose(float(got_loss), float(want_loss), rtol=TOL[jnp.float32])
-    flat_want = jax.tree_util.tree_leaves_with_path(want_grads)
-    for (path, want), got in zip(flat_want, jax.tree_util.tree_leaves(got_grads), strict=True):
-        scale = float(np.abs(np.asarray(want)).max())
-        assert scale > 0, f"{jax.tree_util.keystr(path)}: no gradient"
-        err = float(np.abs(np.asarray(got) - np.asarray(want)).max()) / scale
-        assert err <= 1e-4, (
-            f"{jax.tree_util.keystr(path)}: error {err:.2e} of its largest gradient {scale:.3g}"
-        )
+    assert_grads_close(got_grads, want_grads, 1e-4)
 
 
 def test_prefill_with_pallas_attention_gives_the_same_hidden_states_and_cache() -> None:
