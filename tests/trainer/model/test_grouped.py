@@ -141,3 +141,15 @@ def test_prompts_run_once_only_for_whole_groups() -> None:
     assert prompt_groups(cfg, 8, 100, "pallas") == 1
     off = trainer_config.load("tiny", ["rollout.samples_per_prompt=4", "train.shared_prompt=false"])
     assert prompt_groups(off, 8, 8, "xla") == 1
+
+
+def test_after_prompt_kernel_refuses_shapes_it_cannot_run() -> None:
+    """Rows that the prompts do not divide into groups, and a completion that is not a multiple of 128 tokens, are
+    refused with the shapes received, before the kernel."""
+    q, kp = jnp.ones((6, 128, 4, 32)), jnp.ones((4, 128, 2, 32))
+    kc, masks = jnp.ones((6, 128, 2, 32)), (jnp.ones((4, 128), jnp.int32), jnp.ones((6, 128), jnp.int32))
+    with pytest.raises(ValueError, match=r"U dividing B, received \(6, 128, 4, 32\), \(4, 128, 2, 32\)"):
+        flash.attend_flash_after_prompt(q, kp, kp, kc, kc, *masks)
+    q, kp, kc = q[:, :100], kp[:3], kc[:, :100]
+    with pytest.raises(ValueError, match=r"multiple of 128 .*received 100"):
+        flash.attend_flash_after_prompt(q, kp, kp, kc, kc, masks[0][:3], masks[1][:, :100])
