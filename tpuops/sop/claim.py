@@ -30,7 +30,7 @@ WIDTH = 20  # pid and exit files: one line of this width, overwritten in place (
 # `held`: the lock's holder still runs: the same boot (`boot`), the same process (`pid`, and its start time
 # `start`: a pid the kernel gave to another process since is not the holder). `stop_step`: the step of the run
 # that is running now (its process group in `step`, checked by its leader's start time in `step-start`; its
-# name in `step-what`: a git sync, a venv) stopped.
+# name in `step-what`, read before it is stopped: the run's own clean-up may give the lock back meanwhile) stopped.
 HELPERS = (
     shell.RUNNING
     + f"""
@@ -52,7 +52,7 @@ held() {{ p=$(pid_of "$lock/pid"); [ -n "$p" ] || return 1
   running "$p"; }}
 stop_step() {{ s=$(pid_of "$lock/step"); if [ -n "$s" ] && [ "$s" != "$(sed 's/.*) //' /proc/$$/stat | cut -d' ' -f3)" ] &&
   [ "$(stime "$s")" = "$(pid_of "$lock/step-start")" ] && running "$s"; then
-  stop_group "$s"; echo "tpuops: stopped $(cat "$lock/step-what" 2>/dev/null)"; fi; }}
+  what=$(cat "$lock/step-what" 2>/dev/null); stop_group "$s"; echo "tpuops: stopped ${{what:-step}}"; fi; }}
 """
 )
 
