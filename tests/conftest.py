@@ -95,6 +95,7 @@ SLOW_FIXTURES = frozenset({"sshd_pool", "cloud", "cloud_session", "worker_python
 SLOW_MODULES = (
     "tests/trainer/kernels/",
     "tests/trainer/model/test_qwen2.py",
+    "tests/trainer/model/test_grouped.py",
     "tests/trainer/model/test_hf_equivalence.py",
     "tests/trainer/model/test_loading.py",
     "tests/trainer/sampling/",
@@ -241,6 +242,7 @@ LONGEST_MODULES_FIRST = (
     "tests/trainer/fit/test_fit.py",
     "tests/tpuops/test_e2e_local.py",
     "tests/trainer/model/test_flash.py",
+    "tests/trainer/model/test_grouped.py",
     "tests/tpuops/cloud/test_multislice.py",
     "tests/trainer/kernels/test_cli.py",
     "tests/tpuops/cloud/test_failure_matrix.py",
