@@ -122,19 +122,18 @@ def step_programs(
         programs += _rollout(cfg, mconf, params, opt_state, rmesh, to_decode)
     if any(name in only for name in UPDATE):
         programs += _update(cfg, mconf, mesh, params, opt_state, impl)
+    update_attention = flash.resolve(cfg.train.attention_impl, P_len + C)  # what make_update resolves it to
     facts = {
         "impl": impl, "mesh": dict(mesh.shape), "rollout_mesh": dict(rmesh.shape),
         "params_bytes": device_bytes(params), "opt_state_bytes": device_bytes(opt_state),
         "batch_devices": batch_devices(mesh), "sequences": N, "prompt_len": P_len, "new_tokens": C,
         "micro_batch": cfg.train.micro_batch, "accumulation": cfg.accumulation_steps, "remat": cfg.train.remat,
         "attention": {  # what train.attention_impl resolves to on this TPU (trainer.model.flash)
-            "update": flash.resolve(cfg.train.attention_impl, P_len + C),
+            "update": update_attention,
             "prefill": flash.resolve(cfg.train.attention_impl, P_len, strict=False),
         },
         # The update runs each prompt once for this many rows (1: every row its own; train.shared_prompt).
-        "prompt_once_per": prompt_groups(
-            cfg, cfg.train.micro_batch // mesh.shape[DCN_AXIS], P_len, flash.resolve(cfg.train.attention_impl, P_len + C)
-        ),
+        "prompt_once_per": prompt_groups(cfg, cfg.train.micro_batch // mesh.shape[DCN_AXIS], P_len, update_attention),
     }  # fmt: skip
     return [p for p in programs if p.name in only], facts
 
