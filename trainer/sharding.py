@@ -239,10 +239,14 @@ def logical_spec(names: Sequence[str | None], shape: tuple[int, ...], mesh: Any)
     return P(*spec[:i], kept or None, *spec[i + 1 :])
 
 
+def vocab_axes(vocab: int, mesh: Any) -> tuple[str, ...]:
+    """The mesh axes a vocabulary of `vocab` splits over (its tp group, as far as it divides)."""
+    return _names(logical_spec(("vocab",), (vocab,), mesh)[0])
+
+
 def vocab_ways(vocab: int, mesh: Any) -> int:
-    """How many blocks a vocabulary of `vocab` splits into under `mesh` (its tp group, as far as it divides)."""
-    axes = _names(logical_spec(("vocab",), (vocab,), mesh)[0])
-    return int(np.prod([mesh.shape[a] for a in axes]))
+    """How many blocks a vocabulary of `vocab` splits into under `mesh` (`vocab_axes`)."""
+    return int(np.prod([mesh.shape[a] for a in vocab_axes(vocab, mesh)]))
 
 
 def _names(axes: Any) -> tuple[str, ...]:

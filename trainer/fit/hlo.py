@@ -15,7 +15,8 @@ does once, outside its loop, counts once).
 A computation nothing calls counts once (also a fragment of text without an ENTRY).
 
 Collectives: result bytes per kind and the bytes each device moves over ICI (ring algorithms: all-gather
-R(n-1)/n, reduce-scatter R(n-1), all-reduce 2R(n-1)/n), each times the runs of the computation it sits in.
+R(n-1)/n, reduce-scatter R(n-1), all-reduce 2R(n-1)/n), each times the runs of the computation it sits in. An
+all-reduce whose fusion returns only this device's slice of it (libtpu's reduce-scatter) is a reduce-scatter.
 """
 
 from __future__ import annotations
@@ -294,10 +295,13 @@ def collective_ops(text: str | Module, devices: int) -> list[CollectiveOp]:
     mod = module(text)
     out = []
     for name, body in mod.computations.items():
+        scattered = _scattered(body) if name in mod.nested else None
         for ins in body:
             kind = ins.op.removesuffix("-start")
             if kind not in KINDS or not (sizes := _array_bytes(ins.type)):
                 continue
+            if ins.name == scattered:  # libtpu's reduce-scatter: what each device keeps is its result
+                kind, sizes = "reduce-scatter", [s // len(group_members(ins.line, devices)) for s in sizes]
             # An async start's tuple holds (operands..., results...): the results are the second half. A permute's
             # start also carries u32[] context scalars (libtpu: operand, result, u32[], u32[]), which are not data.
             start = ins.op.endswith("-start") and kind != "all-reduce"
@@ -313,6 +317,18 @@ def collective_ops(text: str | Module, devices: int) -> list[CollectiveOp]:
             }[kind]  # fmt: skip
             out.append(CollectiveOp(ins.name, kind, result, moved, group, mod.counts[name]))
     return out
+
+
+def _scattered(body: list[Instruction]) -> str | None:
+    """The all-reduce of a fused reduce-scatter: a fusion body whose ROOT is a dynamic-slice of an all-reduce
+    (libtpu's `all-reduce-scatter` fusion, emitter SingleInputAllReduceScatterFusion: a ring that sends each
+    device only its own slice, the bytes of a reduce-scatter; an all-reduce whose slice is taken by a separate
+    op outside it is a whole all-reduce)."""
+    root = next((i for i in body if i.line.lstrip().startswith("ROOT ")), None)
+    if root is None or root.op != "dynamic-slice" or not (operand := _OPERAND.search(root.args)):
+        return None
+    source = next((i for i in body if i.name == operand["name"]), None)
+    return source.name if source is not None and source.op == "all-reduce" else None
 
 
 def collectives(text: str | Module, devices: int) -> dict[str, int]:

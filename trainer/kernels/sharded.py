@@ -46,7 +46,9 @@ def batch_sharded(kernel: Kernel, h_BTD: Array, w_DV: Array, ids_BT: Array) -> t
         _, vjp = jax.vjp(lambda h, w: kernel(h, w, ids), h, w)
         dh, dw = vjp((g_logp, g_ent))
         if scatter:
-            return dh, jax.lax.psum_scatter(dw, axes, scatter_dimension=0, tiled=True)
+            # Over a leading axis of its own: libtpu then reduce-scatters (over D itself it all-reduced, twice the bytes).
+            parts = dw.reshape(n_dev, dw.shape[0] // n_dev, *dw.shape[1:])
+            return dh, jax.lax.psum_scatter(parts, axes, scatter_dimension=0, tiled=True)[0]
         return dh, jax.lax.psum(dw, axes)
 
     def smap(f: Callable, n_in: int, out_specs: tuple) -> Callable:

@@ -27,9 +27,9 @@ from jax.sharding import Mesh
 from trainer import sharding
 from trainer.model import qwen2, unrolled
 from trainer.model.config import Qwen2Config
-from trainer.sampling import kv_cache
+from trainer.sampling import kv_cache, split
 from trainer.sampling.kv_cache import KVCache
-from trainer.sampling.tokens import LAYER_LOOPS, SamplingConfig, sample_token
+from trainer.sampling.tokens import LAYER_LOOPS, SamplingConfig
 
 if TYPE_CHECKING:
     from trainer.config import RolloutConfig
@@ -132,7 +132,7 @@ def _prefill(
         )
     logits_BV = _per_row(qwen2.logits_from_hidden(params, config, hidden_UPD[:, -1:])[:, 0], samples, axis=0)
     rng, key = jax.random.split(rng)
-    token_B, logprob_B = _sample(logits_BV, key, sampling, mesh)
+    token_B, logprob_B = split.sample(logits_BV, key, sampling, mesh)
     state = DecodeState(
         cache=cache,
         tokens_BC=jnp.full((B, C), pad_id, jnp.int32),
@@ -262,59 +262,6 @@ def _clear_next_slot(cache: KVCache) -> KVCache:
     )
 
 
-def _sample(logits_BV: Array, rng: Array, sampling: SamplingConfig, mesh: Mesh | None) -> tuple[Array, Array]:
-    """sample_token on whole rows, or, with the vocabulary split over the tp group and no top-k/top-p filter,
-    where the logits are (`sample_split`): no all-gather of the float32 logits (3B: 19 MB per token over ICI)."""
-    parts = 1 if mesh is None else sharding.vocab_ways(logits_BV.shape[-1], mesh)
-    if parts > 1 and sampling.top_k == 0 and sampling.top_p == 1.0:
-        return sample_split(logits_BV, rng, sampling, parts, mesh)
-    return sample_token(_whole_rows(logits_BV, mesh), rng, sampling)
-
-
-def sample_split(
-    logits_BV: Array, rng: Array, sampling: SamplingConfig, parts: int, mesh: Mesh | None = None
-) -> tuple[Array, Array]:
-    """sample_token (no top-k/top-p) computed on `parts` vocabulary blocks [B, parts, V / parts] that stay where
-    they are (split over tp under `mesh`): each block's max, mass and cumulative sum is local, and only [B, parts]
-    figures cross devices. The same draw: the token whose cumulative probability first exceeds u x the total
-    (the block's offset is the mass of the blocks before it), greedy the first maximum, the log-prob from the
-    temperature-scaled log-softmax."""
-    B, V = logits_BV.shape
-    n = V // parts
-
-    def blocks(x_BV: Array) -> Array:
-        x_BKn = x_BV.reshape(B, parts, n)
-        if mesh is None:
-            return x_BKn
-        return jax.lax.with_sharding_constraint(
-            x_BKn, sharding.logical_spec(("batch", "vocab", None), x_BKn.shape, mesh)
-        )
-
-    logq_BKn = jax.nn.log_softmax(blocks(logits_BV.astype(jnp.float32) / sampling.temperature), axis=(1, 2))
-    if sampling.greedy:
-        raw_BKn = blocks(logits_BV)
-        best_BK, at_BK = jnp.max(raw_BKn, axis=-1), jnp.argmax(raw_BKn, axis=-1)
-        block_B = jnp.argmax(best_BK, axis=-1)  # the first block holding the maximum: argmax's first index
-        token_B = block_B * n + jnp.take_along_axis(at_BK, block_B[:, None], axis=-1)[:, 0]
-    else:
-        p_BKn = jnp.exp(logq_BKn)
-        mass_BK = jnp.sum(p_BKn, axis=-1)
-        cdf_BKn = jnp.cumsum(p_BKn, axis=-1) + (jnp.cumsum(mass_BK, axis=-1) - mass_BK)[..., None]
-        u_B11 = jax.random.uniform(rng, (B, 1))[:, :, None] * jnp.sum(mass_BK, axis=-1)[:, None, None]
-        token_B = jnp.minimum(jnp.sum(cdf_BKn <= u_B11, axis=(1, 2)), V - 1)
-    token_B = token_B.astype(jnp.int32)
-    hit_BKn = jnp.arange(V, dtype=jnp.int32).reshape(1, parts, n) == token_B[:, None, None]
-    return token_B, jnp.sum(jnp.where(hit_BKn, logq_BKn, 0.0), axis=(1, 2))
-
-
-def _whole_rows(logits_BV: Array, mesh: Mesh | None) -> Array:
-    """Logits with the vocabulary on one device per row (batch still split): the draw's cumsum over a
-    vocabulary split over tp would be a chain of cross-device permutes per token (minutes on 8 CPU devices)."""
-    if mesh is None:
-        return logits_BV
-    return jax.lax.with_sharding_constraint(logits_BV, sharding.batch_sharding(mesh, logits_BV.shape))
-
-
 def decode_one(
     params: Any, s: DecodeState, *, config: Qwen2Config, eos_E: Array, pad_id: Array, sampling: SamplingConfig,
     mesh: Mesh | None = None, window: int = 0, prompt: int = 0, samples: int = 1,
@@ -335,7 +282,7 @@ def decode_one(
             cache.index, cache.mask_BS[:, None, :], window=window, prompt=prompt, samples=samples,
         )  # fmt: skip
     rng, key = jax.random.split(s.rng)
-    token_B, logprob_B = _sample(logits_B1V[:, 0], key, sampling, mesh)
+    token_B, logprob_B = split.sample(logits_B1V[:, 0], key, sampling, mesh)
     cache = cache.replace(keys=keys, values=values, index=cache.index + 1)
     s = s.replace(cache=cache, positions_B=s.positions_B + 1, step=s.step + 1, rng=rng)
     return _record(s, token_B, logprob_B, eos_E, pad_id)

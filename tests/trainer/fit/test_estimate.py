@@ -239,6 +239,43 @@ def test_a_collective_inside_an_async_call_overlaps_and_inside_a_fusion_holds_th
     assert held["bound_s"] == pytest.approx(held["roofline_s"] + all_reduce_s)
 
 
+# libtpu's reduce-scatter: an all-reduce whose fusion returns only this device's slice (partition-id x size);
+# beside it an all-reduce whose slice a separate op takes afterwards, which is a whole all-reduce.
+SCATTER = """
+%all-reduce-scatter (input: f32[8,256,1024]) -> f32[256,1024] {
+  %input = f32[8,256,1024]{2,1,0} parameter(0)
+  %all-reduce.46 = f32[8,256,1024]{2,1,0} all-reduce(%input), replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
+  %partition-id.45 = u32[] partition-id()
+  %c = u32[] constant(0)
+  ROOT %dynamic-slice.205 = f32[1,256,1024]{2,1,0} dynamic-slice(%all-reduce.46, %partition-id.45, %c, %c)
+}
+
+ENTRY %main (p: f32[8,256,1024]) -> f32[256,1024] {
+  %p = f32[8,256,1024]{2,1,0} parameter(0)
+  %fusion.17 = f32[1,256,1024]{2,1,0} fusion(%p), kind=kCustom, calls=%all-reduce-scatter
+  %whole = f32[8,256,1024]{2,1,0} all-reduce(%p), replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
+  ROOT %slice = f32[1,256,1024]{2,1,0} dynamic-slice(%whole, %c, %c, %c), dynamic_slice_sizes={1,256,1024}
+}
+"""
+
+
+def test_an_all_reduce_whose_fusion_keeps_only_this_devices_slice_is_a_reduce_scatter() -> None:
+    ops = {op.name: op for op in hlo.collective_ops(SCATTER, 8)}
+    full = 8 * 256 * 1024 * 4
+    assert (ops["all-reduce.46"].kind, ops["all-reduce.46"].result_bytes) == ("reduce-scatter", full // 8)
+    assert ops["all-reduce.46"].moved_bytes == full * 7 / 8  # half an all-reduce's
+    assert (ops["whole"].kind, ops["whole"].result_bytes, ops["whole"].moved_bytes) == (
+        "all-reduce",
+        full,
+        2 * full * 7 / 8,
+    )
+    rates = tpus.from_accelerator("v6e-8").per_device(8)
+    bw, latency = estimate.collective_seconds(ops["all-reduce.46"], rates, V6E_2X4)
+    assert (bw, latency) == pytest.approx(
+        (full * 7 / 8 / (2 * 100e9), 4e-6)
+    )  # both dimensions' links, 1 + 3 hops
+
+
 def test_the_step_adds_the_host_work_to_the_bound_and_to_the_range() -> None:
     costs = {"compute_s": 0.5, "hbm_s": 1.0, "roofline_s": 1.2, "collective_bw_s": 0.1, "collective_latency_s": 0.05,
              "collectives": 3, "overlap_s": 0.0, "bound_s": 1.35, "expected_s": [2.0, 2.6]}  # fmt: skip

@@ -537,3 +537,36 @@ def test_a_scan_over_layers_costs_its_layers_times_one_layer(
     if gathered == "weight":  # unrolled TP gathers L - 1 inputs and prefetches slices of the stack whole
         f, hbm, ag = cost(unrolled, 4)
         assert (f, ag) == (f4, ag4) and hbm == pytest.approx(hbm4, rel=1e-3)
+
+
+def test_the_lm_head_gradient_is_reduce_scattered_over_the_batch_devices(v6e_8: list[object]) -> None:
+    """The loss kernels' dW [D, V] leaves each device as its fsdp slice: libtpu's fused reduce-scatter, which fit
+    counts at a reduce-scatter's bytes (an all-reduce of dW would move twice as many)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from trainer import sharding
+    from trainer.kernels import sharded
+    from trainer.kernels.logprob import reference
+
+    mesh, B, T, D, V = sharding.make_mesh(1, 8, 1, devices=v6e_8), 16, 128, 256, 4096
+
+    def kernel(h: jax.Array, w: jax.Array, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return reference.token_logprob_entropy(h @ w, ids)
+
+    def loss(h: jax.Array, w: jax.Array, ids: jax.Array) -> jax.Array:
+        return jnp.sum(sharded.batch_sharded(kernel, h, w.astype(h.dtype), ids)[0])
+
+    def like(shape: tuple[int, ...], dtype: object, spec: P) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
+
+    args = (like((B, T, D), jnp.bfloat16, P(sharding.BATCH)), like((D, V), jnp.float32, P("fsdp")),
+            like((B, T), jnp.int32, P(sharding.BATCH)))  # fmt: skip
+    with jax.set_mesh(mesh):
+        text = jax.jit(jax.grad(loss, argnums=1)).lower(*args).compile().as_text()
+    ops = [op for op in hlo.collective_ops(text, 8) if op.group == tuple(range(8))]
+    scattered = [op for op in ops if op.kind == "reduce-scatter"]
+    assert [op.result_bytes for op in scattered] == [D * V * 2 // 8]  # dW in the weight's compute dtype, bf16
+    assert not [op for op in ops if op.kind == "all-reduce" and op.result_bytes >= D * V * 2 // 8]
