@@ -10,8 +10,10 @@ row (after a completion's end) the real keys before it. Padding rows never reach
 sees a padding key) and their positions carry no loss, so nothing real differs.
 
 Numerics: q @ k and the softmax in float32 as in the reference; q is scaled by 1/sqrt(H) in its own dtype
-before the kernel (the kernel has no scale), and the kernel multiplies float32 probabilities by v cast to
-float32 and normalises at the end (the reference rounds the probabilities to v's dtype first).
+before the kernel (the kernel has no scale), or comes scaled (`scaled=True`: the layers fold the scale into
+RoPE's float32 tables, one pass fewer over q: the seed's update 0.774 -> 0.771 s, docs/performance.md); the
+kernel multiplies float32 probabilities by v cast to float32 and normalises at the end (the reference rounds
+the probabilities to v's dtype first).
 
 Under a mesh in context the kernel runs per device (`jax.shard_map`): rows split over the batch axes, heads
 over tp when tp divides the kv heads (query head n belongs to kv head n // (N / K), so contiguous head blocks
@@ -116,21 +118,26 @@ def _kernel(N: int, T: int, T_kv: int, blocks: Blocks, interpret: bool) -> Splas
 
 def _local(
     q_BTNH: Array, k_BSKH: Array, v_BSKH: Array, segment_BT: Array, segment_BS: Array, blocks: Blocks,
-    interpret: bool,
+    interpret: bool, scaled: bool,
 ) -> Array:  # fmt: skip
     """The kernel on one device's rows and heads (T queries, the last T of the S keys)."""
     _, T, N, H = q_BTNH.shape
     S = k_BSKH.shape[1]
     kernel = _kernel(N, T, S, blocks.fitted(T, S), interpret)
-    q_BNTH = (q_BTNH * jnp.asarray(1.0 / np.sqrt(H), q_BTNH.dtype)).transpose(0, 2, 1, 3)
+    if not scaled:
+        q_BTNH = q_BTNH * jnp.asarray(1.0 / np.sqrt(H), q_BTNH.dtype)
+    q_BNTH = q_BTNH.transpose(0, 2, 1, 3)
     k_BKTH, v_BKTH = k_BSKH.transpose(0, 2, 1, 3), v_BSKH.transpose(0, 2, 1, 3)
     segments = splash.SegmentIds(q=segment_BT, kv=segment_BS)
     out_BNTH = jax.vmap(kernel)(q_BNTH, k_BKTH, v_BKTH, segment_ids=segments)  # (no residuals asked for)
     return cast(Array, out_BNTH).transpose(0, 2, 1, 3)
 
 
-def attend_flash(q_BTNH: Array, k_BTKH: Array, v_BTKH: Array, attention_mask_BT: Array) -> Array:
-    """Causal grouped-query self-attention over the real tokens of `attention_mask_BT` -> [B, T, N, H]."""
+def attend_flash(
+    q_BTNH: Array, k_BTKH: Array, v_BTKH: Array, attention_mask_BT: Array, scaled: bool = False
+) -> Array:
+    """Causal grouped-query self-attention over the real tokens of `attention_mask_BT` -> [B, T, N, H]. `scaled`:
+    the queries come already multiplied by 1 / sqrt(H)."""
     B, T, N, H = q_BTNH.shape
     K = k_BTKH.shape[2]
     if k_BTKH.shape != (B, T, K, H) or v_BTKH.shape != k_BTKH.shape or N % K:
@@ -143,12 +150,12 @@ def attend_flash(q_BTNH: Array, k_BTKH: Array, v_BTKH: Array, attention_mask_BT:
     if why := supported(T):
         raise ValueError(why)
     segment_BT = attention_mask_BT.astype(jnp.int32)
-    return _sharded(q_BTNH, k_BTKH, v_BTKH, segment_BT, segment_BT)
+    return _sharded(q_BTNH, k_BTKH, v_BTKH, segment_BT, segment_BT, scaled)
 
 
 def attend_flash_after_prompt(
     q_BCNH: Array, kp_UPKH: Array, vp_UPKH: Array, kc_BCKH: Array, vc_BCKH: Array, prompt_mask_UP: Array,
-    mask_BC: Array,
+    mask_BC: Array, scaled: bool = False,
 ) -> Array:  # fmt: skip
     """Completions in groups of B / U rows per prompt (`attention.attend_shared_prompt`'s rows): each row's C
     queries over its group's P prompt keys (the real ones), then its own real keys at or before it, by the same
@@ -173,13 +180,16 @@ def attend_flash_after_prompt(
     )
     segment_BC = mask_BC.astype(jnp.int32)
     segment_BS = jnp.concatenate([per_row(prompt_mask_UP.astype(jnp.int32)), segment_BC], axis=1)
-    return _sharded(q_BCNH, k_BSKH, v_BSKH, segment_BC, segment_BS)
+    return _sharded(q_BCNH, k_BSKH, v_BSKH, segment_BC, segment_BS, scaled)
 
 
-def _sharded(q_BTNH: Array, k_BSKH: Array, v_BSKH: Array, segment_BT: Array, segment_BS: Array) -> Array:
+def _sharded(
+    q_BTNH: Array, k_BSKH: Array, v_BSKH: Array, segment_BT: Array, segment_BS: Array, scaled: bool
+) -> Array:
     """`_local` on this platform's blocks, per device under a mesh in context."""
     on_tpu = _on_tpu()
-    local = functools.partial(_local, blocks=TUNED["tpu" if on_tpu else "cpu"], interpret=not on_tpu)
+    blocks = TUNED["tpu" if on_tpu else "cpu"]
+    local = functools.partial(_local, blocks=blocks, interpret=not on_tpu, scaled=scaled)
     mesh = active_mesh()
     if mesh is None:
         return local(q_BTNH, k_BSKH, v_BSKH, segment_BT, segment_BS)

@@ -88,7 +88,10 @@ class Attention(nn.Module):
             # for its own sequences with every head. The queries cross tp by one all-to-all in their own dtype,
             # before RoPE (after it, XLA moved them as two float32 halves of RoPE's rotation); the output by one.
             q = constrain_sequences(q)
-        q, k = apply_rope(q, cos_BTH, sin_BTH), apply_rope(k, cos_BTH, sin_BTH)
+        # The Pallas kernel takes queries scaled by 1 / sqrt(H): folded into RoPE's float32 tables, not a pass of its own.
+        scaled = kv is None and (mask_BTS[2] if isinstance(mask_BTS, tuple) else mask_BTS).ndim == 2
+        qs = (1.0 / H**0.5) if scaled else 1.0
+        q, k = apply_rope(q, cos_BTH * qs, sin_BTH * qs), apply_rope(k, cos_BTH, sin_BTH)
         out: Array | None = None  # the decode's attention over a shared prompt, else computed below
         if kv is None:
             keys, values, new_kv = k, v, (k, v)
@@ -116,11 +119,10 @@ class Attention(nn.Module):
                 keys = jax.lax.dynamic_slice(keys_LBSKH, row, size)[0]
                 values = jax.lax.dynamic_slice(values_LBSKH, row, size)[0]
         if isinstance(mask_BTS, tuple):  # rows of [prompt, its completions]: qwen2.forward_hidden_grouped
-            out = attend_grouped(q, keys, values, *mask_BTS)
-        elif (
-            out is None and kv is None and mask_BTS.ndim == 2
-        ):  # the [B, T] attention mask: the Pallas kernel
-            out = attend_flash(q, keys, values, mask_BTS)
+            prompt_mask, prompt_self, completions = mask_BTS
+            out = attend_grouped(q, keys, values, prompt_mask, prompt_self, completions, scaled)
+        elif scaled:  # the [B, T] attention mask: the Pallas kernel
+            out = attend_flash(q, keys, values, mask_BTS, scaled=True)
         elif out is None:
             out = attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS)
         out = constrain(constrain_sequences(out) if by_sequence else out, *BTNH)
@@ -128,20 +130,22 @@ class Attention(nn.Module):
 
 
 def attend_grouped(
-    q_UTNH: Array, k_UTKH: Array, v_UTKH: Array, prompt_mask_UP: Array, prompt_self: Array, completions: Array
-) -> Array:
+    q_UTNH: Array, k_UTKH: Array, v_UTKH: Array, prompt_mask_UP: Array, prompt_self: Array, completions: Array,
+    scaled: bool = False,
+) -> Array:  # fmt: skip
     """Attention over rows that each hold one group: its prompt's P tokens, then its G completions' C tokens each
     (T = P + G x C). The prompt attends over itself under `prompt_self` (its [U, P] attention mask: the Pallas
     kernel; or the [U, P, P] causal mask); each completion over its group's real prompt keys, then its own, under
-    `completions` ([B, C] attention masks: the Pallas kernel; or [B, C, P + C], B = U x G) -> [U, T, N, H]."""
+    `completions` ([B, C] attention masks: the Pallas kernel, `scaled` as `attend_flash`'s; or [B, C, P + C],
+    B = U x G) -> [U, T, N, H]."""
     (U, P), (B, C) = prompt_mask_UP.shape, completions.shape[:2]
     N, H = q_UTNH.shape[2:]
     q_UPNH, k_UPKH, v_UPKH = (x[:, :P] for x in (q_UTNH, k_UTKH, v_UTKH))
     q_BCNH, k_BCKH, v_BCKH = (x[:, P:].reshape(B, C, *x.shape[2:]) for x in (q_UTNH, k_UTKH, v_UTKH))
     if completions.ndim == 2:
-        out_UPNH = attend_flash(q_UPNH, k_UPKH, v_UPKH, prompt_self)
+        out_UPNH = attend_flash(q_UPNH, k_UPKH, v_UPKH, prompt_self, scaled)
         out_BCNH = attend_flash_after_prompt(
-            q_BCNH, k_UPKH, v_UPKH, k_BCKH, v_BCKH, prompt_mask_UP, completions
+            q_BCNH, k_UPKH, v_UPKH, k_BCKH, v_BCKH, prompt_mask_UP, completions, scaled
         )
     else:
         out_UPNH = attend(q_UPNH, k_UPKH, v_UPKH, prompt_self)
