@@ -121,10 +121,11 @@ class TrainConfig:
     # be a multiple of 128, a prefill bucket that is not one uses xla) | auto (pallas on a TPU or a TPU compile
     # target where the length allows, else xla: CPU and GPU runs keep xla).
     attention_impl: Literal["auto", "xla", "pallas"] = "auto"
-    # Recompute each decoder layer in the backward pass: none | dots (keep matmul outputs) | full (keep inputs) |
-    # auto (the first of none, dots, full whose compiled update leaves 10% of the device's memory free; none where
-    # the device reports no memory limit, as the CPU: trainer.loop.remat; `fit` compiles the same candidates)
-    remat: Literal["none", "dots", "full", "auto"] = "none"
+    # Recompute each decoder layer in the backward pass: none | dots (keep matmul outputs) | mlp_up (keep the MLP's
+    # up projection) | full (keep inputs) | auto (the first of none, dots, mlp_up, full whose compiled update leaves
+    # 10% of the device's memory free; none where the device reports no memory limit, as the CPU: trainer.loop.remat;
+    # `fit` compiles the same candidates)
+    remat: Literal["none", "dots", "mlp_up", "full", "auto"] = "none"
     # On a TPU, let XLA split the update's FSDP weight all-gathers into a ring of pieces, each multiplied as it
     # arrives ("collective matmul", libtpu's default): it overlaps the gather with compute, but a matmul whose
     # contracted dim is the split one adds each piece's partial product into its [tokens, mlp] output in HBM

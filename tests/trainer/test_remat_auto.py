@@ -41,16 +41,26 @@ def test_the_headroom_is_ten_percent_to_the_byte() -> None:
 
 
 def test_a_candidate_too_big_to_compile_counts_as_not_fitting() -> None:
-    choice = pick({"none": None, "dots": None, "full": 20 * GB}, 32 * GB)
-    assert choice is not None and choice.policy == "full"
+    choice = pick({"none": None, "dots": None, "mlp_up": 20 * GB}, 32 * GB)
+    assert choice is not None and choice.policy == "mlp_up"
     assert "none over the device at compile, dots over the device at compile over it" in choice.why
 
 
+def test_the_mlp_up_projection_is_kept_before_everything_is_recomputed() -> None:
+    # The seed's update on a v6e-8 (docs/performance.md): dots over the device, mlp_up 30.72 GB of 30.92 usable.
+    assert ORDER == ("none", "dots", "mlp_up", "full")
+    assert pick({"none": None, "dots": None}, 34_359_738_368) is None  # mlp_up still to compile
+    choice = pick({"none": None, "dots": None, "mlp_up": 30_720_138_848}, 34_359_738_368)
+    assert choice is not None and choice.policy == "mlp_up" and "full" not in choice.peaks
+    over = pick({"none": None, "dots": None, "mlp_up": 31 * GB, "full": 16 * GB}, 34_359_738_368)
+    assert over is not None and over.policy == "full"
+
+
 def test_when_nothing_fits_full_needs_the_least() -> None:
-    choice = pick({"none": 80 * GB, "dots": 50 * GB, "full": 35 * GB}, 32 * GB)
+    choice = pick({"none": 80 * GB, "dots": 50 * GB, "mlp_up": 40 * GB, "full": 35 * GB}, 32 * GB)
     assert choice is not None and choice.policy == "full"
     assert choice.why.startswith(
-        "full: no policy fits in 28.80 GB (none 80.00 GB, dots 50.00 GB, full 35.00 GB)"
+        "full: no policy fits in 28.80 GB (none 80.00 GB, dots 50.00 GB, mlp_up 40.00 GB, full 35.00 GB)"
     )
 
 
@@ -97,7 +107,7 @@ def test_auto_resolves_from_the_cpu_compile_and_runs_the_winners_executable(
     device_bytes: int, policy: str, compiled: list[str]
 ) -> None:
     """With a given device memory, the real update compiled on the CPU: ample memory keeps none after one
-    compile; a device too small for any compiles all three and keeps full. The step it runs equals the plain
+    compile; a device too small for any compiles all four and keeps full. The step it runs equals the plain
     update's at that policy (same loss and weights)."""
     cfg, mconf, P_len, impl, (params, opt_state), batch = _tiny_update_args()
     said: list[str] = []
@@ -131,3 +141,26 @@ def test_on_the_cpu_auto_is_the_plain_update_at_none() -> None:
     _, _, out = update(params, opt_state, batch, np.int32(cfg.train.steps))
     assert update.choice is not None and update.choice.policy == "none" and update.choice.peaks == {}
     assert np.isfinite(float(out["loss"]))
+
+
+@pytest.mark.slow  # four CPU compiles of the tiny update
+def test_every_remat_policy_takes_the_same_step_and_mlp_up_keeps_more_than_full() -> None:
+    """What a layer keeps for the backward pass changes what is recomputed, not the step: each policy's loss and
+    weights equal none's. mlp_up keeps the up projection, so its compiled update holds more than full's."""
+    cfg, mconf, P_len, impl, (params, opt_state), batch = _tiny_update_args()
+    steps, out, temp = np.int32(cfg.train.steps), {}, {}
+    for policy in ORDER:
+        update = make_update(
+            config.with_sets(cfg, [f"train.remat={policy}"]), mconf, P_len, impl, (params, opt_state)
+        )
+        copy = jax.tree_util.tree_map(jax.numpy.copy, (params, opt_state))
+        temp[policy] = update.lower(*copy, batch, steps).compile().memory_analysis().temp_size_in_bytes
+        got_params, _, got = update(*copy, batch, steps)
+        out[policy] = (float(got["loss"]), got_params)
+    assert temp["mlp_up"] > temp["full"]
+    for policy in ORDER[1:]:
+        assert out[policy][0] == pytest.approx(out["none"][0], rel=1e-5)
+        for a, b in zip(
+            jax.tree_util.tree_leaves(out[policy][1]), jax.tree_util.tree_leaves(out["none"][1]), strict=True
+        ):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

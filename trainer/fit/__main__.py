@@ -40,7 +40,9 @@ def _libtpu_missing() -> str | None:
 
 def fix_candidates(cfg: Any, batch_devices: int) -> list[list[str]]:
     """Overrides to try when the update does not fit, cheapest first: more remat, then smaller micro-batches."""
-    remats = ["none", "dots", "full"]
+    from trainer.loop.remat import ORDER  # (jax: imported only once libtpu's settings are made)
+
+    remats = list(ORDER)
     stronger = remats[remats.index(cfg.train.remat) + 1 :]
     out = [[f"train.remat={r}"] for r in stronger]
     mb = cfg.train.micro_batch // 2

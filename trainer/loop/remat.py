@@ -1,11 +1,11 @@
 """`train.remat: auto`: the remat policy that keeps the most activations and still leaves 10% of the device's memory
 free, chosen from the update's compiled memory (`pick`, a pure function; `AutoUpdate` compiles the candidates).
 
-Candidates, most activations kept (least recomputed) first: none, dots (matmul outputs kept), full (each layer's
-input kept, everything else recomputed in the backward pass). The first whose compiled peak (arguments + outputs -
-donated + temporaries + what stays resident beside the update) is at most 90% of the device's memory wins; when none
-does, full (the least memory). A device whose memory limit JAX does not report (the CPU) gets `none` without a
-compile: nothing bounds it, and none recomputes nothing.
+Candidates, most activations kept (least recomputed) first: none, dots (matmul outputs kept), mlp_up (the MLP's up
+projection kept), full (each layer's input kept, everything else recomputed in the backward pass). The first whose
+compiled peak (arguments + outputs - donated + temporaries + what stays resident beside the update) is at most 90% of
+the device's memory wins; when none does, full (the least memory). A device whose memory limit JAX does not report
+(the CPU) gets `none` without a compile: nothing bounds it, and none recomputes nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from trainer.config import Config
 from trainer.layout import OnMesh
 from trainer.loop.programs import make_update
 
-ORDER = ("none", "dots", "full")  # the most activations kept first
+ORDER = ("none", "dots", "mlp_up", "full")  # the most activations kept first
 HEADROOM = 0.10  # the share of the device's memory left free (trainer.fit.analyze.HEADROOM)
 UNBOUNDED = "none"  # the choice where the device reports no memory limit (CPU)
 GB = 1e9

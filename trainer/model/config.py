@@ -14,7 +14,7 @@ from typing import Any
 
 _DTYPES = ("float32", "bfloat16", "float16")
 _ROPE_TYPES = ("default", "linear")
-_REMATS = ("none", "dots", "full")
+_REMATS = ("none", "dots", "mlp_up", "full")
 _ATTENTIONS = ("xla", "pallas")
 
 
@@ -37,7 +37,9 @@ class Qwen2Config:
     initializer_range: float = 0.02
     dtype: str = "bfloat16"
     param_dtype: str = "float32"
-    remat: str = "none"  # per decoder layer in the backward pass: none | dots (save matmuls) | full
+    # Per decoder layer in the backward pass: none | dots (save matmuls) | mlp_up (save the MLP's up projection,
+    # recompute the rest) | full (save the layer's input only): trainer/model/qwen2.REMAT_POLICIES.
+    remat: str = "none"
     # Self-attention without a cache (training, prefill): xla (`qwen2.attend`, [T, T] scores) | pallas (the splash
     # kernel, trainer/model/flash.py: no [T, T] scores in HBM; T a multiple of 128). Decode always uses xla.
     attention: str = "xla"

@@ -153,6 +153,9 @@ def attend_grouped(
     return jnp.concatenate([out_UPNH, out_BCNH.reshape(U, B // U * C, N, H)], axis=1)
 
 
+MLP_UP = "mlp_up"  # the name the up projection's output carries for a remat policy (qwen2.REMAT_POLICIES)
+
+
 class MLP(nn.Module):
     config: Qwen2Config
     fused: bool = False  # gate|up as one weight and one matmul (the decode layout); else HF's two
@@ -174,4 +177,5 @@ class MLP(nn.Module):
         else:  # Hugging Face's two projections (the training layout)
             gate = constrain(nn.Dense(c.intermediate_size, name="gate_proj", **kw)(x_BTD), *BTF)
             up = constrain(nn.Dense(c.intermediate_size, name="up_proj", **kw)(x_BTD), *BTF)
+        up = jax.ad_checkpoint.checkpoint_name(up, MLP_UP)
         return constrain(nn.Dense(c.hidden_size, name="down_proj", **kw)(nn.silu(gate) * up), *BTD)

@@ -37,7 +37,7 @@ from jax import Array
 from trainer.model import fusion
 from trainer.model.attention import rope_cos_sin
 from trainer.model.config import Qwen2Config
-from trainer.model.layers import BTD, MLP, Attention, RMSNorm, dt
+from trainer.model.layers import BTD, MLP, MLP_UP, Attention, RMSNorm, dt
 from trainer.sharding import constrain, lookup_layout, path_str
 
 Params = dict[str, Any]
@@ -77,10 +77,12 @@ class DecoderLayer(nn.Module):
         return (x_BTD, *new_kv), None
 
 
-# What each decoder layer keeps for the backward pass (config.remat): everything, only matmul outputs, or
-# only its input (the layer is recomputed).
+# What each decoder layer keeps for the backward pass (config.remat): everything, only matmul outputs, only the
+# MLP's up projection (the largest single saving of recomputation after the matmuls: its [T, F] output; the gate,
+# the attention and their inputs are recomputed), or only its input (the layer is recomputed).
 REMAT_POLICIES: dict[str, Any] = {
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    MLP_UP: jax.checkpoint_policies.save_only_these_names(MLP_UP),
     "full": jax.checkpoint_policies.nothing_saveable,
 }
 

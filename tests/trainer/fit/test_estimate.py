@@ -307,8 +307,8 @@ def test_fix_candidates_are_more_remat_first_then_halved_micro_batches() -> None
     cfg = config.load(
         "tiny", ["train.prompts_per_step=16", "rollout.samples_per_prompt=8", "train.micro_batch=128"]
     )
-    assert fix_candidates(cfg, 1)[:5] == [
-        ["train.remat=dots"], ["train.remat=full"], ["train.micro_batch=64"],
+    assert fix_candidates(cfg, 1)[:6] == [
+        ["train.remat=dots"], ["train.remat=mlp_up"], ["train.remat=full"], ["train.micro_batch=64"],
         ["train.micro_batch=64", "train.remat=full"], ["train.micro_batch=32"],
     ]  # fmt: skip
     assert fix_candidates(config.with_sets(cfg, ["train.remat=full"]), 32) == [
