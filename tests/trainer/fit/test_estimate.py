@@ -315,3 +315,16 @@ def test_fix_candidates_are_more_remat_first_then_halved_micro_batches() -> None
         ["train.micro_batch=64"],
         ["train.micro_batch=32"],
     ]
+
+
+def test_auto_measures_against_what_libtpu_says_it_can_allocate() -> None:
+    """A candidate too big to compile names libtpu's allocatable HBM; `remat: auto` then picks against 90% of it,
+    as a run does against its device's allocator limit."""
+    from trainer.fit.remat import allocatable
+
+    error = (
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (119.02G) "
+        "exceeds available HBM (31.25G)."
+    )
+    assert allocatable(error) == 31.25 * 2**30
+    assert allocatable("INTERNAL: something else") is None and allocatable("") is None
