@@ -12,7 +12,8 @@ KV cache, [L, B, S, K, H] for keys and for values: batch over (dcn, dp, fsdp), k
 else the batch over tp too (`heads_split`: each device its own sequences, whole heads; a decode on a mesh
 `rollout_mesh` did not make).
 Decode uses its own layout of the same devices (`rollout_mesh`: batch over dcn and dp, heads over tp, no fsdp;
-a tp group wider than the kv heads as (TP_SEQ_AXIS, tp), kv heads x sequences) with the weights cast to the
+a tp group wider than the kv heads as (TP_SEQ_AXIS, tp), kv heads x sequences, its residual stream's rows split
+over the whole group: `residual`) with the weights cast to the
 compute dtype once per step: a decode loop over FSDP-split weights would all-gather every weight for every token
 (`tpuops fit` shows the difference).
 The same code runs on 1 device, on forced CPU devices, and across processes with jax.distributed (the
@@ -56,6 +57,9 @@ LOGICAL: dict[str, Any] = {
     # The rows of an input to a matmul split over the whole tp group (the MLP, the LM head): whole within the
     # group, so that only the TP_SEQ_AXIS neighbours exchange them (left to XLA, it gathered the whole batch).
     "group_rows": BATCH,
+    # The decode's residual stream between the tp group's matmuls (sequence parallel, Megatron-style): rows split
+    # over the whole group, so each partial sum is reduce-scattered and gathered where a matmul needs the rows.
+    "residual": (*BATCH, TP_SEQ_AXIS, "tp"),
     "length": None,
     "embed": None,
     "heads": "tp",

@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from tests.data import pythonpath
 from trainer import sharding
-from trainer.model import qwen2
+from trainer.model import layers, qwen2
 from trainer.model.loading import load_pretrained
 from trainer.sampling.sampler import SamplingConfig, generate
 
@@ -120,6 +120,10 @@ def test_a_decode_group_wider_than_the_kv_heads_splits_them_by_head_and_by_seque
     assert same(sharding.logical_spec(("batch", "length", "mlp"), (16, 1, F), rmesh), "dp", None, group)
     assert same(sharding.logical_spec(("group_rows", "length", "embed"), (16, 1, D), rmesh), "dp")
     assert sharding.vocab_ways(V, rmesh) == 4 and sharding.batch_devices(rmesh) == 4
+    # The residual stream's rows over the whole group (sequence parallel: partial sums reduce-scattered).
+    with jax.set_mesh(rmesh):
+        assert layers.residual_rows() == layers.RTD
+    assert same(sharding.logical_spec(layers.RTD, (16, 1, D), rmesh), (*batch, "tp"))
     # The fused q|k|v [L, D, K, G + 2, H] and gate|up [L, D, 2, F]: split along the kv heads / the MLP columns,
     # never along their part axis, so each device holds its kv head's q, k and v, and matching gate and up columns.
     G = N // K
@@ -133,6 +137,11 @@ def test_a_decode_group_wider_than_the_kv_heads_splits_them_by_head_and_by_seque
         sharding.BATCH, None, "tp"
     )
     assert sharding.batch_axes(mesh) == sharding.BATCH and sharding.vocab_ways(V, mesh) == 2
+    with jax.set_mesh(mesh):  # the training mesh's residual stream is the batch's
+        assert layers.residual_rows() == layers.BTD
+    with jax.set_mesh(plain):  # and so is a decode mesh whose tp splits the kv heads whole
+        assert layers.residual_rows() == layers.BTD
+    assert layers.residual_rows() == layers.BTD  # no mesh
 
 
 def test_sharded_forward_and_generate_equal_unsharded(

@@ -19,7 +19,7 @@ from trainer.model.attention import (
 )
 from trainer.model.config import Qwen2Config
 from trainer.model.flash import attend_flash, attend_flash_after_prompt
-from trainer.sharding import constrain, constrain_cache, constrain_sequences, heads_split
+from trainer.sharding import TP_SEQ_AXIS, constrain, constrain_cache, constrain_sequences, heads_split
 
 # Logical axis names of the activations (trainer.sharding.LOGICAL maps them to mesh axes).
 BTD = ("batch", "length", "embed")
@@ -27,6 +27,16 @@ BTNH = ("batch", "length", "heads", "head_dim")
 BTKH = ("batch", "length", "kv_heads", "head_dim")
 BTKPH = ("batch", "length", "kv_heads", None, "head_dim")  # the fused q|k|v: [B, T, K, G + 2, H]
 BTF = ("batch", "length", "mlp")
+RTD = ("residual", "length", "embed")  # the rollout's residual stream (trainer.sharding.LOGICAL)
+
+
+def residual_rows() -> tuple[str, ...]:
+    """The residual stream's logical names under the mesh in context: in a rollout mesh whose tp group is kv heads x
+    sequences (trainer.sharding.TP_SEQ_AXIS) its rows split over the whole group, so each matmul's partial sums
+    are reduce-scattered and its input rows gathered (on a v6e-8 2x2 group, 3 hops a layer fewer than all-reducing
+    the attention's output over tp, gathering it over the sequences and all-reducing the MLP's over all four);
+    elsewhere the batch's."""
+    return RTD if TP_SEQ_AXIS in jax.sharding.get_abstract_mesh().axis_names else BTD
 
 
 def dt(name: str) -> jnp.dtype:
@@ -126,7 +136,8 @@ class Attention(nn.Module):
         elif out is None:
             out = attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS)
         out = constrain(constrain_sequences(out) if by_sequence else out, *BTNH)
-        return constrain(self._dense(c.hidden_size, False, "o_proj")(out.reshape(B, T, N * H)), *BTD), new_kv
+        rows = residual_rows()
+        return constrain(self._dense(c.hidden_size, False, "o_proj")(out.reshape(B, T, N * H)), *rows), new_kv
 
 
 def attend_grouped(
@@ -161,7 +172,7 @@ class MLP(nn.Module):
     fused: bool = False  # gate|up as one weight and one matmul (the decode layout); else HF's two
 
     @nn.compact
-    def __call__(self, x_BTD: Array) -> Array:
+    def __call__(self, x_BTD: Array, rows: tuple[str, ...] = BTD) -> Array:
         c = self.config
         kw: dict[str, Any] = {
             "use_bias": False,
@@ -178,4 +189,4 @@ class MLP(nn.Module):
             gate = constrain(nn.Dense(c.intermediate_size, name="gate_proj", **kw)(x_BTD), *BTF)
             up = constrain(nn.Dense(c.intermediate_size, name="up_proj", **kw)(x_BTD), *BTF)
         up = jax.ad_checkpoint.checkpoint_name(up, MLP_UP)
-        return constrain(nn.Dense(c.hidden_size, name="down_proj", **kw)(nn.silu(gate) * up), *BTD)
+        return constrain(nn.Dense(c.hidden_size, name="down_proj", **kw)(nn.silu(gate) * up), *rows)

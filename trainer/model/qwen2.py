@@ -37,7 +37,7 @@ from jax import Array
 from trainer.model import fusion
 from trainer.model.attention import rope_cos_sin
 from trainer.model.config import Qwen2Config
-from trainer.model.layers import BTD, MLP, MLP_UP, Attention, RMSNorm, dt
+from trainer.model.layers import BTD, MLP, MLP_UP, Attention, RMSNorm, dt, residual_rows
 from trainer.sharding import constrain, lookup_layout, path_str
 
 Params = dict[str, Any]
@@ -69,9 +69,10 @@ class DecoderLayer(nn.Module):
         norm: dict[str, Any] = {"eps": c.rms_norm_eps, "dtype": dt(c.dtype), "param_dtype": dt(c.param_dtype)}
         h = RMSNorm(name="input_layernorm", **norm)(x_BTD)
         attn_out, new_kv = Attention(c, self.fused, name="self_attn")(h, cos_BTH, sin_BTH, mask_BTS, kv)
-        x_BTD = x_BTD + attn_out
+        rows = residual_rows()
+        x_BTD = constrain(x_BTD + attn_out, *rows)
         h = RMSNorm(name="post_attention_layernorm", **norm)(x_BTD)
-        x_BTD = constrain(x_BTD + MLP(c, self.fused, name="mlp")(h), *BTD)
+        x_BTD = constrain(x_BTD + MLP(c, self.fused, name="mlp")(h, rows), *rows)
         if slot is None:
             return x_BTD, (new_kv if self.collect_kv else None)
         return (x_BTD, *new_kv), None

@@ -65,6 +65,42 @@ def test_update_is_fsdp_gathering_weights_not_reducing_activations(
 
 
 @pytest.mark.slow
+def test_the_decode_layers_reduce_scatter_and_gather_their_rows_never_all_reduce(
+    small_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rollout.tp 4 over 2 kv heads on a v6e-8 (kv heads x sequences, 2 x 2): the residual stream's rows split over
+    the whole tp group, so every collective that runs once a layer and position is a reduce-scatter (the
+    attention's output over tp, the MLP's over the group: libtpu's fused all-reduce-scatter) or an all-gather of
+    rows (before the MLP over the group, before the attention over tp), each moving a quarter or half of the
+    rows. Left at the batch's layout, the same layers all-reduced the attention's output and the MLP's."""
+    from trainer.fit import hlo, programs
+    from trainer.fit.__main__ import topology_devices
+    from trainer.kernels.logprob.blocks import compile_target
+
+    _compile_for("v6e-8", monkeypatch)
+    cfg = config.load("tiny", [
+        f"model.path={small_model}", "model.dtype=bfloat16", "data.prompt_buckets=128", "rollout.max_new_tokens=8",
+        "rollout.samples_per_prompt=8", "train.prompts_per_step=8", "rollout.tp=4",
+    ])  # fmt: skip
+    devices = topology_devices(tpus.from_accelerator("v6e-8").topology)
+    with compile_target(f"tpu {devices[0].device_kind}"):
+        progs, facts = programs.step_programs(cfg, devices, ("decode",))
+        decode = next(p for p in progs if p.name == "decode")
+        text = (decode.compiled or decode.lowered.compile()).as_text()
+    assert facts["rollout_mesh"] == {"dcn": 1, "dp": 2, "fsdp": 1, "tps": 2, "tp": 2}
+    ops = hlo.collective_ops(hlo.parse(text, decode.loop_trips), len(devices))
+    per_layer = max(op.runs for op in ops)  # the layer scan's body: positions x layers runs
+    layer_ops = sorted((op.kind, op.result_bytes, len(op.group)) for op in ops if op.runs == per_layer)
+    rows, D = 64 // 2, 256  # a dp group's rows, each [D] in bfloat16
+    assert layer_ops == [
+        ("all-gather", rows // 2 * D * 2, 2),  # the tps pair's rows, gathered over tp for the attention
+        ("all-gather", rows * D * 2, 4),  # the group's rows for the MLP
+        ("reduce-scatter", rows // 4 * D * 2, 2),  # the attention's output, by kv head over tp
+        ("reduce-scatter", rows // 4 * D * 2, 4),  # the MLP's, over the group
+    ], layer_ops
+
+
+@pytest.mark.slow
 def test_layouts_compares_every_decode_layout_fastest_expected_first(
     small_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
