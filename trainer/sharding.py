@@ -67,6 +67,10 @@ LOGICAL: dict[str, Any] = {
     "head_dim": None,
     "mlp": TP_GROUP,
     "vocab": TP_GROUP,
+    # The decode's LM head and draw: the vocabulary over every device of a slice, each device's block a half of its
+    # tp-group block (dp minor), and the rows whole within the slice.
+    "slice_rows": DCN_AXIS,
+    "slice_vocab": (*TP_GROUP, "dp"),
 }
 
 PARAM_RULES: tuple[tuple[str, P], ...] = (
@@ -243,14 +247,15 @@ def logical_spec(names: Sequence[str | None], shape: tuple[int, ...], mesh: Any)
     return P(*spec[:i], kept or None, *spec[i + 1 :])
 
 
-def vocab_axes(vocab: int, mesh: Any) -> tuple[str, ...]:
-    """The mesh axes a vocabulary of `vocab` splits over (its tp group, as far as it divides)."""
-    return _names(logical_spec(("vocab",), (vocab,), mesh)[0])
+def vocab_axes(vocab: int, mesh: Any, name: str = "vocab") -> tuple[str, ...]:
+    """The mesh axes a vocabulary of `vocab` splits over (its tp group, as far as it divides; `name` the logical
+    name, e.g. the decode's `slice_vocab`)."""
+    return _names(logical_spec((name,), (vocab,), mesh)[0])
 
 
-def vocab_ways(vocab: int, mesh: Any) -> int:
+def vocab_ways(vocab: int, mesh: Any, name: str = "vocab") -> int:
     """How many blocks a vocabulary of `vocab` splits into under `mesh` (`vocab_axes`)."""
-    return int(np.prod([mesh.shape[a] for a in vocab_axes(vocab, mesh)]))
+    return int(np.prod([mesh.shape[a] for a in vocab_axes(vocab, mesh, name)]))
 
 
 def _names(axes: Any) -> tuple[str, ...]:

@@ -35,8 +35,9 @@ def test_only_the_batch_may_cross_slices() -> None:
     assert (
         sharding.DCN_AXIS == "dcn" and sharding.AXES[0] == sharding.DCN_AXIS
     )  # outermost: one row per slice
-    on_dcn = [name for name, axes in sharding.LOGICAL.items() if sharding.DCN_AXIS in (axes or ())]
-    assert on_dcn == ["batch", "group_rows"]  # the batch's rows, under both of their names
+    on_dcn = [name for name, axes in sharding.LOGICAL.items() if sharding.DCN_AXIS in sharding._names(axes)]
+    # The batch's rows, under each of their names (the decode's residual stream, its logits' rows).
+    assert on_dcn == ["batch", "group_rows", "residual", "slice_rows"]
     for pattern, spec in sharding.PARAM_RULES:  # every slice holds whole parameters
         for axes in spec:
             assert sharding.DCN_AXIS not in ((axes,) if isinstance(axes, str) else (axes or ())), pattern

@@ -3,6 +3,8 @@ loop): the same arithmetic as qwen2.decode_step, layer for layer."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import jax
 import jax.numpy as jnp
 from jax import Array
@@ -11,7 +13,7 @@ from trainer.model import fusion
 from trainer.model.attention import rope_cos_sin
 from trainer.model.config import Qwen2Config
 from trainer.model.layers import BTD, RMSNorm, dt
-from trainer.model.qwen2 import DecoderLayer, Params, logits_from_hidden
+from trainer.model.qwen2 import DecoderLayer, Params, decode_logits
 from trainer.sharding import constrain, lookup_layout
 
 
@@ -53,5 +55,5 @@ def decode_step_layers(
         )
         new.append((kv[0], kv[1]))  # this layer's [1, B, S, K, H] keys and values, updated at `slot`
     norm = RMSNorm(c.rms_norm_eps, dt(c.dtype), dt(c.param_dtype))
-    hidden_BTD = norm.apply({"params": params["norm"]}, x_BTD)
-    return logits_from_hidden(params, c, hidden_BTD), tuple(new)
+    hidden_BTD = cast(Array, norm.apply({"params": params["norm"]}, x_BTD))
+    return decode_logits(params, c, hidden_BTD), tuple(new)

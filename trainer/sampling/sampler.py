@@ -282,7 +282,7 @@ def decode_one(
             cache.index, cache.mask_BS[:, None, :], window=window, prompt=prompt, samples=samples,
         )  # fmt: skip
     rng, key = jax.random.split(s.rng)
-    token_B, logprob_B = split.sample(logits_B1V[:, 0], key, sampling, mesh)
+    token_B, logprob_B = split.sample(logits_B1V[:, 0], key, sampling, mesh, split.SLICE_BV)
     cache = cache.replace(keys=keys, values=values, index=cache.index + 1)
     s = s.replace(cache=cache, positions_B=s.positions_B + 1, step=s.step + 1, rng=rng)
     return _record(s, token_B, logprob_B, eos_E, pad_id)

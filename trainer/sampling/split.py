@@ -24,13 +24,22 @@ from jax.sharding import PartitionSpec as P
 from trainer import sharding
 from trainer.sampling.tokens import SamplingConfig, sample_token
 
+BV = (
+    "batch",
+    "vocab",
+)  # logits' logical names (trainer.sharding.LOGICAL): rows over the batch, vocabulary over tp
+SLICE_BV = ("slice_rows", "slice_vocab")  # the decode's (qwen2.decode_logits): over a slice's every device
 
-def sample(logits_BV: Array, rng: Array, sampling: SamplingConfig, mesh: Mesh | None) -> tuple[Array, Array]:
+
+def sample(
+    logits_BV: Array, rng: Array, sampling: SamplingConfig, mesh: Mesh | None, names: tuple[str, str] = BV
+) -> tuple[Array, Array]:
     """sample_token on whole rows, or, with the vocabulary split over the tp group and no top-k/top-p filter,
-    where the logits are (`sample_split`): no all-gather of the float32 logits (3B: 19 MB per token over ICI)."""
-    parts = 1 if mesh is None else sharding.vocab_ways(logits_BV.shape[-1], mesh)
+    where the logits are (`sample_split`): no all-gather of the float32 logits (3B: 19 MB per token over ICI).
+    `names`: the logits' logical (rows, vocabulary) names (the decode's: `SLICE_BV`)."""
+    parts = 1 if mesh is None else sharding.vocab_ways(logits_BV.shape[-1], mesh, names[1])
     if parts > 1 and sampling.top_k == 0 and sampling.top_p == 1.0:
-        return sample_split(logits_BV, rng, sampling, parts, mesh)
+        return sample_split(logits_BV, rng, sampling, parts, mesh, names)
     return sample_token(_whole_rows(logits_BV, mesh), rng, sampling)
 
 
@@ -43,8 +52,9 @@ def _whole_rows(logits_BV: Array, mesh: Mesh | None) -> Array:
 
 
 def sample_split(
-    logits_BV: Array, rng: Array, sampling: SamplingConfig, parts: int, mesh: Mesh | None = None
-) -> tuple[Array, Array]:
+    logits_BV: Array, rng: Array, sampling: SamplingConfig, parts: int, mesh: Mesh | None = None,
+    names: tuple[str, str] = ("batch", "vocab"),
+) -> tuple[Array, Array]:  # fmt: skip
     """sample_token (no top-k/top-p) computed on `parts` vocabulary blocks that stay where they are (under `mesh`,
     split over its tp group as the logits are). The same draw: the token whose cumulative probability first exceeds
     u x the total (a block's offset is the mass of the blocks before it), greedy the first maximum, the log-prob
@@ -55,8 +65,8 @@ def sample_split(
     if mesh is None:
         return _draw(logits_BV.reshape(B, parts, n), u_B, jnp.arange(parts), sampling, lambda f: f,
                      lambda x: jnp.sum(x, axis=1))  # fmt: skip
-    spec = sharding.logical_spec(("batch", "vocab"), (B, V), mesh)
-    rows, vocab = spec[0], sharding.vocab_axes(V, mesh)
+    spec = sharding.logical_spec(names, (B, V), mesh)
+    rows, vocab = spec[0], sharding.vocab_axes(V, mesh, names[1])
 
     def local(logits_Bv: Array, u_B: Array) -> tuple[Array, Array]:
         block_k = jax.lax.axis_index(vocab)[None]

@@ -65,14 +65,16 @@ def test_update_is_fsdp_gathering_weights_not_reducing_activations(
 
 
 @pytest.mark.slow
-def test_the_decode_layers_reduce_scatter_and_gather_their_rows_never_all_reduce(
+def test_the_decode_reduce_scatters_its_layers_rows_and_splits_the_lm_head_over_the_slice(
     small_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """rollout.tp 4 over 2 kv heads on a v6e-8 (kv heads x sequences, 2 x 2): the residual stream's rows split over
-    the whole tp group, so every collective that runs once a layer and position is a reduce-scatter (the
-    attention's output over tp, the MLP's over the group: libtpu's fused all-reduce-scatter) or an all-gather of
-    rows (before the MLP over the group, before the attention over tp), each moving a quarter or half of the
-    rows. Left at the batch's layout, the same layers all-reduced the attention's output and the MLP's."""
+    """rollout.tp 4 over 2 kv heads on a v6e-8 (dp 2 x (kv heads x sequences, 2 x 2)). The residual stream's rows
+    split over the whole tp group, so every collective that runs once a layer and position is a reduce-scatter
+    (the attention's output over tp, the MLP's over the group: libtpu's fused all-reduce-scatter) or an all-gather
+    of rows (before the MLP over the group, before the attention over tp), each moving a quarter or half of the
+    rows; left at the batch's layout, the same layers all-reduced the attention's output and the MLP's. The LM
+    head's vocabulary splits over all 8 devices: once a position the slice's last hidden rows are gathered over
+    the 8 and the draw's token and log-prob summed over them, and the weight itself never moves."""
     from trainer.fit import hlo, programs
     from trainer.fit.__main__ import topology_devices
     from trainer.kernels.logprob.blocks import compile_target
@@ -98,6 +100,10 @@ def test_the_decode_layers_reduce_scatter_and_gather_their_rows_never_all_reduce
         ("reduce-scatter", rows // 4 * D * 2, 2),  # the attention's output, by kv head over tp
         ("reduce-scatter", rows // 4 * D * 2, 4),  # the MLP's, over the group
     ], layer_ops
+    per_position = {(op.kind, op.result_bytes, len(op.group)) for op in ops if op.runs == per_layer // 2}
+    assert ("all-gather", 2 * rows * D * 2, 8) in per_position  # the slice's rows, for the LM head
+    assert ("all-reduce", 2 * rows * 2 * 4, 8) in per_position  # each row's token and log-prob, float32
+    assert max(op.result_bytes for op in ops) < 1024 * D * 2 // 8  # less than an eighth of W
 
 
 @pytest.mark.slow

@@ -11,26 +11,29 @@ import pytest
 from jax.sharding import NamedSharding
 
 from trainer import sharding
-from trainer.sampling.split import sample_split
+from trainer.sampling.split import BV, SLICE_BV, sample_split
 from trainer.sampling.tokens import SamplingConfig, sample_token
 
 
 @pytest.mark.parametrize("greedy", [True, False])
-@pytest.mark.parametrize("tp", [4, 8])
-def test_the_split_draw_on_a_mesh_is_the_whole_rows_draw(greedy: bool, tp: int) -> None:
-    """tp 4 over 2 kv heads (the 3B's decode mesh: tps 2 x tp 2, the vocabulary over both, rows over dp) and tp 8
-    (the vocabulary 8 ways, every row on every device): sample_token's tokens and log-probs for each key."""
+@pytest.mark.parametrize(("tp", "names", "ways"), [(4, BV, 4), (8, BV, 8), (4, SLICE_BV, 8), (2, SLICE_BV, 8)])
+def test_the_split_draw_on_a_mesh_is_the_whole_rows_draw(
+    greedy: bool, tp: int, names: tuple[str, str], ways: int
+) -> None:
+    """tp 4 over 2 kv heads (the 3B's decode mesh: tps 2 x tp 2, the vocabulary over both, rows over dp), tp 8
+    (the vocabulary 8 ways, every row on every device), and the decode's logits over a slice's every device
+    (`SLICE_BV`: tp 4 or 2, dp minor): sample_token's tokens and log-probs for each key."""
     rmesh = sharding.rollout_mesh(sharding.make_mesh(1, 8, 1), tp, kv_heads=2)
     rng = np.random.default_rng(7)
     logits_BV = rng.normal(size=(16, 1536)).astype(np.float32) * 3
     logits_BV[0, 5], logits_BV[0, 1400] = 40.0, 40.0  # a tie across devices: the first goes
-    spec = sharding.logical_spec(("batch", "vocab"), logits_BV.shape, rmesh)
+    spec = sharding.logical_spec(names, logits_BV.shape, rmesh)
     on_mesh = jax.device_put(logits_BV, NamedSharding(rmesh, spec))
-    parts = sharding.vocab_ways(logits_BV.shape[1], rmesh)
-    assert parts == tp
+    parts = sharding.vocab_ways(logits_BV.shape[1], rmesh, names[1])
+    assert parts == ways
     for temperature in (1.0, 0.7):
         sampling = SamplingConfig(1, temperature=temperature, greedy=greedy)
-        draw = jax.jit(lambda x, key, s=sampling: sample_split(x, key, s, parts, rmesh))
+        draw = jax.jit(lambda x, key, s=sampling: sample_split(x, key, s, parts, rmesh, names))
         for k in range(4):
             want = sample_token(logits_BV, jax.random.key(k), sampling)
             got = draw(on_mesh, jax.random.key(k))
