@@ -113,9 +113,10 @@ def _estimate(est: dict[str, Any]) -> None:
         err.print(f"estimate: {est['step_s']:.2f} s per step at 100% of the roofline (a lower bound, not a promise); "
                   f"largest phase: {est['largest_phase']}")  # fmt: skip
         return
-    err.print(f"bound: {est['bound_s']:.2f} s per step (every op at 100% of its roofline, collectives over the "
-              "links they use + 1 us per hop, overlapped only as libtpu scheduled them, host work "
-              f"{est['host_s']:.2f} s; not a promise); largest phase: {est['largest_phase']}")  # fmt: skip
+    device = est["bound_s"] - est["host_s"]
+    err.print(f"bound: {est['bound_s']:.2f} s per step (device {device:.3f} s: every op at 100% of its roofline, "
+              "collectives over the links they use + 1 us per hop, overlapped only as libtpu scheduled them; host "
+              f"work {est['host_s']:.2f} s; not a promise); largest phase: {est['largest_phase']}")  # fmt: skip
     if est.get("basis_line"):
         err.print(escape(est["basis_line"]), highlight=False)
     else:

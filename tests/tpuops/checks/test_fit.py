@@ -165,6 +165,11 @@ def test_a_config_that_fits_is_exit_0_cached_and_on_two_slices_reports_the_bytes
     assert set(result["phases"]) == {"decode_cast", "prefill", "decode", "update"}
     assert all(p["headroom"] >= 0.10 for p in result["phases"].values())
     assert "fits: tightest phase" in r.stderr and "update" in r.stderr  # the people's table, on stderr
+    est = result["estimate"]  # the bound's line names the device's share and the host's
+    device = sum(est["phases_s"].values())
+    assert est["bound_s"] == pytest.approx(device + est["host_s"])
+    assert f"bound: {est['bound_s']:.2f} s per step (device {device:.3f} s: " in r.stderr
+    assert f"host work {est['host_s']:.2f} s" in r.stderr
     assert (result["slices"], result["devices"], result["accumulation"]) == (2, 8, 2)
     assert result["mesh"] == {"dcn": 2, "dp": 1, "fsdp": 4, "tp": 1}
     dcn = result["dcn"]
