@@ -16,7 +16,9 @@ from trainer.sampling.tokens import SamplingConfig, sample_token
 
 
 @pytest.mark.parametrize("greedy", [True, False])
-@pytest.mark.parametrize(("tp", "names", "ways"), [(4, BV, 4), (8, BV, 8), (4, SLICE_BV, 8), (2, SLICE_BV, 8)])
+@pytest.mark.parametrize(
+    ("tp", "names", "ways"), [(4, BV, 4), (8, BV, 8), (4, SLICE_BV, 8), (2, SLICE_BV, 8)]
+)
 def test_the_split_draw_on_a_mesh_is_the_whole_rows_draw(
     greedy: bool, tp: int, names: tuple[str, str], ways: int
 ) -> None:
