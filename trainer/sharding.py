@@ -13,9 +13,9 @@ else the batch over tp too (`heads_split`: each device its own sequences, whole 
 `rollout_mesh` did not make).
 Decode uses its own layout of the same devices (`rollout_mesh`: batch over dcn and dp, heads over tp, no fsdp;
 a tp group wider than the kv heads as (TP_SEQ_AXIS, tp), kv heads x sequences, its residual stream's rows split
-over the whole group: `residual`) with the weights cast to the
-compute dtype once per step: a decode loop over FSDP-split weights would all-gather every weight for every token
-(`tpuops fit` shows the difference).
+over the whole group: `residual`; the LM head's vocabulary over the slice: `slice_vocab`) with the weights cast to
+the compute dtype once per step: a decode loop over FSDP-split weights would all-gather every weight for every
+token (`tpuops fit` shows the difference).
 The same code runs on 1 device, on forced CPU devices, and across processes with jax.distributed (the
 mesh then spans jax.devices(), i.e. every process's devices).
 Multislice: `dcn` (DCN_AXIS, the outermost axis, one row per slice; size 1 on one slice) is the only axis that

@@ -24,11 +24,10 @@ from jax.sharding import PartitionSpec as P
 from trainer import sharding
 from trainer.sampling.tokens import SamplingConfig, sample_token
 
-BV = (
-    "batch",
-    "vocab",
-)  # logits' logical names (trainer.sharding.LOGICAL): rows over the batch, vocabulary over tp
-SLICE_BV = ("slice_rows", "slice_vocab")  # the decode's (qwen2.decode_logits): over a slice's every device
+# Logits' logical names (trainer.sharding.LOGICAL): rows over the batch and the vocabulary over the tp group; or,
+# the decode's (qwen2.decode_logits), the vocabulary over a slice's every device and the rows whole within it.
+BV = ("batch", "vocab")
+SLICE_BV = ("slice_rows", "slice_vocab")
 
 
 def sample(
@@ -53,7 +52,7 @@ def _whole_rows(logits_BV: Array, mesh: Mesh | None) -> Array:
 
 def sample_split(
     logits_BV: Array, rng: Array, sampling: SamplingConfig, parts: int, mesh: Mesh | None = None,
-    names: tuple[str, str] = ("batch", "vocab"),
+    names: tuple[str, str] = BV,
 ) -> tuple[Array, Array]:  # fmt: skip
     """sample_token (no top-k/top-p) computed on `parts` vocabulary blocks that stay where they are (under `mesh`,
     split over its tp group as the logits are). The same draw: the token whose cumulative probability first exceeds
