@@ -277,7 +277,10 @@ def decode_logits(params: Params, config: Qwen2Config, hidden_BTD: Array) -> Arr
     V = w_DV.shape[1]
     if mesh.empty or vocab_ways(V, mesh, "slice_vocab") == vocab_ways(V, mesh):
         return logits_from_hidden(params, config, hidden_BTD)
-    group, rows = vocab_axes(V, mesh), logical_spec(("slice_rows",), (hidden_BTD.shape[0],), mesh)[0]
+    B, T, _ = hidden_BTD.shape
+    out = logical_spec(
+        ("slice_rows", "length", "slice_vocab"), (B, T, V), mesh
+    )  # the vocabulary: (tp group, dp)
 
     def local(h_BTD: Array, w_Dv: Array) -> Array:
         half = w_Dv.shape[1] // mesh.shape["dp"]
@@ -285,7 +288,7 @@ def decode_logits(params: Params, config: Qwen2Config, hidden_BTD: Array) -> Arr
         return jnp.einsum("btd,dv->btv", h_BTD, w_Dv, preferred_element_type=jnp.float32)
 
     return jax.shard_map(
-        local, in_specs=(P(rows), P(None, group)), out_specs=P(rows, None, (*group, "dp")), check_vma=False
+        local, in_specs=(P(out[0]), P(None, vocab_axes(V, mesh))), out_specs=out, check_vma=False
     )(hidden_BTD, w_DV)
 
 
