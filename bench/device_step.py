@@ -412,7 +412,7 @@ def summarize(
 
 def commit() -> str:
     try:
-        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=7", "HEAD"], capture_output=True,
                              text=True, timeout=10, check=False)  # fmt: skip
         return out.stdout.strip() or "unknown (no git here)"
     except (OSError, subprocess.SubprocessError):

@@ -188,7 +188,7 @@ def describe(url: str) -> str | None:
     path = Path(url)
     if path.parent != state_home() / "bundled" or not (path / ".git").is_dir():
         return None
-    commit = _git(path, "rev-parse", "--short", "HEAD")
+    commit = _git(path, "rev-parse", "--short=7", "HEAD")
     return (
         f"trainer: the one installed with tpuops {version()} ({source()}), as commit {commit} of {path}; "
         "--set repo_url=URL runs another repository's"

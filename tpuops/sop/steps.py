@@ -106,7 +106,7 @@ git clean -fdq {excludes}
 rm -f .git/tpuops-tree
 after=$(git rev-parse HEAD)
 changed=1; [ "$cloned" = 0 ] && [ "$before" = "$after" ] && [ "$dirty" = 0 ] && [ "$prev" = {want} ] && changed=0
-echo "tpuops: sha=$(git rev-parse --short HEAD) changed=$changed"
+echo "tpuops: sha=$(git rev-parse --short=7 HEAD) changed=$changed"
 """
         what = f"check out {ctx.raw(self.ref)} of {ctx.raw(self.repo)} in {ctx.raw(self.dir)} (local edits stashed first)"
         actions: list[Action] = [Upload(bundle[0], sent, 0o600, bundle[1], plain=True)] if bundle else []
@@ -123,7 +123,7 @@ echo "tpuops: sha=$(git rev-parse --short HEAD) changed=$changed"
 cd {shell.path(ctx.raw(self.dir))}
 {self._fingerprint(kept)}
 if ! out=$(git apply --binary --whitespace=nowarn .git/tpuops-tree.patch 2>&1); then
-  echo "the uncommitted change (patch {want}) does not apply to $(git rev-parse --short HEAD): $out" >&2; exit 1
+  echo "the uncommitted change (patch {want}) does not apply to $(git rev-parse --short=7 HEAD): $out" >&2; exit 1
 fi
 rm -f .git/tpuops-tree.patch
 echo "{want} $(fp)" > .git/tpuops-tree

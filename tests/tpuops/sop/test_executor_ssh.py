@@ -82,6 +82,10 @@ def test_git_sync_twice_is_idempotent_and_keeps_logs_and_env(
         env = w.home / "repo" / ".env"
         assert env.stat().st_mode & 0o777 == 0o600
         assert "sentinel-secret-123" in env.read_text()
+    # A worker whose git abbreviates to 12 (core.abbrev, or a big repository's auto length) still says 7 hex digits,
+    # so its sha compares equal to every other worker's and to the log's.
+    config = workers[0].home / "repo" / ".git" / "config"
+    subprocess.run(["git", "config", "--file", str(config), "core.abbrev", "12"], check=True)
     # A new commit on the remote: the next sync moves every worker to it.
     new = commit_to(bare, tmp_path, "more.py", "x = 1\n")
     third = run(sshd_pool, workers, "sync", tmp_path, sets=sets)
