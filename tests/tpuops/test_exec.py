@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 
 from tests.tpuops.conftest import SshdPool
+from tpuops.transport.base import Worker
+from tpuops.transport.ssh import EOF_GRACE_S, SshTransport
 
 
 def tpuops(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -51,3 +53,36 @@ def test_exec_timeout_stops_the_command_exit_5_in_both_outputs(sshd_pool: SshdPo
             assert r.stderr.strip().endswith("exit code 5") and "timed out after 1s" in r.stderr
     bad = tpuops(*sshd_pool.host_args([w]), "--set", "cmd=true", "--set", "timeout=soon", cwd=tmp_path)
     assert bad.returncode == 2 and "parameter timeout must be float, received 'soon'" in bad.stderr
+
+
+def test_output_sent_after_the_exit_status_is_kept_and_a_child_holding_the_pipes_does_not_hang_the_run(
+    sshd_pool: SshdPool,
+) -> None:
+    """sshd sends the exit status when the shell exits; what its pipes still hold (a line the shell's child writes
+    a moment later, as a slow pipe read does) comes after it, before the end of file: every line is kept."""
+    (w,) = sshd_pool.take(1)
+    t = SshTransport(
+        [Worker(0, "127.0.0.1", w.port, w.user, w.fingerprint)], known_hosts=Path("/nonexistent"),
+        identity=sshd_pool.key,
+    )  # fmt: skip
+    seen: list[str] = []
+    try:
+        r = t.run(
+            0,
+            "echo first; (sleep 0.3; echo late >&2; echo later) &",
+            on_line=lambda _w, line: seen.append(line),
+        )
+        assert r.ok and (r.stdout, r.stderr) == ("first\nlater\n", "late\n"), r
+        assert sorted(seen) == [
+            "first",
+            "late",
+            "later",
+        ]  # each once, live (stdout and stderr are not ordered)
+        # A child that keeps the pipes open past the grace: the run ends EOF_GRACE_S after the last data.
+        t0 = time.monotonic()
+        held = t.run(0, "sleep 20 & echo $!")
+        assert held.ok and time.monotonic() - t0 < EOF_GRACE_S + 5, held
+    finally:
+        if "held" in locals() and held.stdout.strip().isdigit():
+            t.run(0, f"kill {held.stdout.strip()}")
+        t.close()

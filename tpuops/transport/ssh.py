@@ -18,6 +18,8 @@ from tpuops.transport.base import CANCELLED_EXIT, TIMEOUT_EXIT, CmdResult, Kind,
 from tpuops.transport.hostkeys import PinnedKeyPolicy, RejectWithAdvice, fingerprint, known_hosts_name
 from tpuops.transport.retry import Backoff, retry
 
+EOF_GRACE_S = 1.0  # how long output may still come after the exit status, with no end of file yet
+
 
 class SshTransport:
     """All workers of a VM over SSH. Connections open lazily, once, and stay open for the whole SOP."""
@@ -322,12 +324,29 @@ def _pump(
             chan.close()
             break
         select.select([chan], [], [], 0.005)
-    # Drain what arrived together with the exit status.
-    while chan.recv_ready():
-        out.feed(chan.recv(65536))
-    while chan.recv_stderr_ready():
-        err.feed(chan.recv_stderr(65536))
+    _drain(chan, out, err, wait=error is None)
     return error, kind
+
+
+def _drain(chan: paramiko.Channel, out: _Lines, err: _Lines, *, wait: bool) -> None:
+    """What is left of the output once the command exited. sshd sends the exit status when the shell exits, which
+    can be before the last of its stderr (or stdout) pipe is read and sent: with `wait`, read on until the server's
+    end of file, or until EOF_GRACE_S passed without data (a background child that kept the pipes open)."""
+    quiet_since = time.monotonic()
+    while True:
+        got = False
+        while chan.recv_ready():
+            out.feed(chan.recv(65536))
+            got = True
+        while chan.recv_stderr_ready():
+            err.feed(chan.recv_stderr(65536))
+            got = True
+        if got:
+            quiet_since = time.monotonic()
+            continue
+        if not wait or chan.eof_received or chan.closed or time.monotonic() - quiet_since > EOF_GRACE_S:
+            return
+        select.select([chan], [], [], 0.005)
 
 
 def _lost(connection: paramiko.Transport | None) -> str:
