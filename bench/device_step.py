@@ -41,39 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import device_workload as dw  # noqa: E402
 import results_record  # noqa: E402 (bench/, on the path above)
-
-FIXTURES = ROOT / "tests" / "fixtures" / "data"
-# size -> (trainer preset whose settings the step uses, HF config of the shapes, default micro-batch, time share:
-# compiles cost about the same at every depth (the layer scan), so the small sizes get more than their steps need)
-SIZES: dict[str, tuple[str, str | None, int, float]] = {
-    "tiny": ("tiny", None, 4, 1.0),
-    "0.5b": ("qwen2.5-0.5b-v4-8", "Qwen2.5-0.5B-Instruct.json", 16, 0.28),
-    "1.5b": ("qwen2.5-1.5b-v6e-8", "Qwen2.5-1.5B-Instruct.json", 16, 0.32),
-    "3b": ("qwen2.5-3b-v6e-8", "Qwen2.5-3B-Instruct.json", 8, 0.40),
-    # the seed's workload: its preset's 1024 new tokens and attention windows (rollout.attention_block)
-    "3b-seed": ("qwen2.5-3b-v6e-8-seed", "Qwen2.5-3B-Instruct.json", 8, 1.0),
-}
-# tiny: a CPU check of the script, not a benchmark (2 prompts x 2 samples, 8 new tokens).
-TINY = {"prompts": 2, "samples": 2, "prompt_len": 256, "new_tokens": 8, "steps": 2}
-
-
-def _env(name: str, default: int) -> int:
-    return int(os.environ.get(name, str(default)))
-
-
-def workload(size: str) -> dict[str, int]:
-    base = dict(TINY) if size == "tiny" else {"prompts": 16, "samples": 8, "prompt_len": 512, "new_tokens": 512,
-                                               "steps": 3}  # fmt: skip
-    return {
-        "prompts": _env("DEVICE_STEP_PROMPTS", base["prompts"]),
-        "samples": _env("DEVICE_STEP_SAMPLES", base["samples"]),
-        "prompt_len": _env("DEVICE_STEP_PROMPT_LEN", base["prompt_len"]),
-        "new_tokens": _env("DEVICE_STEP_NEW_TOKENS", 1024 if size == "3b-seed" else base["new_tokens"]),
-        "steps": _env("DEVICE_STEP_STEPS", base["steps"]),
-        "micro_batch": _env("DEVICE_STEP_MICRO", SIZES[size][2]),
-    }
-
 
 # ---------------------------------------------------------------------------------------------- one size
 
@@ -105,90 +74,6 @@ def run_one(size: str, result: Path, deadline: float) -> int:
     return 0
 
 
-def model_shapes(size: str, dtype: str) -> Any:
-    from trainer.model.config import Qwen2Config, preset
-
-    hf = SIZES[size][1]
-    if hf is None:
-        return preset("tiny").replace(dtype=dtype)
-    return Qwen2Config.from_hf(json.loads((FIXTURES / "qwen2.5-configs" / hf).read_text()), dtype=dtype)
-
-
-def random_params(mconf: Any, mesh: Any, seed: int) -> Any:
-    """Random weights made on the device (normal(initializer_range), unit norms), laid out like the trainer's."""
-    import jax
-    import jax.numpy as jnp
-
-    from trainer.model.qwen2 import Qwen2
-    from trainer.sharding import head_counts, param_shardings, path_str
-
-    ids = jnp.zeros((1, 2), jnp.int32)
-    shapes = jax.eval_shape(lambda: Qwen2(mconf).init(jax.random.key(0), ids, method=Qwen2.init_all))[
-        "params"
-    ]
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
-
-    def init(key: Any) -> Any:
-        keys = jax.random.split(key, len(leaves))
-        values = [
-            jnp.ones(x.shape, x.dtype)
-            if path_str(kp).endswith("/scale")
-            else jax.random.normal(k, x.shape, x.dtype) * mconf.initializer_range
-            for k, (kp, x) in zip(keys, leaves, strict=True)
-        ]
-        return jax.tree_util.tree_unflatten(treedef, values)
-
-    return jax.jit(init, out_shardings=param_shardings(shapes, mesh, head_counts(mconf)))(
-        jax.random.key(seed)
-    )
-
-
-def prompts(cfg: Any, n: int, length: int, vocab: int) -> tuple[Any, Any, tuple[int, ...], int, str]:
-    """(ids, mask, eos ids, pad id, source): GSM8K through the real tokenizer, else random full-length ids."""
-    import numpy as np
-
-    try:
-        from trainer import tasks
-        from trainer.tokenizer import encode_chat, eos_ids, load_tokenizer, pad_id
-
-        tok = load_tokenizer(FIXTURES / "qwen2.5-tokenizer")
-        task = tasks.get("gsm8k")
-        examples = task.examples(cfg)[:n]
-        ids, mask = encode_chat(tok, [task.messages(ex) for ex in examples], [length])
-        return ids, mask, eos_ids(tok), pad_id(tok), "gsm8k (tests/fixtures/data), real tokenizer"
-    except Exception as e:
-        why = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
-        ids = np.random.default_rng(0).integers(0, min(vocab, 151643), size=(n, length)).astype(np.int32)
-        return ids, np.ones_like(ids), (151645, 151643), 151643, f"random full-length ids ({why})"
-
-
-def update_batch(
-    ids_NP: Any, mask_NP: Any, comp_NC: Any, cmask_NC: Any, old_NC: Any, adv_N: Any
-) -> dict[str, Any]:
-    """The update's batch as trainer/loop/update.py builds it from a rollout."""
-    import numpy as np
-
-    full_ids = np.concatenate([ids_NP, comp_NC], axis=1)
-    full_mask = np.concatenate([mask_NP, cmask_NC], axis=1)
-    return {
-        "ids": full_ids, "mask": full_mask, "pos": np.maximum(np.cumsum(full_mask, axis=1) - 1, 0).astype(np.int32),
-        "comp": comp_NC, "comp_mask": cmask_NC, "old_logp": old_NC.astype(np.float32), "adv": adv_N.astype(np.float32),
-    }  # fmt: skip
-
-
-def xla_cost(compiled: Any) -> dict[str, float | str]:
-    """XLA's own cost analysis of a compiled program (a loop body, here the micro-batch scan's, counted once)."""
-    try:
-        cost = compiled.cost_analysis()
-        cost = cost[0] if isinstance(cost, list) else cost
-        return {
-            "flops": float(cost.get("flops", 0.0)),
-            "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
-        }
-    except Exception as e:  # informative only
-        return {"error": f"{type(e).__name__}"}
-
-
 def measure(size: str, rec: Recorder, deadline: float) -> None:
     t_start = time.perf_counter()
     import jax
@@ -205,7 +90,7 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
     from trainer.sampling import sampler
     from trainer.sharding import batch_devices
 
-    w = workload(size)
+    w = dw.workload(size)
     dev = jax.devices()[0]
     gpu, note = step_roofline.gpu_for(dev.device_kind)
     rec.put(workload=w, device=f"{jax.default_backend()} {dev.device_kind} x{len(jax.devices())}",
@@ -215,7 +100,7 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
     N, P_len, C = w["prompts"] * w["samples"], w["prompt_len"], w["new_tokens"]
     dtype = "float32" if size == "tiny" and jax.default_backend() == "cpu" else "bfloat16"
     sets = [
-        "model.path=tiny", f"model.dtype={dtype}", "data.task=gsm8k", f"data.root={FIXTURES}",
+        "model.path=tiny", f"model.dtype={dtype}", "data.task=gsm8k", f"data.root={dw.FIXTURES}",
         f"data.prompt_buckets={P_len}", "data.fixed_bucket=true", f"rollout.samples_per_prompt={w['samples']}",
         f"rollout.max_new_tokens={C}", f"train.prompts_per_step={w['prompts']}", "mesh.accelerator=",
         "log.wandb=disabled", "eval.every=0",
@@ -224,12 +109,12 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
         *os.environ.get("DEVICE_STEP_SETS", "").split(),  # a variant's overrides, last so they win
     ]  # fmt: skip
     rec.put(sets=os.environ.get("DEVICE_STEP_SETS", ""), xla_flags=os.environ.get("XLA_FLAGS", ""))
-    cfg = config.load(SIZES[size][0], sets)
-    mconf = model_shapes(size, dtype)
+    cfg = config.load(dw.SIZES[size][0], sets)
+    mconf = dw.model_shapes(size, dtype)
     mesh = training_mesh(cfg, jax.devices())
 
     t0 = time.perf_counter()
-    params = random_params(mconf, mesh, 0)
+    params = dw.random_params(mconf, mesh, 0)
     opt = optimizer(cfg)
     opt_state = init_opt_state(opt, params, mesh)(params)
     jax.block_until_ready((params, opt_state))
@@ -237,7 +122,7 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
     rec.say(f"{n_params / 1e9:.3f} B parameters and AdamW state made on {dev.device_kind} in "
             f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
 
-    ids_PP, mask_PP, eos, pad, source = prompts(cfg, w["prompts"], P_len, mconf.vocab_size)
+    ids_PP, mask_PP, eos, pad, source = dw.prompts(cfg, w["prompts"], P_len, mconf.vocab_size)
     ids_NP, mask_NP = np.repeat(ids_PP, w["samples"], axis=0), np.repeat(mask_PP, w["samples"], axis=0)
     prompt_lens = [int(x) for x in mask_NP.sum(axis=1)]
     rec.put(n_params=n_params, prompts=source, mean_prompt_tokens=float(np.mean(prompt_lens)))
@@ -252,7 +137,7 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
     # The update, compiled ahead of time so its memory is known before it runs: halve the micro-batch until
     # its temporaries fit beside the resident weights and optimizer state.
     zeros_NC = np.zeros((N, C), np.int32)
-    like = update_batch(ids_NP, mask_NP, zeros_NC, zeros_NC, zeros_NC.astype(np.float32), np.zeros(N))
+    like = dw.update_batch(ids_NP, mask_NP, zeros_NC, zeros_NC, zeros_NC.astype(np.float32), np.zeros(N))
     glike = {k: global_array(mesh, np.asarray(v)) for k, v in like.items()}
     micro, t0 = w["micro_batch"], time.perf_counter()
     while True:
@@ -286,7 +171,7 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
     w["micro_batch"] = micro
     n_micro = N // micro
     rec.put(workload=w, update_compile_s=update_compile_s, update_memory_gb=need / 1e9, free_gb=free / 1e9,
-            update_xla_cost=xla_cost(update))  # fmt: skip
+            update_xla_cost=dw.xla_cost(update))  # fmt: skip
     del glike
 
     # The standalone prefill, timed apart to split the rollout into prefill and decode (trainer.fit lowers
@@ -336,7 +221,7 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
         del rparams, out
         t0 = time.perf_counter()
         adv = rng.standard_normal(N)  # GRPO advantages: some positive, some negative
-        batch = update_batch(ids_NP, mask_NP, comp, cmask, old, adv)
+        batch = dw.update_batch(ids_NP, mask_NP, comp, cmask, old, adv)
         gbatch = {k: global_array(mesh, np.asarray(v)) for k, v in batch.items()}
         t["host_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -434,9 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         return run_one(args.one, args.result, args.deadline or time.time() + 3600)
 
     sizes = [s.strip() for s in os.environ.get("DEVICE_STEP_SIZES", "0.5b,1.5b,3b").split(",") if s.strip()]
-    unknown = [s for s in sizes if s not in SIZES]
+    unknown = [s for s in sizes if s not in dw.SIZES]
     if unknown:
-        print(f"device_step: unknown size {unknown[0]!r} in DEVICE_STEP_SIZES (known: {', '.join(SIZES)})",
+        print(f"device_step: unknown size {unknown[0]!r} in DEVICE_STEP_SIZES (known: {', '.join(dw.SIZES)})",
               file=sys.stderr)  # fmt: skip
         return 2
     budget = float(os.environ.get("DEVICE_STEP_BUDGET_S", "450"))
@@ -453,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="device-step-") as tmp:
         for i, size in enumerate(sizes):
             left = budget - (time.time() - start)
-            cap = left * SIZES[size][3] / sum(SIZES[s][3] for s in sizes[i:])
+            cap = left * dw.SIZES[size][3] / sum(dw.SIZES[s][3] for s in sizes[i:])
             if cap < 30:
                 report["sizes"].append({"size": size, "status": "skipped", "error": f"{left:.0f} s left"})
                 continue
@@ -475,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
             elif rc != 0 and r.get("status") != "error":
                 r.update(status="error", error=r.get("error") or f"exit {rc}")
             report["sizes"].append(r)
-            rec = results_record.build(r, config=SIZES[size][0], commit=report["commit"], started=start)
+            rec = results_record.build(r, config=dw.SIZES[size][0], commit=report["commit"], started=start)
             where = results_record.folder(args.results, rec["platform"]) if rec else None
             if rec is not None and where is not None:
                 report.setdefault("records", []).append(str(results_record.write(rec, where)))

@@ -1,0 +1,125 @@
+"""What device_step.py times: the sizes and their workloads, random weights made on the device, GSM8K prompts
+through the real tokenizer, and the update's batch as the trainer builds it from a rollout."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "data"
+# size -> (trainer preset whose settings the step uses, HF config of the shapes, default micro-batch, time share:
+# compiles cost about the same at every depth (the layer scan), so the small sizes get more than their steps need)
+SIZES: dict[str, tuple[str, str | None, int, float]] = {
+    "tiny": ("tiny", None, 4, 1.0),
+    "0.5b": ("qwen2.5-0.5b-v4-8", "Qwen2.5-0.5B-Instruct.json", 16, 0.28),
+    "1.5b": ("qwen2.5-1.5b-v6e-8", "Qwen2.5-1.5B-Instruct.json", 16, 0.32),
+    "3b": ("qwen2.5-3b-v6e-8", "Qwen2.5-3B-Instruct.json", 8, 0.40),
+    # the seed's workload: its preset's 1024 new tokens and attention windows (rollout.attention_block)
+    "3b-seed": ("qwen2.5-3b-v6e-8-seed", "Qwen2.5-3B-Instruct.json", 8, 1.0),
+}
+# tiny: a CPU check of the script, not a benchmark (2 prompts x 2 samples, 8 new tokens).
+TINY = {"prompts": 2, "samples": 2, "prompt_len": 256, "new_tokens": 8, "steps": 2}
+
+
+def _env(name: str, default: int) -> int:
+    return int(os.environ.get(name, str(default)))
+
+
+def workload(size: str) -> dict[str, int]:
+    base = dict(TINY) if size == "tiny" else {"prompts": 16, "samples": 8, "prompt_len": 512, "new_tokens": 512,
+                                               "steps": 3}  # fmt: skip
+    return {
+        "prompts": _env("DEVICE_STEP_PROMPTS", base["prompts"]),
+        "samples": _env("DEVICE_STEP_SAMPLES", base["samples"]),
+        "prompt_len": _env("DEVICE_STEP_PROMPT_LEN", base["prompt_len"]),
+        "new_tokens": _env("DEVICE_STEP_NEW_TOKENS", 1024 if size == "3b-seed" else base["new_tokens"]),
+        "steps": _env("DEVICE_STEP_STEPS", base["steps"]),
+        "micro_batch": _env("DEVICE_STEP_MICRO", SIZES[size][2]),
+    }
+
+
+def model_shapes(size: str, dtype: str) -> Any:
+    from trainer.model.config import Qwen2Config, preset
+
+    hf = SIZES[size][1]
+    if hf is None:
+        return preset("tiny").replace(dtype=dtype)
+    return Qwen2Config.from_hf(json.loads((FIXTURES / "qwen2.5-configs" / hf).read_text()), dtype=dtype)
+
+
+def random_params(mconf: Any, mesh: Any, seed: int) -> Any:
+    """Random weights made on the device (normal(initializer_range), unit norms), laid out like the trainer's."""
+    import jax
+    import jax.numpy as jnp
+
+    from trainer.model.qwen2 import Qwen2
+    from trainer.sharding import head_counts, param_shardings, path_str
+
+    ids = jnp.zeros((1, 2), jnp.int32)
+    shapes = jax.eval_shape(lambda: Qwen2(mconf).init(jax.random.key(0), ids, method=Qwen2.init_all))[
+        "params"
+    ]
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+
+    def init(key: Any) -> Any:
+        keys = jax.random.split(key, len(leaves))
+        values = [
+            jnp.ones(x.shape, x.dtype)
+            if path_str(kp).endswith("/scale")
+            else jax.random.normal(k, x.shape, x.dtype) * mconf.initializer_range
+            for k, (kp, x) in zip(keys, leaves, strict=True)
+        ]
+        return jax.tree_util.tree_unflatten(treedef, values)
+
+    return jax.jit(init, out_shardings=param_shardings(shapes, mesh, head_counts(mconf)))(
+        jax.random.key(seed)
+    )
+
+
+def prompts(cfg: Any, n: int, length: int, vocab: int) -> tuple[Any, Any, tuple[int, ...], int, str]:
+    """(ids, mask, eos ids, pad id, source): GSM8K through the real tokenizer, else random full-length ids."""
+    import numpy as np
+
+    try:
+        from trainer import tasks
+        from trainer.tokenizer import encode_chat, eos_ids, load_tokenizer, pad_id
+
+        tok = load_tokenizer(FIXTURES / "qwen2.5-tokenizer")
+        task = tasks.get("gsm8k")
+        examples = task.examples(cfg)[:n]
+        ids, mask = encode_chat(tok, [task.messages(ex) for ex in examples], [length])
+        return ids, mask, eos_ids(tok), pad_id(tok), "gsm8k (tests/fixtures/data), real tokenizer"
+    except Exception as e:
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+        ids = np.random.default_rng(0).integers(0, min(vocab, 151643), size=(n, length)).astype(np.int32)
+        return ids, np.ones_like(ids), (151645, 151643), 151643, f"random full-length ids ({why})"
+
+
+def update_batch(
+    ids_NP: Any, mask_NP: Any, comp_NC: Any, cmask_NC: Any, old_NC: Any, adv_N: Any
+) -> dict[str, Any]:
+    """The update's batch as trainer/loop/update.py builds it from a rollout."""
+    import numpy as np
+
+    full_ids = np.concatenate([ids_NP, comp_NC], axis=1)
+    full_mask = np.concatenate([mask_NP, cmask_NC], axis=1)
+    return {
+        "ids": full_ids, "mask": full_mask, "pos": np.maximum(np.cumsum(full_mask, axis=1) - 1, 0).astype(np.int32),
+        "comp": comp_NC, "comp_mask": cmask_NC, "old_logp": old_NC.astype(np.float32), "adv": adv_N.astype(np.float32),
+    }  # fmt: skip
+
+
+def xla_cost(compiled: Any) -> dict[str, float | str]:
+    """XLA's own cost analysis of a compiled program (a loop body, here the micro-batch scan's, counted once)."""
+    try:
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        return {
+            "flops": float(cost.get("flops", 0.0)),
+            "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
+        }
+    except Exception as e:  # informative only
+        return {"error": f"{type(e).__name__}"}
