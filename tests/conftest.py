@@ -237,6 +237,7 @@ LONGEST_MODULES_FIRST = (
     "tests/tpuops/cloud/test_e2e_commands.py",
     "tests/trainer/sampling/test_sampler.py",
     "tests/tpuops/cloud/test_recovery.py",
+    "tests/tpuops/cloud/test_recovery_resume.py",
     "tests/trainer/test_train.py",
     "tests/tpuops/checks/test_fit.py",
     "tests/trainer/fit/test_fit.py",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.tpuops.cloud.conftest import Cloud
-from tests.tpuops.cloud.test_e2e_commands import _create, ok_json, tpuops
+from tests.tpuops.cloud.vms import create_vm, ok_json, tpuops
 from tpuops.run import bundled
 from tpuops.run.tree import repo_home
 
@@ -21,7 +21,7 @@ def test_the_bundled_trainer_travels_to_both_workers_and_trains(
     cloud: Cloud, vm_name: str, worker_python: str, tmp_path: Path
 ) -> None:
     code = {"venv": "none", "python": worker_python, "lockfile": "~/libtpu_lockfile"}
-    vm = _create(cloud, vm_name, "v4-16", code, tmp_path)
+    vm = create_vm(cloud, vm_name, "v4-16", code, tmp_path)
     empty = tmp_path / "empty"  # no checkout here or above: nothing names a repository
     empty.mkdir()
     made = bundled.make()  # what the run makes too: the same files, the same commit

@@ -9,7 +9,7 @@ import pytest
 
 from tests.tpuops.checks.test_fit import too_big
 from tests.tpuops.cloud.conftest import Cloud
-from tests.tpuops.cloud.test_e2e_commands import tpuops
+from tests.tpuops.cloud.vms import tpuops
 
 ZONE = "us-east1-d"
 

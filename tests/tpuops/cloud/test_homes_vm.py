@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.tpuops.cloud.conftest import Cloud
-from tests.tpuops.cloud.test_e2e_commands import Vm, _create, tpuops
+from tests.tpuops.cloud.vms import Vm, create_vm, tpuops
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ def _homes(data: list[dict], k: int) -> dict[str, dict]:
 def test_doctor_lists_the_homes_and_clean_keeps_those_in_use(
     cloud: Cloud, vm_name: str, tmp_path: Path
 ) -> None:
-    vm = _create(cloud, vm_name, "v4-16", {}, tmp_path)
+    vm = create_vm(cloud, vm_name, "v4-16", {}, tmp_path)
     here = tmp_path / "empty"  # no .env to compare, no checkout
     here.mkdir()
     for k in (0, 1):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.tpuops.cloud.conftest import Cloud
-from tests.tpuops.cloud.test_e2e_commands import _create, tpuops
+from tests.tpuops.cloud.vms import create_vm, tpuops
 from tests.tpuops.test_own_code import user_repo  # noqa: F401 - the fixture: a user's checkout with its origin
 
 
@@ -24,7 +24,7 @@ def test_recompile_check_of_the_users_command_on_a_two_worker_vm(
     worker_python: str,
     tmp_path: Path,
 ) -> None:
-    vm = _create(cloud, vm_name, "v4-16", {}, tmp_path)
+    vm = create_vm(cloud, vm_name, "v4-16", {}, tmp_path)
     py = Path(worker_python)
     cmd = [py.name, "-u", "scripts/train.py", "--config", "configs/small.yaml", "--set", "style=bracket"]
     r = tpuops(

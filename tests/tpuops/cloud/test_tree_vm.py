@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.tpuops.cloud.conftest import Cloud
-from tests.tpuops.cloud.test_e2e_commands import Vm, _create, tpuops
+from tests.tpuops.cloud.vms import Vm, create_vm, tpuops
 from tpuops.run.tree import repo_home
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
@@ -90,7 +90,7 @@ def _said(log: str, key: str) -> str:
 def test_an_uncommitted_edit_and_an_untracked_file_run_on_both_workers(
     cloud: Cloud, vm_name: str, project: Path, worker_python: str, tmp_path: Path
 ) -> None:
-    vm = _create(cloud, vm_name, "v4-16", {}, tmp_path)
+    vm = create_vm(cloud, vm_name, "v4-16", {}, tmp_path)
     (project / "message.txt").write_text("edited, not committed\n")
     (project / "extra file é.txt").write_text("untracked\n")
     before = _state(project)
@@ -126,7 +126,7 @@ def test_two_repositories_get_two_homes_on_one_vm(
 ) -> None:
     """Each project's checkout and venv (made by the workers' python3 from its own empty requirements.txt): the
     second run changes nothing of the first's, and neither environment has another project's packages."""
-    vm = _create(cloud, vm_name, "v4-16", {}, tmp_path)
+    vm = create_vm(cloud, vm_name, "v4-16", {}, tmp_path)
     seen = []
     for repo in (project, other_project):
         r = _run(vm, repo, "python=python3")
