@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The whole device session in one command (docs/performance.md "On a real accelerator"): a probe (card, driver,
-# jax, commit), the seed's workload (bench/device_step.py, size 3b-seed) with today's defaults, then each decode
-# change as a variant measured one at a time, then google-tunix's GRPO step at the 3B seed shape
-# (bench/bench_peers.py --only tunix, one process at a time). Each part has a time cap and is skipped when the
-# session's budget (DEVICE_SESSION_BUDGET_S, 560 s: one 10-minute device call) has no room for it; a later
-# call runs what was skipped: `DEVICE_SESSION_PARTS=tunix bash bench/device_session.sh`.
+# jax, commit), the seed's workload (bench/device_step.py, size 3b-seed) with today's defaults, then each change
+# as a variant measured one at a time (XLA's command buffers around the decode loop; cuDNN's fused attention in
+# the update and the prefill; the end-of-sequence test once per 8 positions), then google-tunix's GRPO step at
+# the 3B seed shape (bench/bench_peers.py --only tunix, one process at a time). Each part has a time cap and is
+# skipped when the session's budget (DEVICE_SESSION_BUDGET_S, 560 s: one 10-minute device call) has no room for
+# it (eos8 runs only when the parts before it end early); a later call runs what was skipped, tunix first:
+# `DEVICE_SESSION_PARTS=tunix bash bench/device_session.sh`.
 # Records: every finished seed run as a results record (bench/results_record.py) in $DEVICE_SESSION_RESULTS
 # (default bench/results/, and a copy under $OUT/results when OUT is set); tunix's as peers/DATE-CARD-tunix.json.
 # On CPU, a check of the script: `DEVICE_STEP_SIZES=tiny DEVICE_SESSION_RESULTS=/tmp/x bash bench/device_session.sh`;
@@ -16,7 +18,7 @@ export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}"
 PY="${PYTHON:-python3}"
 SIZE="${DEVICE_STEP_SIZES:-3b-seed}"
 BUDGET="${DEVICE_SESSION_BUDGET_S:-560}"
-PARTS="${DEVICE_SESSION_PARTS:-probe,before,eos8,cmdbuf,tunix}"
+PARTS="${DEVICE_SESSION_PARTS:-probe,before,cmdbuf,cudnn,eos8,tunix}"
 RESULTS="${DEVICE_SESSION_RESULTS:-bench/results}"
 # The parts: name, cap (s), settings. A variant is the defaults plus one change (DEVICE_STEP_SETS: trainer
 # overrides; DEVICE_STEP_XLA_FLAGS: XLA's; both land in the record's command).
@@ -24,12 +26,14 @@ CMDBUF="--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"  # the loop's while
 declare -a PLAN=(
   "probe 20 -"
   "before ${DEVICE_SESSION_STEP_S:-185} -"
-  "eos8 ${DEVICE_SESSION_VARIANT_S:-160} DEVICE_STEP_SETS=rollout.eos_check_every=8"
   "cmdbuf ${DEVICE_SESSION_VARIANT_S:-160} DEVICE_STEP_XLA_FLAGS=$CMDBUF"
+  "cudnn ${DEVICE_SESSION_VARIANT_S:-160} DEVICE_STEP_SETS=train.attention_impl=cudnn"
+  "eos8 ${DEVICE_SESSION_VARIANT_S:-160} DEVICE_STEP_SETS=rollout.eos_check_every=8"
   "tunix ${DEVICE_SESSION_TUNIX_S:-180} -"
 )
-[ "$SIZE" = tiny ] && PLAN=("probe 20 -" "before 120 -" "eos8 120 DEVICE_STEP_SETS=rollout.eos_check_every=8"
-  "cmdbuf 120 DEVICE_STEP_XLA_FLAGS=$CMDBUF" "tunix 60 -")
+[ "$SIZE" = tiny ] && PLAN=("probe 20 -" "before 120 -" "cmdbuf 120 DEVICE_STEP_XLA_FLAGS=$CMDBUF"
+  "cudnn 120 DEVICE_STEP_SETS=train.attention_impl=cudnn" "eos8 120 DEVICE_STEP_SETS=rollout.eos_check_every=8"
+  "tunix 60 -")
 if [ -n "${DEVICE_SESSION_PLAN:-}" ]; then
   for p in "${PLAN[@]}"; do set -- $p; [[ ",$PARTS," == *",$1,"* ]] && echo "part $1 $2 $3"; done
   echo "budget $BUDGET size $SIZE results $RESULTS"

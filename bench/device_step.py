@@ -87,6 +87,7 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
     from trainer.layout import decode_layout, init_opt_state
     from trainer.loop.programs import make_update, optimizer
     from trainer.loop.remat import AutoUpdate
+    from trainer.model import flash
     from trainer.sampling import sampler
     from trainer.sharding import batch_devices
 
@@ -129,9 +130,12 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
     rec.say(f"prompts: {source}; {np.mean(prompt_lens):.0f} real tokens of {P_len} on average")
 
     rmesh, to_decode = decode_layout(mesh, mconf, params, cfg.rollout.tp)
+    # the prefill attends as the trainer's rollout picks for this bucket (trainer.loop.rollout)
+    rconf = mconf.replace(attention=flash.resolve(cfg.train.attention_impl, P_len, strict=False))
     impl = resolve_impl(cfg.train.loss_impl, jax.default_backend())
     sampling = sampler.for_rollout(cfg.rollout, jax.default_backend())
-    rec.put(decode_layers=sampling.layers, eos_check_every=sampling.eos_every)
+    rec.put(decode_layers=sampling.layers, eos_check_every=sampling.eos_every,
+            attention={"prefill": rconf.attention, "update": flash.resolve(cfg.train.attention_impl, P_len + C)})  # fmt: skip
     rng = np.random.default_rng(1)
 
     # The update, compiled ahead of time so its memory is known before it runs: halve the micro-batch until
@@ -184,7 +188,7 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
             return 0.0
         t0 = time.perf_counter()
         try:
-            static = sampler.static_args(mconf, sampling, eos, pad, rmesh, w["samples"])
+            static = sampler.static_args(rconf, sampling, eos, pad, rmesh, w["samples"])
             with jax.set_mesh(rmesh):
                 jax.block_until_ready(
                     sampler._prefill(rparams, ids, mask, jax.random.key(7), **static).tokens_BC
@@ -208,7 +212,7 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
         t0 = time.perf_counter()
         key = jax.random.fold_in(jax.random.key(cfg.train.seed), i)
         out = sampler.generate(
-            rparams, mconf, ids, mask, key, sampling, eos, pad, mesh=rmesh, samples=w["samples"]
+            rparams, rconf, ids, mask, key, sampling, eos, pad, mesh=rmesh, samples=w["samples"]
         )
         comp, cmask, old = (
             to_host(out.completion_ids_BC),

@@ -20,6 +20,7 @@ from tpuops.checks.calibrate import Measured
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 PHASES = ("cast_s", "prefill_s", "generate_s", "decode_s", "host_s", "update_s")
+SETTINGS = ("remat", "attention", "decode_layers", "eos_check_every", "sets", "xla_flags")
 
 
 class Record(Measured):
@@ -32,6 +33,7 @@ class Record(Measured):
     workload: dict[str, int]
     phases: dict[str, float]
     bound_phases: dict[str, float]
+    settings: dict[str, object]  # the trainer's choices the run resolved (remat, attention, decode loop, ...)
     command: str
 
 
@@ -95,6 +97,7 @@ def build(size_result: dict[str, object], *, config: str, commit: str, started: 
         workload={k: int(v) for k, v in workload.items()},
         phases={k: _sig(measured[k]) for k in PHASES if k in measured},
         bound_phases={k: _sig(v) for k, v in estimate["phases_s"].items()},
+        settings={k: size_result[k] for k in SETTINGS if size_result.get(k) not in (None, "")},
         command=command(str(size_result["size"])),
     )  # fmt: skip
 

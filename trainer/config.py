@@ -61,6 +61,12 @@ class Config:
             "train.attention_impl=pallas needs every training length (prompt bucket + rollout.max_new_tokens) to "
             f"be a multiple of 128, received {lengths}; set train.attention_impl=auto (xla where it cannot run)",
         )
+        parts = sorted({*self.data.prompt_buckets, self.rollout.max_new_tokens})
+        _check(
+            self.train.attention_impl != "cudnn" or all(n % 2 == 0 for n in parts),
+            "train.attention_impl=cudnn needs every prompt bucket and rollout.max_new_tokens even (cuDNN's masked "
+            f"attention trains on even lengths), received {parts}; set train.attention_impl=auto",
+        )
 
     @property
     def sequences_per_step(self) -> int:

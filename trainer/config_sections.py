@@ -118,9 +118,10 @@ class TrainConfig:
     loss_impl: Literal["reference", "chunked", "pallas", "fused_lm_head", "auto"] = "auto"
     # Self-attention of the update and the rollout's prefill: xla (`[S, S]` float32 scores per layer) | pallas
     # (trainer/model/flash.py, the splash kernel: no scores in HBM; the update's S = bucket + max_new_tokens must
-    # be a multiple of 128, a prefill bucket that is not one uses xla) | auto (pallas on a TPU or a TPU compile
-    # target where the length allows, else xla: CPU and GPU runs keep xla).
-    attention_impl: Literal["auto", "xla", "pallas"] = "auto"
+    # be a multiple of 128, a prefill bucket that is not one uses xla) | cudnn (trainer/model/fused.py: cuDNN's fused
+    # kernel on a GPU, no scores in HBM; every prompt bucket and max_new_tokens even; refused on a TPU) | auto
+    # (pallas on a TPU or a TPU compile target where the length allows, else xla: CPU and GPU runs keep xla).
+    attention_impl: Literal["auto", "xla", "pallas", "cudnn"] = "auto"
     # Recompute each decoder layer in the backward pass: none | dots (keep matmul outputs) | mlp_up (keep the MLP's
     # up projection) | full (keep inputs) | auto (the first of none, dots, mlp_up, full whose compiled update leaves
     # 10% of the device's memory free; none where the device reports no memory limit, as the CPU: trainer.loop.remat;

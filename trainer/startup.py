@@ -69,6 +69,10 @@ def start_up(cfg: Config, emit: metrics.Emitter | None) -> tuple[metrics.Emitter
         mesh = make_mesh(dp, fsdp, cfg.mesh.tp, devices, slices)
     except ValueError as e:
         raise ConfigError(f"mesh: {e}") from None
+    if cfg.train.attention_impl == "cudnn" and jax.default_backend() == "tpu":
+        from trainer.model.flash import CUDNN_ON_TPU
+
+        raise ConfigError(CUDNN_ON_TPU)
     shape = (f"dcn:{slices}," if slices > 1 else "") + f"dp:{dp},fsdp:{fsdp},tp:{cfg.mesh.tp}"
     emit.start(
         backend=jax.default_backend(), process_count=process_count, process_index=process_index,

@@ -40,6 +40,9 @@ def test_the_cpu_mode_runs_and_writes_a_record_the_calibration_reads(tmp_path: P
     assert rec["step_s"] > rec["bound_s"] > 0 and rec["update_mfu"] > 0
     assert rec["phases"]["update_s"] > 0 and rec["phases"]["decode_s"] > 0
     assert rec["command"] == "DEVICE_STEP_SIZES=tiny bash bench/device_step.sh"
+    # the trainer's own choices, resolved for this CPU: the layer scan, xla attention in both phases
+    assert rec["settings"]["decode_layers"] == "scan" and rec["settings"]["eos_check_every"] == 1
+    assert rec["settings"]["attention"] == {"prefill": "xla", "update": "xla"}
     report = json.loads((tmp_path / "out" / "device_step.json").read_text())
     assert report["records"] == [str(path)]
     loaded = calibrate.load(tmp_path / "results")

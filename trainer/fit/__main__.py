@@ -131,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         tgt = tpus.from_topology(spec) if ":" in spec else tpus.from_accelerator(spec)
         if args.slices < 1:
             raise config.ConfigError(f"--slices must be 1 or more, received {args.slices}")
+        if cfg.train.attention_impl == "cudnn":  # a TPU compile: refused here, not by a traceback mid-compile
+            from trainer.model.flash import CUDNN_ON_TPU
+
+            raise config.ConfigError(CUDNN_ON_TPU)
     except (config.ConfigError, tpus.UnknownAcceleratorError) as e:
         print(f"config: {e}", file=sys.stderr)
         return EXIT_CONFIG

@@ -15,7 +15,7 @@ from typing import Any
 _DTYPES = ("float32", "bfloat16", "float16")
 _ROPE_TYPES = ("default", "linear")
 _REMATS = ("none", "dots", "mlp_up", "full")
-_ATTENTIONS = ("xla", "pallas")
+_ATTENTIONS = ("xla", "pallas", "cudnn")
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,8 @@ class Qwen2Config:
     # recompute the rest) | full (save the layer's input only): trainer/model/qwen2.REMAT_POLICIES.
     remat: str = "none"
     # Self-attention without a cache (training, prefill): xla (`qwen2.attend`, [T, T] scores) | pallas (the splash
-    # kernel, trainer/model/flash.py: no [T, T] scores in HBM; T a multiple of 128). Decode always uses xla.
+    # kernel, trainer/model/flash.py: no [T, T] scores in HBM; T a multiple of 128) | cudnn (cuDNN's fused kernel
+    # through jax.nn.dot_product_attention, trainer/model/fused.py). Decode always uses xla.
     attention: str = "xla"
 
     def __post_init__(self) -> None:

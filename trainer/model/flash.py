@@ -42,7 +42,11 @@ from trainer.kernels.logprob.blocks import device_kind
 from trainer.kernels.sharded import active_mesh
 from trainer.sharding import logical_spec
 
-IMPLS = ("xla", "pallas")
+IMPLS = ("xla", "pallas", "cudnn")  # cudnn: trainer/model/fused.py, for GPUs
+CUDNN_ON_TPU = (
+    "train.attention_impl=cudnn is cuDNN's fused attention for GPUs; on a TPU set train.attention_impl=auto (the "
+    "Pallas splash kernel)"
+)
 LANES = 128  # the kernel's key blocks are multiples of the TPU lane width, and so must T be
 
 
@@ -91,12 +95,15 @@ def supported(T: int) -> str | None:
 
 
 def resolve(name: str, T: int, on_tpu: bool | None = None, strict: bool = True) -> str:
-    """The attention `name` (auto | xla | pallas) stands for over T tokens: auto is pallas on a TPU (or a TPU
-    compile target) where T allows it, else xla; pallas where T does not allow it is an error (`strict`, the
-    update: the config check refuses it first) or xla (the prefill, whose prompt buckets the check leaves free)."""
+    """The attention `name` (auto | xla | pallas | cudnn) stands for over T tokens: auto is pallas on a TPU (or a
+    TPU compile target) where T allows it, else xla; pallas where T does not allow it is an error (`strict`, the
+    update: the config check refuses it first) or xla (the prefill, whose prompt buckets the check leaves free);
+    cudnn on a TPU is an error (it is a GPU kernel: splash is the TPU's)."""
     if name not in (*IMPLS, "auto"):
         raise ValueError(f"attention impl must be one of {(*IMPLS, 'auto')}, received {name!r}")
     tpu = _on_tpu() if on_tpu is None else on_tpu
+    if name == "cudnn" and tpu:
+        raise ValueError(CUDNN_ON_TPU)
     if name == "auto":
         return "pallas" if tpu and supported(T) is None else "xla"
     if name == "pallas" and (why := supported(T)):

@@ -19,6 +19,7 @@ from trainer.model.attention import (
 )
 from trainer.model.config import Qwen2Config
 from trainer.model.flash import attend_flash, attend_flash_after_prompt
+from trainer.model.fused import attend_fused, attend_fused_shared_prompt
 from trainer.sharding import TP_SEQ_AXIS, constrain, constrain_cache, constrain_sequences, heads_split
 
 # Logical axis names of the activations (trainer.sharding.LOGICAL maps them to mesh axes).
@@ -130,9 +131,11 @@ class Attention(nn.Module):
                 values = jax.lax.dynamic_slice(values_LBSKH, row, size)[0]
         if isinstance(mask_BTS, tuple):  # rows of [prompt, its completions]: qwen2.forward_hidden_grouped
             prompt_mask, prompt_self, completions = mask_BTS
-            out = attend_grouped(q, keys, values, prompt_mask, prompt_self, completions, scaled)
+            out = attend_grouped(q, keys, values, prompt_mask, prompt_self, completions, scaled, c.attention)
         elif scaled:  # the [B, T] attention mask: the Pallas kernel
             out = attend_flash(q, keys, values, mask_BTS, scaled=True)
+        elif kv is None and c.attention == "cudnn":
+            out = attend_fused(q, keys, values, mask_BTS)
         elif out is None:
             out = attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS)
         out = constrain(constrain_sequences(out) if by_sequence else out, *BTNH)
@@ -142,13 +145,13 @@ class Attention(nn.Module):
 
 def attend_grouped(
     q_UTNH: Array, k_UTKH: Array, v_UTKH: Array, prompt_mask_UP: Array, prompt_self: Array, completions: Array,
-    scaled: bool = False,
+    scaled: bool = False, impl: str = "xla",
 ) -> Array:  # fmt: skip
     """Attention over rows that each hold one group: its prompt's P tokens, then its G completions' C tokens each
     (T = P + G x C). The prompt attends over itself under `prompt_self` (its [U, P] attention mask: the Pallas
     kernel; or the [U, P, P] causal mask); each completion over its group's real prompt keys, then its own, under
     `completions` ([B, C] attention masks: the Pallas kernel, `scaled` as `attend_flash`'s; or [B, C, P + C],
-    B = U x G) -> [U, T, N, H]."""
+    B = U x G; `impl` cudnn: both through trainer/model/fused.py) -> [U, T, N, H]."""
     (U, P), (B, C) = prompt_mask_UP.shape, completions.shape[:2]
     N, H = q_UTNH.shape[2:]
     q_UPNH, k_UPKH, v_UPKH = (x[:, :P] for x in (q_UTNH, k_UTKH, v_UTKH))
@@ -158,6 +161,9 @@ def attend_grouped(
         out_BCNH = attend_flash_after_prompt(
             q_BCNH, k_UPKH, v_UPKH, k_BCKH, v_BCKH, prompt_mask_UP, completions, scaled
         )
+    elif impl == "cudnn":
+        out_UPNH = attend_fused(q_UPNH, k_UPKH, v_UPKH, prompt_self)
+        out_BCNH = attend_fused_shared_prompt(q_BCNH, k_UPKH, v_UPKH, k_BCKH, v_BCKH, completions)
     else:
         out_UPNH = attend(q_UPNH, k_UPKH, v_UPKH, prompt_self)
         out_BCNH = attend_shared_prompt(q_BCNH, k_UPKH, v_UPKH, k_BCKH, v_BCKH, completions)
