@@ -6,8 +6,9 @@ forward's [B, C, P + C]) go in as `mask` (cuDNN adds them as a bf16 bias). Each 
 real query sees it anyway (causal, and its own token is real), and a padding query that sees no real key (left
 padding) gets a finite row from its own key instead of a row masked everywhere, whose value would then depend
 on the kernel (`attention.attend` gives it the uniform mean; padding rows never reach a real token and carry no
-loss, docs/trainer.md). The group's prompt is repeated to its G rows before the kernel (cuDNN takes keys per
-row): G x the prompt's keys and values, a few MB a layer, against the [G, C, P] scores the xla path writes.
+loss, as flash.py's docstring says). The group's prompt is repeated to its G rows before the kernel (cuDNN
+takes keys per row): G x the prompt's keys and values, a few MB a layer, against the [G, C, P] scores the xla
+path writes.
 
 Off a GPU the call runs jax's XLA implementation of the same function (what the CPU tests check: the masks, the
 grouping, the query-per-kv-head layout); a TPU runs splash (`flash.py`) and refuses cudnn (`flash.resolve`).
