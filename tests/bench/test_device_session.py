@@ -43,9 +43,13 @@ def test_the_plan_measures_one_change_at_a_time_within_one_device_call(tmp_path:
     assert budget <= 580  # one device call runs 600 s at most
     caps = dict((name, cap) for name, cap, _ in parts)
     assert caps["probe"] + caps["before"] + caps["cmdbuf"] + caps["cudnn"] <= budget  # these always run
-    assert caps["probe"] + caps["before"] + caps["cmdbuf"] + caps["cudnn"] + caps["eos8"] > budget  # eos8 if early
+    assert (
+        caps["probe"] + caps["before"] + caps["cmdbuf"] + caps["cudnn"] + caps["eos8"] > budget
+    )  # eos8 if early
     only, _ = _plan(tmp_path, DEVICE_SESSION_PARTS="tunix")
-    assert [p[0] for p in only] == ["tunix"] and caps["tunix"] <= 240  # a second call in what is left of 15 min
+    assert [p[0] for p in only] == ["tunix"] and caps[
+        "tunix"
+    ] <= 240  # a second call in what is left of 15 min
 
 
 @pytest.mark.slow  # about 30 s on a 2-core CPU: two trainer processes compile the tiny model's step
