@@ -15,7 +15,7 @@ import pytest
 
 from tests.trainer.model.grads import assert_grads_close
 from tests.trainer.model.test_flash import TOL, _close, _draw, _value_and_grads
-from tests.trainer.model.test_grouped import G, U, _rows
+from tests.trainer.model.test_grouped import G, _rows, shared_prompt_case
 from trainer import config as trainer_config
 from trainer.loop.programs import make_loss_fn
 from trainer.model import attention, flash, fused, qwen2
@@ -42,16 +42,7 @@ def test_fused_over_a_shared_prompt_matches_the_reference_with_gradients() -> No
     """Completions over [their group's prompt, their own keys] under the mask the grouped forward builds, against
     attention.attend_shared_prompt: outputs on real queries; gradients of q, the prompts' k and v (summed over
     their group) and the completions' k and v."""
-    P, C, K, N, H = 16, 12, 2, 4, 32
-    rng = np.random.default_rng(4)
-    q = jnp.asarray(rng.normal(0, 1, (U * G, C, N, H)), jnp.float32)
-    kp, vp = (jnp.asarray(rng.normal(0, 1, (U, P, K, H)), jnp.float32) for _ in range(2))
-    kc, vc = (jnp.asarray(rng.normal(0, 1, (U * G, C, K, H)), jnp.float32) for _ in range(2))
-    rows = _rows(5, 16, P, C)
-    prompt_mask, comp_mask = jnp.asarray(rows["mask"][::G, :P]), jnp.asarray(rows["comp_mask"])
-    g = jnp.asarray(rng.normal(0, 1, q.shape) * rows["comp_mask"][:, :, None, None], jnp.float32)
-    over_prompt = jnp.broadcast_to(jnp.repeat(prompt_mask.astype(bool), G, axis=0)[:, None, :], (U * G, C, P))
-    full_mask = jnp.concatenate([over_prompt, qwen2.causal_mask(comp_mask)], axis=-1)
+    (q, kp, vp, kc, vc), _, comp_mask, g, full_mask = shared_prompt_case(16, 12)
 
     def value_and_grads(attend: Any) -> Any:
         def loss(*args: jax.Array) -> Any:

@@ -63,11 +63,12 @@ def test_grouped_forward_gives_the_hidden_states_of_whole_rows(attention_impl: s
     assert np.abs(np.asarray(h_BCD) - want[:, P:]).max() <= 1e-5 * scale
 
 
-def test_pallas_after_prompt_matches_the_shared_prompt_reference_with_gradients() -> None:
-    """The kernel over [group's prompt, own keys] against attention.attend_shared_prompt over the mask the grouped
-    XLA forward builds: outputs on real queries, and the gradients of q, both prompts' k and v (summed over their
-    group) and the completions' k and v."""
-    P = C = 128
+def shared_prompt_case(
+    P: int, C: int
+) -> tuple[tuple[jax.Array, ...], jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Completions over their group's shared prompt, float32: (q [B, C, N, H], the prompts' k and v [U, P, K, H],
+    the completions' k and v [B, C, K, H]), the prompts' [U, P] and completions' [B, C] attention masks, a
+    cotangent on real queries only, and the [B, C, P + C] mask the grouped XLA forward builds."""
     K, N, H = 2, 4, 32
     rng = np.random.default_rng(4)
     q = jnp.asarray(rng.normal(0, 1, (U * G, C, N, H)), jnp.float32)
@@ -78,6 +79,14 @@ def test_pallas_after_prompt_matches_the_shared_prompt_reference_with_gradients(
     g = jnp.asarray(rng.normal(0, 1, q.shape) * rows["comp_mask"][:, :, None, None], jnp.float32)
     over_prompt = jnp.broadcast_to(jnp.repeat(prompt_mask.astype(bool), G, axis=0)[:, None, :], (U * G, C, P))
     full_mask = jnp.concatenate([over_prompt, qwen2.causal_mask(comp_mask)], axis=-1)
+    return (q, kp, vp, kc, vc), prompt_mask, comp_mask, g, full_mask
+
+
+def test_pallas_after_prompt_matches_the_shared_prompt_reference_with_gradients() -> None:
+    """The kernel over [group's prompt, own keys] against attention.attend_shared_prompt over the mask the grouped
+    XLA forward builds: outputs on real queries, and the gradients of q, both prompts' k and v (summed over their
+    group) and the completions' k and v."""
+    (q, kp, vp, kc, vc), prompt_mask, comp_mask, g, full_mask = shared_prompt_case(128, 128)
 
     def value_and_grads(attend: Any) -> Any:
         def loss(q: jax.Array, kp: jax.Array, vp: jax.Array, kc: jax.Array, vc: jax.Array) -> Any:
