@@ -246,8 +246,7 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
             f"update compiled in {update_compile_s:.1f} s before it")  # fmt: skip
     steps: list[dict[str, float]] = []
     while len(steps) < w["steps"]:
-        last = steps[-1]["step_s"] + steps[-1]["prefill_s"] if steps else first["step_s"] + first["prefill_s"]
-        if time.time() + 1.2 * last + 5 > deadline:
+        if not dw.another_step_fits(steps, time.time(), deadline):
             rec.say(f"stopping after {len(steps)} timed steps: the size's time cap is near")
             break
         steps.append(step(len(steps) + 1))

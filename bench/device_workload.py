@@ -123,3 +123,10 @@ def xla_cost(compiled: Any) -> dict[str, float | str]:
         }
     except Exception as e:  # informative only
         return {"error": f"{type(e).__name__}"}
+
+
+def another_step_fits(steps: list[dict[str, float]], now: float, deadline: float) -> bool:
+    """Whether to time one more step before the size's deadline. The first timed step is always tried: the warm-up
+    step's time holds the compiles (tens of seconds) and says nothing of a step's, and a size without a timed step
+    has no result either way (the parent's cap stops an overrun). After it: when 1.2x the last step and 5 s fit."""
+    return not steps or now + 1.2 * (steps[-1]["step_s"] + steps[-1]["prefill_s"]) + 5 <= deadline

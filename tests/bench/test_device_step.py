@@ -17,7 +17,8 @@ from tpuops.checks import calibrate
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
-import results_record  # noqa: E402 (bench/ is no package)
+import device_workload  # noqa: E402 (bench/ is no package)
+import results_record  # noqa: E402
 
 
 @pytest.mark.slow  # about 45 s on a 2-core CPU: two trainer processes compile the tiny model's step
@@ -84,3 +85,11 @@ def test_a_gpu_record_is_named_by_date_card_and_size_and_goes_to_bench_results(t
 
 def test_an_unfinished_size_writes_no_record() -> None:
     assert results_record.build(_size("timeout"), config="c", commit="x", started=0.0) is None
+
+
+def test_the_first_timed_step_is_tried_whatever_the_warm_up_took_and_later_ones_only_when_they_fit() -> None:
+    fits = device_workload.another_step_fits
+    assert fits([], now=100.0, deadline=101.0)  # the warm-up's compiles say nothing of a step's time
+    step = {"step_s": 10.0, "prefill_s": 0.5}  # 1.2 x 10.5 + 5 = 17.6 s
+    assert fits([step], now=100.0, deadline=117.6)
+    assert not fits([step], now=100.0, deadline=117.5)
