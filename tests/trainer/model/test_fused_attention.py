@@ -6,6 +6,7 @@ the masks, the grouping and the head layout. Tolerances as tests/trainer/model/t
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import jax
@@ -114,3 +115,41 @@ def test_a_tpu_compile_of_cudnn_attention_is_one_config_line(capsys: pytest.Capt
     )
     err = capsys.readouterr().err.strip()
     assert err == f"config: {flash.CUDNN_ON_TPU}" and "\n" not in err
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["whole-rows", "prompt-once"])
+def test_the_update_lowered_for_a_gpu_runs_cudnn_flash_attention_and_writes_no_float32_scores(
+    shared: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tiny model's update (forward, GRPO loss, backward) lowered for CUDA as a GPU would compile it: with
+    cudnn, every attention is cuDNN's flash-attention custom call, forward and backward, and no [T, S] float32
+    scores are left; the xla lowering of the same update has them (what the test would miss otherwise). No
+    cuDNN here: its version query answers 9.10 (jax's shape checks run on that and the shapes); `backend()`
+    answers as on a GPU."""
+    import jax._src.cudnn.fused_attention_stablehlo as cudnn_attention
+
+    monkeypatch.setattr(cudnn_attention, "cuda_versions", type("V", (), {"cudnn_get_version": lambda: 91000}))
+    monkeypatch.setattr(fused, "backend", lambda: "cudnn")
+    P, C = 16, 8
+    sets = [f"rollout.max_new_tokens={C}", f"data.prompt_buckets=[{P}]", f"rollout.samples_per_prompt={G}",
+            f"train.shared_prompt={str(shared).lower()}"]  # fmt: skip
+    batch = {k: jnp.asarray(v) for k, v in _rows(6, 1024, P, C).items()}
+    tokens = jnp.float32(np.asarray(batch["comp_mask"]).sum())
+    # the scores' [T, S]: each row's whole sequence; or a prompt over itself and completions over prompt + own
+    scores = re.compile(r"x(24x24|16x16|8x24)xf32>")
+
+    def lowered(impl: str) -> str:
+        cfg = trainer_config.load("tiny", [*sets, f"train.attention_impl={impl}"])
+        mconf = preset("tiny").replace(
+            vocab_size=1024, dtype="bfloat16", attention=flash.resolve(impl, P + C)
+        )
+        params = qwen2.init_params(mconf, jax.random.key(0))
+        loss_fn = make_loss_fn(cfg, mconf, P, "reference")
+        traced = jax.jit(jax.value_and_grad(loss_fn, has_aux=True)).trace(params, batch, tokens)
+        return str(traced.lower(lowering_platforms=("cuda",)).as_text())
+
+    xla, cudnn = lowered("xla"), lowered("cudnn")
+    assert "__cudnn$fmha" not in xla and scores.search(xla)
+    calls = set(re.findall(r"custom_call @(__cudnn\$fmha\w+)", cudnn))
+    assert calls == {"__cudnn$fmhaScaleBiasSoftmax", "__cudnn$fmhaScaleBiasSoftmaxBackward"}
+    assert not scores.search(cudnn)
