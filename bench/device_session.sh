@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # The whole device session in one command (docs/performance.md "On a real accelerator"): a probe (card, driver,
 # jax, commit), the seed's workload (bench/device_step.py, size 3b-seed) with today's defaults, then each change
-# as a variant measured one at a time (XLA's command buffers around the decode loop; cuDNN's fused attention in
-# the update and the prefill; the end-of-sequence test once per 8 positions), then google-tunix's GRPO step at
-# the 3B seed shape (bench/bench_peers.py --only tunix, one process at a time). Each part has a time cap and is
-# skipped when the session's budget (DEVICE_SESSION_BUDGET_S, 560 s: one 10-minute device call) has no room for
-# it (eos8 runs only when the parts before it end early); a later call runs what was skipped, tunix first:
-# `DEVICE_SESSION_PARTS=tunix bash bench/device_session.sh`.
+# as a variant measured one at a time, in this order: cuDNN's fused attention in the update and the prefill (the
+# update is most of the step; the decode loop comes from the session's compilation cache), XLA's command buffers
+# around the decode loop (a new XLA flag: every program compiles again), the end-of-sequence test once per 8
+# positions; then google-tunix's GRPO step at the 3B seed shape (bench/bench_peers.py --only tunix, one process
+# at a time). The probe and `before` have fixed caps; each variant runs on what is left of the session's budget
+# (DEVICE_SESSION_BUDGET_S, 560 s: one 10-minute device call) when at least DEVICE_SESSION_VARIANT_MIN_S (100 s)
+# is left, and is skipped and named otherwise; tunix (its own cap) is a second call:
+# `DEVICE_SESSION_PARTS=tunix bash bench/device_session.sh`. A variant's cold compile takes about as long as
+# `before`'s, so a cap of its own would either waste the budget or stop the variant short of its one timed step.
 # Records: every finished seed run as a results record (bench/results_record.py) in $DEVICE_SESSION_RESULTS
 # (default bench/results/, and a copy under $OUT/results when OUT is set); tunix's as peers/DATE-CARD-tunix.json.
 # On CPU, a check of the script: `DEVICE_STEP_SIZES=tiny DEVICE_SESSION_RESULTS=/tmp/x bash bench/device_session.sh`;
-# `DEVICE_SESSION_PLAN=1` prints the plan (part, cap in seconds, settings) and runs nothing.
+# `DEVICE_SESSION_PLAN=1` prints the plan (part, cap in seconds or `rest`, settings) and runs nothing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-1}"
@@ -18,25 +21,24 @@ export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}"
 PY="${PYTHON:-python3}"
 SIZE="${DEVICE_STEP_SIZES:-3b-seed}"
 BUDGET="${DEVICE_SESSION_BUDGET_S:-560}"
-PARTS="${DEVICE_SESSION_PARTS:-probe,before,cmdbuf,cudnn,eos8,tunix}"
+PARTS="${DEVICE_SESSION_PARTS:-probe,before,cudnn,cmdbuf,eos8,tunix}"
 RESULTS="${DEVICE_SESSION_RESULTS:-bench/results}"
-# The parts: name, cap (s), settings. A variant is the defaults plus one change (DEVICE_STEP_SETS: trainer
-# overrides; DEVICE_STEP_XLA_FLAGS: XLA's; both land in the record's command).
+# The parts: name, cap (s; `rest`: what is left of the budget), settings. A variant is the defaults plus one
+# change (DEVICE_STEP_SETS: trainer overrides; DEVICE_STEP_XLA_FLAGS: XLA's; both land in the record's command).
 CMDBUF="--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"  # the loop's while and its test in a CUDA graph
 declare -a PLAN=(
   "probe 20 -"
-  "before ${DEVICE_SESSION_STEP_S:-185} -"
-  "cmdbuf ${DEVICE_SESSION_VARIANT_S:-160} DEVICE_STEP_XLA_FLAGS=$CMDBUF"
-  "cudnn ${DEVICE_SESSION_VARIANT_S:-160} DEVICE_STEP_SETS=train.attention_impl=cudnn"
-  "eos8 ${DEVICE_SESSION_VARIANT_S:-160} DEVICE_STEP_SETS=rollout.eos_check_every=8"
+  "before ${DEVICE_SESSION_STEP_S:-240} -"
+  "cudnn rest DEVICE_STEP_SETS=train.attention_impl=cudnn"
+  "cmdbuf rest DEVICE_STEP_XLA_FLAGS=$CMDBUF"
+  "eos8 rest DEVICE_STEP_SETS=rollout.eos_check_every=8"
   "tunix ${DEVICE_SESSION_TUNIX_S:-180} -"
 )
-[ "$SIZE" = tiny ] && PLAN=("probe 20 -" "before 120 -" "cmdbuf 120 DEVICE_STEP_XLA_FLAGS=$CMDBUF"
-  "cudnn 120 DEVICE_STEP_SETS=train.attention_impl=cudnn" "eos8 120 DEVICE_STEP_SETS=rollout.eos_check_every=8"
-  "tunix 60 -")
+VARIANT_MIN="${DEVICE_SESSION_VARIANT_MIN_S:-100}"
+[ "$SIZE" = tiny ] && PLAN[1]="before 120 -" && PLAN[5]="tunix 60 -" && VARIANT_MIN="${DEVICE_SESSION_VARIANT_MIN_S:-60}"
 if [ -n "${DEVICE_SESSION_PLAN:-}" ]; then
   for p in "${PLAN[@]}"; do set -- $p; [[ ",$PARTS," == *",$1,"* ]] && echo "part $1 $2 $3"; done
-  echo "budget $BUDGET size $SIZE results $RESULTS"
+  echo "budget $BUDGET variant_min $VARIANT_MIN size $SIZE results $RESULTS"
   exit 0
 fi
 # One compilation cache for the session: a variant that leaves a program unchanged (the update, for a decode
@@ -48,7 +50,8 @@ mkdir -p "$RESULTS"
 for p in "${PLAN[@]}"; do
   set -- $p; name=$1; cap=$2; setting=$3
   [[ ",$PARTS," == *",$name,"* ]] || continue
-  if [ "$(left)" -lt "$cap" ]; then echo "device_session: $name skipped ($(left) s left, its cap $cap s)"; continue; fi
+  need=$cap; [ "$cap" = rest ] && need=$VARIANT_MIN && cap=$(left)
+  if [ "$(left)" -lt "$need" ]; then echo "device_session: $name skipped ($(left) s left, it needs $need s)"; continue; fi
   echo "device_session: $name (cap $cap s, $(left) s left)"
   case "$name" in
     probe)
