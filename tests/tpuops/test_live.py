@@ -53,8 +53,8 @@ def test_status_says_phase_step_elapsed_rate_eta_and_reward_trend() -> None:
         p.phase(w, "python_env", "python_env", "begin")
     assert p.status(now=t0 + 5).startswith("preparing venv (w0-w1)")
     for w in (0, 1):  # what pip collects, as the step's script names it (tpuops-doing: lines)
-        p.phase(w, "python_env", "python_env", "doing collecting jax>=0.4.35")
-    assert p.status(now=t0 + 5).startswith("preparing venv: collecting jax>=0.4.35 (w0-w1) · elapsed")
+        p.phase(w, "python_env", "python_env", "doing collecting flax>=0.10")
+    assert p.status(now=t0 + 5).startswith("preparing venv: collecting flax>=0.10 (w0-w1) · elapsed")
     for w in (0, 1):
         p.phase(w, "follow", "follow", "begin")
     assert p.line(0, "config: task=arith steps=20 max_reward=1 file=/runs/x/config.json") == (

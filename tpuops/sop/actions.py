@@ -23,7 +23,7 @@ class Command:
     stream: bool = False  # show each output line live, prefixed by its worker
     cancellable: bool = True  # False: runs to its end even when another worker failed (a job's start)
     # Lines `tpuops-doing: WHAT` it prints say what it is doing now (the live status line shows them):
-    # `preparing venv: collecting jax>=0.4.35` while pip works.
+    # `preparing venv: collecting flax>=0.10` while pip works.
     progress: bool = False
     what: str = ""  # the plan's one line for people (`--dry-run` without --verbose); the script is the truth
 

@@ -219,7 +219,7 @@ class PythonEnv(Step):
 
 
 # pip install that names each package on stdout as pip collects it (`tpuops-doing: ...`, the live status line:
-# `preparing venv: collecting jax>=0.4.35`); pip's other lines go to stderr, its exit code is the function's.
+# `preparing venv: collecting flax>=0.10`); pip's other lines go to stderr, its exit code is the function's.
 _PIP_NAMED = (
     "pip_named() {",
     '  rcf="$(mktemp)"',
