@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tpuops.cloud.emulator.sshd import (
+    WORKER_ENV,
     SshdWorker,
     client_keypair,
     remove_users,
@@ -177,7 +178,13 @@ def worker_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     wrapper = copy / "bin" / "python-for-workers"
     wrapper.write_text(f'#!/bin/sh\nLD_LIBRARY_PATH={copy}/lib exec {exe} "$@"\n')
     wrapper.chmod(0o755)
-    yield str(wrapper)
+    # A venv made from the wrapper (a python_env step's) links to the copy's interpreter, not the wrapper: the
+    # emulated workers' sessions get the loader's path too (its sshd passes the variables WORKER_ENV names).
+    with pytest.MonkeyPatch.context() as env_patch:
+        env_patch.setenv("LD_LIBRARY_PATH", f"{copy}/lib")
+        names = os.environ.get(WORKER_ENV, "")
+        env_patch.setenv(WORKER_ENV, f"{names},LD_LIBRARY_PATH" if names else "LD_LIBRARY_PATH")
+        yield str(wrapper)
     _discard(copy)
 
 
