@@ -85,11 +85,9 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
     from trainer.fit.programs import training_mesh
     from trainer.kernels import resolve_impl
     from trainer.layout import decode_layout, init_opt_state
-    from trainer.loop.programs import make_update, optimizer
-    from trainer.loop.remat import AutoUpdate
+    from trainer.loop.programs import optimizer
     from trainer.model import flash
     from trainer.sampling import sampler
-    from trainer.sharding import batch_devices
 
     w = dw.workload(size)
     dev = jax.devices()[0]
@@ -100,15 +98,7 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
             driver=results_record.driver_version(jax.default_backend()))  # fmt: skip
     N, P_len, C = w["prompts"] * w["samples"], w["prompt_len"], w["new_tokens"]
     dtype = "float32" if size == "tiny" and jax.default_backend() == "cpu" else "bfloat16"
-    sets = [
-        "model.path=tiny", f"model.dtype={dtype}", "data.task=gsm8k", f"data.root={dw.FIXTURES}",
-        f"data.prompt_buckets={P_len}", "data.fixed_bucket=true", f"rollout.samples_per_prompt={w['samples']}",
-        f"rollout.max_new_tokens={C}", f"train.prompts_per_step={w['prompts']}", "mesh.accelerator=",
-        "log.wandb=disabled", "eval.every=0",
-        f"rollout.decode_layers={os.environ.get('DEVICE_STEP_LAYERS', 'auto')}",
-        "rollout.tp=0",  # the layout for the devices at hand (the presets name a TPU slice's tp)
-        *os.environ.get("DEVICE_STEP_SETS", "").split(),  # a variant's overrides, last so they win
-    ]  # fmt: skip
+    sets = dw.trainer_sets(size, dtype, w)
     rec.put(sets=os.environ.get("DEVICE_STEP_SETS", ""), xla_flags=os.environ.get("XLA_FLAGS", ""))
     cfg = config.load(dw.SIZES[size][0], sets)
     mconf = dw.model_shapes(size, dtype)
@@ -138,43 +128,25 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
             attention={"prefill": rconf.attention, "update": flash.resolve(cfg.train.attention_impl, P_len + C)})  # fmt: skip
     rng = np.random.default_rng(1)
 
-    # The update, compiled ahead of time so its memory is known before it runs: halve the micro-batch until
-    # its temporaries fit beside the resident weights and optimizer state.
+    # The update, compiled ahead of time so its memory is known before it runs (bench/device_aot.py compiles the
+    # same for a GPU without one): the micro-batch halved until it fits beside the weights and optimizer state.
     zeros_NC = np.zeros((N, C), np.int32)
     like = dw.update_batch(ids_NP, mask_NP, zeros_NC, zeros_NC, zeros_NC.astype(np.float32), np.zeros(N))
     glike = {k: global_array(mesh, np.asarray(v)) for k, v in like.items()}
-    micro, t0 = w["micro_batch"], time.perf_counter()
-    while True:
-        ucfg = config.with_sets(cfg, [f"train.micro_batch={micro}"])
-        ucfg.check_batch(1, batch_devices(mesh))
-        if ucfg.train.remat == "auto":  # the trainer's choice (trainer.loop.remat), its executable kept
-            auto = AutoUpdate(ucfg, mconf, P_len, impl, (params, opt_state), say=rec.say)
-            choice = auto.resolve(params, opt_state, glike, np.int32(cfg.train.steps))
-            rec.put(remat=choice.policy, remat_why=choice.why)
-            ucfg = config.with_sets(ucfg, [f"train.remat={choice.policy}"])
-        else:
-            auto = None
-        update = (
-            auto.executable
-            if auto is not None and auto.executable is not None
-            else make_update(ucfg, mconf, P_len, impl, (params, opt_state))
-            .lower(params, opt_state, glike, np.int32(cfg.train.steps))
-            .compile()
-        )
-        mem = update.memory_analysis()
-        assert mem is not None, "the backend reports no compiled memory"
-        need = int(mem.temp_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes)
-        stats = dev.memory_stats() or {}
-        free = stats.get("bytes_limit", 0) - stats.get("bytes_in_use", 0)
-        rec.say(f"update compiled at micro-batch {micro}: needs {need / 1e9:.1f} GB beyond the state, "
-                f"{free / 1e9:.1f} GB free" if free else f"update compiled at micro-batch {micro}")  # fmt: skip
-        if not free or need <= 0.92 * free or micro == 1:
-            break
-        micro //= 2
+    t0 = time.perf_counter()
+    stats = dev.memory_stats() or {}
+    compiled = dw.compile_update(
+        cfg, mconf, P_len, impl, (params, opt_state, glike, np.int32(cfg.train.steps)), w["micro_batch"],
+        stats.get("bytes_limit"), stats.get("bytes_in_use", 0), say=rec.say,
+    )  # fmt: skip
+    if compiled["remat"] is not None:
+        rec.put(remat=compiled["remat"].policy, remat_why=compiled["remat"].why)
+    update, micro, need, free = (compiled[k] for k in ("executable", "micro_batch", "need", "free"))
     update_compile_s = time.perf_counter() - t0
     w["micro_batch"] = micro
     n_micro = N // micro
-    rec.put(workload=w, update_compile_s=update_compile_s, update_memory_gb=need / 1e9, free_gb=free / 1e9,
+    rec.put(workload=w, update_compile_s=update_compile_s, update_compiles=compiled["compiles"],
+            update_memory_gb=need / 1e9, free_gb=free / 1e9,
             update_xla_cost=dw.xla_cost(update))  # fmt: skip
     del glike
 
@@ -298,15 +270,6 @@ def summarize(
 # ------------------------------------------------------------------------------------------------ parent
 
 
-def commit() -> str:
-    try:
-        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=7", "HEAD"], capture_output=True,
-                             text=True, timeout=10, check=False)  # fmt: skip
-        return out.stdout.strip() or "unknown (no git here)"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown (no git here)"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--one", help="(internal) run one size in this process")
@@ -336,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     ).strip():  # read by XLA when the size's process starts
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {extra}".strip()
     start = time.time()
-    report: dict[str, Any] = {"commit": commit(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    report: dict[str, Any] = {"commit": dw.commit(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                               "budget_s": budget, "sizes": []}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="device-step-") as tmp:
         for i, size in enumerate(sizes):

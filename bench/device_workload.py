@@ -41,6 +41,84 @@ def workload(size: str) -> dict[str, int]:
     }
 
 
+def trainer_sets(size: str, dtype: str, w: dict[str, int]) -> list[str]:
+    """The trainer overrides a size's step runs with (on the preset SIZES names): the workload's shapes, one
+    device's layout, then DEVICE_STEP_LAYERS and a variant's DEVICE_STEP_SETS (last, so they win)."""
+    return [
+        "model.path=tiny", f"model.dtype={dtype}", "data.task=gsm8k", f"data.root={FIXTURES}",
+        f"data.prompt_buckets={w['prompt_len']}", "data.fixed_bucket=true",
+        f"rollout.samples_per_prompt={w['samples']}", f"rollout.max_new_tokens={w['new_tokens']}",
+        f"train.prompts_per_step={w['prompts']}", "mesh.accelerator=", "log.wandb=disabled", "eval.every=0",
+        f"rollout.decode_layers={os.environ.get('DEVICE_STEP_LAYERS', 'auto')}",
+        "rollout.tp=0",  # the layout for the devices at hand (the presets name a TPU slice's tp)
+        *os.environ.get("DEVICE_STEP_SETS", "").split(),  # a variant's overrides, last so they win
+    ]  # fmt: skip
+
+
+def compile_update(
+    cfg: Any, mconf: Any, P_len: int, impl: str, args: tuple[Any, ...], micro: int, limit: int | None,
+    in_use: int, say: Any = print,
+) -> dict[str, Any]:  # fmt: skip
+    """The update compiled ahead of time, so its memory is known before it runs: at `micro` sequences a
+    micro-batch, halved until its temporaries and outputs fit in 92% of what is free beside the state (`limit` -
+    `in_use`, the device's bytes_limit and bytes_in_use; no limit known: the first micro-batch), `train.remat: auto`
+    resolved at each micro-batch as a run resolves it (trainer.loop.remat, its winner's executable kept). `args`:
+    the update's arguments (arrays, or ShapeDtypeStructs for a compile without the device). Returns {executable,
+    micro_batch, need, free, remat (the choice or None), compiles (programs compiled, candidates included)}."""
+    from trainer import config
+    from trainer.loop.programs import make_update
+    from trainer.loop.remat import AutoUpdate
+    from trainer.sharding import batch_devices
+
+    params, opt_state = args[0], args[1]
+    mesh = jax_mesh(params)
+    free = (limit - in_use) if limit else 0
+    compiles = 0
+    while True:
+        ucfg = config.with_sets(cfg, [f"train.micro_batch={micro}"])
+        ucfg.check_batch(1, batch_devices(mesh))
+        choice = None
+        if ucfg.train.remat == "auto":  # the trainer's choice (trainer.loop.remat), its executable kept
+            auto = AutoUpdate(ucfg, mconf, P_len, impl, (params, opt_state), device_bytes=limit, say=say)
+            choice = auto.resolve(*args)
+            compiles += len(choice.peaks)
+            ucfg = config.with_sets(ucfg, [f"train.remat={choice.policy}"])
+            update = auto.executable
+        else:
+            update = None
+        if update is None:
+            update = make_update(ucfg, mconf, P_len, impl, (params, opt_state)).lower(*args).compile()
+            compiles += 1
+        mem = update.memory_analysis()
+        assert mem is not None, "the backend reports no compiled memory"
+        need = int(mem.temp_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes)
+        say(f"update compiled at micro-batch {micro}: needs {need / 1e9:.1f} GB beyond the state, "
+            f"{free / 1e9:.1f} GB free" if free else f"update compiled at micro-batch {micro}")  # fmt: skip
+        if not free or need <= 0.92 * free or micro == 1:
+            return {"executable": update, "micro_batch": micro, "need": need, "free": free, "remat": choice,
+                    "compiles": compiles}  # fmt: skip
+        micro //= 2
+
+
+def commit() -> str:
+    """This checkout's commit (7 digits), which the results name."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=7", "HEAD"], capture_output=True,
+                             text=True, timeout=10, check=False)  # fmt: skip
+        return out.stdout.strip() or "unknown (no git here)"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (no git here)"
+
+
+def jax_mesh(tree: Any) -> Any:
+    """The mesh of a pytree's first leaf (an array's or a ShapeDtypeStruct's NamedSharding)."""
+    import jax
+
+    return jax.tree_util.tree_leaves(tree)[0].sharding.mesh
+
+
 def model_shapes(size: str, dtype: str) -> Any:
     from trainer.model.config import Qwen2Config, preset
 

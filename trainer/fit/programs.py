@@ -1,4 +1,5 @@
-"""The programs one GRPO step runs, lowered for a TPU topology with the trainer's own code and shardings.
+"""The programs one GRPO step runs, lowered for a TPU topology with the trainer's own code and shardings (or, under
+a GPU compile target, for a GPU's deviceless topology: bench/device_aot.py).
 
 Dims: N sequences per step, P prompt bucket (the largest: the worst case), C max new tokens, M micro-batch.
 Phases: `decode_cast` (weights to the compute dtype, decode layout), `prefill`, `decode` (the whole
@@ -29,6 +30,7 @@ from jax.sharding import PartitionSpec as P
 
 from trainer.config import Config
 from trainer.kernels import resolve_impl
+from trainer.kernels.logprob.blocks import device_kind
 from trainer.layout import OnMesh, decode_layout, decode_params_like, opt_state_shardings
 from trainer.loop.programs import make_ref_logp, make_update, optimizer, prompt_groups
 from trainer.model import flash
@@ -100,20 +102,41 @@ def state(cfg: Config, mconf: Qwen2Config, mesh: Mesh) -> tuple[Any, Any]:
     return params, opt_state
 
 
+def platform() -> str:
+    """The platform the programs are built for: gpu under a GPU compile target (`compile_target("gpu ...")`),
+    else tpu (`tpuops fit`'s TPU topologies)."""
+    return "gpu" if device_kind().lower().startswith(("gpu", "cuda")) else "tpu"
+
+
+def update_batch_like(mesh: Mesh, N: int, P_len: int, C: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """The update's batch as trainer/loop/update.py builds it from a rollout, as sharded ShapeDtypeStructs."""
+    S = P_len + C
+    return {
+        "ids": _batch(mesh, (N, S), jnp.int32), "mask": _batch(mesh, (N, S), jnp.int32),
+        "pos": _batch(mesh, (N, S), jnp.int32), "comp": _batch(mesh, (N, C), jnp.int32),
+        "comp_mask": _batch(mesh, (N, C), jnp.int32), "old_logp": _batch(mesh, (N, C), jnp.float32),
+        "adv": _batch(mesh, (N,), jnp.float32),
+    }  # fmt: skip
+
+
 ROLLOUT = ("decode_cast", "prefill", "decode")
 UPDATE = ("ref_logp", "update")
 
 
 def step_programs(
-    cfg: Config, devices: list[Any], only: tuple[str, ...] = ROLLOUT + UPDATE
+    cfg: Config,
+    devices: list[Any],
+    only: tuple[str, ...] = ROLLOUT + UPDATE,
+    mconf: Qwen2Config | None = None,
 ) -> tuple[list[Program], dict[str, Any]]:
-    """Every program of one step (or those named in `only`), lowered; plus facts for the report."""
-    mconf = model_config(cfg)
+    """Every program of one step (or those named in `only`), lowered; plus facts for the report. `mconf`: the
+    model's shapes (default: the config's, `model_config`)."""
+    mconf = mconf or model_config(cfg)
     mesh = training_mesh(cfg, devices)
     cfg.check_batch(len({d.process_index for d in devices}), batch_devices(mesh))
     params, opt_state = state(cfg, mconf, mesh)
     N, P_len, C = cfg.sequences_per_step, max(cfg.data.prompt_buckets), cfg.rollout.max_new_tokens
-    impl = resolve_impl(cfg.train.loss_impl, "tpu")
+    impl = resolve_impl(cfg.train.loss_impl, platform())
     programs: list[Program] = []
 
     # Rollout: the decode layout, prefill, the decode loop and one decode iteration.
@@ -146,7 +169,7 @@ def _rollout(
     programs: list[Program] = []
     programs.append(Program("decode_cast", to_decode.lower(params), device_bytes(opt_state)))
     rparams = decode_params_like(mconf, params, rmesh)  # what to_decode makes: fused, compute dtype
-    sampling = sampler.for_rollout(cfg.rollout, "tpu")  # the layer loop the run picks on a TPU
+    sampling = sampler.for_rollout(cfg.rollout, platform())  # the layer loop the run picks there
     # The prefill's attention as the run picks it for the largest bucket (trainer.loop.rollout).
     mconf = mconf.replace(attention=flash.resolve(cfg.train.attention_impl, P_len, strict=False))
     # Rows in groups of samples_per_prompt, as the run's (trainer.loop.rollout): the prefill runs each prompt
@@ -183,13 +206,7 @@ def _update(
     resident = device_bytes(params) + device_bytes(opt_state)
     programs: list[Program] = []
     # Update: the jitted step; its lax.scan over micro-batches is counted trip-count times by trainer.fit.hlo.
-    S = P_len + C
-    batch = {
-        "ids": _batch(mesh, (N, S), jnp.int32), "mask": _batch(mesh, (N, S), jnp.int32),
-        "pos": _batch(mesh, (N, S), jnp.int32), "comp": _batch(mesh, (N, C), jnp.int32),
-        "comp_mask": _batch(mesh, (N, C), jnp.int32), "old_logp": _batch(mesh, (N, C), jnp.float32),
-        "adv": _batch(mesh, (N,), jnp.float32),
-    }  # fmt: skip
+    batch: dict[str, Any] = dict(update_batch_like(mesh, N, P_len, C))
     if cfg.loss.beta > 0:
         ref = make_ref_logp(cfg, mconf, impl, mesh)
         programs.append(Program("ref_logp", ref.lower(params, batch, P_len), resident))

@@ -18,6 +18,7 @@ from tests.trainer.model.grads import assert_grads_close
 from tests.trainer.model.test_flash import TOL, _close, _draw, _value_and_grads
 from tests.trainer.model.test_grouped import G, _rows, shared_prompt_case
 from trainer import config as trainer_config
+from trainer.kernels.logprob.blocks import compile_target
 from trainer.loop.programs import make_loss_fn
 from trainer.model import attention, flash, fused, qwen2
 from trainer.model.config import preset
@@ -124,12 +125,11 @@ def test_the_update_lowered_for_a_gpu_runs_cudnn_flash_attention_and_writes_no_f
     """The tiny model's update (forward, GRPO loss, backward) lowered for CUDA as a GPU would compile it: with
     cudnn, every attention is cuDNN's flash-attention custom call, forward and backward, and no [T, S] float32
     scores are left; the xla lowering of the same update has them (what the test would miss otherwise). No
-    cuDNN here: its version query answers 9.10 (jax's shape checks run on that and the shapes); `backend()`
-    answers as on a GPU."""
+    cuDNN here: its version query answers 9.10 (jax's shape checks run on that and the shapes); the kernels are
+    built for a GPU compile target, as bench/device_aot.py builds them."""
     import jax._src.cudnn.fused_attention_stablehlo as cudnn_attention
 
     monkeypatch.setattr(cudnn_attention, "cuda_versions", type("V", (), {"cudnn_get_version": lambda: 91000}))
-    monkeypatch.setattr(fused, "backend", lambda: "cudnn")
     P, C = 16, 8
     sets = [f"rollout.max_new_tokens={C}", f"data.prompt_buckets=[{P}]", f"rollout.samples_per_prompt={G}",
             f"train.shared_prompt={str(shared).lower()}"]  # fmt: skip
@@ -148,7 +148,9 @@ def test_the_update_lowered_for_a_gpu_runs_cudnn_flash_attention_and_writes_no_f
         traced = jax.jit(jax.value_and_grad(loss_fn, has_aux=True)).trace(params, batch, tokens)
         return str(traced.lower(lowering_platforms=("cuda",)).as_text())
 
-    xla, cudnn = lowered("xla"), lowered("cudnn")
+    with compile_target("gpu NVIDIA H200"):
+        assert fused.backend() == "cudnn"
+        xla, cudnn = lowered("xla"), lowered("cudnn")
     assert "__cudnn$fmha" not in xla and scores.search(xla)
     calls = set(re.findall(r"custom_call @(__cudnn\$fmha\w+)", cudnn))
     assert calls == {"__cudnn$fmhaScaleBiasSoftmax", "__cudnn$fmhaScaleBiasSoftmaxBackward"}
