@@ -1,7 +1,7 @@
 """The device session's programs compiled for an NVIDIA H100 or H200 on any Linux machine, no GPU: their memory,
-the remat policy `train.remat: auto` picks, the micro-batch the update fits at, how many programs compile, and
-whether the attention is cuDNN's kernel, and the kernels in the decode loop's body, before a device minute is
-spent.
+the remat policy `train.remat: auto` picks, the micro-batch the update fits at, how many programs compile,
+whether the attention is cuDNN's kernel and how many kernels the decode loop's body holds, before a device minute
+is spent.
 
 jax's CUDA plugin compiles for a GPU it does not have (`jax.experimental.topologies.get_topology_desc(platform=
 "cuda", target_config=...)`: XLA's deviceless compile, with the card's properties in CARDS). It needs the plugin
