@@ -30,7 +30,7 @@ from jax.sharding import PartitionSpec as P
 
 from trainer.config import Config
 from trainer.kernels import resolve_impl
-from trainer.kernels.logprob.blocks import device_kind
+from trainer.kernels.logprob.blocks import on_gpu
 from trainer.layout import OnMesh, decode_layout, decode_params_like, opt_state_shardings
 from trainer.loop.programs import make_ref_logp, make_update, optimizer, prompt_groups
 from trainer.model import flash
@@ -105,7 +105,7 @@ def state(cfg: Config, mconf: Qwen2Config, mesh: Mesh) -> tuple[Any, Any]:
 def platform() -> str:
     """The platform the programs are built for: gpu under a GPU compile target (`compile_target("gpu ...")`),
     else tpu (`tpuops fit`'s TPU topologies)."""
-    return "gpu" if device_kind().lower().startswith(("gpu", "cuda")) else "tpu"
+    return "gpu" if on_gpu() else "tpu"
 
 
 def update_batch_like(mesh: Mesh, N: int, P_len: int, C: int) -> dict[str, jax.ShapeDtypeStruct]:

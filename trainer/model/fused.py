@@ -24,14 +24,14 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from trainer.kernels.logprob.blocks import device_kind
+from trainer.kernels.logprob.blocks import on_gpu
 
 
 def backend() -> Literal["xla", "cudnn"]:
     """jax.nn.dot_product_attention's implementation here: cudnn where kernels are built for a GPU (this process's
     devices, or a GPU compile target: `compile_target("gpu NVIDIA H200")`, bench/device_aot.py), else xla (the same
     call's reference)."""
-    return "cudnn" if device_kind().lower().startswith(("gpu", "cuda")) else "xla"
+    return "cudnn" if on_gpu() else "xla"
 
 
 def attend_fused(q_BTNH: Array, k_BSKH: Array, v_BSKH: Array, mask_BTS: Array) -> Array:

@@ -92,6 +92,11 @@ def device_kind() -> str:
     return f"{jax.devices()[0].platform} {jax.devices()[0].device_kind}"
 
 
+def on_gpu() -> bool:
+    """Whether kernels are built for a GPU: this process's devices, or a GPU compile target."""
+    return device_kind().lower().startswith(("gpu", "cuda"))
+
+
 def for_device(impl: str, device_kind_: str | None = None) -> BlockSizes:
     """Tuned sizes for `impl` on a device kind (default: `device_kind()`); unknown kinds get CPU sizes."""
     kind = (device_kind_ or device_kind()).lower()
