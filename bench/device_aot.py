@@ -1,7 +1,7 @@
 """The device session's programs compiled for an NVIDIA H100 or H200 on any Linux machine, no GPU: their memory,
 the remat policy `train.remat: auto` picks, the micro-batch the update fits at, how many programs compile,
-whether the attention is cuDNN's kernel and how many kernels the decode loop's body holds, before a device minute
-is spent.
+whether the attention is cuDNN's kernel or a Pallas GPU (Triton) one, and how many kernels the decode loop's body
+holds, before a device minute is spent.
 
 jax's CUDA plugin compiles for a GPU it does not have (`jax.experimental.topologies.get_topology_desc(platform=
 "cuda", target_config=...)`: XLA's deviceless compile, with the card's properties in CARDS). It needs the plugin
@@ -88,16 +88,10 @@ def loop_kernels(hlo: str) -> list[int]:
     nested loop one, the condition's test one). A deviceless compile is not autotuned (every matmul a Triton
     fusion), so this counts that compile's kernels, not the launches a profile of the card's own compile counts
     (docs/performance.md compares the two)."""
-    comps: dict[str, list[tuple[str, str]]] = {}
-    current: str | None = None
-    for line in hlo.splitlines():
-        if not line.startswith(" ") and (m := _COMPUTATION.match(line)):
-            current = m.group(1)
-            comps[current] = []
-        elif line.startswith("}"):
-            current = None
-        elif current is not None and (m := _INSTRUCTION.match(line)):
-            comps[current].append((m.group(1), line))
+    comps = {
+        name: [(m.group(1), line) for line in lines if (m := _INSTRUCTION.match(line))]
+        for name, lines in _computations(hlo).items()
+    }
 
     def kernels(name: str) -> int:
         n = 0
@@ -117,12 +111,82 @@ def loop_kernels(hlo: str) -> list[int]:
     return [kernels(b.group(1)) + 1 for b in bodies if b]  # + 1: the condition's test
 
 
+_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "s32": 4, "u32": 4, "pred": 1, "s8": 1, "u8": 1}
+
+
+def _shape_bytes(text: str) -> int:
+    """Bytes of the array shapes in an HLO type (a tuple's members summed)."""
+    total = 0
+    for dtype, dims in re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", text):
+        n = 1
+        for d in filter(None, dims.split(",")):
+            n *= int(d)
+        total += n * _BYTES.get(dtype, 0)
+    return total
+
+
+def _computations(hlo: str) -> dict[str, list[str]]:
+    """The computations of an optimized HLO text: name -> its instruction lines."""
+    comps: dict[str, list[str]] = {}
+    current: str | None = None
+    for line in hlo.splitlines():
+        if not line.startswith(" ") and (m := _COMPUTATION.match(line)):
+            current = m.group(1)
+            comps[current] = []
+        elif line.startswith("}"):
+            current = None
+        elif current is not None:
+            comps[current].append(line)
+    return comps
+
+
+def loop_bodies(hlo: str) -> list[list[str]]:
+    """Each while loop's body of a compiled program: its instruction lines (the optimized HLO text)."""
+    comps = _computations(hlo)
+    whiles = [line for lines in comps.values() for line in lines if " while(" in line]
+    return [comps.get(m.group(1), []) for w in whiles if (m := re.search(r"body=%?([\w.\-]+)", w))]
+
+
+def slice_copies(hlo: str) -> list[int]:
+    """Per while loop, the bytes its body copies out of the KV cache each iteration: the outputs of the
+    attention's `dynamic_slice` fusions (the xla decode attention's window; XLA:GPU copies it before the matmuls)."""
+    out = []
+    for body in loop_bodies(hlo):
+        n = 0
+        for line in body:
+            m = re.match(r"^\s+(?:ROOT )?%?[\w.\-]+ = (.*?) fusion\(", line)
+            if m and re.search(r'op_name="[^"]*self_attn/dynamic_slice"', line):
+                n += _shape_bytes(m.group(1))
+        out.append(n)
+    return out
+
+
+def body_kernels(hlo: str) -> list[str]:
+    """The first while loop body's kernels, one line each: the instruction, its output type, its source op."""
+    rows = []
+    for line in (loop_bodies(hlo) or [[]])[0]:
+        m = _INSTRUCTION.match(line)
+        if m and m.group(1) not in NO_KERNEL:
+            ty = re.match(r"^\s+(?:ROOT )?%?[\w.\-]+ = (.*?) [a-z][\w\-]*\(", line)
+            op = re.search(r'op_name="([^"]*)"', line)
+            rows.append(
+                f"{m.group(1):<12} {(ty.group(1) if ty else '')[:48]:<48} {op.group(1)[-70:] if op else ''}"
+            )
+    return rows
+
+
 def cudnn_calls(compiled: Any) -> int:
     """cuDNN attention calls in the compiled program (forward and backward kernels)."""
     return str(compiled.as_text()).count("__cudnn$fmha")
 
 
-def compile_all(card: str, size: str) -> dict[str, Any]:
+def triton_calls(compiled: Any) -> int:
+    """Pallas GPU (Triton) kernel calls in the compiled program (the decode's attention with
+    `rollout.attention_impl=pallas`: one per layer in each loop body)."""
+    return str(compiled.as_text()).count("__gpu$xla.gpu.triton")
+
+
+def compile_all(card: str, size: str, layers: int = 0) -> dict[str, Any]:
     import jax
     from jax.experimental import topologies
 
@@ -140,9 +204,12 @@ def compile_all(card: str, size: str) -> dict[str, Any]:
     sets = [*dw.trainer_sets(size, "bfloat16", w), f"train.micro_batch={w['micro_batch']}"]
     cfg = config.load(dw.SIZES[size][0], sets)
     mconf = dw.model_shapes(size, "bfloat16")
+    if layers:  # fewer layers: the same layer body, each kernel listed (--body) in seconds
+        mconf = mconf.replace(num_hidden_layers=layers)
     out: dict[str, Any] = {
         "card": card, "device_kind": kind, "jax": jax.__version__, "commit": dw.commit(),
         "date": time.strftime("%Y-%m-%d", time.gmtime()), "size": size, "workload": w,
+        "layers": mconf.num_hidden_layers,
         "sets": os.environ.get("DEVICE_STEP_SETS", ""), "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "limit_gb": limit / 1e9, "programs": {},
     }  # fmt: skip
@@ -157,17 +224,20 @@ def compile_all(card: str, size: str) -> dict[str, Any]:
             seconds = prog.compile_s or time.perf_counter() - t0
             out["programs"][prog.name] = {
                 "compile_s": round(seconds, 1), **memory(compiled, prog.resident_bytes),
-                "cudnn_calls": cudnn_calls(compiled),
+                "cudnn_calls": cudnn_calls(compiled), "triton_calls": triton_calls(compiled),
             }  # fmt: skip
             if prog.name == "decode":  # one loop per attention window (rollout.attention_block)
-                out["decode_loop_kernels"] = loop_kernels(str(compiled.as_text()))
+                hlo = str(compiled.as_text())
+                out["decode_loop_kernels"] = loop_kernels(hlo)
+                out["decode_cache_copies_mib"] = [round(n / 2**20, 1) for n in slice_copies(hlo)]
+                out["decode_body"] = body_kernels(hlo)
         impl = resolve_impl(cfg.train.loss_impl, fp.platform())
         args = (params, opt_state, fp.update_batch_like(mesh, N, P_len, C), jax.ShapeDtypeStruct((), "int32"))
         t0 = time.perf_counter()
         upd = dw.compile_update(cfg, mconf, P_len, impl, args, w["micro_batch"], limit, state_bytes)
         out["programs"]["update"] = {
             "compile_s": round(time.perf_counter() - t0, 1), **memory(upd["executable"], 0),
-            "cudnn_calls": cudnn_calls(upd["executable"]),
+            "cudnn_calls": cudnn_calls(upd["executable"]), "triton_calls": triton_calls(upd["executable"]),
         }  # fmt: skip
     choice = upd["remat"]
     out.update(
@@ -184,15 +254,16 @@ def table(r: dict[str, Any]) -> str:
     lines = [
         f"{r['size']} for {r['device_kind']} (jax {r['jax']}, deviceless), limit {r['limit_gb']:.1f} GB"
         f"{', sets ' + r['sets'] if r['sets'] else ''}{', XLA_FLAGS ' + r['xla_flags'] if r['xla_flags'] else ''}",
-        f"decode: kernels in each loop's body {r['decode_loop_kernels']} (this compile's, not autotuned)",
+        f"decode ({r['layers']} layers): kernels in each loop's body {r['decode_loop_kernels']} (this compile's, "
+        f"not autotuned); cache copied per iteration, MiB {r['decode_cache_copies_mib']}",
         f"update: micro-batch {r['micro_batch']}, remat {r['remat']} ({r['update_compiles']} compiled)"
         + (f": {r['remat_why']}" if r["remat_why"] else ""),
-        f"{'program':<12} {'compile s':>9} {'args GB':>8} {'temp GB':>8} {'peak GB':>8} {'cudnn':>5}",
+        f"{'program':<12} {'compile s':>9} {'args GB':>8} {'temp GB':>8} {'peak GB':>8} {'cudnn':>5} {'triton':>6}",
     ]
     for name, p in r["programs"].items():
         lines.append(
             f"{name:<12} {p['compile_s']:>9.1f} {p['arguments_gb']:>8.2f} {p['temporaries_gb']:>8.2f} "
-            f"{p['peak_gb']:>8.2f} {p['cudnn_calls']:>5}"
+            f"{p['peak_gb']:>8.2f} {p['cudnn_calls']:>5} {p.get('triton_calls', 0):>6}"
         )
     lines.append(f"fits: {'yes' if r['fits'] else 'NO'}")
     return "\n".join(lines)
@@ -212,13 +283,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--card", choices=sorted(CARDS), default="h200")
     ap.add_argument("--json", type=Path, help="write the result here")
+    ap.add_argument("--layers", type=int, default=0, help="the model's depth (default: the size's)")
+    ap.add_argument("--body", action="store_true", help="list the first decode loop body's kernels")
     a = ap.parse_args(argv)
     size = os.environ.get("DEVICE_STEP_SIZES", "3b-seed")
     if size not in dw.SIZES or "," in size:
         ap.error(f"DEVICE_STEP_SIZES must be one of {sorted(dw.SIZES)}, received {size!r}")
     if not cuda_plugin():
         ap.error("no jax CUDA plugin here: pip install 'jax[cuda13]==<this jax>' (module docstring)")
-    r = compile_all(a.card, size)
+    r = compile_all(a.card, size, a.layers)
+    if a.body:
+        print("\n".join(r["decode_body"]))
     print(table(r))
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)

@@ -2,9 +2,10 @@
 # The whole device session in one command (docs/performance.md "On a real accelerator"): a probe (card, driver,
 # jax, commit), the seed's workload (bench/device_step.py, size 3b-seed) with today's defaults, then each change
 # as a variant measured one at a time, in this order: cuDNN's fused attention in the update and the prefill (the
-# update is most of the step; the decode loop comes from the session's compilation cache), XLA's command buffers
-# around the decode loop (a new XLA flag: every program compiles again), the end-of-sequence test once per 8
-# positions; then google-tunix's GRPO step at the 3B seed shape (bench/bench_peers.py --only tunix, one process
+# update is most of the step; the decode loop comes from the session's compilation cache), the decode's attention
+# as one Pallas GPU kernel per layer (rollout.attention_impl=pallas: the cache read in place, no window copies;
+# the update comes from the cache), XLA's command buffers around the decode loop (a new XLA flag: every program
+# compiles again), the end-of-sequence test once per 8 positions; then google-tunix's GRPO step at the 3B seed shape (bench/bench_peers.py --only tunix, one process
 # at a time). The probe and `before` have fixed caps; each variant runs on what is left of the session's budget
 # (DEVICE_SESSION_BUDGET_S, 560 s: one 10-minute device call) when at least DEVICE_SESSION_VARIANT_MIN_S (100 s)
 # is left, and is skipped and named otherwise; tunix (its own cap) is a second call:
@@ -21,7 +22,7 @@ export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}"
 PY="${PYTHON:-python3}"
 SIZE="${DEVICE_STEP_SIZES:-3b-seed}"
 BUDGET="${DEVICE_SESSION_BUDGET_S:-560}"
-PARTS="${DEVICE_SESSION_PARTS:-probe,before,cudnn,cmdbuf,eos8,tunix}"
+PARTS="${DEVICE_SESSION_PARTS:-probe,before,cudnn,pallas,cmdbuf,eos8,tunix}"
 RESULTS="${DEVICE_SESSION_RESULTS:-bench/results}"
 # The parts: name, cap (s; `rest`: what is left of the budget), settings. A variant is the defaults plus one
 # change (DEVICE_STEP_SETS: trainer overrides; DEVICE_STEP_XLA_FLAGS: XLA's; both land in the record's command).
@@ -30,12 +31,13 @@ declare -a PLAN=(
   "probe 20 -"
   "before ${DEVICE_SESSION_STEP_S:-240} -"
   "cudnn rest DEVICE_STEP_SETS=train.attention_impl=cudnn"
+  "pallas rest DEVICE_STEP_SETS=rollout.attention_impl=pallas"
   "cmdbuf rest DEVICE_STEP_XLA_FLAGS=$CMDBUF"
   "eos8 rest DEVICE_STEP_SETS=rollout.eos_check_every=8"
   "tunix ${DEVICE_SESSION_TUNIX_S:-180} -"
 )
 VARIANT_MIN="${DEVICE_SESSION_VARIANT_MIN_S:-100}"
-[ "$SIZE" = tiny ] && PLAN[1]="before 120 -" && PLAN[5]="tunix 60 -" && VARIANT_MIN="${DEVICE_SESSION_VARIANT_MIN_S:-60}"
+[ "$SIZE" = tiny ] && PLAN[1]="before 120 -" && PLAN[6]="tunix 60 -" && VARIANT_MIN="${DEVICE_SESSION_VARIANT_MIN_S:-60}"
 if [ -n "${DEVICE_SESSION_PLAN:-}" ]; then
   for p in "${PLAN[@]}"; do set -- $p; [[ ",$PARTS," == *",$1,"* ]] && echo "part $1 $2 $3"; done
   echo "budget $BUDGET variant_min $VARIANT_MIN size $SIZE results $RESULTS"

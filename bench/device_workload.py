@@ -20,8 +20,9 @@ SIZES: dict[str, tuple[str, str | None, int, float]] = {
     # the seed's workload: its preset's 1024 new tokens and attention windows (rollout.attention_block)
     "3b-seed": ("qwen2.5-3b-v6e-8-seed", "Qwen2.5-3B-Instruct.json", 8, 1.0),
 }
-# tiny: a CPU check of the script, not a benchmark (2 prompts x 2 samples, 8 new tokens).
-TINY = {"prompts": 2, "samples": 2, "prompt_len": 256, "new_tokens": 8, "steps": 2}
+# tiny: a CPU check of the script, not a benchmark (2 prompts x 2 samples, 16 new tokens: rollout.attention_impl=
+# pallas takes multiples of 16).
+TINY = {"prompts": 2, "samples": 2, "prompt_len": 256, "new_tokens": 16, "steps": 2}
 
 
 def _env(name: str, default: int) -> int:

@@ -67,6 +67,12 @@ class Config:
             "train.attention_impl=cudnn needs every prompt bucket and rollout.max_new_tokens even (cuDNN's masked "
             f"attention trains on even lengths), received {parts}; set train.attention_impl=auto",
         )
+        _check(
+            self.rollout.attention_impl != "pallas" or all(n % 16 == 0 for n in parts),
+            "rollout.attention_impl=pallas needs every prompt bucket and rollout.max_new_tokens to be multiples of "
+            f"16 (the kernel reads the cache 16 slots at a time or more), received {parts}; set "
+            "rollout.attention_impl=xla",
+        )
 
     @property
     def sequences_per_step(self) -> int:

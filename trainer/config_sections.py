@@ -66,6 +66,11 @@ class RolloutConfig:
     # per this many positions (on a GPU each test copies a flag to the host and waits for it). Positions run
     # after every sequence is done change no token, log-prob or length; 1 = a test after every position.
     eos_check_every: int = 1
+    # The decode's attention over its cache: xla (einsums over the window, float32 scores; on a GPU XLA copies the
+    # window's slots before its matmuls) | pallas (trainer/model/decode_attention.py: one Pallas GPU kernel per
+    # layer reading the slots in place, online softmax; the prompt bucket and the windows' completion slots
+    # multiples of 16; a GPU's, refused on a TPU, interpret mode on a CPU).
+    attention_impl: Literal["xla", "pallas"] = "xla"
 
     def __post_init__(self) -> None:
         _check(self.tp >= 0, f"rollout.tp must be >= 0 (0 = auto), received {self.tp}")

@@ -78,12 +78,19 @@ def test_remat_auto_passes_over_a_policy_the_limit_rules_out_and_keeps_the_winne
     assert kept == choice.peaks[choice.policy]
 
 
-@pytest.mark.slow  # the tiny model's programs compiled for an H200, twice
-@pytest.mark.parametrize("attention", ["xla", "cudnn"])
+@pytest.mark.slow  # the tiny model's programs compiled for an H200, three times
+@pytest.mark.parametrize("attention", ["xla", "cudnn", "pallas-decode"])
 def test_the_tiny_step_compiles_for_an_h200_without_one(tmp_path: Path, attention: str) -> None:
+    """The update's and prefill's attention as xla or cuDNN's; the decode's as the Pallas GPU kernel (Triton,
+    compiled for the card's sm_90 without it: one call per layer in the decode loop's body, none elsewhere)."""
     pytest.importorskip("jax_plugins.xla_cuda13", reason="jax's CUDA plugin is not installed here")
+    sets = (
+        "rollout.attention_impl=pallas"
+        if attention == "pallas-decode"
+        else f"train.attention_impl={attention}"
+    )
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO), "DEVICE_STEP_SIZES": "tiny",
-           "DEVICE_STEP_SETS": f"train.attention_impl={attention}"}  # fmt: skip
+           "DEVICE_STEP_SETS": sets}  # fmt: skip
     env.pop("XLA_FLAGS", None)
     out = tmp_path / "aot.json"
     r = subprocess.run([sys.executable, str(REPO / "bench" / "device_aot.py"), "--card", "h200", "--json", str(out)],
@@ -94,4 +101,55 @@ def test_the_tiny_step_compiles_for_an_h200_without_one(tmp_path: Path, attentio
     assert set(result["programs"]) == {"decode_cast", "prefill", "decode", "update"}
     update = result["programs"]["update"]
     assert (update["cudnn_calls"] > 0) == (attention == "cudnn")
-    assert result["attention"]["update"] == attention
+    assert result["attention"]["update"] == ("xla" if attention == "pallas-decode" else attention)
+    triton = {name: p["triton_calls"] for name, p in result["programs"].items()}
+    decode_kernels = 0 if attention != "pallas-decode" else 2 * len(result["decode_loop_kernels"])  # 2 layers
+    assert triton == {"decode_cast": 0, "prefill": 0, "decode": decode_kernels, "update": 0}
+    # xla's decode attention copies its window out of the cache every position; the kernel reads it in place
+    copies = result["decode_cache_copies_mib"]
+    assert len(copies) == len(result["decode_loop_kernels"])
+    assert (max(copies) == 0) == (attention == "pallas-decode"), copies
+
+
+# A compiled GPU program's shape, cut down: a loop whose body slices the cache (one 2x4x8 bf16 copy and a
+# tuple-typed one of two 1x4 f32), calls a kernel, and a branch of two kernels; the entry's kernels are not the loop's.
+_SLICE = 'metadata={op_name="jit(_decode)/while/body/DecoderLayer/self_attn/dynamic_slice"}'
+_KERNEL = 'metadata={op_name="jit(_decode)/while/body/decode_attention/pallas_call"}'
+HLO = f"""HloModule m
+
+%body.1 (p: (s32[], bf16[2,4,16])) -> (s32[], bf16[2,4,16]) {{
+  %p = (s32[], bf16[2,4,16]) parameter(0)
+  %gte = bf16[2,4,16]{{2,1,0}} get-tuple-element(%p), index=1
+  %slice_fusion = bf16[2,4,8]{{2,1,0}} fusion(%gte), kind=kLoop, calls=%f1, {_SLICE}
+  %pair = (f32[1,4]{{1,0}}, f32[1,4]{{1,0}}) fusion(%gte), kind=kLoop, calls=%f2, {_SLICE}
+  %other = bf16[2,4,8]{{2,1,0}} fusion(%slice_fusion), kind=kLoop, calls=%f3
+  %k = bf16[2,4,8]{{2,1,0}} custom-call(%other), custom_call_target="__gpu$xla.gpu.triton", {_KERNEL}
+  %c = s32[] conditional(%p), branch_computations={{%b1, %b2}}
+  ROOT %t = (s32[], bf16[2,4,16]) tuple(%c, %gte)
+}}
+
+%b1 (x: s32[]) -> s32[] {{
+  %x = s32[] parameter(0)
+  %a = s32[] fusion(%x), kind=kLoop, calls=%f4
+  ROOT %b = s32[] fusion(%a), kind=kLoop, calls=%f5
+}}
+
+ENTRY %main (a: (s32[], bf16[2,4,16])) -> (s32[], bf16[2,4,16]) {{
+  %a = (s32[], bf16[2,4,16]) parameter(0)
+  %e = bf16[2,4,16]{{2,1,0}} fusion(%a), kind=kLoop, calls=%f6
+  ROOT %w = (s32[], bf16[2,4,16]) while(%a), condition=%cond.1, body=%body.1
+}}
+"""
+
+
+def test_the_loop_body_is_read_from_the_compiled_text() -> None:
+    """Kernels per iteration (the branch's two, + 1 for the condition's test), the cache bytes its slices copy
+    (a tuple's members summed), and its kernels listed with their source ops; the entry's fusion is not the loop's."""
+    import device_aot
+
+    assert device_aot.loop_kernels(HLO) == [3 + 2 + 1 + 1]
+    assert device_aot.slice_copies(HLO) == [2 * 4 * 8 * 2 + 2 * 4 * 4]
+    assert device_aot._shape_bytes("(f32[1,4]{1,0}, bf16[2,4,8]{2,1,0})") == 16 + 128
+    body = device_aot.body_kernels(HLO)
+    assert [row.split()[0] for row in body] == ["fusion", "fusion", "fusion", "custom-call", "conditional"]
+    assert body[3].endswith("decode_attention/pallas_call") and "bf16[2,4,8]" in body[0]

@@ -37,7 +37,7 @@ def test_the_cpu_mode_runs_and_writes_a_record_the_calibration_reads(tmp_path: P
     assert not missing, f"{path.name} lacks {missing}"
     for key in ("driver", "jax", "workload", "phases", "command", "device"):
         assert rec[key], key
-    assert (rec["card"], rec["platform"], rec["config"], rec["new_tokens"]) == ("cpu", "cpu", "tiny", 8)
+    assert (rec["card"], rec["platform"], rec["config"], rec["new_tokens"]) == ("cpu", "cpu", "tiny", 16)
     assert rec["step_s"] > rec["bound_s"] > 0 and rec["update_mfu"] > 0
     assert rec["phases"]["update_s"] > 0 and rec["phases"]["decode_s"] > 0
     assert rec["command"] == "DEVICE_STEP_SIZES=tiny bash bench/device_step.sh"

@@ -42,8 +42,11 @@ class Qwen2Config:
     remat: str = "none"
     # Self-attention without a cache (training, prefill): xla (`qwen2.attend`, [T, T] scores) | pallas (the splash
     # kernel, trainer/model/flash.py: no [T, T] scores in HBM; T a multiple of 128) | cudnn (cuDNN's fused kernel
-    # through jax.nn.dot_product_attention, trainer/model/fused.py). Decode always uses xla.
+    # through jax.nn.dot_product_attention, trainer/model/fused.py).
     attention: str = "xla"
+    # The decode's attention over its cache (one position a row): xla (attention.attend) | pallas (one Pallas GPU
+    # kernel a layer, trainer/model/decode_attention.py); the sampler sets it from its SamplingConfig.
+    decode_attention: str = "xla"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers"):
@@ -68,6 +71,8 @@ class Qwen2Config:
             raise ValueError(f"remat must be one of {_REMATS}, received {self.remat!r}")
         if self.attention not in _ATTENTIONS:
             raise ValueError(f"attention must be one of {_ATTENTIONS}, received {self.attention!r}")
+        if self.decode_attention not in ("xla", "pallas"):
+            raise ValueError(f"decode_attention must be xla or pallas, received {self.decode_attention!r}")
         if self.rope_type not in _ROPE_TYPES:
             raise ValueError(f"rope_scaling type must be one of {_ROPE_TYPES}, received {self.rope_type!r}")
 

@@ -18,6 +18,7 @@ from trainer.model.attention import (
     group_prompt,
 )
 from trainer.model.config import Qwen2Config
+from trainer.model.decode_attention import decode_attention
 from trainer.model.flash import attend_flash, attend_flash_after_prompt
 from trainer.model.fused import attend_fused, attend_fused_shared_prompt
 from trainer.sharding import TP_SEQ_AXIS, constrain, constrain_cache, constrain_sequences, heads_split
@@ -119,9 +120,12 @@ class Attention(nn.Module):
             # whole layer row instead made XLA copy the row first: the same bytes as no window.)
             size = (1, *keys_LBSKH.shape[1:2], window or keys_LBSKH.shape[2], *keys_LBSKH.shape[3:])
             row = (at[0], *at[1:2], jnp.int32(0), *at[3:])  # (layer, 0, 0, 0, 0)
-            mask_BTS = mask_BTS[..., : size[2]]
+            slots_BTS, mask_BTS = mask_BTS, mask_BTS[..., : size[2]]
             new_kv = (constrain_cache(keys_LBSKH), constrain_cache(values_LBSKH))
-            if samples > 1 and 0 < prompt < size[2]:  # each group's prompt slots read once
+            if c.decode_attention == "pallas":  # one kernel reading this layer's slots in place
+                out = decode_attention(q, keys_LBSKH, values_LBSKH, at[0], slots_BTS, prompt=prompt,
+                                       window=size[2], samples=samples)  # fmt: skip
+            elif samples > 1 and 0 < prompt < size[2]:  # each group's prompt slots read once
                 parts = (*group_prompt(keys_LBSKH, values_LBSKH, at[0], prompt, samples),
                          *completion_slots(keys_LBSKH, values_LBSKH, at[0], prompt, size[2]))  # fmt: skip
                 kp, vp, kc, vc = (x.astype(q.dtype) for x in parts)

@@ -41,7 +41,19 @@ def for_rollout(rollout: RolloutConfig, platform: str, greedy: bool = False) -> 
     return SamplingConfig(
         r.max_new_tokens, r.temperature, r.top_k, r.top_p, greedy=greedy, block=r.attention_block,
         layers=layers_for(r.decode_layers, platform), eos_every=r.eos_check_every,
+        attention=attention_for(r.attention_impl, platform),
     )  # fmt: skip
+
+
+def attention_for(choice: str, platform: str) -> str:
+    """The decode's attention for `rollout.attention_impl` on `platform`: pallas is a Pallas GPU (Triton) kernel,
+    run in interpret mode off a GPU (the CPU tests) and refused on a TPU, whose compiler reads the window in place."""
+    if choice == "pallas" and platform == "tpu":
+        raise ValueError(
+            "rollout.attention_impl=pallas is a GPU kernel (Pallas Triton); on a TPU use rollout.attention_impl=xla "
+            "(the TPU compiler reads the cache window in place)"
+        )
+    return choice
 
 
 def layers_for(choice: str, platform: str) -> str:
@@ -180,6 +192,7 @@ def _decode(
     one trip of the n % k left (`_positions`), each trip only while a sequence is not done: the test runs once per
     k positions, and the returned state is the one k = 1 returns (tokens, log-probs, mask, step, cache)."""
     P = state.cache.length - sampling.max_new_tokens
+    config = config.replace(decode_attention=sampling.attention)  # what the decode layers attend with
     stacked = state.cache
     if sampling.layers == "unrolled":  # per-layer buffers for the whole loop: one copy of weights and cache
         L = stacked.keys.shape[0]

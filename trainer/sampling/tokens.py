@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from jax import Array
 
 LAYER_LOOPS = ("scan", "unrolled")
+DECODE_ATTENTIONS = ("xla", "pallas")
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class SamplingConfig:
     # Decode positions between two end-of-sequence checks: the loop's condition (on a GPU, a copy to the host
     # each time) runs once per `eos_every` positions; positions run after every row is done change nothing.
     eos_every: int = 1
+    # The decode's attention over the cache: "xla" (attention.attend) or "pallas" (model/decode_attention.py).
+    attention: str = "xla"
 
     def __post_init__(self) -> None:
         if self.max_new_tokens <= 0:
@@ -45,6 +48,10 @@ class SamplingConfig:
             raise ValueError(f"block must be >= 0 (0 = the whole cache), received {self.block}")
         if self.eos_every < 1:
             raise ValueError(f"eos_every must be >= 1 (1 = every position), received {self.eos_every}")
+        if self.attention not in DECODE_ATTENTIONS:
+            raise ValueError(
+                f"attention must be one of {', '.join(DECODE_ATTENTIONS)}, received {self.attention!r}"
+            )
         if self.layers not in LAYER_LOOPS:
             raise ValueError(f"layers must be one of {', '.join(LAYER_LOOPS)}, received {self.layers!r}")
 
