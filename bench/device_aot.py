@@ -284,7 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--card", choices=sorted(CARDS), default="h200")
     ap.add_argument("--json", type=Path, help="write the result here")
     ap.add_argument("--layers", type=int, default=0, help="the model's depth (default: the size's)")
-    ap.add_argument("--body", action="store_true", help="list the first decode loop body's kernels (not in --json)")
+    ap.add_argument(
+        "--body", action="store_true", help="list the first decode loop body's kernels (not in --json)"
+    )
     a = ap.parse_args(argv)
     size = os.environ.get("DEVICE_STEP_SIZES", "3b-seed")
     if size not in dw.SIZES or "," in size:
