@@ -24,7 +24,6 @@ import os
 import statistics
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -33,53 +32,11 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import device_step  # noqa: E402  (the bench's helpers: shapes, random weights, prompts)
+from device_workload import summarize_trace  # noqa: E402
 
 
 def _env(name: str, default: str) -> str:
     return os.environ.get(name) or default  # set but empty: the default
-
-
-def summarize_trace(trace_dir: Path, tokens: int, top: int = 30) -> dict[str, Any]:
-    """Device kernels of a perfetto trace (jax.profiler), summed by name: total ms, count, ms per token."""
-    files = sorted(trace_dir.rglob("*.trace.json.gz")) + sorted(trace_dir.rglob("perfetto_trace.json.gz"))
-    if not files:
-        return {"error": f"no trace file under {trace_dir}"}
-    with gzip.open(files[0], "rt") as f:
-        doc = json.load(f)
-    events = doc["traceEvents"] if isinstance(doc, dict) else doc
-    pname: dict[Any, str] = {}
-    for e in events:
-        if e.get("ph") == "M" and e.get("name") == "process_name":
-            pname[e.get("pid")] = str(e.get("args", {}).get("name", ""))
-    by_proc: dict[str, float] = defaultdict(float)
-    kernels: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for e in events:
-        if e.get("ph") != "X" or "dur" not in e:
-            continue
-        proc = pname.get(e.get("pid"), str(e.get("pid")))
-        by_proc[proc] += float(e["dur"])
-        if "GPU" in proc or "gpu" in proc:
-            k = kernels[str(e.get("name", "?"))[:120]]
-            k[0] += float(e["dur"])
-            k[1] += 1
-    total = sum(v[0] for v in kernels.values())
-    rows = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]
-    return {
-        "file": files[0].name,
-        "processes_ms": {k: round(v / 1e3, 1) for k, v in sorted(by_proc.items(), key=lambda kv: -kv[1])[:8]},
-        "device_kernel_ms": round(total / 1e3, 1),
-        "kernel_launches": int(sum(v[1] for v in kernels.values())),
-        "launches_per_token": round(sum(v[1] for v in kernels.values()) / max(tokens, 1), 1),
-        "top": [
-            {
-                "name": n,
-                "ms": round(v[0] / 1e3, 2),
-                "count": int(v[1]),
-                "share": round(v[0] / max(total, 1), 3),
-            }
-            for n, v in rows
-        ],
-    }
 
 
 def main() -> int:

@@ -29,7 +29,7 @@ RESULTS="${DEVICE_SESSION_RESULTS:-bench/results}"
 CMDBUF="--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"  # the loop's while and its test in a CUDA graph
 declare -a PLAN=(
   "probe 20 -"
-  "before ${DEVICE_SESSION_STEP_S:-240} -"
+  "before ${DEVICE_SESSION_STEP_S:-240} DEVICE_STEP_PROFILE=update"
   "cudnn rest DEVICE_STEP_SETS=train.attention_impl=cudnn"
   "pallas rest DEVICE_STEP_SETS=rollout.attention_impl=pallas"
   "cmdbuf rest DEVICE_STEP_XLA_FLAGS=$CMDBUF"
@@ -37,7 +37,7 @@ declare -a PLAN=(
   "tunix ${DEVICE_SESSION_TUNIX_S:-180} -"
 )
 VARIANT_MIN="${DEVICE_SESSION_VARIANT_MIN_S:-100}"
-[ "$SIZE" = tiny ] && PLAN[1]="before 120 -" && PLAN[6]="tunix 60 -" && VARIANT_MIN="${DEVICE_SESSION_VARIANT_MIN_S:-60}"
+[ "$SIZE" = tiny ] && PLAN[1]="before 120 DEVICE_STEP_PROFILE=update" && PLAN[6]="tunix 60 -" && VARIANT_MIN="${DEVICE_SESSION_VARIANT_MIN_S:-60}"
 if [ -n "${DEVICE_SESSION_PLAN:-}" ]; then
   for p in "${PLAN[@]}"; do set -- $p; [[ ",$PARTS," == *",$1,"* ]] && echo "part $1 $2 $3"; done
   echo "budget $BUDGET variant_min $VARIANT_MIN size $SIZE results $RESULTS"

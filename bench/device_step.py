@@ -20,7 +20,8 @@ until the update's compiled memory fits), DEVICE_STEP_BUDGET_S (450), DEVICE_STE
 loop, `rollout.decode_layers`: auto, scan or unrolled; auto is unrolled on a GPU), DEVICE_STEP_SETS (more
 trainer `--set` overrides, space-separated, applied last: a variant such as `rollout.eos_check_every=8`),
 DEVICE_STEP_XLA_FLAGS (appended to XLA_FLAGS in each size's process: a compiler variant). Both are kept in the
-result and, as every DEVICE_STEP_* setting, in the record's command.
+result and, as every DEVICE_STEP_* setting, in the record's command. DEVICE_STEP_PROFILE=update: after the timed
+steps, one more update under jax.profiler, its device kernels summed by name into the record (`update_profile`).
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
         t0 = time.perf_counter()
         adv = rng.standard_normal(N)  # GRPO advantages: some positive, some negative
         batch = dw.update_batch(ids_NP, mask_NP, comp, cmask, old, adv)
-        gbatch = {k: global_array(mesh, np.asarray(v)) for k, v in batch.items()}
+        gbatch = state["batch"] = {k: global_array(mesh, np.asarray(v)) for k, v in batch.items()}
         t["host_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         state["params"], state["opt_state"], stats = update(
@@ -226,7 +227,40 @@ def measure(size: str, rec: Recorder, deadline: float) -> None:
         summarize(rec, mconf, n_params, prompt_lens, P_len, C, n_micro, gpu, steps, compile_s, w["samples"])
     if not steps:
         raise RuntimeError("no timed step fitted in the size's time cap (the warm-up step is in first_step)")
+    if os.environ.get("DEVICE_STEP_PROFILE") == "update":
+        profile_update(rec, update, state, np.int32(cfg.train.steps), steps[-1]["update_s"], deadline)
     rec.put(status="ok", wall_s=time.perf_counter() - t_start)
+
+
+def profile_update(
+    rec: Recorder, update: Any, state: dict[str, Any], step: Any, update_s: float, deadline: float
+) -> None:
+    """One more update, on the last timed step's batch, under jax.profiler, after the timed steps (so they are
+    not perturbed): its device kernels summed by name into the size's `update_profile` (dw.summarize_trace),
+    when the size's time cap leaves twice the update and 30 s for it."""
+    import shutil
+
+    import jax
+
+    if time.time() + 2 * update_s + 30 > deadline:
+        rec.put(update_profile={"skipped": "the size's time cap is near"})
+        rec.say("update profile skipped: the size's time cap is near")
+        return
+    trace_dir = Path(tempfile.mkdtemp(prefix="device-step-trace-"))
+    try:
+        with jax.profiler.trace(str(trace_dir), create_perfetto_trace=True):
+            out = jax.block_until_ready(update(state["params"], state["opt_state"], state["batch"], step))
+        state["params"], state["opt_state"] = out[0], out[1]
+        summary = dw.summarize_trace(trace_dir, 1, top=25)
+    except Exception as e:  # a profile that fails loses only itself
+        summary = {"error": f"{type(e).__name__}: {e}"[:500]}
+    finally:
+        shutil.rmtree(trace_dir, ignore_errors=True)
+    rec.put(update_profile=summary)
+    top = ", ".join(f"{k['name'][:40]} {k['ms']:.0f} ms" for k in summary.get("top", [])[:5])
+    rec.say(
+        f"update profile: {summary.get('device_kernel_ms', 0)} ms of device kernels; top: {top or summary}"
+    )
 
 
 def summarize(

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import NotRequired
 
 from tpuops.checks.calibrate import Measured
 
@@ -35,6 +36,7 @@ class Record(Measured):
     bound_phases: dict[str, float]
     settings: dict[str, object]  # the trainer's choices the run resolved (remat, attention, decode loop, ...)
     command: str
+    update_profile: NotRequired[dict[str, object]]  # DEVICE_STEP_PROFILE=update: the update's kernels by name
 
 
 def card_name(device_kind: str, platform: str) -> str:
@@ -88,7 +90,7 @@ def build(size_result: dict[str, object], *, config: str, commit: str, started: 
     assert isinstance(measured, dict) and isinstance(estimate, dict) and isinstance(workload, dict)
     platform = str(size_result.get("platform", "gpu"))
     kind = str(size_result.get("device_kind", size_result.get("device", "")))
-    return Record(
+    rec = Record(
         card=card_name(kind, platform), platform=platform, date=time.strftime("%Y-%m-%d", time.gmtime(started)),
         commit=commit, config=config, new_tokens=int(workload["new_tokens"]), step_s=_sig(measured["step_s"]),
         bound_s=_sig(estimate["step_s"]), decode_mbu=_sig(measured["decode_mbu"] or 0.0),
@@ -100,6 +102,9 @@ def build(size_result: dict[str, object], *, config: str, commit: str, started: 
         settings={k: size_result[k] for k in SETTINGS if size_result.get(k) not in (None, "")},
         command=command(str(size_result["size"])),
     )  # fmt: skip
+    if isinstance(profile := size_result.get("update_profile"), dict):
+        rec["update_profile"] = profile
+    return rec
 
 
 def folder(given: Path | None, platform: str) -> Path | None:

@@ -37,7 +37,7 @@ def test_the_plan_measures_one_change_at_a_time_within_one_device_call(tmp_path:
     parts, limits = _plan(tmp_path)
     assert [p[0] for p in parts] == ["probe", "before", "cudnn", "pallas", "cmdbuf", "eos8", "tunix"]
     settings = dict((name, setting) for name, _, setting in parts)
-    assert settings["before"] == "-"  # today's defaults
+    assert settings["before"] == "DEVICE_STEP_PROFILE=update"  # today's defaults, its update then profiled
     assert settings["cmdbuf"] == "DEVICE_STEP_XLA_FLAGS=--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
     assert settings["cudnn"] == "DEVICE_STEP_SETS=train.attention_impl=cudnn"
     assert settings["eos8"] == "DEVICE_STEP_SETS=rollout.eos_check_every=8"
@@ -69,12 +69,21 @@ def test_the_cpu_mode_writes_a_record_per_seed_run_with_its_variant(tmp_path: Pa
     # before's budget is its cap less 5 s; a variant's, what the session had left less 5 s
     commands = sorted(re.sub(r"BUDGET_S=\d+", "BUDGET_S=N", rec["command"]) for rec in records)
     assert commands == [
+        "DEVICE_STEP_SIZES=tiny DEVICE_STEP_BUDGET_S=N DEVICE_STEP_PROFILE=update DEVICE_STEP_STEPS=1 "
+        "bash bench/device_step.sh",
         "DEVICE_STEP_SIZES=tiny DEVICE_STEP_BUDGET_S=N DEVICE_STEP_SETS=train.attention_impl=cudnn "
         "DEVICE_STEP_STEPS=1 bash bench/device_step.sh",
-        "DEVICE_STEP_SIZES=tiny DEVICE_STEP_BUDGET_S=N DEVICE_STEP_STEPS=1 bash bench/device_step.sh",
     ]
     budgets = {
         "cudnn" in rec["command"]: int(re.findall(r"BUDGET_S=(\d+)", rec["command"])[0]) for rec in records
     }
-    assert budgets[False] == 115 and 115 < budgets[True] < 560 - 5  # the probe and before took some of the 560 s
+    assert (
+        budgets[False] == 115 and 115 < budgets[True] < 560 - 5
+    )  # the probe and before took some of the 560 s
     assert all(rec["step_s"] > 0 and rec["config"] == "tiny" for rec in records)
+    # before's update profiled once more after its timed step: a real trace, read back (a CPU has no GPU kernels,
+    # only the host's threads); the variant's not
+    profiles = {"cudnn" in rec["command"]: rec.get("update_profile") for rec in records}
+    assert profiles[True] is None
+    assert profiles[False] and profiles[False]["file"].endswith(".trace.json.gz"), profiles[False]
+    assert profiles[False]["processes_ms"] and profiles[False]["device_kernel_ms"] == 0.0

@@ -93,3 +93,33 @@ def test_the_first_timed_step_is_tried_whatever_the_warm_up_took_and_later_ones_
     step = {"step_s": 10.0, "prefill_s": 0.5}  # 1.2 x 10.5 + 5 = 17.6 s
     assert fits([step], now=100.0, deadline=117.6)
     assert not fits([step], now=100.0, deadline=117.5)
+
+
+def test_a_profile_s_gpu_kernels_are_summed_by_name(tmp_path: Path) -> None:
+    """`summarize_trace` (device_step's update profile, device_decode's): a perfetto trace's complete events on
+    the GPU's processes summed by kernel name, largest first, with their counts and shares; host events only in
+    the per-process totals."""
+    import gzip
+
+    events = [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+        {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
+        *({"ph": "X", "pid": 1, "name": "cutlass_gemm", "dur": 300.0} for _ in range(3)),
+        {"ph": "X", "pid": 1, "name": "loop_fusion", "dur": 100.0},
+        {"ph": "X", "pid": 2, "name": "PjitFunction", "dur": 5000.0},
+        {"ph": "i", "pid": 1, "name": "marker"},
+    ]
+    folder = tmp_path / "plugins" / "profile" / "run"
+    folder.mkdir(parents=True)
+    with gzip.open(folder / "vm.trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    s = device_workload.summarize_trace(tmp_path, tokens=2)
+    assert s["device_kernel_ms"] == 1.0 and s["kernel_launches"] == 4 and s["launches_per_token"] == 2.0
+    assert s["top"] == [
+        {"name": "cutlass_gemm", "ms": 0.9, "count": 3, "share": 0.9},
+        {"name": "loop_fusion", "ms": 0.1, "count": 1, "share": 0.1},
+    ]
+    assert s["processes_ms"] == {"/host:CPU": 5.0, "/device:GPU:0": 1.0}
+    assert (
+        "no trace file" in device_workload.summarize_trace(tmp_path / "plugins" / "none", tokens=1)["error"]
+    )

@@ -159,7 +159,12 @@ def decode_attention(
         raise ValueError(f"the decode attention kernel takes one position per row, received {T}")
     window = window or keys_LBSKH.shape[2]
     prompt = shared_prompt(prompt, window, samples)
-    local = functools.partial(_local, prompt=prompt, window=window, samples=samples, interpret=not on_gpu())
+    # Under a jit of its own: flax's nn.scan (the scan layer loop) traces its body once for the broadcast values
+    # and drops what they do not use; flax 0.12.12 (not 0.12.8) refuses a bare pallas_call it could not drop as a
+    # data dependency on the scan's body, and jit's DCE drops the call whole.
+    local = jax.jit(
+        functools.partial(_local, prompt=prompt, window=window, samples=samples, interpret=not on_gpu())
+    )
     q_BNH, mask_BS = q_BTNH[:, 0], mask_BTS[:, 0]
     mesh = active_mesh()
     if mesh is None:
