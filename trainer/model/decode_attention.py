@@ -6,7 +6,8 @@ the slice before each matmul), with an online softmax in registers (no float32 s
 output normalised at the end. One program per (row, kv head): its G = N / K query heads, padded to 16 rows for
 the tensor cores, against `block` slots at a time. With `samples` > 1 the rows come in groups sharing a prompt
 (`sampler._prefill`): the first `prompt` slots are read from the group's first row (as `attend_shared_prompt`
-reads them once per group; the group's rows read the same blocks, which stay in L2), the rest from the row's own.
+reads them once per group; the group's programs read the same blocks, which L2 may serve), the rest from the
+row's own.
 
 Same numbers as `attention.attend` / `attend_shared_prompt` within bfloat16 rounding: the scores and softmax
 in float32, probabilities rounded to the values' dtype before their matmul (unnormalised here, in [0, 1]).
@@ -33,7 +34,7 @@ from trainer.sharding import cache_spec
 BLOCKS = (128, 64, 32, 16)  # slots per step of the kernel's loop: the largest that divides both parts
 _ROWS = 16  # the tensor cores' smallest M: a kv head's G query heads are padded to it
 _NEG = -1e30  # a masked slot's score (attention._NEG's role; finite so a masked block cannot make NaNs)
-_INT32 = 2**31  # Triton's offsets are 32-bit: the stacked cache must have fewer elements
+_INT32 = 2**31  # a cache buffer's elements stay below this: a guard against 32-bit address arithmetic
 
 
 def plan(prompt: int, window: int, slots: int) -> tuple[int, int] | None:
