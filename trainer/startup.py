@@ -73,6 +73,10 @@ def start_up(cfg: Config, emit: metrics.Emitter | None) -> tuple[metrics.Emitter
         from trainer.model.flash import CUDNN_ON_TPU
 
         raise ConfigError(CUDNN_ON_TPU)
+    if cfg.rollout.attention_impl == "pallas" and jax.default_backend() == "tpu":
+        from trainer.sampling.sampler import PALLAS_DECODE_ON_TPU
+
+        raise ConfigError(PALLAS_DECODE_ON_TPU)
     shape = (f"dcn:{slices}," if slices > 1 else "") + f"dp:{dp},fsdp:{fsdp},tp:{cfg.mesh.tp}"
     emit.start(
         backend=jax.default_backend(), process_count=process_count, process_index=process_index,

@@ -135,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
             from trainer.model.flash import CUDNN_ON_TPU
 
             raise config.ConfigError(CUDNN_ON_TPU)
+        if cfg.rollout.attention_impl == "pallas":  # the decode's GPU kernel: refused for a TPU the same way
+            from trainer.sampling.sampler import PALLAS_DECODE_ON_TPU
+
+            raise config.ConfigError(PALLAS_DECODE_ON_TPU)
     except (config.ConfigError, tpus.UnknownAcceleratorError) as e:
         print(f"config: {e}", file=sys.stderr)
         return EXIT_CONFIG

@@ -45,14 +45,17 @@ def for_rollout(rollout: RolloutConfig, platform: str, greedy: bool = False) -> 
     )  # fmt: skip
 
 
+PALLAS_DECODE_ON_TPU = (
+    "rollout.attention_impl=pallas is a GPU kernel (Pallas Triton); on a TPU use rollout.attention_impl=xla (the "
+    "TPU compiler reads the cache window in place)"
+)
+
+
 def attention_for(choice: str, platform: str) -> str:
     """The decode's attention for `rollout.attention_impl` on `platform`: pallas is a Pallas GPU (Triton) kernel,
     run in interpret mode off a GPU (the CPU tests) and refused on a TPU, whose compiler reads the window in place."""
     if choice == "pallas" and platform == "tpu":
-        raise ValueError(
-            "rollout.attention_impl=pallas is a GPU kernel (Pallas Triton); on a TPU use rollout.attention_impl=xla "
-            "(the TPU compiler reads the cache window in place)"
-        )
+        raise ValueError(PALLAS_DECODE_ON_TPU)
     return choice
 
 

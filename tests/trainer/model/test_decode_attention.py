@@ -160,3 +160,17 @@ def test_the_config_refuses_shapes_and_platforms_the_kernel_cannot_take() -> Non
                        r"rollout.max_new_tokens to be multiples of 16 .*received \[16, 24, 40\]"):  # fmt: skip
         config.load("tiny", ["rollout.attention_impl=pallas", "data.prompt_buckets=[16,24]",
                              "rollout.max_new_tokens=40"])  # fmt: skip
+
+
+def test_a_tpu_compile_of_the_decode_kernel_is_one_config_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m trainer.fit` (tpuops fit) compiles for a TPU: the GPU kernel is refused before any compile."""
+    from trainer.fit.__main__ import EXIT_CONFIG, main
+    from trainer.sampling.sampler import PALLAS_DECODE_ON_TPU
+
+    argv = ["--config", "tiny", "--accelerator", "v6e-8", "--set", "rollout.attention_impl=pallas"]
+    assert (
+        main([*argv, "--set", "data.prompt_buckets=[16]", "--set", "rollout.max_new_tokens=16"])
+        == EXIT_CONFIG
+    )
+    err = capsys.readouterr().err.strip()
+    assert err == f"config: {PALLAS_DECODE_ON_TPU}" and "\n" not in err
