@@ -19,8 +19,10 @@ from tests.tpuops.cloud.conftest import Cloud
 from tpuops.cloud.emulator.sshd import free_port
 
 ZONE = "us-east1-d"
-# The two captures took the time of ~27 steps of ~1 s on a loaded 2-core machine (2026-11-29): room to spare.
-STEPS = 60
+# The two captures take about 20 s whatever the machine: ~27 steps of ~1 s on a loaded 2-core machine
+# (2026-11-29), all of 60 faster steps on a quiet one (2026-11-30, the job ended first). 150 steps outlast them
+# at 0.15 s a step and end within the communicate's 400 s at 2 s a step.
+STEPS = 150
 
 
 def two_free_ports() -> int:
