@@ -29,7 +29,7 @@ RESULTS="${DEVICE_SESSION_RESULTS:-bench/results}"
 CMDBUF="--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"  # the loop's while and its test in a CUDA graph
 declare -a PLAN=(
   "probe 20 -"
-  "before ${DEVICE_SESSION_STEP_S:-240} DEVICE_STEP_PROFILE=update"
+  "before ${DEVICE_SESSION_STEP_S:-270} DEVICE_STEP_PROFILE=update"
   "cudnn rest DEVICE_STEP_SETS=train.attention_impl=cudnn"
   "pallas rest DEVICE_STEP_SETS=rollout.attention_impl=pallas"
   "cmdbuf rest DEVICE_STEP_XLA_FLAGS=$CMDBUF"

@@ -237,12 +237,12 @@ def profile_update(
 ) -> None:
     """One more update, on the last timed step's batch, under jax.profiler, after the timed steps (so they are
     not perturbed): its device kernels summed by name into the size's `update_profile` (dw.summarize_trace),
-    when the size's time cap leaves twice the update and 30 s for it."""
+    when the size's time cap leaves the update and 20 s more for it (the trace's writing and reading)."""
     import shutil
 
     import jax
 
-    if time.time() + 2 * update_s + 30 > deadline:
+    if time.time() + update_s + 20 > deadline:
         rec.put(update_profile={"skipped": "the size's time cap is near"})
         rec.say("update profile skipped: the size's time cap is near")
         return
