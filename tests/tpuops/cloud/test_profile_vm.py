@@ -19,10 +19,10 @@ from tests.tpuops.cloud.conftest import Cloud
 from tpuops.cloud.emulator.sshd import free_port
 
 ZONE = "us-east1-d"
-# The two captures take about 20 s whatever the machine: ~27 steps of ~1 s on a loaded 2-core machine
-# (2026-11-29), all of 60 faster steps on a quiet one (2026-11-30, the job ended first). 150 steps outlast them
-# at 0.15 s a step and end within the communicate's 400 s at 2 s a step.
-STEPS = 150
+# The two captures took the time of ~27 steps of ~1 s on a loaded 2-core machine (2026-11-29); on a quiet one the
+# job's 60 steps can end as the second capture does. Each capture reads the trainers' own profiler servers, so its
+# ops prove the job ran through it; the job then ends as it would have.
+STEPS = 60
 
 
 def two_free_ports() -> int:
@@ -114,8 +114,11 @@ def test_profile_every_worker_of_a_running_job_on_an_emulated_vm(
         assert len(shares) >= 6 and "[w0] trace" in people.stderr and "[w1] trace" in people.stderr, (
             people.stderr
         )
-        assert run.poll() is None, "the job ended before the captures did: give it more steps"
-        out, _ = run.communicate(timeout=400)  # the job goes on and ends as it would have
+        # The job goes on and ends as it would have. Its JSON is read from stdout alone: stderr has its own reader
+        # (`drain`), and communicate() reading it too could block there while the job blocked writing a JSON
+        # larger than the pipe holds (150 steps did, 2026-11-30).
+        out = run.stdout.read()
+        run.wait(timeout=60)
     finally:
         if run.poll() is None:
             run.kill()
