@@ -79,7 +79,7 @@ def memory(compiled: Any, resident: int) -> dict[str, float]:
 # Instructions of a compiled GPU program that launch nothing (views, tuples, constants folded into the executable).
 NO_KERNEL = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all", "partition-id"}
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$")
-_INSTRUCTION = re.compile(r"^\s+(?:ROOT )?%?[\w.\-]+ = .*? ([a-z][\w\-]*)\(")
+_INSTRUCTION = re.compile(r"^\s+(?:ROOT )?%?[\w.\-]+ = (.*?) ([a-z][\w\-]*)\(")  # (its type, its op)
 
 
 def loop_kernels(hlo: str) -> list[int]:
@@ -89,7 +89,7 @@ def loop_kernels(hlo: str) -> list[int]:
     fusion), so this counts that compile's kernels, not the launches a profile of the card's own compile counts
     (docs/performance.md compares the two)."""
     comps = {
-        name: [(m.group(1), line) for line in lines if (m := _INSTRUCTION.match(line))]
+        name: [(m.group(2), line) for line in lines if (m := _INSTRUCTION.match(line))]
         for name, lines in _computations(hlo).items()
     }
 
@@ -154,8 +154,8 @@ def slice_copies(hlo: str) -> list[int]:
     for body in loop_bodies(hlo):
         n = 0
         for line in body:
-            m = re.match(r"^\s+(?:ROOT )?%?[\w.\-]+ = (.*?) fusion\(", line)
-            if m and re.search(r'op_name="[^"]*self_attn/dynamic_slice"', line):
+            m = _INSTRUCTION.match(line)
+            if m and m.group(2) == "fusion" and re.search(r'op_name="[^"]*self_attn/dynamic_slice"', line):
                 n += _shape_bytes(m.group(1))
         out.append(n)
     return out
@@ -166,24 +166,17 @@ def body_kernels(hlo: str) -> list[str]:
     rows = []
     for line in (loop_bodies(hlo) or [[]])[0]:
         m = _INSTRUCTION.match(line)
-        if m and m.group(1) not in NO_KERNEL:
-            ty = re.match(r"^\s+(?:ROOT )?%?[\w.\-]+ = (.*?) [a-z][\w\-]*\(", line)
+        if m and m.group(2) not in NO_KERNEL:
             op = re.search(r'op_name="([^"]*)"', line)
-            rows.append(
-                f"{m.group(1):<12} {(ty.group(1) if ty else '')[:48]:<48} {op.group(1)[-70:] if op else ''}"
-            )
+            rows.append(f"{m.group(2):<12} {m.group(1)[:48]:<48} {op.group(1)[-70:] if op else ''}")
     return rows
 
 
-def cudnn_calls(compiled: Any) -> int:
-    """cuDNN attention calls in the compiled program (forward and backward kernels)."""
-    return str(compiled.as_text()).count("__cudnn$fmha")
-
-
-def triton_calls(compiled: Any) -> int:
-    """Pallas GPU (Triton) kernel calls in the compiled program (the decode's attention with
-    `rollout.attention_impl=pallas`: one per layer in each loop body)."""
-    return str(compiled.as_text()).count("__gpu$xla.gpu.triton")
+def library_calls(hlo: str) -> dict[str, int]:
+    """A compiled program's (its optimized HLO text) cuDNN attention calls (forward and backward kernels) and
+    Pallas GPU (Triton) kernel calls (the decode's attention with `rollout.attention_impl=pallas`: one per layer
+    in each loop body)."""
+    return {"cudnn_calls": hlo.count("__cudnn$fmha"), "triton_calls": hlo.count("__gpu$xla.gpu.triton")}
 
 
 def compile_all(card: str, size: str, layers: int = 0) -> dict[str, Any]:
@@ -222,12 +215,11 @@ def compile_all(card: str, size: str, layers: int = 0) -> dict[str, Any]:
             t0 = time.perf_counter()
             compiled = prog.compiled or prog.lowered.compile()
             seconds = prog.compile_s or time.perf_counter() - t0
+            hlo = str(compiled.as_text())  # read once: the decode's is large
             out["programs"][prog.name] = {
-                "compile_s": round(seconds, 1), **memory(compiled, prog.resident_bytes),
-                "cudnn_calls": cudnn_calls(compiled), "triton_calls": triton_calls(compiled),
+                "compile_s": round(seconds, 1), **memory(compiled, prog.resident_bytes), **library_calls(hlo),
             }  # fmt: skip
             if prog.name == "decode":  # one loop per attention window (rollout.attention_block)
-                hlo = str(compiled.as_text())
                 out["decode_loop_kernels"] = loop_kernels(hlo)
                 out["decode_cache_copies_mib"] = [round(n / 2**20, 1) for n in slice_copies(hlo)]
                 out["decode_body"] = body_kernels(hlo)
@@ -237,7 +229,7 @@ def compile_all(card: str, size: str, layers: int = 0) -> dict[str, Any]:
         upd = dw.compile_update(cfg, mconf, P_len, impl, args, w["micro_batch"], limit, state_bytes)
         out["programs"]["update"] = {
             "compile_s": round(time.perf_counter() - t0, 1), **memory(upd["executable"], 0),
-            "cudnn_calls": cudnn_calls(upd["executable"]), "triton_calls": triton_calls(upd["executable"]),
+            **library_calls(str(upd["executable"].as_text())),
         }  # fmt: skip
     choice = upd["remat"]
     out.update(

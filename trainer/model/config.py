@@ -16,6 +16,7 @@ _DTYPES = ("float32", "bfloat16", "float16")
 _ROPE_TYPES = ("default", "linear")
 _REMATS = ("none", "dots", "mlp_up", "full")
 _ATTENTIONS = ("xla", "pallas", "cudnn")
+DECODE_ATTENTIONS = ("xla", "pallas")  # the decode's attention over its cache (rollout.attention_impl)
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,10 @@ class Qwen2Config:
             raise ValueError(f"remat must be one of {_REMATS}, received {self.remat!r}")
         if self.attention not in _ATTENTIONS:
             raise ValueError(f"attention must be one of {_ATTENTIONS}, received {self.attention!r}")
-        if self.decode_attention not in ("xla", "pallas"):
-            raise ValueError(f"decode_attention must be xla or pallas, received {self.decode_attention!r}")
+        if self.decode_attention not in DECODE_ATTENTIONS:
+            raise ValueError(
+                f"decode_attention must be one of {DECODE_ATTENTIONS}, received {self.decode_attention!r}"
+            )
         if self.rope_type not in _ROPE_TYPES:
             raise ValueError(f"rope_scaling type must be one of {_ROPE_TYPES}, received {self.rope_type!r}")
 

@@ -9,8 +9,9 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
+from trainer.model.config import DECODE_ATTENTIONS
+
 LAYER_LOOPS = ("scan", "unrolled")
-DECODE_ATTENTIONS = ("xla", "pallas")
 
 
 @dataclass(frozen=True)
